@@ -1,0 +1,1 @@
+"""litekiln compiler: partitioning, lowering to TVM Relax, OpenCL code generation."""

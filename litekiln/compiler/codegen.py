@@ -1,0 +1,830 @@
+"""TVM Relax -> OpenCL code generator: produces a plain-data `GpuProgram`.
+
+Pipeline (one GPU partition):
+
+1. Relax pipeline (`build_relax_pipeline`): legalize, fuse, schedule (dlight by default; the
+   ``schedule`` hook is where our own schedules plug in), lower dataflow and plan memory
+   statically.  Afterwards ``mod["main"]`` is a straight-line list of
+   ``relax.vm.alloc_storage`` / ``relax.vm.alloc_tensor`` / PrimFunc calls (destination-passing
+   style: the outputs are the trailing arguments) / ``vm.builtin.reshape`` views.
+2. TIR lowering of the PrimFuncs that ``main`` calls, with TVM's own TIR pipeline.  We capture
+   the module right after ``SplitHostDevice``: there each host PrimFunc is a few
+   ``DeclBuffer`` statements plus ``T.call_ffi_kernel("<f>_kernel", ptrs..., scalars...,
+   extents..., launch_params=[...])``, i.e. the kernel argument order and the static NDRange.
+3. OpenCL C: the device part of the fully lowered module goes through TVM's OpenCL codegen
+   (``target.build.opencl``) and ``inspect_source()``.
+
+We deliberately do not call ``tvm.compile``: it would also compile the host side with LLVM
+(work we throw away, since our runtime replaces TVM's VM and host code) and the PyPI wheel
+cannot run OpenCL anyway.  We run the same passes ``tvm.tirx.build`` runs, minus host codegen.
+
+Memory: TVM's ``StaticPlanBlockMemory`` reuses whole storages and places every tensor at byte
+offset 0 (true for everything we have seen in 0.27).  We keep offsets in the program anyway;
+the executor turns a non-zero offset into an OpenCL sub-buffer (which must respect
+``CL_DEVICE_MEM_BASE_ADDR_ALIGN``) rather than passing offsets to kernels, so generated kernels
+stay untouched.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
+from tvm.ir.expr import GenericConst
+_tir_build = importlib.import_module("tvm.tirx.build")  # `tvm.tirx.build` the attribute is a function
+
+from litekiln.runtime.program import (
+    FORMAT_VERSION,
+    SCALAR_TYPES,
+    BufferArg,
+    GpuProgram,
+    KernelArg,
+    Launch,
+    ScalarArg,
+    StorageSpec,
+    TensorSpec,
+)
+
+#: Options handed to clBuildProgram.  TVM's OpenCL runtime passes none either; the generated
+#: code relies on exact IEEE float semantics (no -cl-fast-relaxed-math) to match the numpy
+#: reference within tight tolerances.
+DEFAULT_BUILD_OPTIONS = ""
+
+# calling_conv of device kernels after SplitHostDevice (CallingConv::kDeviceKernelLaunch).
+_KERNEL_LAUNCH_CONV = 2
+
+# numpy dtype -> OpenCL C scalar type name.
+_CTYPE_OF = {np_name: c for c, np_name in SCALAR_TYPES.items()}
+
+# Relax calls that only check shapes/types at runtime (our executor checks at set_input) or
+# manage lifetimes (our plan is static): nothing to do for them.
+_IGNORED_PACKED = {"vm.builtin.check_tensor_info", "vm.builtin.match_shape", "vm.builtin.check_shape_info"}
+_IGNORED_OPS = {"relax.null_value", "relax.vm.kill_object"}
+
+
+class CodegenError(RuntimeError):
+    """The lowered module contains a construct this code generator cannot translate."""
+
+
+SchedulePass = tvm.transform.Pass
+
+
+@dataclass
+class CompileResult:
+    """Output of `compile_relax_full`.
+
+    Attributes:
+        program: The plain-data program.
+        constants: Constant name -> array (uploaded once at load).
+        timings: Seconds spent per phase (``relax``, ``tir``, ``opencl_codegen``, ``total``).
+        lowered: The Relax module after the Relax pipeline (for debugging; holds TVM objects).
+    """
+
+    program: GpuProgram
+    constants: dict[str, np.ndarray]
+    timings: dict[str, float] = field(default_factory=dict)
+    lowered: Any = None
+
+
+# --------------------------------------------------------------------------- pipeline
+
+
+def default_schedule() -> SchedulePass:
+    """The default TIR schedule step: dlight's generic GPU rules.
+
+    Correct everywhere, slow on real GPUs (see DESIGN.md).  Replace it by passing
+    ``schedule=`` to `build_relax_pipeline` / `compile_relax`.
+    """
+    from tvm.s_tir import dlight as dl  # local import: heavy, only needed at compile time
+
+    return dl.ApplyDefaultSchedule(
+        dl.gpu.Matmul(),
+        dl.gpu.GEMV(),
+        dl.gpu.Reduction(),
+        dl.gpu.GeneralReduction(),
+        dl.gpu.Fallback(),
+    )
+
+
+def build_relax_pipeline(target: tvm.target.Target, schedule: SchedulePass | None = None) -> tvm.transform.Pass:
+    """Return the Relax pipeline we compile GPU partitions with.
+
+    It is ``tvm.relax.backend.gpu_generic.get_default_pipeline`` spelled out, so that the
+    schedule step is a parameter: this is the hook for our own fast schedules.
+
+    Args:
+        target: The device target (``opencl`` with an llvm host).
+        schedule: A module pass that schedules every PrimFunc (must bind threads); defaults to
+            `default_schedule`.
+
+    Returns:
+        A module pass; apply it inside ``with target:``.
+    """
+    gpu_generic = relax.backend.gpu_generic
+    schedule = schedule if schedule is not None else default_schedule()
+    passes = (
+        gpu_generic.library_dispatch_passes(target)
+        + [
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant(),
+            relax.transform.FuseOps(),
+            relax.transform.FuseTIR(),
+            schedule,
+        ]
+        + gpu_generic.dataflow_lower_passes(target)
+        + gpu_generic.finalize_passes(target)
+    )
+    return tvm.transform.Sequential(passes, name="litekiln_relax_gpu")
+
+
+TargetLike = str | dict[str, Any] | tvm.target.Target
+
+
+def make_target(target: TargetLike) -> tvm.target.Target:
+    """Return ``target`` as a Target with an llvm host (needed by SplitHostDevice).
+
+    Args:
+        target: A kind name (``"opencl"``), a JSON-style dict (``{"kind": "opencl",
+            "max_num_threads": 1024}``; TVM 0.27 rejects the old ``"opencl -key=value"``
+            CLI form) or a Target.
+
+    Returns:
+        The Target, with ``host`` set to llvm unless it already had a host.
+    """
+    if isinstance(target, tvm.target.Target):
+        return target if target.host is not None else tvm.target.Target(target, host="llvm")
+    return tvm.target.Target(target, host="llvm")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _key(obj: Any) -> int:
+    # Relax/TIR Vars may share names (TVM prints `storage` twice); key on object identity.
+    return int(obj.__chandle__())
+
+
+def _int(expr: Any, what: str) -> int:
+    if isinstance(expr, int):
+        return expr
+    if isinstance(expr, tirx.IntImm):
+        return int(expr.value)
+    raise CodegenError(f"{what}: expected a static integer, got {type(expr).__name__} `{expr}` (dynamic shapes are not supported)")
+
+
+def _static_shape(shape_expr: Any, what: str) -> tuple[int, ...]:
+    if isinstance(shape_expr, relax.ShapeExpr):
+        return tuple(_int(v, what) for v in shape_expr.values)
+    raise CodegenError(f"{what}: expected a static shape, got {type(shape_expr).__name__} `{shape_expr}`")
+
+
+def _dtype_str(x: Any) -> str:
+    # GenericConst(dtype) prints as the dtype name.
+    value = x.value if isinstance(x, GenericConst) else x
+    return str(value)
+
+
+def _tensor_type(var: Any, what: str) -> tuple[tuple[int, ...], str]:
+    ty = getattr(var, "ty", None)
+    if not isinstance(ty, relax.TensorType):
+        raise CodegenError(f"{what}: expected a tensor, got type `{ty}`")
+    if ty.shape is None:
+        raise CodegenError(f"{what}: tensor of unknown shape `{ty}`")
+    return _static_shape(ty.shape, what), str(ty.dtype)
+
+
+# --------------------------------------------------------------------------- Relax main
+
+
+@dataclass
+class _Call:
+    """A PrimFunc call in main (destination-passing style)."""
+
+    func: str
+    args: list[int]  # tensor ids, in PrimFunc parameter order
+
+
+class _MainPlanner:
+    """Walks the lowered Relax ``main`` and builds storages, tensors and the call list."""
+
+    def __init__(self) -> None:
+        self.storages: list[StorageSpec] = []
+        self.tensors: list[TensorSpec] = []
+        self.constants: dict[int, str] = {}
+        self.constant_arrays: dict[str, np.ndarray] = {}
+        self.calls: list[_Call] = []
+        self.inputs: list[int] = []
+        # relax var key -> tensor id | storage id | list of tensor ids (tuples)
+        self._tensor_of: dict[int, int] = {}
+        self._storage_of: dict[int, int] = {}
+        self._tuple_of: dict[int, list[int]] = {}
+        self._const_tensor: dict[int, int] = {}
+
+    # -- creation
+    def new_storage(self, nbytes: int, role: str) -> int:
+        sid = len(self.storages)
+        self.storages.append(StorageSpec(sid, int(nbytes), role))  # type: ignore[arg-type]
+        return sid
+
+    def new_tensor(self, storage: int, offset: int, shape: Sequence[int], dtype: str, name: str) -> int:
+        tid = len(self.tensors)
+        spec = TensorSpec(tid, storage, int(offset), tuple(int(s) for s in shape), dtype, name)
+        if spec.offset + spec.nbytes > self.storages[storage].nbytes:
+            raise CodegenError(
+                f"tensor {name} {spec.shape} {dtype} at offset {offset} overflows storage "
+                f"{storage} of {self.storages[storage].nbytes} bytes"
+            )
+        self.tensors.append(spec)
+        return tid
+
+    def _constant(self, const: GenericConst) -> int:
+        k = _key(const)
+        if k in self._const_tensor:
+            return self._const_tensor[k]
+        value = const.value
+        if not hasattr(value, "numpy"):
+            raise CodegenError(f"constant of kind {type(value).__name__} used as a tensor: `{const}`")
+        arr = np.ascontiguousarray(value.numpy())
+        name = f"const_{len(self.constant_arrays)}"
+        sid = self.new_storage(arr.nbytes, "constant")
+        tid = self.new_tensor(sid, 0, arr.shape, str(arr.dtype), name)
+        self.constants[tid] = name
+        self.constant_arrays[name] = arr
+        self._const_tensor[k] = tid
+        return tid
+
+    # -- lookups
+    def tensor_arg(self, expr: Any, what: str) -> int:
+        if isinstance(expr, GenericConst):
+            return self._constant(expr)
+        if isinstance(expr, relax.Var):
+            k = _key(expr)
+            if k in self._tensor_of:
+                return self._tensor_of[k]
+            raise CodegenError(f"{what}: `{expr.name}` is not a tensor we know (storage or tuple?)")
+        raise CodegenError(f"{what}: unsupported argument {type(expr).__name__} `{expr}`")
+
+    def flat_tensors(self, expr: Any, what: str) -> list[int]:
+        """Tensor ids of a result expression (a tensor var, a tuple var or a tuple literal)."""
+        if isinstance(expr, relax.Var) and _key(expr) in self._tuple_of:
+            return list(self._tuple_of[_key(expr)])
+        if isinstance(expr, relax.Tuple):
+            out: list[int] = []
+            for f in expr.fields:
+                out.extend(self.flat_tensors(f, what))
+            return out
+        return [self.tensor_arg(expr, what)]
+
+    # -- the walk
+    def add_params(self, params: Sequence[Any]) -> None:
+        for p in params:
+            shape, dtype = _tensor_type(p, f"parameter {p.name}")
+            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            sid = self.new_storage(nbytes, "input")
+            tid = self.new_tensor(sid, 0, shape, dtype, p.name)
+            self._tensor_of[_key(p)] = tid
+            self.inputs.append(tid)
+
+    def add_binding(self, binding: Any, func_names: set[str]) -> None:
+        if not isinstance(binding, relax.VarBinding):
+            raise CodegenError(f"unsupported binding kind {type(binding).__name__} (match_cast?)")
+        var, value = binding.var, binding.value
+        name = var.name
+        k = _key(var)
+        if isinstance(value, relax.Call):
+            op = value.op
+            if isinstance(op, tvm.ir.Op):
+                self._op_call(k, name, op.name, value)
+            elif isinstance(op, relax.ExternFunc):
+                self._packed_call(k, name, str(op.global_symbol), value)
+            elif isinstance(op, relax.GlobalVar):
+                if op.name_hint not in func_names:
+                    raise CodegenError(f"call to `{op.name_hint}`, which is not a TIR PrimFunc (nested Relax functions are unsupported)")
+                args = [self.tensor_arg(a, f"argument {i} of {op.name_hint}") for i, a in enumerate(value.args)]
+                self.calls.append(_Call(op.name_hint, args))
+            else:
+                raise CodegenError(f"binding {name}: call of unsupported callee {type(op).__name__} `{op}`")
+        elif isinstance(value, relax.Var):  # alias
+            vk = _key(value)
+            if vk in self._tensor_of:
+                self._tensor_of[k] = self._tensor_of[vk]
+            elif vk in self._tuple_of:
+                self._tuple_of[k] = self._tuple_of[vk]
+            elif vk in self._storage_of:
+                self._storage_of[k] = self._storage_of[vk]
+            else:
+                raise CodegenError(f"binding {name}: alias of unknown var {value.name}")
+        elif isinstance(value, relax.Tuple):
+            self._tuple_of[k] = self.flat_tensors(value, f"tuple {name}")
+        elif isinstance(value, relax.TupleGetItem):
+            src = value.tuple_value
+            if not (isinstance(src, relax.Var) and _key(src) in self._tuple_of):
+                raise CodegenError(f"binding {name}: tuple item of unsupported tuple `{src}`")
+            self._tensor_of[k] = self._tuple_of[_key(src)][int(value.index)]
+        elif isinstance(value, GenericConst):
+            self._tensor_of[k] = self._constant(value)
+        else:
+            raise CodegenError(f"binding {name}: unsupported Relax construct {type(value).__name__}: `{value}`")
+
+    def _op_call(self, k: int, name: str, op_name: str, call: Any) -> None:
+        if op_name in _IGNORED_OPS:
+            return
+        if op_name == "relax.vm.alloc_storage":
+            size = _static_shape(call.args[0], f"alloc_storage {name}")
+            dtype = _dtype_str(call.args[2])
+            scope = str(call.args[3].value) if hasattr(call.args[3], "value") else str(call.args[3])
+            if scope != "global":
+                raise CodegenError(f"alloc_storage {name}: storage scope {scope!r} (only 'global' supported)")
+            nbytes = int(np.prod(size, dtype=np.int64)) * np.dtype(dtype).itemsize
+            self._storage_of[k] = self.new_storage(nbytes, "workspace")
+            return
+        if op_name == "relax.vm.alloc_tensor":
+            storage = call.args[0]
+            if not (isinstance(storage, relax.Var) and _key(storage) in self._storage_of):
+                raise CodegenError(f"alloc_tensor {name}: storage `{storage}` was not allocated by alloc_storage")
+            offset = _int(call.args[1], f"alloc_tensor {name} offset")
+            shape = _static_shape(call.args[2], f"alloc_tensor {name}")
+            dtype = _dtype_str(call.args[3])
+            self._tensor_of[k] = self.new_tensor(self._storage_of[_key(storage)], offset, shape, dtype, name)
+            return
+        raise CodegenError(
+            f"binding {name}: Relax op `{op_name}` survived lowering; no OpenCL kernel exists for it "
+            "(it needs a legalization or a CPU fallback)"
+        )
+
+    def _packed_call(self, k: int, name: str, symbol: str, call: Any) -> None:
+        if symbol in _IGNORED_PACKED:
+            return
+        if symbol == "vm.builtin.reshape":
+            src = self.tensor_arg(call.args[0], f"reshape {name}")
+            shape = _static_shape(call.args[1], f"reshape {name}")
+            base = self.tensors[src]
+            dtype = base.dtype
+            view = TensorSpec(-1, base.storage, base.offset, shape, dtype, name)
+            if view.nbytes != base.nbytes:
+                raise CodegenError(f"reshape {name}: {base.shape} -> {shape} changes the element count")
+            self._tensor_of[k] = self.new_tensor(base.storage, base.offset, shape, dtype, name)
+            return
+        raise CodegenError(f"binding {name}: packed function `{symbol}` has no OpenCL equivalent in litekiln")
+
+
+# --------------------------------------------------------------------------- TIR host side
+
+
+@dataclass
+class _KernelCall:
+    kernel: str
+    args: list[tuple[str, Any]]  # ("param", index) | ("workspace", buffer var key) | ("scalar", (value, ctype))
+    launch_params: list[str]
+    extents: list[int]
+
+
+def _scalar_ctype(dtype: str, what: str) -> str:
+    if dtype == "bool":
+        return "int"
+    if dtype not in _CTYPE_OF:
+        raise CodegenError(f"{what}: scalar of dtype {dtype} cannot be passed to an OpenCL kernel")
+    return _CTYPE_OF[dtype]
+
+
+_BINARY_OPS: dict[str, Callable[[Any, Any], Any]] = {
+    "Add": lambda a, b: a + b,
+    "Sub": lambda a, b: a - b,
+    "Mul": lambda a, b: a * b,
+    "FloorDiv": lambda a, b: a // b,
+    "FloorMod": lambda a, b: a % b,
+    # TIR Div/Mod on integers truncate toward zero (C semantics).
+    "Div": lambda a, b: int(a / b) if isinstance(a, int) and isinstance(b, int) else a / b,
+    "Mod": lambda a, b: a - b * int(a / b),
+    "Min": min,
+    "Max": max,
+    "LT": lambda a, b: a < b,
+    "LE": lambda a, b: a <= b,
+    "GT": lambda a, b: a > b,
+    "GE": lambda a, b: a >= b,
+    "EQ": lambda a, b: a == b,
+    "NE": lambda a, b: a != b,
+    "And": lambda a, b: bool(a) and bool(b),
+    "Or": lambda a, b: bool(a) or bool(b),
+    "BitwiseAnd": lambda a, b: a & b,
+    "BitwiseOr": lambda a, b: a | b,
+    "BitwiseXor": lambda a, b: a ^ b,
+    "LShift": lambda a, b: a << b,
+    "RShift": lambda a, b: a >> b,
+}
+_CALL_OPS: dict[str, Callable[..., Any]] = {
+    "tirx.shift_right": lambda a, b: a >> b,
+    "tirx.shift_left": lambda a, b: a << b,
+    "tirx.bitwise_and": lambda a, b: a & b,
+    "tirx.bitwise_or": lambda a, b: a | b,
+    "tirx.bitwise_xor": lambda a, b: a ^ b,
+    "tirx.if_then_else": lambda c, a, b: a if c else b,
+}
+
+
+class _HostFuncReader:
+    """Reads one host PrimFunc (after SplitHostDevice) for one call into its kernel launches.
+
+    Host code is usually a few ``DeclBuffer`` + ``call_ffi_kernel`` statements, but library
+    kernels (e.g. the GPU scan behind cumsum) are written for symbolic shapes: ``Bind``s,
+    ``for`` loops over rounds, ``if``s, workspace ``AllocBuffer``s.  Because every call in a
+    partition has static shapes, we bind the shape variables from the call's tensors and
+    evaluate that host code here, at compile time (a tiny partial evaluator): the result is
+    a flat list of launches with constant sizes and scalars.
+    """
+
+    # Host loops are unrolled into launches; beyond this many something is wrong.
+    MAX_LAUNCHES = 10_000
+
+    def __init__(
+        self,
+        func: Any,
+        name: str,
+        kernel_params: dict[str, list[tuple[str, str]]],
+        arg_shapes: Sequence[tuple[int, ...]],
+    ) -> None:
+        self.name = name
+        self.kernel_params = kernel_params
+        self.param_index = {_key(p): i for i, p in enumerate(func.params)}
+        self.buffer_alias: dict[int, Any] = {}  # DeclBuffer var -> source expr
+        self.workspaces: dict[int, tuple[tuple[int, ...], str]] = {}  # AllocBuffer var -> (shape, dtype)
+        self.env: dict[int, int | float | bool] = {}  # bound scalar vars (shape vars, Binds, loop vars)
+        self.calls: list[_KernelCall] = []
+        if len(arg_shapes) != len(func.params):
+            raise CodegenError(f"{name}: called with {len(arg_shapes)} tensors, PrimFunc has {len(func.params)} parameters")
+        for p, shape in zip(func.params, arg_shapes):
+            self._bind_shape(p, shape)
+        self._visit(func.body)
+
+    def _bind_shape(self, param: Any, shape: tuple[int, ...]) -> None:
+        ty = param.ty
+        dims = getattr(ty, "shape", None)
+        if dims is None:
+            raise CodegenError(f"{self.name}: parameter {param.name} is not a buffer ({ty})")
+        if len(dims) != len(shape):
+            raise CodegenError(f"{self.name}: parameter {param.name} has rank {len(dims)}, argument has shape {shape}")
+        for d, s in zip(dims, shape):
+            if isinstance(d, tirx.Var) and _key(d) not in self.env:
+                self.env[_key(d)] = int(s)
+            elif self._eval(d, f"shape of {param.name}") != s:
+                raise CodegenError(f"{self.name}: parameter {param.name} expects shape {list(dims)}, argument has {shape}")
+
+    # -- expressions
+    def _eval(self, expr: Any, what: str) -> Any:
+        if isinstance(expr, (int, float, bool)):
+            return expr
+        if isinstance(expr, tirx.IntImm):
+            v = int(expr.value)
+            return bool(v) if str(expr.ty) == "bool" else v
+        if isinstance(expr, tirx.FloatImm):
+            return float(expr.value)
+        if isinstance(expr, tirx.Var):
+            k = _key(expr)
+            if k not in self.env:
+                raise CodegenError(f"{self.name}: {what}: `{expr.name}` is not known at compile time (dynamic shape?)")
+            return self.env[k]
+        cls = type(expr).__name__
+        if cls in _BINARY_OPS:
+            return _BINARY_OPS[cls](self._eval(expr.a, what), self._eval(expr.b, what))
+        if cls == "Not":
+            return not self._eval(expr.a, what)
+        if cls == "Select":
+            c = self._eval(expr.condition, what)
+            return self._eval(expr.true_value if c else expr.false_value, what)
+        if cls == "Cast":
+            v = self._eval(expr.value, what)
+            dt = str(expr.ty)
+            if dt.startswith("int") or dt.startswith("uint"):
+                return int(v)
+            if dt == "bool":
+                return bool(v)
+            if dt.startswith("float"):
+                return float(v)
+            raise CodegenError(f"{self.name}: {what}: cast to {dt}")
+        if cls == "Let":
+            self.env[_key(expr.var)] = self._eval(expr.value, what)
+            return self._eval(expr.body, what)
+        if isinstance(expr, tvm.ir.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name in _CALL_OPS:
+            return _CALL_OPS[expr.op.name](*(self._eval(a, what) for a in expr.args))
+        raise CodegenError(f"{self.name}: {what}: cannot evaluate {cls} `{expr}` at compile time")
+
+    # -- statements
+    def _visit(self, stmt: Any) -> None:
+        if stmt is None:
+            return
+        if isinstance(stmt, tirx.SeqStmt):
+            for s in stmt.seq:
+                self._visit(s)
+        elif isinstance(stmt, tirx.DeclBuffer):
+            self.buffer_alias[_key(stmt.buffer)] = stmt.data
+            self._visit(getattr(stmt, "body", None))
+        elif isinstance(stmt, tirx.AllocBuffer):
+            buf = stmt.buffer
+            scope = buf.scope()
+            if scope != "global":
+                raise CodegenError(f"{self.name}: host-side allocation of {buf.name} in scope {scope!r}")
+            shape = tuple(int(self._eval(s, f"workspace {buf.name} shape")) for s in buf.shape)
+            self.workspaces[_key(buf)] = (shape, str(buf.dtype))
+            self._visit(getattr(stmt, "body", None))
+        elif isinstance(stmt, tirx.AttrStmt):
+            self._visit(stmt.body)
+        elif isinstance(stmt, tirx.Bind):
+            try:
+                self.env[_key(stmt.var)] = self._eval(stmt.value, f"let {stmt.var.name}")
+            except CodegenError:
+                self.env.pop(_key(stmt.var), None)  # only an error if a launch needs it
+        elif isinstance(stmt, tirx.For):
+            start = int(self._eval(stmt.min, "loop start"))
+            extent = int(self._eval(stmt.extent, "loop extent"))
+            for i in range(start, start + extent):
+                self.env[_key(stmt.loop_var)] = i
+                self._visit(stmt.body)
+        elif isinstance(stmt, tirx.IfThenElse):
+            if self._eval(stmt.condition, "if condition"):
+                self._visit(stmt.then_case)
+            else:
+                self._visit(stmt.else_case)
+        elif isinstance(stmt, tirx.AssertStmt):
+            pass  # runtime argument checks; shapes were checked statically in _bind_shape
+        elif isinstance(stmt, tirx.Evaluate):
+            self._evaluate(stmt.value)
+        else:
+            raise CodegenError(f"{self.name}: host code contains {type(stmt).__name__}, which litekiln cannot run ahead of time")
+
+    def _evaluate(self, expr: Any) -> None:
+        if isinstance(expr, tirx.IntImm):  # no-op `T.evaluate(0)`
+            return
+        if not isinstance(expr, tvm.ir.Call) or expr.op.name != "tirx.call_ffi_kernel":
+            raise CodegenError(f"{self.name}: unsupported host statement `{expr}`")
+        if len(self.calls) >= self.MAX_LAUNCHES:
+            raise CodegenError(f"{self.name}: more than {self.MAX_LAUNCHES} kernel launches")
+        kernel = str(expr.args[0].value)
+        launch_params = [str(p) for p in expr.attrs.launch_params]
+        if kernel not in self.kernel_params:
+            raise CodegenError(f"{self.name}: launches unknown device kernel {kernel}")
+        params = self.kernel_params[kernel]
+        rest = list(expr.args[1:])
+        if len(rest) != len(params) + len(launch_params):
+            raise CodegenError(
+                f"{self.name}: {kernel} called with {len(rest)} values, expected {len(params)} "
+                f"arguments + {len(launch_params)} launch extents"
+            )
+        for lp in launch_params:
+            if not (lp.startswith("blockIdx.") or lp.startswith("threadIdx.")):
+                # e.g. "tirx.use_dyn_shared_memory": would need a __local pointer argument.
+                raise CodegenError(f"{self.name}: {kernel} uses launch parameter {lp!r} (dynamic shared memory is unsupported)")
+        args: list[tuple[str, Any]] = []
+        for (pname, pkind), value in zip(params, rest[: len(params)]):
+            what = f"{kernel} argument {pname}"
+            if pkind == "handle":
+                args.append(self._buffer_source(value, what))
+            else:
+                v = self._eval(value, what)
+                args.append(("scalar", (float(v) if pkind in ("half", "float", "double") else int(v), pkind)))
+        extents = [int(self._eval(v, f"{kernel} launch extent")) for v in rest[len(params):]]
+        self.calls.append(_KernelCall(kernel, args, launch_params, extents))
+
+    def _buffer_source(self, expr: Any, what: str) -> tuple[str, Any]:
+        for _ in range(64):  # chains are short; the bound guards against cycles
+            if isinstance(expr, tvm.ir.Call) and expr.op.name == "tirx.buffer_data":
+                expr = expr.args[0]
+                continue
+            if isinstance(expr, tirx.Var):
+                k = _key(expr)
+                if k in self.param_index:
+                    return ("param", self.param_index[k])
+                if k in self.workspaces:
+                    return ("workspace", k)
+                if k in self.buffer_alias:
+                    expr = self.buffer_alias[k]
+                    continue
+            raise CodegenError(f"{self.name}: {what}: cannot resolve the buffer `{expr}` to a parameter or workspace")
+        raise CodegenError(f"{self.name}: {what}: buffer alias chain too long")
+
+
+def _kernel_params(func: Any, name: str) -> list[tuple[str, str]]:
+    out = []
+    for p in func.params:
+        ty = p.ty
+        if isinstance(ty, tvm.ir.PointerType):
+            out.append((p.name, "handle"))
+        elif isinstance(ty, tvm.ir.PrimType):
+            out.append((p.name, _scalar_ctype(str(ty.dtype), f"kernel {name} parameter {p.name}")))
+        else:
+            raise CodegenError(f"kernel {name}: parameter {p.name} of unsupported type {ty}")
+    return out
+
+
+def _ndrange(call: _KernelCall, where: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    blocks = [1, 1, 1]
+    threads = [1, 1, 1]
+    axes = {"x": 0, "y": 1, "z": 2}
+    rank = 1
+    for lp, ext in zip(call.launch_params, call.extents):
+        kind, axis_name = lp.split(".")
+        if axis_name not in axes:
+            raise CodegenError(f"{where}: launch parameter {lp!r}")
+        axis = axes[axis_name]
+        rank = max(rank, axis + 1)
+        (blocks if kind == "blockIdx" else threads)[axis] = int(ext)
+    local = tuple(threads[:rank])
+    global_ = tuple(b * t for b, t in zip(blocks[:rank], threads[:rank]))
+    return global_, local
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def compile_relax_full(
+    mod: tvm.IRModule,
+    *,
+    target: TargetLike = "opencl",
+    pipeline: tvm.transform.Pass | Callable[[tvm.target.Target], tvm.transform.Pass] | None = None,
+    schedule: SchedulePass | None = None,
+    build_options: str = DEFAULT_BUILD_OPTIONS,
+) -> CompileResult:
+    """Compile a Relax module (one GPU partition) to a `GpuProgram`.
+
+    Args:
+        mod: IRModule whose ``main`` takes and returns static-shape tensors (or a tuple).
+        target: OpenCL target: kind name, dict or Target (see `make_target`); ``llvm`` is
+            added as host.  TVM's default ``opencl`` target caps work-groups at 256 threads;
+            ``{"kind": "opencl", "max_num_threads": 1024}`` lets schedules use 1024 (H100).
+        pipeline: The full Relax pipeline (a Pass, or a callable Target -> Pass).  It must end
+            with memory planning and VM lowering, like `build_relax_pipeline`.  Default:
+            ``build_relax_pipeline(target, schedule)``.
+        schedule: Schedule pass for the default pipeline (ignored if ``pipeline`` is given).
+        build_options: clBuildProgram options stored in the program.
+
+    Returns:
+        A `CompileResult` (program, constants, per-phase timings).
+
+    Raises:
+        CodegenError: A construct in the lowered module cannot be translated (named in the
+            message), or the target is not OpenCL.
+    """
+    t_start = time.perf_counter()
+    tgt = make_target(target)
+    if tgt.kind.name != "opencl":
+        raise CodegenError(f"target kind {tgt.kind.name!r}: litekiln generates OpenCL only")
+    if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
+        raise CodegenError("module has no `main` function")
+
+    # 1. Relax pipeline.
+    if pipeline is None:
+        relax_pass = build_relax_pipeline(tgt, schedule)
+    elif isinstance(pipeline, tvm.transform.Pass):
+        relax_pass = pipeline
+    else:
+        relax_pass = pipeline(tgt)
+    with tgt:
+        lowered = relax_pass(mod)
+    t_relax = time.perf_counter()
+
+    main = lowered["main"]
+    prim_funcs = {gv.name_hint: f for gv, f in lowered.functions.items() if isinstance(f, tirx.PrimFunc)}
+    planner = _MainPlanner()
+    planner.add_params(main.params)
+    body = main.body
+    if not isinstance(body, relax.SeqExpr):
+        raise CodegenError(f"main body is {type(body).__name__}, expected a SeqExpr")
+    for block in body.blocks:
+        for binding in block.bindings:
+            planner.add_binding(binding, set(prim_funcs))
+    outputs = planner.flat_tensors(body.body, "result of main")
+
+    # 2. TIR lowering of the PrimFuncs actually called (the pipeline leaves dead ones, e.g. a
+    #    `reshape` PrimFunc replaced by vm.builtin.reshape).
+    used = sorted({c.func for c in planner.calls})
+    launches: list[Launch] = []
+    source = ""
+    t_tir = t_cg = time.perf_counter()
+    if used:
+        tir_mod = tvm.IRModule({gv: f for gv, f in lowered.functions.items() if gv.name_hint in used})
+        host_funcs, kernel_funcs, source, t_tir = _lower_tir(tir_mod, tgt)
+        t_cg = time.perf_counter()
+        kernel_params = {name: _kernel_params(f, name) for name, f in kernel_funcs.items()}
+        for call in planner.calls:
+            # One reader per call: host code is evaluated for the call's static shapes.
+            arg_shapes = [planner.tensors[t].shape for t in call.args]
+            reader = _HostFuncReader(host_funcs[call.func], call.func, kernel_params, arg_shapes)
+            ws_tensors: dict[int, int] = {}
+            for kc in reader.calls:
+                args: list[KernelArg] = []
+                for kind, val in kc.args:
+                    if kind == "param":
+                        if val >= len(call.args):
+                            raise CodegenError(f"{call.func}: kernel {kc.kernel} uses parameter {val}, call has {len(call.args)}")
+                        args.append(BufferArg(call.args[val]))
+                    elif kind == "workspace":
+                        if val not in ws_tensors:
+                            shape, dtype = reader.workspaces[val]
+                            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                            sid = planner.new_storage(nbytes, "workspace")
+                            ws_tensors[val] = planner.new_tensor(sid, 0, shape, dtype, f"{call.func}_workspace")
+                        args.append(BufferArg(ws_tensors[val]))
+                    else:
+                        value, ctype = val
+                        args.append(ScalarArg(value, ctype))
+                gsize, lsize = _ndrange(kc, f"{call.func}/{kc.kernel}")
+                launches.append(Launch(kc.kernel, tuple(args), gsize, lsize, call.func))
+
+    program = GpuProgram(
+        source=source,
+        build_options=build_options,
+        kernels=sorted({l.kernel for l in launches}),
+        storages=planner.storages,
+        tensors=planner.tensors,
+        constants=planner.constants,
+        inputs=planner.inputs,
+        outputs=outputs,
+        launches=launches,
+        meta={"tvm_version": tvm.__version__, "target": str(tgt.kind.name), "target_full": tgt.export() if hasattr(tgt, "export") else str(tgt)},
+        format_version=FORMAT_VERSION,
+    )
+    program.meta = _jsonable(program.meta)
+    program.validate()
+    t_end = time.perf_counter()
+    timings = {
+        "relax": t_relax - t_start,
+        "tir": t_tir - t_relax,
+        "opencl_codegen": t_cg - t_tir,
+        "total": t_end - t_start,
+    }
+    return CompileResult(program, planner.constant_arrays, timings, lowered)
+
+
+def compile_relax(
+    mod: tvm.IRModule,
+    *,
+    target: TargetLike = "opencl",
+    pipeline: tvm.transform.Pass | Callable[[tvm.target.Target], tvm.transform.Pass] | None = None,
+) -> tuple[GpuProgram, dict[str, np.ndarray]]:
+    """Compile a Relax module (one GPU partition) to a `GpuProgram` and its constants.
+
+    See `compile_relax_full` for the arguments (this is the short form).
+
+    Returns:
+        ``(program, constants)`` where ``constants`` maps constant name -> array.
+
+    Raises:
+        CodegenError: A construct cannot be translated; the message names it.
+    """
+    res = compile_relax_full(mod, target=target, pipeline=pipeline)
+    return res.program, res.constants
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    return str(x)
+
+
+def _lower_tir(tir_mod: tvm.IRModule, target: tvm.target.Target) -> tuple[dict[str, Any], dict[str, Any], str, float]:
+    """Run TVM's TIR pipeline; return host funcs (post-SplitHostDevice), kernels, OpenCL C."""
+    captured: dict[str, tvm.IRModule] = {}
+
+    @tvm.ir.instrument.pass_instrument
+    class _CaptureSplit:
+        def run_after_pass(self, mod: tvm.IRModule, info: Any) -> None:
+            if info.name.endswith("SplitHostDevice"):
+                captured["split"] = mod
+
+    # Same steps as tvm.tirx.build (bind target, pipeline, split, finalize), minus host codegen.
+    bound = tirx.transform.BindTarget(target)(tir_mod)
+    pipe, _finalize_host, finalize_device = tirx.get_default_tir_pipeline(target)
+    with tvm.transform.PassContext(instruments=[_CaptureSplit()]):
+        lowered = pipe(bound)
+    if "split" not in captured:
+        raise CodegenError("TIR pipeline did not run SplitHostDevice; cannot find kernel launches")
+    t_tir = time.perf_counter()
+    split = captured["split"]
+    host_funcs: dict[str, Any] = {}
+    kernel_funcs: dict[str, Any] = {}
+    for gv, f in split.functions.items():
+        conv = f.attrs.get("calling_conv", None) if f.attrs is not None else None
+        if conv is not None and int(conv) == _KERNEL_LAUNCH_CONV:
+            kernel_funcs[gv.name_hint] = f
+        else:
+            host_funcs[gv.name_hint] = f
+    _host_mod, device_mods = _tir_build.split_host_device_mods(lowered)
+    sources = []
+    for dev_target, dev_mod in device_mods.items():
+        if len(dev_mod.functions) == 0:
+            continue
+        if dev_target.kind.name != "opencl":
+            raise CodegenError(f"device functions for target {dev_target.kind.name}")
+        rt_mod = _tir_build.codegen_build(finalize_device()(dev_mod), dev_target)
+        sources.append(rt_mod.inspect_source())
+    return host_funcs, kernel_funcs, "\n".join(sources), t_tir

@@ -1,0 +1,500 @@
+"""Lower a GPU partition of the graph IR to a TVM Relax function (NHWC).
+
+One emitter per op name, registered in :data:`EMITTERS`; each emitter turns one IR op into
+Relax expressions. The op's semantics (what it computes) live in its :mod:`litekiln.ops`
+definition; an emitter only says how to build the same computation from Relax ops, and the
+per-op GPU-vs-reference tests hold the two together.
+
+Weights are transformed once here, with numpy, into the layouts Relax wants (depthwise
+``1HW(CM)`` -> ``(CM)HW1`` grouped OHWI; fully-connected ``[out, in]`` -> ``[in, out]``), and
+enter the module as Relax constants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from litekiln.compiler.partition import Partition
+from litekiln.errors import CompileError
+from litekiln.model.ir import Op, Subgraph, Tensor
+from litekiln.ops.base import dequantize, is_quantized
+
+Expr = Any  # relax.Expr; kept loose because TVM's Python typing is dynamic
+
+
+@dataclass
+class LowerOptions:
+    """Options that change the lowered program (all part of the cache key)."""
+
+    precision: str = "fp32"  # "fp32" or "fp16"
+    quant_simulation: bool = True  # fake-quantize outputs of quantized tensors
+
+
+class _Ctx:
+    """What an emitter sees: the op, its operands as Relax exprs or numpy constants."""
+
+    def __init__(self, lw: _Lowering, op: Op) -> None:
+        self.lw = lw
+        self.op = op
+        self.bb = lw.bb
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return self.op.options
+
+    def tensor(self, i: int) -> Tensor:
+        return self.lw.graph.tensors[self.op.inputs[i]]
+
+    def out(self, i: int = 0) -> Tensor:
+        return self.lw.graph.tensors[self.op.outputs[i]]
+
+    def has(self, i: int) -> bool:
+        return i < len(self.op.inputs) and self.op.inputs[i] >= 0
+
+    def const(self, i: int) -> np.ndarray:
+        """A constant operand as a float32 (or integer) numpy array."""
+        t = self.tensor(i)
+        if t.data is None:
+            raise CompileError(f"{self.op.describe()}: operand {i} ({t.name!r}) must be a constant")
+        if is_quantized(t):
+            return dequantize(t.data, t)
+        return t.data.astype(np.float32) if t.data.dtype.kind == "f" else t.data
+
+    def arg(self, i: int) -> Expr:
+        """Operand ``i`` as a Relax expression (constants become Relax constants)."""
+        return self.lw.value(self.op.inputs[i])
+
+    def emit(self, expr: Expr) -> Expr:
+        return self.bb.emit(expr)
+
+    def fconst(self, array: np.ndarray | float) -> Expr:
+        return relax.const(np.asarray(array, dtype=self.lw.dtype), self.lw.dtype)
+
+    def fail(self, msg: str) -> CompileError:
+        return CompileError(f"{self.op.describe()}: {msg}")
+
+
+Emitter = Callable[[_Ctx], list[Expr]]
+EMITTERS: dict[str, Emitter] = {}
+
+
+def emitter(*names: str) -> Callable[[Emitter], Emitter]:
+    def deco(fn: Emitter) -> Emitter:
+        for n in names:
+            EMITTERS[n] = fn
+        return fn
+
+    return deco
+
+
+class _Lowering:
+    def __init__(self, graph: Subgraph, part: Partition, options: LowerOptions) -> None:
+        self.graph = graph
+        self.part = part
+        self.options = options
+        self.dtype = "float16" if options.precision == "fp16" else "float32"
+        self.bb = relax.BlockBuilder()
+        self.env: dict[int, Expr] = {}
+
+    def value(self, t: int) -> Expr:
+        if t in self.env:
+            return self.env[t]
+        tensor = self.graph.tensors[t]
+        if tensor.data is None:
+            raise CompileError(f"tensor {t} ({tensor.name!r}) has no value in partition {self.part.index}")
+        data = dequantize(tensor.data, tensor) if is_quantized(tensor) else tensor.data
+        if data.dtype.kind == "f":
+            data = data.astype(self.dtype)
+        c = relax.const(np.ascontiguousarray(data), str(data.dtype))
+        self.env[t] = c
+        return c
+
+    def build(self) -> tvm.IRModule:
+        params = []
+        for t in self.part.inputs:
+            tensor = self.graph.tensors[t]
+            if tensor.dtype.kind not in "f" and not is_quantized(tensor):
+                raise CompileError(
+                    f"partition {self.part.index}: input tensor {t} ({tensor.name!r}) is "
+                    f"{tensor.dtype.name}; GPU partitions take float tensors"
+                )
+            v = relax.Var(f"t{t}", relax.TensorType(shape=tuple(tensor.shape), dtype=self.dtype))
+            params.append(v)
+            self.env[t] = v
+        with self.bb.function("main", params):
+            with self.bb.dataflow():
+                for i in self.part.ops:
+                    op = self.graph.ops[i]
+                    fn = EMITTERS.get(op.name)
+                    if fn is None:
+                        raise CompileError(f"{op.describe()}: no GPU lowering for {op.name}")
+                    outs = fn(_Ctx(self, op))
+                    for t, expr in zip(op.outputs, outs):
+                        tensor = self.graph.tensors[t]
+                        expr = self._fix_shape(op, expr, tensor)
+                        if self.options.quant_simulation and is_quantized(tensor):
+                            expr = self._fake_quant(expr, tensor)
+                        self.env[t] = self.bb.emit(expr)
+                outs = [self.env[t] for t in self.part.outputs]
+                gv = self.bb.emit_output(relax.Tuple(outs))
+            self.bb.emit_func_output(gv)
+        return self.bb.get()
+
+    def _fix_shape(self, op: Op, expr: Expr, tensor: Tensor) -> Expr:
+        if not isinstance(expr, relax.Var):
+            expr = self.bb.emit(expr)
+        shape = tuple(int(d) for d in expr.ty.shape)
+        if shape != tensor.shape:
+            if int(np.prod(shape)) != tensor.size:
+                raise CompileError(
+                    f"{op.describe()}: lowered output has shape {shape}, the model declares "
+                    f"{tensor.shape}"
+                )
+            expr = relax.op.reshape(expr, tensor.shape)
+        return expr
+
+    def _fake_quant(self, expr: Expr, tensor: Tensor) -> Expr:
+        """Quantization simulator: keep an activation on its learned grid and range."""
+        q = tensor.quantization
+        assert q is not None
+        info = np.iinfo(tensor.dtype)
+        shape = q.broadcast_shape(len(tensor.shape))
+        scale = relax.const(q.scale.reshape(shape).astype(self.dtype), self.dtype)
+        zp = relax.const(q.zero_point.reshape(shape).astype(self.dtype), self.dtype)
+        lo = relax.const(np.asarray(info.min, self.dtype), self.dtype)
+        hi = relax.const(np.asarray(info.max, self.dtype), self.dtype)
+        e = self.bb.emit(relax.op.add(relax.op.round(relax.op.divide(expr, scale)), zp))
+        e = self.bb.emit(relax.op.minimum(relax.op.maximum(e, lo), hi))
+        return relax.op.multiply(relax.op.subtract(e, zp), scale)
+
+
+def lower_partition(graph: Subgraph, part: Partition, options: LowerOptions | None = None) -> tvm.IRModule:
+    """Build the Relax module of one GPU partition.
+
+    Args:
+        graph: the subgraph the partition belongs to.
+        part: the partition (ops, inputs, outputs).
+        options: precision and quantization-simulation options.
+
+    Returns:
+        An IRModule whose ``main`` takes the partition inputs (in ``part.inputs`` order) and
+        returns a tuple of the partition outputs (in ``part.outputs`` order).
+
+    Raises:
+        CompileError: an op has no lowering or its operands are not what the lowering needs.
+    """
+    return _Lowering(graph, part, options or LowerOptions()).build()
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _activation(ctx: _Ctx, x: Expr, code: int | None = None) -> Expr:
+    code = int(ctx.options.get("fused_activation_function", 0) or 0) if code is None else code
+    if code == 0:
+        return x
+    if code == 1:
+        return ctx.emit(relax.op.nn.relu(x))
+    if code == 2:
+        return ctx.emit(relax.op.clip(x, -1.0, 1.0))
+    if code == 3:
+        return ctx.emit(relax.op.clip(x, 0.0, 6.0))
+    if code == 4:
+        return ctx.emit(relax.op.tanh(x))
+    raise ctx.fail(f"fused activation code {code} has no GPU lowering")
+
+
+def _same_padding(in_size: int, k: int, stride: int, dilation: int) -> tuple[int, int]:
+    """TFLite SAME padding: (before, after), the extra cell after."""
+    eff = (k - 1) * dilation + 1
+    out = (in_size + stride - 1) // stride
+    total = max((out - 1) * stride + eff - in_size, 0)
+    return total // 2, total - total // 2
+
+
+def _pads(ctx: _Ctx, h: int, w: int, kh: int, kw: int, sh: int, sw: int, dh: int = 1, dw: int = 1) -> tuple[int, int, int, int]:
+    if int(ctx.options.get("padding", 0)) == 1:  # VALID
+        return (0, 0, 0, 0)
+    t, b = _same_padding(h, kh, sh, dh)
+    le, r = _same_padding(w, kw, sw, dw)
+    return (t, le, b, r)
+
+
+def _bias(ctx: _Ctx, y: Expr, i: int) -> Expr:
+    if ctx.has(i):
+        y = ctx.emit(relax.op.add(y, ctx.fconst(ctx.const(i).reshape(-1))))
+    return y
+
+
+# -- emitters ----------------------------------------------------------------------------------
+
+
+@emitter("CONV_2D")
+def _conv2d(ctx: _Ctx) -> list[Expr]:
+    x = ctx.arg(0)
+    w = ctx.const(1)  # OHWI
+    _, h, wd, cin = ctx.tensor(0).shape
+    o, kh, kw, wi = w.shape
+    sh, sw = int(ctx.options.get("stride_h", 1)), int(ctx.options.get("stride_w", 1))
+    dh, dw = int(ctx.options.get("dilation_h_factor", 1)), int(ctx.options.get("dilation_w_factor", 1))
+    pads = _pads(ctx, h, wd, kh, kw, sh, sw, dh, dw)
+    y = ctx.emit(
+        relax.op.nn.conv2d(
+            x, ctx.fconst(w), strides=(sh, sw), padding=pads, dilation=(dh, dw),
+            groups=cin // wi, data_layout="NHWC", kernel_layout="OHWI",
+        )
+    )
+    return [_activation(ctx, _bias(ctx, y, 2))]
+
+
+@emitter("DEPTHWISE_CONV_2D")
+def _dwconv(ctx: _Ctx) -> list[Expr]:
+    x = ctx.arg(0)
+    w = ctx.const(1)  # 1, KH, KW, C*M
+    _, h, wd, cin = ctx.tensor(0).shape
+    _, kh, kw, cm = w.shape
+    w = np.ascontiguousarray(w.transpose(3, 1, 2, 0))  # (C*M), KH, KW, 1: grouped OHWI
+    sh, sw = int(ctx.options.get("stride_h", 1)), int(ctx.options.get("stride_w", 1))
+    dh, dw = int(ctx.options.get("dilation_h_factor", 1)), int(ctx.options.get("dilation_w_factor", 1))
+    pads = _pads(ctx, h, wd, kh, kw, sh, sw, dh, dw)
+    y = ctx.emit(
+        relax.op.nn.conv2d(
+            x, ctx.fconst(w), strides=(sh, sw), padding=pads, dilation=(dh, dw),
+            groups=cin, data_layout="NHWC", kernel_layout="OHWI",
+        )
+    )
+    return [_activation(ctx, _bias(ctx, y, 2))]
+
+
+@emitter("TRANSPOSE_CONV")
+def _transpose_conv(ctx: _Ctx) -> list[Expr]:
+    out_shape = ctx.out().shape
+    w = ctx.const(1)  # O, KH, KW, I
+    x = ctx.arg(2)
+    _, h, wd, _ = ctx.tensor(2).shape
+    o, kh, kw, i = w.shape
+    sh, sw = int(ctx.options.get("stride_h", 1)), int(ctx.options.get("stride_w", 1))
+    oh, ow = out_shape[1], out_shape[2]
+    if int(ctx.options.get("padding", 0)) == 1:
+        pt = pl = 0
+    else:
+        pt = max(((h - 1) * sh + kh - oh) // 2, 0)
+        pl = max(((wd - 1) * sw + kw - ow) // 2, 0)
+    full_h, full_w = (h - 1) * sh + kh, (wd - 1) * sw + kw
+    pb, pr = full_h - oh - pt, full_w - ow - pl
+    out_pad = (max(-pb, 0), max(-pr, 0))
+    wt = np.ascontiguousarray(w.transpose(3, 0, 1, 2))  # I, O, KH, KW  (IOHW)
+    xn = ctx.emit(relax.op.permute_dims(x, [0, 3, 1, 2]))
+    y = ctx.emit(
+        relax.op.nn.conv2d_transpose(
+            xn, ctx.fconst(wt), strides=(sh, sw), padding=(pt, pl, max(pb, 0), max(pr, 0)),
+            output_padding=out_pad, data_layout="NCHW", kernel_layout="IOHW",
+        )
+    )
+    y = ctx.emit(relax.op.permute_dims(y, [0, 2, 3, 1]))
+    y = _bias(ctx, y, 3)
+    return [_activation(ctx, y)]
+
+
+@emitter("FULLY_CONNECTED")
+def _fully_connected(ctx: _Ctx) -> list[Expr]:
+    x = ctx.arg(0)
+    w = ctx.const(1)  # out, in
+    n_in = w.shape[1]
+    rows = ctx.tensor(0).size // n_in
+    x2 = ctx.emit(relax.op.reshape(x, (rows, n_in)))
+    y = ctx.emit(relax.op.matmul(x2, ctx.fconst(np.ascontiguousarray(w.T))))
+    y = _bias(ctx, y, 2)
+    return [_activation(ctx, y)]
+
+
+def _binary(fn: Callable[[Expr, Expr], Expr]) -> Emitter:
+    def emit(ctx: _Ctx) -> list[Expr]:
+        return [_activation(ctx, ctx.emit(fn(ctx.arg(0), ctx.arg(1))))]
+
+    return emit
+
+
+for _name, _fn in [
+    ("ADD", relax.op.add),
+    ("SUB", relax.op.subtract),
+    ("MUL", relax.op.multiply),
+    ("DIV", relax.op.divide),
+    ("MAXIMUM", relax.op.maximum),
+    ("MINIMUM", relax.op.minimum),
+]:
+    EMITTERS[_name] = _binary(_fn)
+
+
+@emitter("LOGICAL_AND")
+def _logical_and(ctx: _Ctx) -> list[Expr]:
+    # Booleans travel as float 0/1 on the GPU path: AND is a product.
+    return [ctx.emit(relax.op.multiply(ctx.arg(0), ctx.arg(1)))]
+
+
+_UNARY: dict[str, Callable[[_Ctx, Expr], Expr]] = {
+    "RELU": lambda c, x: relax.op.nn.relu(x),
+    "RELU6": lambda c, x: relax.op.clip(x, 0.0, 6.0),
+    "RELU_N1_TO_1": lambda c, x: relax.op.clip(x, -1.0, 1.0),
+    "LOGISTIC": lambda c, x: relax.op.sigmoid(x),
+    "TANH": lambda c, x: relax.op.tanh(x),
+    "EXP": lambda c, x: relax.op.exp(x),
+    "HARD_SWISH": lambda c, x: relax.op.multiply(
+        x,
+        relax.op.multiply(
+            relax.op.clip(relax.op.add(x, c.fconst(3.0)), 0.0, 6.0), c.fconst(1.0 / 6.0)
+        ),
+    ),
+}
+
+for _name in _UNARY:
+    EMITTERS[_name] = (lambda f: lambda ctx: [ctx.emit(f(ctx, ctx.arg(0)))])(_UNARY[_name])
+
+
+@emitter("PRELU")
+def _prelu(ctx: _Ctx) -> list[Expr]:
+    x = ctx.arg(0)
+    alpha = ctx.fconst(ctx.const(1))
+    pos = ctx.emit(relax.op.nn.relu(x))
+    neg = ctx.emit(relax.op.minimum(x, ctx.fconst(0.0)))
+    return [ctx.emit(relax.op.add(pos, relax.op.multiply(neg, alpha)))]
+
+
+@emitter("PAD")
+def _pad(ctx: _Ctx) -> list[Expr]:
+    pads = ctx.const(1).astype(np.int64).reshape(-1, 2)
+    flat = [int(v) for v in pads.reshape(-1)]
+    return [ctx.emit(relax.op.nn.pad(ctx.arg(0), flat, "constant", 0.0))]
+
+
+def _pool(kind: str) -> Emitter:
+    def emit(ctx: _Ctx) -> list[Expr]:
+        _, h, w, _ = ctx.tensor(0).shape
+        kh, kw = int(ctx.options["filter_height"]), int(ctx.options["filter_width"])
+        sh, sw = int(ctx.options.get("stride_h", 1)), int(ctx.options.get("stride_w", 1))
+        pads = _pads(ctx, h, w, kh, kw, sh, sw)
+        fn = relax.op.nn.max_pool2d if kind == "max" else relax.op.nn.avg_pool2d
+        y = ctx.emit(
+            fn(ctx.arg(0), pool_size=(kh, kw), strides=(sh, sw), padding=pads, layout="NHWC",
+               count_include_pad=False)
+        )
+        return [_activation(ctx, y)]
+
+    return emit
+
+
+EMITTERS["MAX_POOL_2D"] = _pool("max")
+EMITTERS["AVERAGE_POOL_2D"] = _pool("avg")
+
+
+@emitter("CONCATENATION")
+def _concat(ctx: _Ctx) -> list[Expr]:
+    xs = [ctx.arg(i) for i in range(len(ctx.op.inputs)) if ctx.has(i)]
+    axis = int(ctx.options.get("axis", 0)) % len(ctx.out().shape)
+    return [_activation(ctx, ctx.emit(relax.op.concat(xs, axis=axis)))]
+
+
+@emitter("RESHAPE", "SQUEEZE", "EXPAND_DIMS")
+def _reshape(ctx: _Ctx) -> list[Expr]:
+    return [ctx.emit(relax.op.reshape(ctx.arg(0), ctx.out().shape))]
+
+
+@emitter("TRANSPOSE")
+def _transpose(ctx: _Ctx) -> list[Expr]:
+    perm = [int(v) for v in ctx.const(1).reshape(-1)]
+    return [ctx.emit(relax.op.permute_dims(ctx.arg(0), perm))]
+
+
+@emitter("STRIDED_SLICE")
+def _strided_slice(ctx: _Ctx) -> list[Expr]:
+    shape = ctx.tensor(0).shape
+    begin = ctx.const(1).astype(np.int64).reshape(-1)
+    end = ctx.const(2).astype(np.int64).reshape(-1)
+    strides = ctx.const(3).astype(np.int64).reshape(-1) if ctx.has(3) else np.ones_like(begin)
+    o = ctx.options
+    bm, em, shrink = int(o.get("begin_mask", 0)), int(o.get("end_mask", 0)), int(o.get("shrink_axis_mask", 0))
+    offset = bool(o.get("offset", False))
+    axes, b_, e_, s_ = [], [], [], []
+    for i in range(begin.size):
+        n = shape[i]
+        st = int(strides[i])
+        # Resolve to python-slice semantics, then to explicit in-range bounds.
+        if shrink & (1 << i):
+            b = int(begin[i]) % n
+            sl = slice(b, b + 1, 1)
+        else:
+            b = None if bm & (1 << i) else int(begin[i])
+            e = None if em & (1 << i) else int(end[i])
+            if offset and b is not None and e is not None:
+                e = b + e
+            sl = slice(b, e, st)
+        start, stop, step = sl.indices(n)
+        if step < 0:
+            raise ctx.fail("negative strides are not lowered to the GPU")
+        axes.append(i)
+        b_.append(start)
+        e_.append(max(stop, start))
+        s_.append(step)
+    y = ctx.emit(relax.op.strided_slice(ctx.arg(0), axes, b_, e_, s_))
+    return [y]
+
+
+@emitter("SOFTMAX")
+def _softmax(ctx: _Ctx) -> list[Expr]:
+    return [ctx.emit(relax.op.nn.softmax(ctx.arg(0), axis=-1))]
+
+
+@emitter("MEAN")
+def _mean(ctx: _Ctx) -> list[Expr]:
+    rank = len(ctx.tensor(0).shape)
+    axes = sorted({int(a) % rank for a in ctx.const(1).reshape(-1)})
+    keep = bool(ctx.options.get("keep_dims", False))
+    return [ctx.emit(relax.op.mean(ctx.arg(0), axis=axes, keepdims=keep))]
+
+
+@emitter("RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR")
+def _resize(ctx: _Ctx) -> list[Expr]:
+    _, oh, ow, _ = ctx.out().shape
+    align = bool(ctx.options.get("align_corners", False))
+    half = bool(ctx.options.get("half_pixel_centers", False))
+    if ctx.op.name == "RESIZE_BILINEAR":
+        mode = "align_corners" if align else ("half_pixel" if half else "asymmetric")
+        y = relax.op.image.resize2d(
+            ctx.arg(0), (oh, ow), layout="NHWC", method="linear", coordinate_transformation_mode=mode
+        )
+    else:
+        if align:
+            mode, rounding = "align_corners", "round"
+        elif half:
+            mode, rounding = "tf_half_pixel_for_nn", "floor"
+        else:
+            mode, rounding = "asymmetric", "floor"
+        y = relax.op.image.resize2d(
+            ctx.arg(0), (oh, ow), layout="NHWC", method="nearest_neighbor",
+            coordinate_transformation_mode=mode, rounding_method=rounding,
+        )
+    return [ctx.emit(y)]
+
+
+@emitter("DEPTH_TO_SPACE")
+def _depth_to_space(ctx: _Ctx) -> list[Expr]:
+    n, h, w, c = ctx.tensor(0).shape
+    bs = int(ctx.options["block_size"])
+    y = ctx.emit(relax.op.reshape(ctx.arg(0), (n, h, w, bs, bs, c // (bs * bs))))
+    y = ctx.emit(relax.op.permute_dims(y, [0, 1, 3, 2, 4, 5]))
+    return [ctx.emit(relax.op.reshape(y, (n, h * bs, w * bs, c // (bs * bs))))]
+
+
+@emitter("SPACE_TO_DEPTH")
+def _space_to_depth(ctx: _Ctx) -> list[Expr]:
+    n, h, w, c = ctx.tensor(0).shape
+    bs = int(ctx.options["block_size"])
+    y = ctx.emit(relax.op.reshape(ctx.arg(0), (n, h // bs, bs, w // bs, bs, c)))
+    y = ctx.emit(relax.op.permute_dims(y, [0, 1, 3, 2, 4, 5]))
+    return [ctx.emit(relax.op.reshape(y, (n, h // bs, w // bs, c * bs * bs)))]

@@ -1,0 +1,144 @@
+"""Every knob of litekiln in one place, each readable from the environment.
+
+An explicit argument always wins over the environment, which wins over the default. The table
+in docs/configuration.md is generated from :data:`SETTINGS` (``litekiln config --markdown``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Setting(Generic[T]):
+    """One knob: its environment variable, parser, default and documentation."""
+
+    env: str
+    parse: Callable[[str], T]
+    default: T
+    doc: str
+
+    def get(self, explicit: T | None = None) -> T:
+        """The explicit value if given, else the environment's, else the default.
+
+        Raises:
+            ValueError: the environment variable holds a value that does not parse.
+        """
+        if explicit is not None:
+            return explicit
+        raw = os.environ.get(self.env)
+        if raw is None or raw == "":
+            return self.default
+        try:
+            return self.parse(raw)
+        except ValueError as exc:
+            raise ValueError(f"{self.env}={raw!r}: {exc}") from None
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        v = raw.strip().lower()
+        if v not in allowed:
+            raise ValueError(f"expected one of {', '.join(allowed)}")
+        return v
+
+    return parse
+
+
+def _bool(raw: str) -> bool:
+    v = raw.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected 1/0, true/false, yes/no or on/off")
+
+
+def parse_size(raw: str) -> int:
+    """``"512M"``, ``"2GiB"``, ``"1000000"`` -> bytes."""
+    s = raw.strip().upper().replace("IB", "").replace("B", "")
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    try:
+        if s and s[-1] in units:
+            return int(float(s[:-1]) * units[s[-1]])
+        return int(s)
+    except ValueError:
+        raise ValueError(f"cannot read {raw!r} as a size (e.g. 500M, 2G)") from None
+
+
+DEVICE: Setting[str] = Setting(
+    "LITEKILN_DEVICE",
+    str,
+    "",
+    "Execution device: `reference` (numpy, CPU), `gpu` (first OpenCL GPU), `opencl` (first "
+    "OpenCL device), or `PLATFORM:DEVICE` indices / a substring of the device name. Default: "
+    "the first OpenCL GPU, else the first OpenCL device.",
+)
+PRECISION: Setting[str] = Setting(
+    "LITEKILN_PRECISION", _choice("fp32", "fp16"), "fp32", "Kernel precision: fp32 or fp16."
+)
+CACHE_DIR: Setting[str] = Setting(
+    "LITEKILN_CACHE_DIR",
+    str,
+    "",
+    "Cache directory. Default: `$XDG_CACHE_HOME/litekiln`, else `~/.cache/litekiln`.",
+)
+CACHE_SIZE: Setting[int] = Setting(
+    "LITEKILN_CACHE_SIZE", parse_size, 2 << 30, "Cache size bound (LRU eviction), e.g. 500M."
+)
+NO_CACHE: Setting[bool] = Setting(
+    "LITEKILN_NO_CACHE", _bool, False, "Disable the on-disk cache (always compile)."
+)
+ALLOW_QUANTIZED: Setting[bool] = Setting(
+    "LITEKILN_ALLOW_QUANTIZED",
+    _bool,
+    True,
+    "Accept quantized op versions on the GPU (float view); off: such ops run on the CPU.",
+)
+MAX_PARTITIONS: Setting[int] = Setting(
+    "LITEKILN_MAX_PARTITIONS",
+    int,
+    8,
+    "Most GPU partitions to delegate (largest first); the rest run on the CPU.",
+)
+MIN_PARTITION_OPS: Setting[int] = Setting(
+    "LITEKILN_MIN_PARTITION_OPS",
+    int,
+    1,
+    "Smallest GPU partition (in ops) worth its CPU/GPU synchronisation.",
+)
+TUNING: Setting[bool] = Setting(
+    "LITEKILN_TUNING", _bool, True, "Time kernel variants on first load and keep the fastest."
+)
+LOG_LEVEL: Setting[str] = Setting(
+    "LITEKILN_LOG", _choice("debug", "info", "warning", "error"), "warning", "Log level."
+)
+ZOO_DIR: Setting[str] = Setting(
+    "LITEKILN_ZOO_DIR", str, "", "Model zoo folder. Default: `<repo>/models/zoo`."
+)
+
+SETTINGS: tuple[Setting, ...] = (
+    DEVICE,
+    PRECISION,
+    CACHE_DIR,
+    CACHE_SIZE,
+    NO_CACHE,
+    ALLOW_QUANTIZED,
+    MAX_PARTITIONS,
+    MIN_PARTITION_OPS,
+    TUNING,
+    LOG_LEVEL,
+    ZOO_DIR,
+)
+
+
+def markdown_table() -> str:
+    """The configuration table for docs/configuration.md."""
+    rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
+    for s in SETTINGS:
+        rows.append(f"| `{s.env}` | `{s.default}` | {s.doc} |")
+    return "\n".join(rows) + "\n"

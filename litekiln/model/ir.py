@@ -1,0 +1,192 @@
+"""litekiln's graph IR: a plain-Python view of a TFLite model.
+
+The IR keeps the tensor and operator indices of the file, so that the interpreter can report
+tensor details exactly as LiteRT does and an error can name "op #12" or "tensor 57" the way a
+user sees them in Netron. Constant DEQUANTIZE and DENSIFY ops are folded by the loader: their
+output tensors become constants and the ops are marked ``folded`` (they stay in the list so
+indices do not move, and executors skip them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """Affine quantization parameters of a tensor (real = scale * (q - zero_point)).
+
+    Attributes:
+        scale: float32 array, one value per tensor or per channel along ``axis``.
+        zero_point: int64 array of the same length as ``scale``.
+        axis: the quantized dimension (meaningful only when there are several scales).
+    """
+
+    scale: np.ndarray
+    zero_point: np.ndarray
+    axis: int = 0
+
+    @property
+    def per_channel(self) -> bool:
+        return self.scale.size > 1
+
+    def broadcast_shape(self, rank: int) -> tuple[int, ...]:
+        """Shape to which ``scale``/``zero_point`` reshape to broadcast against a tensor."""
+        if not self.per_channel:
+            return (1,) * rank
+        shape = [1] * rank
+        shape[self.axis] = self.scale.size
+        return tuple(shape)
+
+
+@dataclass
+class Tensor:
+    """One tensor of a subgraph.
+
+    Attributes:
+        index: index of the tensor in its subgraph (as in the file).
+        name: tensor name from the file.
+        shape: static shape (``()`` for scalars).
+        shape_signature: shape with -1 for dynamic dimensions (equal to ``shape`` if absent).
+        dtype: numpy dtype of the stored elements.
+        quantization: affine parameters, or None for float / plain integer tensors.
+        data: constant contents (already densified and, for folded DEQUANTIZE, float32),
+            or None for activations.
+        is_variable: a TFLite variable tensor (state kept across invocations).
+        was_sparse: the constant was stored sparse in the file and was densified at load.
+    """
+
+    index: int
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    shape_signature: tuple[int, ...] = ()
+    quantization: Quantization | None = None
+    data: np.ndarray | None = None
+    is_variable: bool = False
+    was_sparse: bool = False
+
+    @property
+    def is_constant(self) -> bool:
+        return self.data is not None
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+
+@dataclass
+class Op:
+    """One operator of a subgraph.
+
+    Attributes:
+        index: position of the op in the subgraph's execution order (as in the file).
+        name: builtin operator name (``"CONV_2D"``) or, for custom ops, the custom code.
+        code: builtin operator code (32 for CUSTOM).
+        version: operator version from the operator-code table.
+        inputs: tensor indices; -1 marks an omitted optional input.
+        outputs: tensor indices.
+        options: builtin options as plain Python values (snake_case keys).
+        custom_code: the custom code for CUSTOM ops, else None.
+        custom_options: the raw custom options bytes for CUSTOM ops, else None.
+        folded: the loader folded this op into constants (constant DEQUANTIZE / DENSIFY);
+            executors skip it.
+    """
+
+    index: int
+    name: str
+    code: int
+    version: int
+    inputs: list[int]
+    outputs: list[int]
+    options: dict[str, Any] = field(default_factory=dict)
+    custom_code: str | None = None
+    custom_options: bytes | None = None
+    folded: bool = False
+
+    @property
+    def is_custom(self) -> bool:
+        return self.custom_code is not None
+
+    def describe(self) -> str:
+        """Human-readable identification used in messages: ``op #3 CONV_2D (v2)``."""
+        kind = f"custom op {self.custom_code!r}" if self.is_custom else self.name
+        return f"op #{self.index} {kind} (v{self.version})"
+
+
+@dataclass
+class Subgraph:
+    """A TFLite subgraph: tensors, ops in execution order, graph inputs and outputs."""
+
+    index: int
+    name: str
+    tensors: list[Tensor]
+    ops: list[Op]
+    inputs: list[int]
+    outputs: list[int]
+
+    def live_ops(self) -> list[Op]:
+        """Ops that executors run (everything the loader did not fold)."""
+        return [op for op in self.ops if not op.folded]
+
+    def producers(self) -> dict[int, int]:
+        """Map tensor index -> index of the (live) op that writes it."""
+        out: dict[int, int] = {}
+        for op in self.live_ops():
+            for t in op.outputs:
+                if t >= 0:
+                    out[t] = op.index
+        return out
+
+
+@dataclass
+class SignatureDef:
+    """A named entry point: maps user-facing names to tensor indices of one subgraph."""
+
+    key: str
+    subgraph_index: int
+    inputs: dict[str, int]
+    outputs: dict[str, int]
+
+
+@dataclass
+class Model:
+    """A loaded TFLite model.
+
+    Attributes:
+        subgraphs: all subgraphs; ``subgraphs[0]`` is the primary one that runs.
+        token: the model token (hex farmhash Fingerprint64 of the model bytes, or user-given).
+        version: the schema version from the file.
+        description: the file's description string.
+        signatures: signature defs, if any.
+        metadata_names: names of the metadata entries in the file.
+        name: a display name (the file stem when loaded from a path).
+        nbytes: size of the model file in bytes.
+    """
+
+    subgraphs: list[Subgraph]
+    token: str
+    version: int
+    description: str = ""
+    signatures: list[SignatureDef] = field(default_factory=list)
+    metadata_names: list[str] = field(default_factory=list)
+    name: str = "model"
+    nbytes: int = 0
+
+    @property
+    def main(self) -> Subgraph:
+        return self.subgraphs[0]
+
+    def op_histogram(self) -> dict[str, int]:
+        """Count of live ops per op name in the primary subgraph."""
+        hist: dict[str, int] = {}
+        for op in self.main.live_ops():
+            hist[op.name] = hist.get(op.name, 0) + 1
+        return hist

@@ -1,0 +1,327 @@
+"""The op registry and the shared bases every op family builds on.
+
+Each TFLite operator litekiln knows is one :class:`OpDef` subclass, registered under its TFLite
+name (builtin name such as ``"CONV_2D"``, or the custom code such as
+``"Convolution2DTransposeBias"``). The class is the one place where that op's semantics live:
+
+* ``reference``: the numpy implementation. It is both the oracle the GPU path is checked
+  against and the CPU fallback the runtime executes, so it must match LiteRT.
+* ``gpu_support``: whether the op (at this version, with these options, ranks and dtypes) may
+  go to a GPU partition; a string reason when it may not.
+
+Quantized tensors are handled once, in :func:`run_op`: inputs are dequantized to float,
+``reference`` computes in float, outputs are requantized (the "float view" of the TFLite GPU
+delegate). Ops whose semantics are about quantization itself set ``quant_aware = True`` and see
+raw integer arrays.
+
+Nothing here imports TVM: the runtime imports this module for its CPU fallback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from litekiln.errors import ModelError, UnsupportedOpError
+from litekiln.model.ir import Op, Subgraph, Tensor
+
+#: name -> OpDef subclass; filled by ``@register`` as the family modules are imported.
+REGISTRY: dict[str, type[OpDef]] = {}
+
+
+def register(cls: type[OpDef]) -> type[OpDef]:
+    """Class decorator: add an op definition to the registry under ``cls.name``."""
+    names = (cls.name, *cls.aliases)
+    for name in names:
+        if name in REGISTRY and REGISTRY[name] is not cls:
+            raise RuntimeError(f"op {name!r} registered twice")
+        REGISTRY[name] = cls
+    return cls
+
+
+def lookup(op: Op) -> type[OpDef]:
+    """The definition for an IR op.
+
+    Raises:
+        UnsupportedOpError: litekiln has no implementation of the op.
+    """
+    from litekiln import ops as _families  # noqa: F401  (importing registers every family)
+
+    cls = REGISTRY.get(op.name)
+    if cls is None:
+        kind = f"custom op {op.custom_code!r}" if op.is_custom else f"builtin op {op.name}"
+        raise UnsupportedOpError(
+            f"{op.describe()}: {kind} (op code #{op.code}) is not supported by litekiln, "
+            f"not even on the CPU"
+        )
+    return cls
+
+
+@dataclass
+class OpContext:
+    """What an op's reference implementation gets besides its input arrays."""
+
+    op: Op
+    graph: Subgraph
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return self.op.options
+
+    def input_tensor(self, i: int) -> Tensor | None:
+        t = self.op.inputs[i] if i < len(self.op.inputs) else -1
+        return self.graph.tensors[t] if t >= 0 else None
+
+    def output_tensor(self, i: int = 0) -> Tensor:
+        return self.graph.tensors[self.op.outputs[i]]
+
+    def fail(self, msg: str) -> ModelError:
+        return ModelError(f"{self.op.describe()}: {msg}")
+
+
+class OpDef:
+    """Base of every op definition. Subclasses set the class attributes and ``reference``.
+
+    Attributes:
+        name: TFLite builtin name or custom code.
+        aliases: other names served by the same definition.
+        gpu: the op is in the documented GPU op table (DESIGN.md).
+        gpu_extended: not in the documented table, but the TFLite GPU delegate runs it and
+            so can we; used when the extended op table is selected.
+        gpu_max_version: newest version the GPU path accepts for float models.
+        gpu_quant_max_version: newest version accepted when quantized models are allowed
+            (the quantized versions of an op are numbered above its float ones).
+        quant_aware: ``reference`` handles quantized integer arrays itself.
+    """
+
+    name: ClassVar[str] = ""
+    aliases: ClassVar[tuple[str, ...]] = ()
+    gpu: ClassVar[bool] = False
+    gpu_extended: ClassVar[bool] = False
+    gpu_max_version: ClassVar[int] = 1
+    gpu_quant_max_version: ClassVar[int] = 1
+    quant_aware: ClassVar[bool] = False
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        """Compute the op's outputs with numpy (float view for quantized tensors)."""
+        raise NotImplementedError
+
+    @classmethod
+    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
+        """None if the GPU path can run ``op``; otherwise the reason it cannot.
+
+        The default checks the table membership, the version limit and that every tensor is
+        float (or a quantized tensor with a float view when ``allow_quantized``). Families
+        add their own constraints (ranks, options, constant operands).
+        """
+        if not (cls.gpu or cls.gpu_extended):
+            return "not in the GPU op table"
+        quantized = any(
+            graph.tensors[t].quantization is not None and graph.tensors[t].dtype.kind in "iu"
+            for t in [*op.inputs, *op.outputs]
+            if t >= 0
+        )
+        limit = cls.gpu_quant_max_version if (quantized and allow_quantized) else cls.gpu_max_version
+        if op.version > limit:
+            return f"version {op.version} > {limit}, the newest the GPU path accepts"
+        if quantized and not allow_quantized:
+            return "quantized tensors, and quantized models are not allowed"
+        for t in [*op.inputs, *op.outputs]:
+            if t < 0:
+                continue
+            tensor = graph.tensors[t]
+            if tensor.dtype.kind == "f" or tensor.quantization is not None:
+                continue
+            if tensor.is_constant and t in cls.integer_operands(op):
+                continue
+            return f"tensor {tensor.name!r} has dtype {tensor.dtype.name}; the GPU path is float"
+        return None
+
+    @classmethod
+    def integer_operands(cls, op: Op) -> set[int]:
+        """Tensor indices that are legitimately integer constants (shapes, axes, paddings)."""
+        return set()
+
+
+# -- fused activations ----------------------------------------------------------------------
+
+
+def apply_activation(x: np.ndarray, code: int | str | None) -> np.ndarray:
+    """Apply a TFLite fused activation (ActivationFunctionType code or name)."""
+    name = {0: "NONE", 1: "RELU", 2: "RELU_N1_TO_1", 3: "RELU6", 4: "TANH", 5: "SIGN_BIT"}.get(
+        code, code  # type: ignore[arg-type]
+    )
+    if name in (None, "NONE"):
+        return x
+    if name == "RELU":
+        return np.maximum(x, 0).astype(x.dtype, copy=False)
+    if name == "RELU6":
+        return np.clip(x, 0, 6).astype(x.dtype, copy=False)
+    if name == "RELU_N1_TO_1":
+        return np.clip(x, -1, 1).astype(x.dtype, copy=False)
+    if name == "TANH":
+        return np.tanh(x).astype(x.dtype, copy=False)
+    if name == "SIGN_BIT":
+        return np.signbit(x).astype(x.dtype)
+    raise ValueError(f"unknown fused activation {code!r}")
+
+
+def fused_activation(op: Op) -> int:
+    return int(op.options.get("fused_activation_function", 0) or 0)
+
+
+def activation_supported_on_gpu(op: Op) -> str | None:
+    act = fused_activation(op)
+    if act in (0, 1, 2, 3, 4):
+        return None
+    return f"fused activation code {act} is not supported on the GPU"
+
+
+# -- shared bases ---------------------------------------------------------------------------
+
+
+class UnaryOp(OpDef):
+    """y = fn(x), elementwise."""
+
+    fn: ClassVar[Callable[[np.ndarray], np.ndarray]]
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        x = _required(ctx, inputs, 0)
+        y = np.asarray(cls.fn(x))
+        return [y.astype(_compute_dtype(ctx.output_tensor().dtype, y.dtype), copy=False)]
+
+
+class BinaryOp(OpDef):
+    """z = act(fn(x, y)) with numpy broadcasting (TFLite's broadcast rules are numpy's)."""
+
+    fn: ClassVar[Callable[[np.ndarray, np.ndarray], np.ndarray]]
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        x, y = _required(ctx, inputs, 0), _required(ctx, inputs, 1)
+        z = cls.fn(x, y)
+        out_dtype = ctx.output_tensor().dtype
+        z = apply_activation(np.asarray(z), fused_activation(ctx.op))
+        return [z.astype(_compute_dtype(out_dtype, z.dtype), copy=False)]
+
+    @classmethod
+    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
+        reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
+        if reason:
+            return reason
+        reason = activation_supported_on_gpu(op)
+        if reason:
+            return reason
+        shapes = [graph.tensors[t].shape for t in op.inputs[:2]]
+        if any(len(s) > 4 for s in shapes):
+            return f"rank > 4 operands {shapes}"
+        return None
+
+
+def _compute_dtype(tensor_dtype: np.dtype, value_dtype: np.dtype) -> np.dtype:
+    """The dtype an op's float-view result keeps: integers stay exact, floats stay float."""
+    if tensor_dtype.kind in "iub" and value_dtype.kind != "f":
+        return tensor_dtype
+    if value_dtype.kind == "f":
+        return value_dtype
+    return tensor_dtype
+
+
+def _required(ctx: OpContext, inputs: Sequence[np.ndarray | None], i: int) -> np.ndarray:
+    if i >= len(inputs) or inputs[i] is None:
+        raise ctx.fail(f"input {i} is required but missing")
+    return inputs[i]  # type: ignore[return-value]
+
+
+required = _required
+
+
+def int_input(ctx: OpContext, inputs: Sequence[np.ndarray | None], i: int) -> np.ndarray:
+    """An input that must be present (shape, axis, paddings...) as an int64 array."""
+    return np.asarray(_required(ctx, inputs, i)).astype(np.int64)
+
+
+# -- executing one op -----------------------------------------------------------------------
+
+
+def quantize(x: np.ndarray, tensor: Tensor) -> np.ndarray:
+    """Float -> the tensor's integer type with its affine parameters (round half away)."""
+    q = tensor.quantization
+    info = np.iinfo(tensor.dtype)
+    if q is None:
+        return np.clip(np.round(x), info.min, info.max).astype(tensor.dtype)
+    shape = q.broadcast_shape(x.ndim)
+    scaled = x.astype(np.float64) / q.scale.reshape(shape).astype(np.float64)
+    # TfLiteRound / std::round: half away from zero.
+    rounded = np.sign(scaled) * np.floor(np.abs(scaled) + 0.5) + q.zero_point.reshape(shape)
+    return np.clip(rounded, info.min, info.max).astype(tensor.dtype)
+
+
+def dequantize(x: np.ndarray, tensor: Tensor) -> np.ndarray:
+    """The tensor's integer values -> float32 with its affine parameters."""
+    q = tensor.quantization
+    if q is None:
+        return x.astype(np.float32)
+    shape = q.broadcast_shape(x.ndim)
+    return ((x.astype(np.int64) - q.zero_point.reshape(shape)) * q.scale.reshape(shape)).astype(
+        np.float32
+    )
+
+
+def is_quantized(tensor: Tensor | None) -> bool:
+    return tensor is not None and tensor.quantization is not None and tensor.dtype.kind in "iu"
+
+
+def run_op(op: Op, graph: Subgraph, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    """Run one op on the numpy reference, handling quantized tensors through a float view.
+
+    Args:
+        op: the IR op.
+        graph: its subgraph (for tensor metadata).
+        inputs: one array (or None for an omitted optional input) per ``op.inputs``.
+
+    Returns:
+        One array per ``op.outputs``, of the output tensors' dtypes and shapes.
+
+    Raises:
+        UnsupportedOpError: the op is unknown.
+        ModelError: the op's operands are inconsistent.
+    """
+    cls = lookup(op)
+    ctx = OpContext(op, graph)
+    if cls.quant_aware:
+        values = inputs
+    else:
+        values = [
+            dequantize(x, graph.tensors[t]) if x is not None and is_quantized(graph.tensors[t]) else x
+            for x, t in zip(inputs, op.inputs)
+        ]
+    try:
+        results = cls.reference(ctx, values)
+    except (ModelError, UnsupportedOpError):
+        raise
+    except (ValueError, IndexError) as exc:
+        raise ModelError(f"{op.describe()}: cannot execute: {exc}") from None
+    outs: list[np.ndarray] = []
+    for r, t in zip(results, op.outputs):
+        tensor = graph.tensors[t]
+        r = np.asarray(r)
+        if tensor.shape and r.shape != tensor.shape:
+            if r.size == tensor.size:
+                r = r.reshape(tensor.shape)
+            else:
+                raise ModelError(
+                    f"{op.describe()}: computed output {tensor.name!r} of shape {r.shape}, "
+                    f"the model declares {tensor.shape}"
+                )
+        if not cls.quant_aware and is_quantized(tensor) and r.dtype.kind == "f":
+            r = quantize(r, tensor)
+        elif r.dtype != tensor.dtype and tensor.dtype.kind != "O":
+            r = r.astype(tensor.dtype)
+        outs.append(r)
+    return outs

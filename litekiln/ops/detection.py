@@ -1,0 +1,169 @@
+"""``TFLite_Detection_PostProcess``: SSD box decoding plus non-max suppression
+(tensorflow/lite/kernels/detection_postprocess.cc).
+
+Inputs: box encodings ``[1, N, >=4]`` (y, x, h, w), class predictions
+``[1, N, num_classes (+1 background)]``, anchors ``[N, 4]`` (y, x, h, w).
+Outputs: boxes ``[1, D, 4]`` (ymin, xmin, ymax, xmax), classes ``[1, D]``, scores ``[1, D]``,
+num_detections ``[1]``, all float32, ``D = max_detections * max_classes_per_detection``.
+Rows past the detections are zero here (LiteRT leaves the fast path's rows unwritten).
+
+Decoding is done in double and stored as float, as the kernel does. The fast NMS (default)
+ranks each anchor by its best class, runs one single-class NMS, then emits the top
+``min(max_classes_per_detection, num_classes)`` classes of each kept anchor. The regular NMS
+(``use_regular_nms``) runs NMS per class (``detections_per_class`` each) and keeps the best
+``max_detections`` over all classes. Sorting is stable (ties keep the lower index), as the
+kernel's ``std::stable_sort``; where the kernel uses an unstable ``std::partial_sort`` (ties
+between equal scores) the order may differ.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from litekiln.ops.base import OpContext, OpDef, register, required
+from litekiln.ops.mediapipe import flex_options
+
+
+def decode_boxes(enc: np.ndarray, anchors: np.ndarray, scales: tuple[float, ...]) -> np.ndarray:
+    """Center-size encodings + anchors -> float32 corners [N, 4] (ymin, xmin, ymax, xmax)."""
+    e = enc.astype(np.float32).astype(np.float64)
+    a = anchors.astype(np.float32).astype(np.float64)
+    ys, xs, hs, ws = (float(np.float32(s)) for s in scales)
+    yc = (e[:, 0] / ys * a[:, 2] + a[:, 0]).astype(np.float32)
+    xc = (e[:, 1] / xs * a[:, 3] + a[:, 1]).astype(np.float32)
+    hh = (0.5 * np.exp(e[:, 2] / hs) * a[:, 2]).astype(np.float32)
+    hw = (0.5 * np.exp(e[:, 3] / ws) * a[:, 3]).astype(np.float32)
+    return np.stack([yc - hh, xc - hw, yc + hh, xc + hw], axis=1).astype(np.float32)
+
+
+def _iou(boxes: np.ndarray, i: int, js: np.ndarray) -> np.ndarray:
+    """ComputeIntersectionOverUnion(i, j) for many j, in float32; 0 if either area <= 0."""
+    bi, bj = boxes[i], boxes[js]
+    area_i = (bi[2] - bi[0]) * (bi[3] - bi[1])
+    area_j = (bj[:, 2] - bj[:, 0]) * (bj[:, 3] - bj[:, 1])
+    ih = np.maximum(np.minimum(bi[2], bj[:, 2]) - np.maximum(bi[0], bj[:, 0]), np.float32(0))
+    iw = np.maximum(np.minimum(bi[3], bj[:, 3]) - np.maximum(bi[1], bj[:, 1]), np.float32(0))
+    inter = ih * iw
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iou = inter / (area_i + area_j - inter)
+    return np.where((area_i <= 0) | (area_j <= 0), np.float32(0), iou).astype(np.float32)
+
+
+def nms_single_class(
+    boxes: np.ndarray, scores: np.ndarray, max_detections: int, score_th: float, iou_th: float
+) -> list[int]:
+    """NonMaxSuppressionSingleClassHelper: anchor indices kept, best score first."""
+    keep = np.nonzero(scores >= np.float32(score_th))[0]
+    order = keep[np.argsort(-scores[keep], kind="stable")]
+    output_size = min(len(order), max_detections)
+    active = np.ones(len(order), bool)
+    selected: list[int] = []
+    for i in range(len(order)):
+        if not active.any() or len(selected) >= output_size:
+            break
+        if not active[i]:
+            continue
+        selected.append(int(order[i]))
+        active[i] = False
+        rest = np.nonzero(active[i + 1 :])[0] + i + 1
+        if rest.size:
+            active[rest[_iou(boxes, int(order[i]), order[rest]) > np.float32(iou_th)]] = False
+    return selected
+
+
+def _top_classes(scores: np.ndarray, k: int) -> np.ndarray:
+    """DecreasingPartialArgSort per row: indices of the k best classes (first max wins)."""
+    if k == 1:
+        return scores.argmax(axis=1)[:, None]
+    return np.argsort(-scores, axis=1, kind="stable")[:, :k]
+
+
+@register
+class DetectionPostProcess(OpDef):
+    name = "TFLite_Detection_PostProcess"
+    gpu = False  # custom op, not in the GPU op table
+
+    @staticmethod
+    def _options(ctx: OpContext) -> dict[str, Any]:
+        o = flex_options(ctx)
+        try:
+            return {
+                "max_detections": int(o["max_detections"]),
+                "max_classes_per_detection": int(o["max_classes_per_detection"]),
+                "detections_per_class": int(o.get("detections_per_class", 100)),
+                "use_regular_nms": bool(o.get("use_regular_nms", False)),
+                "score_th": float(o["nms_score_threshold"]),
+                "iou_th": float(o["nms_iou_threshold"]),
+                "num_classes": int(o["num_classes"]),
+                "scales": (float(o["y_scale"]), float(o["x_scale"]), float(o["h_scale"]), float(o["w_scale"])),
+            }
+        except KeyError as exc:
+            raise ctx.fail(f"custom options lack {exc}") from None
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        o = cls._options(ctx)
+        enc = np.asarray(required(ctx, inputs, 0), np.float32)
+        cls_pred = np.asarray(required(ctx, inputs, 1), np.float32)
+        anchors = np.asarray(required(ctx, inputs, 2), np.float32)
+        if enc.ndim != 3 or enc.shape[0] != 1 or enc.shape[2] < 4:
+            raise ctx.fail(f"box encodings must be [1, N, >=4], got {enc.shape}")
+        n = enc.shape[1]
+        if cls_pred.ndim != 3 or cls_pred.shape[:2] != (1, n):
+            raise ctx.fail(f"class predictions must be [1, {n}, C], got {cls_pred.shape}")
+        if anchors.shape != (n, 4):
+            raise ctx.fail(f"anchors must be [{n}, 4], got {anchors.shape}")
+        num_classes = o["num_classes"]
+        with_bg = cls_pred.shape[2]
+        offset = with_bg - num_classes
+        if offset not in (0, 1):
+            raise ctx.fail(f"{with_bg} class scores for {num_classes} classes")
+        if not 0 < o["iou_th"] <= 1 or o["max_detections"] < 0:
+            raise ctx.fail("nms_iou_threshold must be in (0, 1], max_detections >= 0")
+        boxes = decode_boxes(enc[0, :, :4], anchors, o["scales"])
+        if np.any(boxes[:, 0] > boxes[:, 2]) or np.any(boxes[:, 1] > boxes[:, 3]):
+            raise ctx.fail("decoded boxes with ymin > ymax or xmin > xmax")
+        scores = cls_pred[0, :, offset:]
+        max_det, per_det = o["max_detections"], o["max_classes_per_detection"]
+        if per_det <= 0:
+            raise ctx.fail("max_classes_per_detection must be positive")
+        d = max_det * per_det
+        out_boxes = np.zeros((1, d, 4), np.float32)
+        out_classes = np.zeros((1, d), np.float32)
+        out_scores = np.zeros((1, d), np.float32)
+        if o["use_regular_nms"]:
+            count = cls._regular(o, boxes, scores, out_boxes, out_classes, out_scores)
+        else:
+            k = min(per_det, num_classes)
+            top = _top_classes(scores, k)
+            best = scores[np.arange(n), top[:, 0]]
+            sel = nms_single_class(boxes, best, max_det, o["score_th"], o["iou_th"])
+            for row, a in enumerate(sel):
+                for col in range(k):
+                    slot = per_det * row + col
+                    out_boxes[0, slot] = boxes[a]
+                    out_classes[0, slot] = top[a, col]
+                    out_scores[0, slot] = scores[a, top[a, col]]
+            count = len(sel)
+        return [out_boxes, out_classes, out_scores, np.array([count], np.float32)]
+
+    @staticmethod
+    def _regular(o, boxes, scores, out_boxes, out_classes, out_scores) -> int:
+        """NonMaxSuppressionMultiClassRegularHelper: merge per-class NMS results."""
+        max_det = o["max_detections"]
+        if o["detections_per_class"] <= 0:
+            raise ValueError("detections_per_class must be positive")
+        kept: list[tuple[int, int, float]] = []  # (anchor, class, score), best first
+        for c in range(scores.shape[1]):
+            col = scores[:, c]
+            sel = nms_single_class(boxes, col, o["detections_per_class"], o["score_th"], o["iou_th"])
+            cand = kept + [(a, c, float(col[a])) for a in sel]
+            order = np.argsort(-np.array([s for _, _, s in cand], np.float32), kind="stable")
+            kept = [cand[i] for i in order[: min(len(cand), max_det)]]
+        for row, (a, c, s) in enumerate(kept):
+            out_boxes[0, row] = boxes[a]
+            out_classes[0, row] = c
+            out_scores[0, row] = s
+        return len(kept)

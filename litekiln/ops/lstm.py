@@ -1,0 +1,73 @@
+"""LSTM: the basic kernel (``kernel_type`` BASIC), the one the GPU op table lists (v2).
+
+Basic kernel (reference_ops ``LstmCell``), 5 inputs and 4 outputs:
+
+* inputs: input ``[B, I]``, previous activation ``[B, O]``, weights ``[4*O, I+O]``,
+  biases ``[4*O]``, previous cell state ``[B, O]``;
+* ``concat = [input, prev_activ]``, ``activ = concat @ W.T + b`` split in four gates
+  (input, new input, forget, output) along the last axis;
+* ``state = sigmoid(i) * tanh(g) + sigmoid(f) * prev_state``,
+  ``output = sigmoid(o) * tanh(state)``;
+* outputs: output activation, new state, concat temp, activ temp.
+
+The full kernel (20-24 inputs, peepholes, projection, layer norm) is not implemented yet.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from litekiln.model.ir import Op, Subgraph
+from litekiln.ops.base import OpContext, OpDef, register, required
+
+#: LSTMKernelType of schema.fbs.
+KERNEL_FULL, KERNEL_BASIC = 0, 1
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return (1.0 / (1.0 + np.exp(-x.astype(np.float64)))).astype(np.float32)
+
+
+@register
+class Lstm(OpDef):
+    name = "LSTM"
+    gpu = True
+    gpu_max_version = 2  # DESIGN.md GPU table: LSTM v2, basic kernel only
+    gpu_quant_max_version = 2
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        if int(ctx.options.get("kernel_type", KERNEL_FULL)) != KERNEL_BASIC:
+            raise ctx.fail("only the basic LSTM kernel is implemented (kernel_type BASIC)")
+        x, prev_act, w, b, prev_state = (
+            np.asarray(required(ctx, inputs, i), np.float32) for i in range(5)
+        )
+        if w.ndim != 2 or w.shape[0] % 4:
+            raise ctx.fail(f"weights of shape {w.shape}, expected [4*units, in+units]")
+        units = w.shape[0] // 4
+        x2 = x.reshape(-1, x.shape[-1])
+        concat = np.concatenate([x2, prev_act.reshape(x2.shape[0], -1)], axis=1)
+        if concat.shape[1] != w.shape[1]:
+            raise ctx.fail(f"input+state depth {concat.shape[1]} != weights depth {w.shape[1]}")
+        activ = (concat @ w.T + b.reshape(-1)).astype(np.float32)
+        i_gate = _sigmoid(activ[:, :units])
+        g = np.tanh(activ[:, units : 2 * units])
+        f_gate = _sigmoid(activ[:, 2 * units : 3 * units])
+        o_gate = _sigmoid(activ[:, 3 * units :])
+        state = (i_gate * g + f_gate * prev_state.reshape(-1, units)).astype(np.float32)
+        out = (o_gate * np.tanh(state)).astype(np.float32)
+        return [out, state, concat.astype(np.float32), activ]
+
+    @classmethod
+    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
+        if int(op.options.get("kernel_type", KERNEL_FULL)) != KERNEL_BASIC:
+            return "only the basic LSTM kernel runs on the GPU"
+        reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
+        if reason:
+            return reason
+        if len(op.inputs) != 5 or len(op.outputs) != 4:
+            return f"basic LSTM with {len(op.inputs)} inputs / {len(op.outputs)} outputs"
+        for i in (2, 3):
+            if not graph.tensors[op.inputs[i]].is_constant:
+                return "runtime (non-constant) weights or biases"
+        return None

@@ -1,0 +1,1 @@
+"""litekiln runtime: runs compiled programs with pyopencl + numpy. Never imports TVM."""

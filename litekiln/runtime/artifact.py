@@ -1,0 +1,199 @@
+"""The compiled model: what the compiler produces and the runtime loads (no TVM here).
+
+A :class:`CompiledModel` is plain data: the execution plan (GPU partitions and CPU ops in
+order), one :class:`~litekiln.runtime.program.GpuProgram` per partition and the constant arrays
+the programs upload. It serialises to a JSON manifest plus raw little-endian arrays (no pickle)
+for the cache, and the runtime needs nothing else from the compiler.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from litekiln.runtime.program import GpuProgram
+
+ARTIFACT_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """Everything that changes the compiled program (all of it goes into the cache key).
+
+    Attributes:
+        precision: "fp32" or "fp16".
+        allow_quantized: delegate the quantized versions of GPU ops (float view).
+        quant_simulation: insert quantization simulators after quantized ops.
+        max_partitions: most GPU partitions to delegate.
+        min_partition_ops: smallest partition worth delegating.
+        op_table: "documented" (the TFLite GPU documentation's table) or "extended" (also
+            the ops the TFLite GPU delegate runs beyond it).
+        target: the code-generation target ("opencl").
+    """
+
+    precision: str = "fp32"
+    allow_quantized: bool = True
+    quant_simulation: bool = True
+    max_partitions: int = 8
+    min_partition_ops: int = 1
+    op_table: str = "documented"
+    target: str = "opencl"
+
+    def __post_init__(self) -> None:
+        if self.precision not in ("fp32", "fp16"):
+            raise ValueError(f"precision must be 'fp32' or 'fp16', got {self.precision!r}")
+        if self.op_table not in ("documented", "extended"):
+            raise ValueError(f"op_table must be 'documented' or 'extended', got {self.op_table!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CompileOptions:
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+@dataclass
+class PartitionArtifact:
+    """One compiled GPU partition: its graph boundary and its program."""
+
+    index: int
+    ops: list[int]
+    inputs: list[int]
+    outputs: list[int]
+    program: GpuProgram
+
+
+@dataclass
+class CompiledModel:
+    """A compiled model, ready for the runtime.
+
+    Attributes:
+        token: the model token it was compiled from.
+        model_name: display name.
+        options: the compile options.
+        steps: execution plan, ``[("gpu", partition) | ("cpu", op index), ...]``.
+        partitions: compiled partitions.
+        constants: constant name -> array, for all partitions.
+        cpu_reasons: op index -> why it runs on the CPU.
+        versions: litekiln version, compiler source hash, TVM version.
+        stats: compile timings and counts (informative only).
+    """
+
+    token: str
+    model_name: str
+    options: CompileOptions
+    steps: list[tuple[str, int]]
+    partitions: list[PartitionArtifact]
+    constants: dict[str, np.ndarray]
+    cpu_reasons: dict[int, str] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def manifest(self) -> dict[str, Any]:
+        """JSON-able description of everything but the constant arrays."""
+        return {
+            "format": ARTIFACT_FORMAT,
+            "token": self.token,
+            "model_name": self.model_name,
+            "options": self.options.to_dict(),
+            "steps": [list(s) for s in self.steps],
+            "partitions": [
+                {
+                    "index": p.index,
+                    "ops": p.ops,
+                    "inputs": p.inputs,
+                    "outputs": p.outputs,
+                    "program": p.program.to_dict(),
+                }
+                for p in self.partitions
+            ],
+            "cpu_reasons": {str(k): v for k, v in self.cpu_reasons.items()},
+            "versions": self.versions,
+            "stats": self.stats,
+        }
+
+    @classmethod
+    def from_manifest(cls, m: dict[str, Any], constants: dict[str, np.ndarray]) -> CompiledModel:
+        """Rebuild from :meth:`manifest` output and the constant arrays.
+
+        Raises:
+            ValueError: the manifest is of another format or malformed.
+        """
+        if m.get("format") != ARTIFACT_FORMAT:
+            raise ValueError(f"artifact format {m.get('format')!r}, expected {ARTIFACT_FORMAT}")
+        parts = [
+            PartitionArtifact(
+                index=int(p["index"]),
+                ops=[int(i) for i in p["ops"]],
+                inputs=[int(i) for i in p["inputs"]],
+                outputs=[int(i) for i in p["outputs"]],
+                program=GpuProgram.from_dict(p["program"]),
+            )
+            for p in m["partitions"]
+        ]
+        return cls(
+            token=str(m["token"]),
+            model_name=str(m.get("model_name", "")),
+            options=CompileOptions.from_dict(m["options"]),
+            steps=[(str(k), int(i)) for k, i in m["steps"]],
+            partitions=parts,
+            constants=constants,
+            cpu_reasons={int(k): str(v) for k, v in m.get("cpu_reasons", {}).items()},
+            versions=dict(m.get("versions", {})),
+            stats=dict(m.get("stats", {})),
+        )
+
+
+def litekiln_version() -> str:
+    from litekiln import __version__
+
+    return __version__
+
+
+def tvm_version() -> str | None:
+    """Installed apache-tvm version, read from package metadata (never imports TVM)."""
+    try:
+        return importlib.metadata.version("apache-tvm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+_COMPILER_HASH: str | None = None
+
+
+def compiler_hash() -> str:
+    """sha256 of the sources that decide what the compiler emits (compiler/ and ops/).
+
+    Reading ~20 small files costs well under a millisecond; a changed emitter or schedule then
+    invalidates every cached program, which a version number alone would not.
+    """
+    global _COMPILER_HASH
+    if _COMPILER_HASH is None:
+        root = Path(__file__).resolve().parent.parent
+        h = hashlib.sha256()
+        for sub in ("compiler", "ops", "model"):
+            for f in sorted((root / sub).glob("*.py")):
+                h.update(f.name.encode())
+                h.update(f.read_bytes())
+        h.update((root / "runtime" / "program.py").read_bytes())
+        _COMPILER_HASH = h.hexdigest()[:16]
+    return _COMPILER_HASH
+
+
+def model_key_fields(token: str, options: CompileOptions) -> dict[str, Any]:
+    """The fields of the compiled-model cache key (TVM version is checked at load)."""
+    return {
+        "kind": "model",
+        "token": token,
+        "options": options.to_dict(),
+        "litekiln": litekiln_version(),
+        "compiler": compiler_hash(),
+        "target": options.target,
+    }

@@ -1,0 +1,282 @@
+"""Run one compiled GPU partition (`GpuProgram`) with pyopencl.
+
+NO TVM IMPORT here, not even indirectly: this module is what apps that ship precompiled
+models load.  Dependencies: pyopencl, numpy, `litekiln.runtime.program`.
+
+Everything is done once at load: program build (or load from a device binary), buffer
+allocation, constant upload, ``kernel.set_args``.  `PartitionExecutor.run` then only calls
+``cl.enqueue_nd_range_kernel`` per launch: no allocation, no argument packing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from litekiln.runtime.program import SCALAR_TYPES, BufferArg, GpuProgram, TensorSpec
+
+# clCreateBuffer rejects size 0; empty tensors still need a valid handle to bind.
+_MIN_BUFFER_BYTES = 4
+
+
+class ExecutorError(RuntimeError):
+    """The program cannot be loaded or run on this device (message says why)."""
+
+
+class PartitionExecutor:
+    """Loads a `GpuProgram` onto an OpenCL device and runs it.
+
+    Attributes:
+        program: The program being run.
+        binary: The device binary of the built cl.Program (for the binary cache), or None if
+            the driver does not report one.
+        device: The OpenCL device of ``queue``.
+    """
+
+    def __init__(
+        self,
+        program: GpuProgram,
+        constants: Mapping[str, np.ndarray],
+        context: cl.Context,
+        queue: cl.CommandQueue,
+        binary: bytes | None = None,
+    ) -> None:
+        """Build, allocate, upload and bind everything.
+
+        Args:
+            program: The program (validated here).
+            constants: Constant name -> array, for every name in ``program.constants``.
+            context: OpenCL context.
+            queue: In-order command queue on the device to run on.
+            binary: A device binary from a previous load (`binary`) of the same source, build
+                options and device; if given, the program is built from it (fast path).
+
+        Raises:
+            ExecutorError: A constant is missing or mismatched, the binary or source fails to
+                build, a launch exceeds the device's work-group limits, or a tensor's offset
+                is not aligned for a sub-buffer.
+        """
+        program.validate()
+        self.program = program
+        self.context = context
+        self.queue = queue
+        self.device: cl.Device = queue.device
+        self._tensor_specs: dict[int, TensorSpec] = {t.id: t for t in program.tensors}
+
+        self._cl_program = self._build(binary)
+        binaries = self._cl_program.get_info(cl.program_info.BINARIES)
+        self.binary: bytes | None = bytes(binaries[0]) if binaries and binaries[0] else None
+
+        # Storages: one buffer each, allocated once.
+        mf = cl.mem_flags
+        self._storage_buffers: dict[int, cl.Buffer] = {}
+        for s in program.storages:
+            flags = mf.READ_WRITE
+            self._storage_buffers[s.id] = cl.Buffer(context, flags, size=max(s.nbytes, _MIN_BUFFER_BYTES))
+        self._tensor_buffers: dict[int, cl.Buffer] = {}
+        for t in program.tensors:
+            self._tensor_buffers[t.id] = self._view(t)
+
+        self._upload_constants(constants)
+
+        # Kernels: one cl.Kernel per launch (a kernel object holds its argument values, and the
+        # same kernel may be launched several times with different buffers).
+        kernels_by_name = {k.function_name: k for k in self._cl_program.all_kernels()}
+        missing = [k for k in program.kernels if k not in kernels_by_name]
+        if missing:
+            raise ExecutorError(f"kernels {missing} not found in the built OpenCL program")
+        self._arg_slots: dict[int, list[tuple[cl.Kernel, int]]] = {}  # tensor id -> uses
+        self._launches: list[tuple[cl.Kernel, tuple[int, ...], tuple[int, ...]]] = []
+        max_wg = self.device.max_work_group_size
+        max_items = self.device.max_work_item_sizes
+        for i, launch in enumerate(program.launches):
+            kernel = cl.Kernel(self._cl_program, launch.kernel)
+            values: list[Any] = []
+            for j, arg in enumerate(launch.args):
+                if isinstance(arg, BufferArg):
+                    values.append(self._tensor_buffers[arg.tensor])
+                    self._arg_slots.setdefault(arg.tensor, []).append((kernel, j))
+                else:
+                    values.append(np.array(arg.value, dtype=SCALAR_TYPES[arg.ctype]))
+            kernel.set_args(*values)
+            wg = int(np.prod(launch.local_size))
+            kernel_wg = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.device)
+            if wg > min(max_wg, kernel_wg) or any(l > m for l, m in zip(launch.local_size, max_items)):
+                raise ExecutorError(
+                    f"launch {i} ({launch.kernel}): work-group {launch.local_size} ({wg} items) exceeds "
+                    f"device limit {max_wg} / kernel limit {kernel_wg} / per-axis {list(max_items)} "
+                    f"on {self.device.name}; compile with a smaller max_num_threads"
+                )
+            self._launches.append((kernel, launch.global_size, launch.local_size))
+
+    # ------------------------------------------------------------------ load helpers
+    def _build(self, binary: bytes | None) -> cl.Program:
+        options = self.program.build_options.split() if self.program.build_options else []
+        if binary is not None:
+            try:
+                prg = cl.Program(self.context, [self.device], [binary])
+                return prg.build(options=options)
+            except cl.Error as e:
+                raise ExecutorError(f"building from the cached device binary failed: {e}") from e
+        if "cl_khr_fp16" in self.program.source and "cl_khr_fp16" not in self.device.extensions:
+            # Checked up front: drivers report this as an opaque BUILD_PROGRAM_FAILURE.
+            raise ExecutorError(f"program uses half precision (cl_khr_fp16), which {self.device.name} lacks")
+        if not self.program.source:
+            # A partition without kernels (pure reshapes/aliases) still needs no program;
+            # keep an empty one so the rest of the code is uniform.
+            src = "__kernel void litekiln_empty(void) {}\n"
+        else:
+            src = self.program.source
+        try:
+            return cl.Program(self.context, src).build(options=options, devices=[self.device])
+        except cl.RuntimeError as e:
+            raise ExecutorError(f"OpenCL build failed on {self.device.name}: {e}") from e
+
+    def _view(self, t: TensorSpec) -> cl.Buffer:
+        base = self._storage_buffers[t.storage]
+        if t.offset == 0:
+            return base
+        # Kernels take plain pointers: a tensor at an offset needs a sub-buffer, whose origin
+        # must be a multiple of CL_DEVICE_MEM_BASE_ADDR_ALIGN (given in bits).
+        align = self.device.mem_base_addr_align // 8
+        if t.offset % align:
+            raise ExecutorError(
+                f"tensor {t.name or t.id} at byte offset {t.offset}: sub-buffer origins must be "
+                f"multiples of {align} bytes on {self.device.name}"
+            )
+        return base.get_sub_region(t.offset, max(t.nbytes, _MIN_BUFFER_BYTES))
+
+    def _upload_constants(self, constants: Mapping[str, np.ndarray]) -> None:
+        for tid, name in self.program.constants.items():
+            if name not in constants:
+                raise ExecutorError(f"constant {name!r} (tensor {tid}) missing")
+            spec = self._tensor_specs[tid]
+            arr = np.ascontiguousarray(constants[name], dtype=spec.dtype)
+            if arr.shape != spec.shape:
+                raise ExecutorError(f"constant {name!r}: shape {arr.shape}, program expects {spec.shape}")
+            if arr.nbytes:
+                cl.enqueue_copy(self.queue, self._tensor_buffers[tid], arr, is_blocking=False)
+        self.queue.finish()
+
+    # ------------------------------------------------------------------ I/O
+    @property
+    def num_inputs(self) -> int:
+        """Number of partition inputs."""
+        return len(self.program.inputs)
+
+    @property
+    def num_outputs(self) -> int:
+        """Number of partition outputs."""
+        return len(self.program.outputs)
+
+    def input_spec(self, i: int) -> TensorSpec:
+        """Shape/dtype of input ``i``."""
+        return self._tensor_specs[self.program.inputs[i]]
+
+    def output_spec(self, i: int) -> TensorSpec:
+        """Shape/dtype of output ``i``."""
+        return self._tensor_specs[self.program.outputs[i]]
+
+    def set_input(self, i: int, array: np.ndarray, *, blocking: bool = True) -> None:
+        """Copy ``array`` into input ``i``'s device buffer.
+
+        Args:
+            i: Input index.
+            array: Host data; must have the input's shape; converted to its dtype.
+            blocking: If False the copy is only enqueued (pyopencl keeps ``array`` alive until
+                it completes; do not modify it before the next `run` finishes).
+
+        Raises:
+            ValueError: Shape mismatch.
+        """
+        spec = self.input_spec(i)
+        arr = np.ascontiguousarray(array, dtype=spec.dtype)
+        if arr.shape != spec.shape:
+            raise ValueError(f"input {i} ({spec.name}): shape {arr.shape}, expected {spec.shape}")
+        if arr.nbytes:
+            cl.enqueue_copy(self.queue, self._tensor_buffers[spec.id], arr, is_blocking=blocking)
+
+    def run(self, *, wait: bool = False) -> None:
+        """Enqueue every kernel launch in order.
+
+        Args:
+            wait: Block until the device is done (otherwise `get_output`'s blocking read, or
+                the next user of the queue, orders after the launches).
+        """
+        enqueue = cl.enqueue_nd_range_kernel
+        queue = self.queue
+        for kernel, gsize, lsize in self._launches:
+            enqueue(queue, kernel, gsize, lsize)
+        if wait:
+            queue.finish()
+
+    def get_output(self, i: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Read output ``i`` back to the host (blocking).
+
+        Args:
+            i: Output index.
+            out: Optional C-contiguous array of the output's shape and dtype to read into
+                (avoids an allocation per call).
+
+        Returns:
+            ``out`` or a new array.
+
+        Raises:
+            ValueError: ``out`` has the wrong shape, dtype or layout.
+        """
+        spec = self.output_spec(i)
+        if out is None:
+            out = np.empty(spec.shape, dtype=spec.dtype)
+        elif out.shape != spec.shape or out.dtype != np.dtype(spec.dtype) or not out.flags.c_contiguous:
+            raise ValueError(f"output {i} ({spec.name}): out must be C-contiguous {spec.dtype}{list(spec.shape)}")
+        if out.nbytes:
+            cl.enqueue_copy(self.queue, out, self._tensor_buffers[spec.id], is_blocking=True)
+        return out
+
+    def input_buffer(self, i: int) -> cl.Buffer:
+        """The device buffer of input ``i`` (to fill it from another partition's kernels)."""
+        return self._tensor_buffers[self.program.inputs[i]]
+
+    def output_buffer(self, i: int) -> cl.Buffer:
+        """The device buffer of output ``i`` (valid after `run`; overwritten by the next run).
+
+        The buffer may be shared with an input or a constant when the partition returns one
+        unchanged (or a reshaped view of it).
+        """
+        return self._tensor_buffers[self.program.outputs[i]]
+
+    def bind_input(self, i: int, buffer: cl.Buffer) -> None:
+        """Make input ``i`` read ``buffer`` directly (zero-copy chaining of partitions).
+
+        Every tensor on input ``i``'s storage (the input and its reshaped views) is rebound
+        and the affected kernel arguments are set again, once; later runs use ``buffer``.
+        Note that outputs aliasing this input then alias ``buffer`` too.
+
+        Args:
+            i: Input index.
+            buffer: A buffer in the same context of at least the input's size.
+
+        Raises:
+            ValueError: ``buffer`` is too small.
+        """
+        spec = self.input_spec(i)
+        if buffer.size < spec.nbytes:
+            raise ValueError(f"input {i} ({spec.name}): buffer of {buffer.size} bytes, need {spec.nbytes}")
+        self._storage_buffers[spec.storage] = buffer
+        for t in self.program.tensors:
+            if t.storage == spec.storage:
+                self._tensor_buffers[t.id] = self._view(t)
+                for kernel, j in self._arg_slots.get(t.id, []):
+                    kernel.set_arg(j, self._tensor_buffers[t.id])
+
+    def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        """Convenience: set all inputs, run, return all outputs (allocates; not the fast path)."""
+        if len(inputs) != self.num_inputs:
+            raise ValueError(f"expected {self.num_inputs} inputs, got {len(inputs)}")
+        for i, a in enumerate(inputs):
+            self.set_input(i, a)
+        self.run()
+        return [self.get_output(i) for i in range(self.num_outputs)]

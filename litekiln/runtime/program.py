@@ -1,0 +1,396 @@
+"""Plain-data description of one compiled GPU partition (`GpuProgram`).
+
+This is the on-disk format the cache stores and the only thing the runtime reads about a
+compiled partition.  It must stay importable without TVM (numpy only, and numpy only for the
+dtype helpers), JSON-serializable and free of pickle.
+
+Model
+-----
+Every tensor the partition touches lives in a *storage* (one OpenCL buffer) at a byte offset:
+
+* ``role="input"``: one storage per partition parameter, written by ``set_input`` (or bound to
+  a buffer of another partition);
+* ``role="constant"``: one storage per constant, uploaded once at load;
+* ``role="workspace"``: storages of the static memory plan; several intermediates share one
+  storage over time (TVM's ``StaticPlanBlockMemory``), the plan is final and needs no runtime
+  bookkeeping because the launch order is fixed.
+
+Views (``reshape`` lowered to ``vm.builtin.reshape``) are simply more tensors on the same
+storage and offset, so aliasing needs no special op.  An output can be an input or a constant
+(or a view of one); it is then the same tensor id.
+
+Launches reference tensors by id; scalars carry their OpenCL C type so the executor can pack
+them once.  Sizes are static: ``global_size[i] = blocks[i] * local_size[i]`` per axis,
+axis 0 = ``x`` (``get_group_id(0)`` / ``get_local_id(0)`` in TVM's OpenCL codegen).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+#: Bump whenever the JSON layout or the meaning of a field changes; readers reject other
+#: versions (the cache treats that as a miss and recompiles).
+FORMAT_VERSION = 1
+
+StorageRole = Literal["input", "constant", "workspace"]
+_STORAGE_ROLES = ("input", "constant", "workspace")
+
+#: OpenCL C scalar types a launch may pass by value, with their numpy equivalent.
+SCALAR_TYPES: dict[str, str] = {
+    "char": "int8",
+    "uchar": "uint8",
+    "short": "int16",
+    "ushort": "uint16",
+    "int": "int32",
+    "uint": "uint32",
+    "long": "int64",
+    "ulong": "uint64",
+    "half": "float16",
+    "float": "float32",
+    "double": "float64",
+}
+
+
+class ProgramFormatError(ValueError):
+    """A serialized `GpuProgram` is malformed or of another format version."""
+
+
+@dataclass(frozen=True)
+class StorageSpec:
+    """One device buffer.
+
+    Attributes:
+        id: Storage id, unique within the program.
+        nbytes: Size in bytes (>= every tensor placed in it).
+        role: ``"input"``, ``"constant"`` or ``"workspace"`` (see module docstring).
+    """
+
+    id: int
+    nbytes: int
+    role: StorageRole = "workspace"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A typed, shaped view of a storage.
+
+    Attributes:
+        id: Tensor id, unique within the program.
+        storage: Id of the storage holding the bytes.
+        offset: Byte offset inside the storage.
+        shape: Static shape.
+        dtype: numpy dtype name (``"float32"``...).
+        name: Name of the Relax variable it came from (debugging only).
+    """
+
+    id: int
+    storage: int
+    offset: int
+    shape: tuple[int, ...]
+    dtype: str
+    name: str = ""
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the tensor in bytes."""
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class BufferArg:
+    """Kernel argument: the device buffer of tensor ``tensor``."""
+
+    tensor: int
+
+
+@dataclass(frozen=True)
+class ScalarArg:
+    """Kernel argument passed by value.
+
+    Attributes:
+        value: The value (int or float).
+        ctype: OpenCL C type name, one of `SCALAR_TYPES`.
+    """
+
+    value: int | float
+    ctype: str
+
+
+KernelArg = BufferArg | ScalarArg
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One ``clEnqueueNDRangeKernel``.
+
+    Attributes:
+        kernel: Kernel name in `GpuProgram.source`.
+        args: Arguments in kernel-signature order.
+        global_size: NDRange global size (work-items per axis, axis 0 first).
+        local_size: Work-group size per axis (same length as ``global_size``).
+        func: Name of the Relax-level PrimFunc that issued the launch (debugging only).
+    """
+
+    kernel: str
+    args: tuple[KernelArg, ...]
+    global_size: tuple[int, ...]
+    local_size: tuple[int, ...]
+    func: str = ""
+
+
+@dataclass
+class GpuProgram:
+    """Everything needed to run one GPU partition, as plain data.
+
+    Attributes:
+        source: OpenCL C source of all kernels.
+        build_options: Options for ``clBuildProgram``.
+        kernels: Names of the kernels that `launches` use (each launched at least once).
+        storages: Device buffers to allocate.
+        tensors: Typed views of the storages.
+        constants: Tensor id -> constant name; the arrays travel separately
+            (``dict[name, np.ndarray]``) so the cache can store them raw.
+        inputs: Tensor ids of the partition's parameters, in order.
+        outputs: Tensor ids of the partition's results, in order.
+        launches: Kernel launches in execution order.
+        meta: Free-form provenance (compiler versions, target string...), not used to run.
+        format_version: Layout version, see `FORMAT_VERSION`.
+    """
+
+    source: str
+    build_options: str
+    kernels: list[str]
+    storages: list[StorageSpec]
+    tensors: list[TensorSpec]
+    constants: dict[int, str]
+    inputs: list[int]
+    outputs: list[int]
+    launches: list[Launch]
+    meta: dict[str, Any] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    # ------------------------------------------------------------------ lookups
+    def tensor(self, tensor_id: int) -> TensorSpec:
+        """Return the tensor with id ``tensor_id``.
+
+        Raises:
+            KeyError: No such tensor.
+        """
+        for t in self.tensors:
+            if t.id == tensor_id:
+                return t
+        raise KeyError(f"no tensor {tensor_id} in program")
+
+    def storage(self, storage_id: int) -> StorageSpec:
+        """Return the storage with id ``storage_id``.
+
+        Raises:
+            KeyError: No such storage.
+        """
+        for s in self.storages:
+            if s.id == storage_id:
+                return s
+        raise KeyError(f"no storage {storage_id} in program")
+
+    @property
+    def workspace_nbytes(self) -> int:
+        """Bytes of device memory used by intermediates (memory-plan quality metric)."""
+        return sum(s.nbytes for s in self.storages if s.role == "workspace")
+
+    # ------------------------------------------------------------------ checks
+    def validate(self) -> None:
+        """Check internal consistency (ids resolve, tensors fit in their storage...).
+
+        Raises:
+            ProgramFormatError: Describing the first inconsistency found.
+        """
+        if self.format_version != FORMAT_VERSION:
+            raise ProgramFormatError(
+                f"program format version {self.format_version}, this runtime reads {FORMAT_VERSION}"
+            )
+        storages = {s.id: s for s in self.storages}
+        if len(storages) != len(self.storages):
+            raise ProgramFormatError("duplicate storage ids")
+        for s in self.storages:
+            if s.role not in _STORAGE_ROLES:
+                raise ProgramFormatError(f"storage {s.id}: unknown role {s.role!r}")
+            if s.nbytes < 0:
+                raise ProgramFormatError(f"storage {s.id}: negative size")
+        tensors = {t.id: t for t in self.tensors}
+        if len(tensors) != len(self.tensors):
+            raise ProgramFormatError("duplicate tensor ids")
+        for t in self.tensors:
+            if t.storage not in storages:
+                raise ProgramFormatError(f"tensor {t.id} ({t.name}): unknown storage {t.storage}")
+            try:
+                np.dtype(t.dtype)
+            except TypeError as e:
+                raise ProgramFormatError(f"tensor {t.id} ({t.name}): bad dtype {t.dtype!r}") from e
+            if t.offset < 0 or t.offset + t.nbytes > storages[t.storage].nbytes:
+                raise ProgramFormatError(
+                    f"tensor {t.id} ({t.name}): bytes [{t.offset}, {t.offset + t.nbytes}) "
+                    f"outside storage {t.storage} of {storages[t.storage].nbytes} bytes"
+                )
+        for tid, name in self.constants.items():
+            if tid not in tensors:
+                raise ProgramFormatError(f"constant {name!r}: unknown tensor {tid}")
+            if storages[tensors[tid].storage].role != "constant":
+                raise ProgramFormatError(f"constant {name!r}: storage role is not 'constant'")
+        for kind, ids in (("input", self.inputs), ("output", self.outputs)):
+            for tid in ids:
+                if tid not in tensors:
+                    raise ProgramFormatError(f"{kind} tensor {tid} unknown")
+        for tid in self.inputs:
+            if storages[tensors[tid].storage].role != "input":
+                raise ProgramFormatError(f"input tensor {tid}: storage role is not 'input'")
+        kernels = set(self.kernels)
+        for i, launch in enumerate(self.launches):
+            if launch.kernel not in kernels:
+                raise ProgramFormatError(f"launch {i}: kernel {launch.kernel!r} not listed")
+            if len(launch.global_size) != len(launch.local_size) or not 1 <= len(launch.global_size) <= 3:
+                raise ProgramFormatError(f"launch {i} ({launch.kernel}): bad NDRange rank")
+            for g, loc in zip(launch.global_size, launch.local_size):
+                if loc <= 0 or g % loc:
+                    raise ProgramFormatError(
+                        f"launch {i} ({launch.kernel}): global {launch.global_size} "
+                        f"not a multiple of local {launch.local_size}"
+                    )
+            for a in launch.args:
+                if isinstance(a, BufferArg) and a.tensor not in tensors:
+                    raise ProgramFormatError(f"launch {i} ({launch.kernel}): unknown tensor {a.tensor}")
+                if isinstance(a, ScalarArg) and a.ctype not in SCALAR_TYPES:
+                    raise ProgramFormatError(f"launch {i} ({launch.kernel}): bad scalar type {a.ctype!r}")
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict (only str/int/float/list/dict)."""
+        return {
+            "format_version": self.format_version,
+            "source": self.source,
+            "build_options": self.build_options,
+            "kernels": list(self.kernels),
+            "storages": [{"id": s.id, "nbytes": s.nbytes, "role": s.role} for s in self.storages],
+            "tensors": [
+                {
+                    "id": t.id,
+                    "storage": t.storage,
+                    "offset": t.offset,
+                    "shape": list(t.shape),
+                    "dtype": t.dtype,
+                    "name": t.name,
+                }
+                for t in self.tensors
+            ],
+            # JSON object keys are strings: store constants as pairs to keep int ids.
+            "constants": [[tid, name] for tid, name in self.constants.items()],
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+            "launches": [
+                {
+                    "kernel": l.kernel,
+                    "func": l.func,
+                    "args": [
+                        {"buffer": a.tensor}
+                        if isinstance(a, BufferArg)
+                        else {"scalar": a.value, "type": a.ctype}
+                        for a in l.args
+                    ],
+                    "global_size": list(l.global_size),
+                    "local_size": list(l.local_size),
+                }
+                for l in self.launches
+            ],
+            "meta": self.meta,
+        }
+
+    def to_json(self, *, indent: int | None = None) -> str:
+        """Serialize to JSON text.
+
+        Args:
+            indent: Passed to `json.dumps` (None: compact).
+
+        Returns:
+            The JSON document; `from_json` inverts it exactly.
+        """
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GpuProgram:
+        """Inverse of `to_dict`.
+
+        Raises:
+            ProgramFormatError: Wrong format version, missing field or inconsistent content.
+        """
+        version = d.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ProgramFormatError(f"program format version {version!r}, this runtime reads {FORMAT_VERSION}")
+        try:
+            launches = []
+            for l in d["launches"]:
+                args: list[KernelArg] = []
+                for a in l["args"]:
+                    if "buffer" in a:
+                        args.append(BufferArg(int(a["buffer"])))
+                    else:
+                        args.append(ScalarArg(a["scalar"], str(a["type"])))
+                launches.append(
+                    Launch(
+                        kernel=l["kernel"],
+                        args=tuple(args),
+                        global_size=tuple(int(x) for x in l["global_size"]),
+                        local_size=tuple(int(x) for x in l["local_size"]),
+                        func=l.get("func", ""),
+                    )
+                )
+            prog = cls(
+                source=d["source"],
+                build_options=d["build_options"],
+                kernels=list(d["kernels"]),
+                storages=[StorageSpec(int(s["id"]), int(s["nbytes"]), s["role"]) for s in d["storages"]],
+                tensors=[
+                    TensorSpec(
+                        id=int(t["id"]),
+                        storage=int(t["storage"]),
+                        offset=int(t["offset"]),
+                        shape=tuple(int(x) for x in t["shape"]),
+                        dtype=t["dtype"],
+                        name=t.get("name", ""),
+                    )
+                    for t in d["tensors"]
+                ],
+                constants={int(tid): str(name) for tid, name in d["constants"]},
+                inputs=[int(x) for x in d["inputs"]],
+                outputs=[int(x) for x in d["outputs"]],
+                launches=launches,
+                meta=dict(d.get("meta", {})),
+                format_version=int(version),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ProgramFormatError(f"malformed program: {e!r}") from e
+        prog.validate()
+        return prog
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> GpuProgram:
+        """Parse a document written by `to_json`.
+
+        Args:
+            text: The JSON document.
+
+        Returns:
+            The program, validated.
+
+        Raises:
+            ProgramFormatError: Not JSON, wrong format version or inconsistent content.
+        """
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ProgramFormatError(f"program is not valid JSON: {e}") from e
+        if not isinstance(d, dict):
+            raise ProgramFormatError("program JSON is not an object")
+        return cls.from_dict(d)

@@ -1,0 +1,265 @@
+"""A loaded model on an OpenCL device: the runtime's executor of a :class:`CompiledModel`.
+
+Never imports TVM. On a cache hit the whole start-up is: read the manifest and constants,
+build each partition's program from the cached device binary, allocate buffers once, upload
+constants once, bind kernel arguments once. ``run`` then only copies inputs in, enqueues the
+pre-bound launches, runs CPU ops in between and copies outputs out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from litekiln.errors import CompileError, DeviceError
+from litekiln.model.ir import Model
+from litekiln.ops.base import dequantize, is_quantized, quantize
+from litekiln.runtime.artifact import CompiledModel, CompileOptions
+from litekiln.runtime.device import DeviceHandle, select_device
+
+log = logging.getLogger("litekiln")
+
+_OPTION_NAMES = set(CompileOptions.__dataclass_fields__) - {"precision"}
+
+
+@dataclass
+class DivergenceReport:
+    """Result of validate mode: the first tensor whose GPU value diverges from the reference."""
+
+    ok: bool
+    tensor: int | None = None
+    name: str = ""
+    op: int | None = None
+    max_abs_error: float = 0.0
+    tolerance: float = 0.0
+    checked: int = 0
+    details: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        if self.ok:
+            return f"validate: all {self.checked} GPU tensors match the reference"
+        return (
+            f"validate: tensor {self.tensor} ({self.name!r}), output of op #{self.op}, diverges "
+            f"from the reference: max |gpu - ref| = {self.max_abs_error:.3g} > {self.tolerance:.3g}"
+        )
+
+
+def split_options(options: Mapping[str, Any], precision: str) -> tuple[CompileOptions, dict[str, Any]]:
+    """Separate compile options (part of the cache key) from runtime-only options.
+
+    Raises:
+        TypeError: an option name is unknown.
+    """
+    compile_kw = {k: v for k, v in options.items() if k in _OPTION_NAMES}
+    runtime_kw = {k: v for k, v in options.items() if k not in _OPTION_NAMES}
+    unknown = set(runtime_kw) - {"validate", "use_cache", "progress", "tuning"}
+    if unknown:
+        raise TypeError(
+            f"unknown option(s) {sorted(unknown)}; compile options are "
+            f"{sorted(_OPTION_NAMES | {'precision'})}, runtime options are validate, use_cache"
+        )
+    return CompileOptions(precision=precision, **compile_kw), runtime_kw
+
+
+def open_session(
+    model: Model,
+    *,
+    model_path: str | None = None,
+    model_bytes: bytes | None = None,
+    device: str | None = None,
+    precision: str = "fp32",
+    cache_dir: str | None = None,
+    **options: Any,
+) -> Session:
+    """Load (or compile, then cache) a model and bind it to an OpenCL device.
+
+    Args:
+        model: the loaded model IR (its token keys the cache).
+        model_path: where the model came from (informative).
+        model_bytes: unused; reserved for re-loading.
+        device: device choice (see :func:`~litekiln.runtime.device.select_device`).
+        precision: "fp32" or "fp16".
+        cache_dir: cache directory; None for the default; the option ``use_cache=False``
+            disables the cache.
+        options: compile options (:class:`CompileOptions` fields) and runtime options
+            (``validate``, ``use_cache``).
+
+    Returns:
+        A ready :class:`Session`.
+
+    Raises:
+        DeviceError: no usable OpenCL device.
+        CompileError: the model is not cached and cannot be compiled here.
+    """
+    from litekiln import config
+
+    copts, rt = split_options(options, precision)
+    handle = select_device(device)
+    use_cache = bool(rt.get("use_cache", True)) and not config.NO_CACHE.get()
+    store = None
+    if use_cache:
+        from litekiln.cache.models import ModelCache
+
+        store = ModelCache.open(cache_dir)
+    compiled = store.load_model(model.token, copts) if store is not None else None
+    if compiled is None:
+        compiled = compile_for(model, copts, progress=rt.get("progress"))
+        if store is not None:
+            store.save_model(compiled)
+    return Session(model, compiled, handle, store=store, validate=bool(rt.get("validate", False)))
+
+
+def compile_for(model: Model, options: CompileOptions, *, progress: Any = None) -> CompiledModel:
+    """Compile with TVM, or explain why that is impossible on this machine.
+
+    Raises:
+        CompileError: TVM is not installed (a runtime-only install met an uncached model).
+    """
+    try:
+        from litekiln.compiler.driver import compile_model, stderr_progress
+    except ImportError as exc:
+        raise CompileError(
+            f"{model.name} (token {model.token}) is not in the cache and the compiler is not "
+            f"available here ({exc}). Compile at build time with `litekiln compile MODEL "
+            "--cache-dir DIR` and ship DIR, or install the compiler: pip install 'litekiln[compiler]'"
+        ) from None
+    return compile_model(model, options, progress=progress or stderr_progress)
+
+
+class Session:
+    """A compiled model bound to a device.
+
+    Attributes:
+        device_name: the device, in words.
+        compiled: the compiled model being run.
+        load_seconds: time to build programs, allocate and upload.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        compiled: CompiledModel,
+        handle: DeviceHandle,
+        *,
+        store: Any = None,
+        validate: bool = False,
+    ) -> None:
+        from litekiln.runtime.executor import ExecutorError, PartitionExecutor
+
+        t0 = time.perf_counter()
+        self.model = model
+        self.graph = model.main
+        self.compiled = compiled
+        self.handle = handle
+        self.device_name = handle.description
+        self.validate = validate
+        self.last_report: DivergenceReport | None = None
+        identity = handle.identity()
+        self.executors: list[Any] = []
+        for part in compiled.partitions:
+            prog = part.program
+            consts = {name: compiled.constants[name] for name in prog.constants.values()}
+            bkey = _binary_key(prog.source, prog.build_options, identity)
+            binary = store.load_binary(bkey) if store is not None else None
+            try:
+                ex = PartitionExecutor(prog, consts, handle.context, handle.queue, binary=binary)
+            except ExecutorError as exc:
+                if binary is None:
+                    raise DeviceError(f"{model.name}: partition {part.index}: {exc}") from None
+                # A binary the driver rejects (new driver, corrupted entry): rebuild from source.
+                log.warning("cached device binary rejected (%s); rebuilding from source", exc)
+                ex = PartitionExecutor(prog, consts, handle.context, handle.queue)
+                binary = None
+            if binary is None and store is not None and ex.binary:
+                store.save_binary(bkey, ex.binary, identity)
+            self.executors.append(ex)
+        self.load_seconds = time.perf_counter() - t0
+
+    def run(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+        """Run one inference.
+
+        Args:
+            inputs: graph input tensor index -> array (exact dtype/shape, checked by caller).
+
+        Returns:
+            tensor index -> value for the graph outputs and every tensor crossing a
+            partition boundary.
+        """
+        from litekiln.ops import run_op
+        from litekiln.reference import gather_inputs
+
+        g = self.graph
+        values: dict[int, np.ndarray] = dict(inputs)
+        report = DivergenceReport(ok=True) if self.validate else None
+        for kind, idx in self.compiled.steps:
+            if kind == "cpu":
+                op = g.ops[idx]
+                for t, r in zip(op.outputs, run_op(op, g, gather_inputs(op, g, values))):
+                    if t >= 0:
+                        values[t] = r
+                continue
+            part = self.compiled.partitions[idx]
+            ex = self.executors[idx]
+            for i, t in enumerate(part.inputs):
+                x = values[t]
+                if is_quantized(g.tensors[t]):
+                    x = dequantize(x, g.tensors[t])  # 8-bit inputs: float view, on the CPU
+                ex.set_input(i, np.ascontiguousarray(x, dtype=ex.input_spec(i).dtype), blocking=False)
+            ex.run()
+            for i, t in enumerate(part.outputs):
+                y = ex.get_output(i)
+                tensor = g.tensors[t]
+                if is_quantized(tensor):
+                    y = quantize(y.astype(np.float32), tensor)
+                elif y.dtype != tensor.dtype:
+                    y = y.astype(tensor.dtype)
+                values[t] = y
+            if report is not None and report.ok:
+                self._validate_partition(part, values, report)
+        if report is not None:
+            self.last_report = report
+            if not report.ok:
+                log.warning("%s", report)
+        return values
+
+    def _validate_partition(self, part: Any, values: dict[int, np.ndarray], report: DivergenceReport) -> None:
+        """Re-run the partition's ops on the reference and compare every tensor the GPU kept."""
+        from litekiln.reference import run_ops
+
+        g = self.graph
+        ref: dict[int, np.ndarray] = {t: values[t] for t in part.inputs}
+        run_ops([g.ops[i] for i in part.ops], g, ref)
+        tol_rel = 1e-2 if self.compiled.options.precision == "fp16" else 1e-4
+        for i in part.ops:
+            for t in g.ops[i].outputs:
+                if t not in part.outputs:
+                    continue
+                r = ref[t].astype(np.float64)
+                err = float(np.abs(values[t].astype(np.float64) - r).max()) if r.size else 0.0
+                tol = tol_rel * max(1.0, float(np.abs(r).max()) if r.size else 1.0)
+                if is_quantized(g.tensors[t]):
+                    tol = max(tol, 1.0)  # one quantization step
+                report.checked += 1
+                if err > tol:
+                    report.ok = False
+                    report.tensor, report.name, report.op = t, g.tensors[t].name, i
+                    report.max_abs_error, report.tolerance = err, tol
+                    return
+
+
+def _binary_key(source: str, build_options: str, identity: dict[str, str]) -> dict[str, Any]:
+    return {
+        "kind": "binary",
+        "source": hashlib.sha256(source.encode()).hexdigest(),
+        "build_options": build_options,
+        **identity,
+    }
+
+
