@@ -29,10 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from litekiln import config
 from litekiln.errors import LitekilnError
 
-#: Environment variable that moves the zoo folder (``--out`` of make_zoo.py wins over it).
-ZOO_DIR_ENV = "LITEKILN_ZOO_DIR"
+#: Environment variable that moves the zoo folder (``--out`` of make_zoo.py wins over it);
+#: the knob itself is ``litekiln.config.ZOO_DIR``.
+ZOO_DIR_ENV = config.ZOO_DIR.env
 
 #: The mediapipe release the production models are taken from. Pinned so that the files, and
 #: so every recorded reference output and benchmark, stay the same on every machine.
@@ -197,6 +199,15 @@ _MODELS: tuple[ZooModel, ...] = (
 ZOO: dict[str, ZooModel] = {m.name: m for m in _MODELS}
 
 
+#: Group names that stand for several models (in make_zoo.py's ``--only`` and ``resolve``).
+GROUPS: dict[str, tuple[str, ...]] = {
+    "mediapipe": tuple(m.name for m in _MODELS if m.source == "mediapipe"),
+    "generated": tuple(m.name for m in _MODELS if m.source == "generated"),
+    "small": tuple(m.name for m in _MODELS if m.small),
+    "all": tuple(m.name for m in _MODELS),
+}
+
+
 def model_names(source: Source | None = None, *, small: bool | None = None) -> list[str]:
     """Names of the zoo's models, optionally only those of one source or size class."""
     return [
@@ -204,6 +215,21 @@ def model_names(source: Source | None = None, *, small: bool | None = None) -> l
         for m in _MODELS
         if (source is None or m.source == source) and (small is None or m.small == small)
     ]
+
+
+def resolve(names: list[str] | tuple[str, ...]) -> list[str]:
+    """Expand model and group names (see ``GROUPS``) into model names, in zoo order.
+
+    Raises:
+        KeyError: a name is neither a model nor a group.
+    """
+    wanted: set[str] = set()
+    for name in names:
+        if name in GROUPS:
+            wanted.update(GROUPS[name])
+        else:
+            wanted.add(get_model(name).name)
+    return [name for name in ZOO if name in wanted]
 
 
 def get_model(name: str) -> ZooModel:
@@ -235,9 +261,9 @@ def zoo_dir(override: str | os.PathLike[str] | None = None) -> Path:
     """
     if override is not None:
         return Path(override).expanduser()
-    env = os.environ.get(ZOO_DIR_ENV)
-    if env:
-        return Path(env).expanduser()
+    configured = config.ZOO_DIR.get()
+    if configured:
+        return Path(configured).expanduser()
     return _default_zoo_dir()
 
 

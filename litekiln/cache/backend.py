@@ -76,9 +76,12 @@ def _write_file(full_path: str, data: bytes) -> None:
             writer.flush()
             os.fsync(writer.fileno())
     except BaseException:
-        # A full disk must not leave half a file behind: nothing references it yet.
+        # A full disk must not leave half a file behind: nothing references it yet. Its
+        # folders go too if now empty (as diskcache's own Disk.remove does).
         with contextlib.suppress(OSError):
             os.unlink(full_path)
+        with contextlib.suppress(OSError):
+            os.removedirs(full_dir)
         raise
 
 
@@ -102,8 +105,12 @@ class SafeDisk(diskcache.Disk):
 
     Values shorter than `MIN_FILE_SIZE` live in SQLite, longer ones in files written with
     mode 0600, fsync'ed, and removed again if the write fails (diskcache's own writer leaves
-    a partial file behind on a full disk).
+    a partial file behind on a full disk). Values under `INLINE_PREFIXES` keys always live in
+    SQLite: diskcache deletes a replaced value's file before the enclosing transaction
+    commits, and a manifest must never vanish under a reader that still sees its row.
     """
+
+    INLINE_PREFIXES = ("manifest:", "use:")
 
     def put(self, key: Any) -> tuple[str, bool]:
         # Keys of other types would go through pickle.
@@ -119,7 +126,9 @@ class SafeDisk(diskcache.Disk):
     def store(self, value: Any, read: bool, key: Any = UNKNOWN) -> tuple[int, int, Any, Any]:
         if read or type(value) is not bytes:
             raise TypeError(f"litekiln cache values are bytes, got {type(value).__name__}")
-        if len(value) < self.min_file_size:
+        if len(value) < self.min_file_size or (
+            type(key) is str and key.startswith(self.INLINE_PREFIXES)
+        ):
             return 0, MODE_RAW, None, sqlite3.Binary(value)
         filename, full_path = self.filename(key, value)
         _write_file(full_path, value)

@@ -605,6 +605,7 @@ class CacheStore:
             report.orphan_parts = len(orphans)
             if report.fixed:
                 self._delete_orphans(orphans)
+                self._delete_stale_uses()
             report.storage = self._backend.check(fix=report.fixed)
         return report
 
@@ -643,6 +644,7 @@ class CacheStore:
             # Parts of damaged entries count as referenced here: verify(fix=True) judges those.
             referenced = {k for key in self._keys() for k in self._parts_of(key, self._raw(key))}
             self._delete_orphans([k for k in self._backend.keys(_PART) if k not in referenced])
+            self._delete_stale_uses()
             return evicted
 
     def clear(self) -> int:
@@ -827,13 +829,20 @@ class CacheStore:
             # A concurrent drop of this key (corrupt entry) may have deleted our parts.
             if not all(self._backend.contains(k) for k in written):
                 return False
-            old = self._backend.get(mkey)
+            try:
+                old = self._backend.get(mkey)
+            except UnsafeValueError:
+                old = b""  # unreadable: its parts are found by prefix
             self._backend.set(mkey, manifest)
             self._backend.set(_USE + key, repr(_now()).encode("ascii"))
-            if old is not None:
-                for store_key in self._parts_of(key, old):
-                    if store_key not in written:
-                        self._backend.delete(store_key)
+            stale = [] if old is None else [
+                k for k in self._parts_of(key, old) if k not in written
+            ]
+        # The replaced entry's parts go only once the new manifest is committed: diskcache
+        # removes a deleted value's file at once, even inside a transaction, so deleting them
+        # before the commit would let a reader holding the old manifest find a part missing
+        # while the manifest looks unchanged, and call a good entry corrupt.
+        self._discard(stale)
         return True
 
     def _parts_of(self, key: str, raw: bytes | None) -> list[str]:
@@ -860,12 +869,15 @@ class CacheStore:
                     current = None  # as unreadable as when `raw` came back None
                 if current != raw:
                     return
-                for store_key in self._parts_of(key, raw):
-                    self._backend.delete(store_key)
+                parts = self._parts_of(key, raw)
                 self._backend.delete(mkey)
                 self._backend.delete(_USE + key)
         except (*STORAGE_ERRORS, UnsafeValueError) as e:
             _warn(f"could not drop cache entry {key[:12]}: {e}")
+            return
+        # Parts after the manifest's removal is committed (see `_commit`): a concurrent reader
+        # of this entry then sees a plain miss, not a corrupt entry.
+        self._discard(parts)
 
     def _evict(self, key: str) -> None:
         raw = self._backend.get(_MANIFEST + key)
@@ -882,6 +894,11 @@ class CacheStore:
         cutoff = time.time_ns() - int(ORPHAN_GRACE_S * 1e9)
         old = [k for k in store_keys if _nonce_time_ns(k) < cutoff]
         self._discard(old)
+
+    def _delete_stale_uses(self) -> None:
+        """Remove last-use records of entries that no longer exist (harmless, but clutter)."""
+        entries = set(self._keys())
+        self._discard([k for k in self._backend.keys(_USE) if k[len(_USE):] not in entries])
 
     def _touch(self, key: str) -> None:
         if not self._backend.writable:

@@ -151,11 +151,17 @@ class OpDef:
 
 
 def apply_activation(x: np.ndarray, code: int | str | None) -> np.ndarray:
-    """Apply a TFLite fused activation (ActivationFunctionType code or name)."""
+    """Apply a TFLite fused activation (ActivationFunctionType code or name) as LiteRT does.
+
+    LiteRT's float kernels turn the fused activation into a clamp range
+    (``CalculateActivationRange``): RELU, RELU6 and RELU_N1_TO_1 clamp; TANH and SIGN_BIT give
+    an unbounded range, i.e. they are ignored (measured against LiteRT's conv, pool and
+    elementwise kernels). The reference follows LiteRT, not the schema's names.
+    """
     name = {0: "NONE", 1: "RELU", 2: "RELU_N1_TO_1", 3: "RELU6", 4: "TANH", 5: "SIGN_BIT"}.get(
         code, code  # type: ignore[arg-type]
     )
-    if name in (None, "NONE"):
+    if name in (None, "NONE", "TANH", "SIGN_BIT"):
         return x
     if name == "RELU":
         return np.maximum(x, 0).astype(x.dtype, copy=False)
@@ -163,10 +169,6 @@ def apply_activation(x: np.ndarray, code: int | str | None) -> np.ndarray:
         return np.clip(x, 0, 6).astype(x.dtype, copy=False)
     if name == "RELU_N1_TO_1":
         return np.clip(x, -1, 1).astype(x.dtype, copy=False)
-    if name == "TANH":
-        return np.tanh(x).astype(x.dtype, copy=False)
-    if name == "SIGN_BIT":
-        return np.signbit(x).astype(x.dtype)
     raise ValueError(f"unknown fused activation {code!r}")
 
 
@@ -176,8 +178,10 @@ def fused_activation(op: Op) -> int:
 
 def activation_supported_on_gpu(op: Op) -> str | None:
     act = fused_activation(op)
-    if act in (0, 1, 2, 3, 4):
+    if act in (0, 1, 2, 3):
         return None
+    # TANH / SIGN_BIT: LiteRT's CPU kernels ignore them while the GPU delegate applies them;
+    # keeping such ops on the CPU keeps litekiln's result equal to LiteRT's.
     return f"fused activation code {act} is not supported on the GPU"
 
 

@@ -304,7 +304,8 @@ class DepthwiseConv2D(_ConvLike):
         sh, sw = int(o.get("stride_h", 1)), int(o.get("stride_w", 1))
         dh = int(o.get("dilation_h_factor", 1) or 1)
         dw = int(o.get("dilation_w_factor", 1) or 1)
-        oh, ow, pad_h, pad_w = conv_geometry(x.shape, kh, kw, sh, sw, dh, dw, int(o.get("padding", SAME)))
+        padding = int(o.get("padding", SAME))
+        oh, ow, pad_h, pad_w = conv_geometry(x.shape, kh, kw, sh, sw, dh, dw, padding)
         if mult > 1:
             x = np.repeat(x, mult, axis=3)
         taps = window_taps(x, kh, kw, sh, sw, dh, dw, oh, ow, pad_h, pad_w)
@@ -391,6 +392,9 @@ class FullyConnected(_ConvLike):
         o = ctx.options
         if int(o.get("weights_format", 0) or 0) != 0:
             raise ctx.fail("only the DEFAULT weights format is supported (not SHUFFLED4x16INT8)")
+        if fused_activation(ctx.op) not in (0, 1, 2, 3):
+            # LiteRT's Prepare refuses these (fully_connected.cc), so the reference does too.
+            raise ctx.fail(f"fused activation code {fused_activation(ctx.op)} is not supported")
         x, w = _f32(required(ctx, inputs, 0)), _f32(required(ctx, inputs, 1))
         if w.ndim != 2:
             raise ctx.fail(f"weights of shape {w.shape}, expected [units, in]")
@@ -448,7 +452,9 @@ class Convolution2DTransposeBias(OpDef):
             raise ctx.fail(f"padding code {padding} is neither SAME (1) nor VALID (2)")
         x, w, b = (required(ctx, inputs, i) for i in range(3))
         if x.ndim != 4 or w.ndim != 4 or b.ndim != 1:
-            raise ctx.fail(f"expects NHWC input, OHWI filter and 1-D bias, got {x.shape}, {w.shape}, {b.shape}")
+            raise ctx.fail(
+                f"expects NHWC input, OHWI filter and 1-D bias, got {x.shape}, {w.shape}, {b.shape}"
+            )
         h, wd = x.shape[1], x.shape[2]
         kh, kw = w.shape[1], w.shape[2]
         tot_h = tot_w = 0

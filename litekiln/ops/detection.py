@@ -97,7 +97,7 @@ class DetectionPostProcess(OpDef):
                 "score_th": float(o["nms_score_threshold"]),
                 "iou_th": float(o["nms_iou_threshold"]),
                 "num_classes": int(o["num_classes"]),
-                "scales": (float(o["y_scale"]), float(o["x_scale"]), float(o["h_scale"]), float(o["w_scale"])),
+                "scales": tuple(float(o[k]) for k in ("y_scale", "x_scale", "h_scale", "w_scale")),
             }
         except KeyError as exc:
             raise ctx.fail(f"custom options lack {exc}") from None
@@ -158,7 +158,8 @@ class DetectionPostProcess(OpDef):
         kept: list[tuple[int, int, float]] = []  # (anchor, class, score), best first
         for c in range(scores.shape[1]):
             col = scores[:, c]
-            sel = nms_single_class(boxes, col, o["detections_per_class"], o["score_th"], o["iou_th"])
+            per_class = o["detections_per_class"]
+            sel = nms_single_class(boxes, col, per_class, o["score_th"], o["iou_th"])
             cand = kept + [(a, c, float(col[a])) for a in sel]
             order = np.argsort(-np.array([s for _, _, s in cand], np.float32), kind="stable")
             kept = [cand[i] for i in order[: min(len(cand), max_det)]]

@@ -45,7 +45,8 @@ def _window(x: np.ndarray, fh: int, fw: int, sh: int, sw: int, padding: int, fil
         need_h, need_w = (oh - 1) * sh + fh, (ow - 1) * sw + fw
         after_h = max(need_h - a.shape[1] - pad_h[0], 0)
         after_w = max(need_w - a.shape[2] - pad_w[0], 0)
-        a = np.pad(a, ((0, 0), (pad_h[0], after_h), (pad_w[0], after_w), (0, 0)), constant_values=value)
+        widths = ((0, 0), (pad_h[0], after_h), (pad_w[0], after_w), (0, 0))
+        a = np.pad(a, widths, constant_values=value)
         v = sliding_window_view(a, (fh, fw), axis=(1, 2))
         return v[:, : need_h - fh + 1 : sh, : need_w - fw + 1 : sw]
 
@@ -143,13 +144,6 @@ def _pool_params(ctx: OpContext) -> tuple[int, int, int, int, int, int]:
     return padding, sw, sh, fw, fh, act
 
 
-def _c_activation(ctx: OpContext, y: np.ndarray, act: int) -> np.ndarray:
-    if act == 6:  # kTfLiteActSigmoid: CalculateActivationRange leaves it unclamped
-        return y
-    if act not in (0, 1, 2, 3):
-        # CalculateActivationRange clamps only RELU/RELU_N1_TO_1/RELU6; others are no-ops.
-        return y
-    return apply_activation(y, act)
 
 
 @register
@@ -174,8 +168,9 @@ class MaxPoolingWithArgmax2D(OpDef):
         flat = win.reshape(*win.shape[:4], fh * fw)
         # argmax returns the first maximum, like the kernel's strict ``cur > max`` scan.
         index = flat.argmax(axis=-1)
-        best = np.maximum(np.take_along_axis(flat, index[..., None], -1)[..., 0], np.finfo(np.float32).min)
-        values = _c_activation(ctx, best, act)
+        best = np.take_along_axis(flat, index[..., None], -1)[..., 0]
+        best = np.maximum(best, np.finfo(np.float32).min)
+        values = apply_activation(best, act)
         return [values, index.astype(np.float32) + np.float32(0.1)]
 
 

@@ -1,0 +1,110 @@
+"""The two cache levels litekiln uses, over :class:`~litekiln.cache.store.CacheStore`.
+
+(a) compiled models, keyed by model token + compile options + litekiln version + compiler
+    source hash + target; the TVM version that produced an entry is recorded and, where TVM is
+    installed, a different version is a miss (a runtime-only install has no TVM to compare and
+    accepts it);
+(b) device program binaries, keyed by source hash + build options + platform/device vendor,
+    name, version and driver version.
+
+No TVM import here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from litekiln.cache.store import CacheStore
+from litekiln.cache.keys import make_key
+from litekiln.runtime.artifact import (
+    CompiledModel,
+    CompileOptions,
+    model_key_fields,
+    tvm_version,
+)
+
+_MANIFEST_PART = "artifact.json"
+_CONST_PREFIX = "const/"
+
+
+class ModelCache:
+    """Compiled models and device binaries in one private cache directory."""
+
+    def __init__(self, store: CacheStore) -> None:
+        self.store = store
+
+    @classmethod
+    def open(cls, cache_dir: str | os.PathLike[str] | None = None) -> ModelCache:
+        """Open the cache (default: ``$LITEKILN_CACHE_DIR`` or the XDG cache dir).
+
+        Raises:
+            CacheError: an explicitly given directory is unsafe (foreign owner, writable by
+                group/others).
+        """
+        return cls(CacheStore.open(cache_dir))
+
+    # -- compiled models ------------------------------------------------------------------
+
+    def model_key(self, token: str, options: CompileOptions) -> str:
+        return make_key(model_key_fields(token, options))
+
+    def load_model(self, token: str, options: CompileOptions) -> CompiledModel | None:
+        """The cached compilation of a model, or None (miss, stale or damaged entry)."""
+        key = self.model_key(token, options)
+        entry = self.store.get(key, kind="model")
+        if entry is None:
+            return None
+        try:
+            manifest = json.loads(entry.part(_MANIFEST_PART))
+            have = tvm_version()
+            made_by = manifest.get("versions", {}).get("tvm", "")
+            if have is not None and made_by and made_by != have:
+                self.store.delete(key)  # compiled by another TVM: recompile here
+                return None
+            names = [n[len(_CONST_PREFIX) :] for n in entry.part_names if n.startswith(_CONST_PREFIX)]
+            constants = {n: entry.array(_CONST_PREFIX + n) for n in names}
+            return CompiledModel.from_manifest(manifest, constants)
+        except (ValueError, KeyError, TypeError) as exc:
+            import warnings
+
+            from litekiln.cache.errors import CacheWarning
+
+            warnings.warn(
+                f"litekiln cache: compiled model {key[:12]} is unreadable ({exc}); dropped, "
+                "recompiling.",
+                CacheWarning,
+                stacklevel=2,
+            )
+            self.store.delete(key)
+            return None
+
+    def save_model(self, compiled: CompiledModel) -> bool:
+        """Store a compiled model (atomically; a failure leaves no partial entry)."""
+        fields = model_key_fields(compiled.token, compiled.options)
+        parts: dict[str, Any] = {_MANIFEST_PART: json.dumps(compiled.manifest()).encode()}
+        for name, arr in compiled.constants.items():
+            parts[_CONST_PREFIX + name] = arr
+        meta = {
+            "model_name": compiled.model_name,
+            "versions": compiled.versions,
+            "stats": compiled.stats,
+        }
+        return self.store.put(make_key(fields), fields, parts, kind="model", meta=meta)
+
+    # -- device binaries ------------------------------------------------------------------
+
+    def load_binary(self, fields: dict[str, Any]) -> bytes | None:
+        entry = self.store.get(make_key(fields), kind="program")
+        if entry is None:
+            return None
+        try:
+            return entry.part("binary")
+        except (KeyError, ValueError):
+            return None
+
+    def save_binary(self, fields: dict[str, Any], binary: bytes, identity: dict[str, str]) -> bool:
+        return self.store.put(
+            make_key(fields), fields, {"binary": binary}, kind="program", meta={"device": identity}
+        )

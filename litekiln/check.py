@@ -1,0 +1,119 @@
+"""Accuracy check of litekiln against LiteRT on whole models (used by scripts and tests).
+
+The metric is the one the issues state: ``max|ours - LiteRT| / max(1, max|LiteRT|)`` over all
+outputs, on seeded random inputs. LiteRT (``ai-edge-litert``) is a test-only dependency, so it
+is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: Default bound on the relative error for fp32.
+FP32_TOLERANCE = 1e-4
+#: Default bound for precision="fp16" against LiteRT fp32.
+FP16_TOLERANCE = 1e-2
+
+#: Per-model bounds that differ from the default, each with the reason.
+MODEL_TOLERANCES: dict[str, tuple[float, str]] = {
+    # 40 chained conv/depthwise blocks with ReLU6 and a 256x256 decoder: rounding differences
+    # grow along the chain. LiteRT's own XNNPACK and builtin kernels disagree by 5e-4 on the
+    # same inputs (measured with OpResolverType.AUTO vs BUILTIN_WITHOUT_DEFAULT_DELEGATES), so
+    # 1e-4 against either would test LiteRT's rounding, not our semantics.
+    "pose_landmark_full": (1e-3, "LiteRT's own CPU kernels disagree by 5e-4 on this model"),
+}
+
+
+@dataclass
+class CheckResult:
+    """The comparison of one model."""
+
+    model: str
+    ok: bool
+    rel_err: float
+    tolerance: float
+    device: str = ""
+    seconds: float = 0.0
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    error: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self) -> str:
+        if self.error:
+            return f"{self.model:36s} ERROR  {self.error}"
+        verdict = "ok  " if self.ok else "FAIL"
+        return (
+            f"{self.model:36s} {verdict} rel_err={self.rel_err:.2e} (tol {self.tolerance:.0e})  "
+            f"{self.seconds:6.1f}s  {self.device}"
+        )
+
+
+def tolerance_for(name: str, precision: str = "fp32") -> float:
+    base = FP16_TOLERANCE if precision == "fp16" else FP32_TOLERANCE
+    return max(base, MODEL_TOLERANCES.get(name, (base, ""))[0])
+
+
+def litert_outputs(model_path: str, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Run LiteRT's CPU interpreter on the inputs."""
+    from ai_edge_litert.interpreter import Interpreter as LiteRT
+
+    li = LiteRT(model_path=model_path)
+    li.allocate_tensors()
+    for d, x in zip(li.get_input_details(), inputs):
+        li.set_tensor(d["index"], x)
+    li.invoke()
+    return [li.get_tensor(d["index"]) for d in li.get_output_details()]
+
+
+def relative_error(ours: list[np.ndarray], ref: list[np.ndarray]) -> float:
+    """max |ours - ref| / max(1, max |ref|), over all outputs together."""
+    worst = 0.0
+    for o, r in zip(ours, ref):
+        if o.shape != r.shape:
+            return float("inf")
+        r64 = r.astype(np.float64)
+        err = float(np.abs(o.astype(np.float64) - r64).max()) if r.size else 0.0
+        worst = max(worst, err / max(1.0, float(np.abs(r64).max()) if r.size else 1.0))
+    return worst
+
+
+def check_model(model_path: str | Path, *, seed: int = 0, **interpreter_kwargs: Any) -> CheckResult:
+    """Compare litekiln's outputs with LiteRT's on seeded random inputs.
+
+    Args:
+        model_path: the .tflite file.
+        seed: seed of the random inputs.
+        interpreter_kwargs: passed to :class:`litekiln.Interpreter` (device, precision, ...).
+
+    Returns:
+        The result (never raises for a litekiln error: it is recorded in ``error``).
+    """
+    from litekiln.errors import LitekilnError
+    from litekiln.interpreter import Interpreter
+
+    path = str(model_path)
+    name = Path(path).stem
+    tol = tolerance_for(name, interpreter_kwargs.get("precision") or "fp32")
+    t0 = time.perf_counter()
+    try:
+        interp = Interpreter(model_path=path, **interpreter_kwargs)
+        inputs = interp.random_inputs(seed)
+        ours = interp.run(inputs)
+        device = interp.device
+    except LitekilnError as exc:
+        return CheckResult(name, False, float("inf"), tol, error=str(exc))
+    seconds = time.perf_counter() - t0
+    ref = litert_outputs(path, inputs)
+    err = relative_error(ours, ref)  # type: ignore[arg-type]
+    outs = [
+        {"shape": list(r.shape), "max_abs_ref": float(np.abs(r).max()) if r.size else 0.0}
+        for r in ref
+    ]
+    return CheckResult(name, err <= tol, err, tol, device, seconds, outs)

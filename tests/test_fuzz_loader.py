@@ -1,0 +1,158 @@
+"""Fuzz the loader in-process (a few hundred deterministic cases, a few seconds).
+
+The mutations are those of scripts/fuzz_loader.py (bit flips, truncation, splices, integer
+overwrites at structural positions), drawn by hypothesis so that a failure shrinks to a
+small reproducer. The long run is ``python scripts/fuzz_loader.py`` (10000 cases, worker
+processes, hang and crash detection); every reproducer it saved under
+tests/data/fuzz_regressions/ is replayed here too.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from litekiln import ModelError
+from litekiln.model import load_model
+
+REPO = Path(__file__).resolve().parents[1]
+REGRESSIONS = REPO / "tests" / "data" / "fuzz_regressions"
+
+#: A valid or corrupt model this small loads in milliseconds; seconds means a hang.
+CASE_TIMEOUT_S = 5
+
+
+@functools.lru_cache(maxsize=1)
+def fuzz_module() -> Any:
+    spec = importlib.util.spec_from_file_location("fuzz_loader", REPO / "scripts" / "fuzz_loader.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fuzz_loader"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@functools.lru_cache(maxsize=1)
+def seeds() -> dict[str, tuple[bytes, list[int]]]:
+    """Seed name -> (bytes, structural positions): the built seeds and the smallest real one."""
+    fz = fuzz_module()
+    built, real = fz.load_seeds(real=True)
+    chosen = dict(built)
+    if "face_detection_short_range" in real:
+        chosen["face_detection_short_range"] = real["face_detection_short_range"]
+    return {name: (data, fz.structural_positions(data)) for name, data in chosen.items()}
+
+
+@contextmanager
+def time_limit(seconds: int) -> Iterator[None]:
+    """Fail a case that runs too long (SIGALRM; pytest runs tests in the main thread)."""
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"load_model did not return within {seconds} s (hang?)")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@st.composite
+def mutated_models(draw: st.DrawFn) -> tuple[str, bytes, list[str]]:
+    pool = seeds()
+    name = draw(st.sampled_from(sorted(pool)))
+    base, positions = pool[name]
+    data = bytearray(base)
+    log: list[str] = []
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["int", "int", "int", "flip", "truncate", "splice"]))
+        n = len(data)
+        if n == 0:
+            break
+        if kind == "flip":
+            at, bit = draw(st.integers(0, n - 1)), draw(st.integers(0, 7))
+            data[at] ^= 1 << bit
+            log.append(f"flip bit {bit} at {at}")
+        elif kind == "truncate":
+            at = draw(st.integers(0, n - 1))
+            del data[at:]
+            log.append(f"truncate to {at}")
+        elif kind == "splice":
+            donor_name = draw(st.sampled_from(sorted(pool)))
+            donor = pool[donor_name][0]
+            size = draw(st.sampled_from([4, 16, 64]))
+            src = draw(st.integers(0, max(0, len(donor) - size)))
+            dst = draw(st.integers(0, n - 1))
+            data[dst : dst + size] = donor[src : src + size]
+            log.append(f"splice {size} bytes of {donor_name}@{src} over {dst}")
+        else:
+            at = draw(st.sampled_from(positions))
+            width = draw(st.sampled_from([4, 2, 1]))
+            if at + width > n:
+                continue
+            value = draw(st.sampled_from(fuzz_module().INTERESTING_INTS + [n, n + 4])
+                         | st.integers(0, (1 << 32) - 1))
+            value &= (1 << (8 * width)) - 1
+            data[at : at + width] = value.to_bytes(width, "little")
+            log.append(f"int{8 * width} at {at} := {value}")
+    return name, bytes(data), log
+
+
+def assert_loads_or_model_error(data: bytes) -> None:
+    with time_limit(CASE_TIMEOUT_S):
+        try:
+            load_model(data)
+        except ModelError as exc:
+            assert str(exc), "ModelError without a message"
+
+
+@settings(
+    max_examples=300,
+    derandomize=True,  # the same cases on every run and machine
+    deadline=None,  # the time limit above is the hang check; load times vary with the seed
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(case=mutated_models())
+def test_mutated_models_raise_only_model_error(case: tuple[str, bytes, list[str]]) -> None:
+    name, data, log = case
+    try:
+        assert_loads_or_model_error(data)
+    except (ModelError, AssertionError):
+        raise
+    except BaseException as exc:  # noqa: BLE001  (say which seed and mutations, then re-raise)
+        raise AssertionError(f"{type(exc).__name__} escaped load_model for {name} after {log}") from exc
+
+
+def test_seeds_load() -> None:
+    for name, (data, positions) in seeds().items():
+        assert load_model(data).subgraphs, name
+        assert len(positions) > 20, name
+
+
+def test_fuzz_script_runs(tmp_path: Path) -> None:
+    """The long fuzzer's machinery: workers, results, report (few cases, built seeds only)."""
+    report = fuzz_module().run(40, seed=1, workers=2, timeout=10.0, out=tmp_path, real=False,
+                               progress=False)
+    assert report.cases == 40
+    assert set(report.outcomes) <= {"ok", "ModelError"}, report.to_json()
+
+
+@pytest.mark.parametrize(
+    "path", sorted(REGRESSIONS.glob("*.tflite")) or [pytest.param(None, marks=pytest.mark.skip(
+        reason="no saved fuzz regressions"))], ids=lambda p: p.name if p else "none",
+)
+def test_saved_regressions(path: Path) -> None:
+    assert_loads_or_model_error(path.read_bytes())
