@@ -16,7 +16,9 @@ Each case applies a few mutations to one seed:
 Cases run in worker processes with a memory limit; a case that takes longer than
 ``--timeout`` is a hang (the worker is killed and restarted), a worker that dies is a crash.
 Every escape, hang and crash is saved under ``--out`` (default tests/data/fuzz_regressions/)
-as ``<kind>-<digest>.tflite`` with a ``.json`` note (seed, mutations, traceback).
+as ``<kind>-<digest>.tflite`` with a ``.json`` note (seed, mutations, traceback); so is every
+*costly* case (a ModelError that took over a second or grew peak memory by over 256 MB: a
+small corrupt file should fail fast and cheaply), though those do not fail the run.
 
 Usage::
 
@@ -58,6 +60,11 @@ REAL_SHARE = 0.3
 #: Address-space limit of a worker: a corrupted shape must fail as ModelError, not by the
 #: machine swapping; beyond this numpy raises MemoryError, which counts as an escape.
 WORKER_MEMORY_BYTES = 4 << 30
+
+#: A case that takes longer than this, or whose peak memory grows by more than MEMORY_FLAG_MB,
+#: is a finding too (a small corrupt file should fail fast and cheaply), though not a failure.
+SLOW_FLAG_S = 1.0
+MEMORY_FLAG_MB = 256
 
 INTERESTING_INTS = [0, 1, 2, 3, 4, 7, 8, 16, 127, 128, 255, 256, 0x7FFF, 0x8000, 0xFFFF,
                     0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, -1, -2]
@@ -345,13 +352,23 @@ def _worker(conn: Any, built: dict[str, bytes], real: dict[str, bytes], seed: in
         resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_BYTES, WORKER_MEMORY_BYTES))
     except (ImportError, ValueError, OSError):
         pass
+    import resource
+
+    import litekiln.model  # noqa: F401  (imported before timing, not inside the first case)
+
     mutator = Mutator(built, real, seed)
     for number in numbers:
         case = mutator.case(number)
         conn.send(("start", number))
+        rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         t0 = time.perf_counter()
         outcome, detail = classify(case.data)
-        conn.send(("done", number, outcome, detail, time.perf_counter() - t0))
+        seconds = time.perf_counter() - t0
+        grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
+        conn.send(("done", number, outcome, detail, seconds, grown_mb))
+        if grown_mb > MEMORY_FLAG_MB:
+            conn.send(("recycle",))  # a fresh worker, so the next peak is measured from scratch
+            return
     conn.send(("exit",))
 
 
@@ -363,8 +380,10 @@ class Report:
     cases: int = 0
     outcomes: Counter = field(default_factory=Counter)
     messages: Counter = field(default_factory=Counter)  # first words of ModelError messages
-    findings: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[dict[str, Any]] = field(default_factory=list)  # escapes, hangs, crashes
+    costly: list[dict[str, Any]] = field(default_factory=list)  # slow or memory-hungry cases
     slowest: tuple[float, int] = (0.0, -1)
+    peak_growth_mb: float = 0.0
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -373,7 +392,9 @@ class Report:
             "outcomes": dict(self.outcomes.most_common()),
             "model_error_kinds": dict(self.messages.most_common(15)),
             "findings": self.findings,
+            "costly": self.costly,
             "slowest_case": {"seconds": round(self.slowest[0], 4), "case": self.slowest[1]},
+            "largest_memory_growth_mb": round(self.peak_growth_mb),
             "seconds": round(self.seconds, 1),
         }
 
@@ -445,21 +466,27 @@ def run(cases: int, seed: int, workers: int, timeout: float, out: Path, real: bo
             if msg[0] == "start":
                 w["current"], w["since"] = msg[1], time.perf_counter()
             elif msg[0] == "done":
-                _, number, outcome, detail, seconds = msg
+                _, number, outcome, detail, seconds, grown_mb = msg
                 w["current"], w["done"] = None, w["done"] + 1
                 report.cases += 1
                 report.outcomes[outcome] += 1
                 if outcome == "ModelError":
                     report.messages[_message_kind(detail)] += 1
                 elif outcome != "ok":
-                    finding_case = mutator.case(number)
-                    report.findings.append(save_finding(out, f"escape-{outcome}", finding_case,
-                                                        detail))
+                    report.findings.append(save_finding(out, f"escape-{outcome}",
+                                                        mutator.case(number), detail))
+                if seconds > SLOW_FLAG_S or grown_mb > MEMORY_FLAG_MB:
+                    note = (f"{outcome} after {seconds:.2f} s, peak memory +{grown_mb:.0f} MB: "
+                            f"{detail.strip().splitlines()[-1] if detail else ''}")
+                    report.costly.append(save_finding(out, "costly", mutator.case(number), note))
                 if seconds > report.slowest[0]:
                     report.slowest = (seconds, number)
-            elif msg[0] == "exit":
+                report.peak_growth_mb = max(report.peak_growth_mb, grown_mb)
+            elif msg[0] in ("exit", "recycle"):
                 w["proc"].join()
                 del live[conn]
+                if msg[0] == "recycle":
+                    launch(w["numbers"][w["done"] :])
         now = time.perf_counter()
         for conn, w in list(live.items()):
             if w["current"] is not None and now - w["since"] > timeout:
@@ -507,7 +534,11 @@ def main(argv: list[str] | None = None) -> int:
         print("most common ModelError kinds:")
         for kind, n in report.messages.most_common(10):
             print(f"  {n:6d}  {kind}")
-        print(f"slowest case: #{report.slowest[1]} ({report.slowest[0] * 1000:.1f} ms)")
+        print(f"slowest case: #{report.slowest[1]} ({report.slowest[0] * 1000:.1f} ms); "
+              f"largest peak-memory growth of a case: {report.peak_growth_mb:.0f} MB")
+        for f in report.costly:
+            print(f"COSTLY: case {f['case']} ({f['seed_model']}, {f['size']} bytes): "
+                  f"{f['detail']} -> {f['file']}")
         for f in report.findings:
             print(f"FINDING {f['kind']}: case {f['case']} ({f['seed_model']}, {f['mutations']}) "
                   f"-> {f['file']}")

@@ -337,8 +337,13 @@ def _tf() -> Any:
     """Import TensorFlow quietly, once."""
     import logging
 
-    with quiet_stderr():
-        import tensorflow as tf
+    try:
+        with quiet_stderr():
+            import tensorflow as tf
+    except ImportError as exc:
+        raise RuntimeError(
+            "generated models need TensorFlow: pip install tensorflow-cpu "
+            "(or litekiln's dev extra); mediapipe models do not") from exc
     tf.get_logger().setLevel(logging.ERROR)
     logging.getLogger("absl").setLevel(logging.ERROR)
     tf.autograph.set_verbosity(0)

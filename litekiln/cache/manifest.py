@@ -63,6 +63,15 @@ def decode_manifest(raw: bytes, key: str) -> dict[str, Any]:
         CorruptError: bad header or checksum, bad JSON, other schema, wrong key, or a
             malformed field; the message names the problem.
     """
+    try:
+        return _decode_manifest(raw, key)
+    except (ValueError, TypeError, OverflowError, RecursionError) as e:
+        # Only a crafted manifest with a valid checksum gets here (NaN in its fields, absurd
+        # nesting or numbers): still just a corrupt entry, never a crash.
+        raise CorruptError(f"manifest is malformed ({type(e).__name__}: {e})") from None
+
+
+def _decode_manifest(raw: bytes, key: str) -> dict[str, Any]:
     if len(raw) < _HEADER_LEN or not raw.startswith(_MAGIC) or raw[_HEADER_LEN - 1] != 0x0A:
         raise CorruptError("manifest header is damaged")
     digest, body = raw[len(_MAGIC) : _HEADER_LEN - 1], raw[_HEADER_LEN:]
@@ -133,7 +142,9 @@ def check_part(rec: dict[str, Any], data: bytes | None) -> None:
     if data is None:
         raise CorruptError(f"part {name!r} is missing")
     if len(data) != rec["size"]:
-        raise CorruptError(f"part {name!r} is truncated or resized ({len(data)} of {rec['size']} bytes)")
+        raise CorruptError(
+            f"part {name!r} is truncated or resized ({len(data)} of {rec['size']} bytes)"
+        )
     if hashlib.sha256(data).hexdigest() != rec["sha256"]:
         raise CorruptError(f"part {name!r} fails its sha256 check")
 

@@ -14,11 +14,12 @@ Storage keys inside the database (all values are bytes)::
     use:<key>                     last-use time (ASCII float) for LRU eviction
 
 A writer stores its parts under keys no reader knows yet, then, in one SQLite transaction,
-checks they are all still there, swaps the manifest in and deletes the parts of the manifest
-it replaced. So an entry is visible only when complete, and writers racing on one key end
-with exactly one good entry (the last to commit). A reader checks every part's size and
-sha256; an entry that fails is dropped with a `CacheWarning` and reported as a miss, unless
-the manifest changed under the reader (a concurrent writer), in which case it reads again.
+checks they are all still there and swaps the manifest in; only after that commit does it
+delete the parts of the manifest it replaced. So an entry is visible only when complete,
+and writers racing on one key end with exactly one good entry (the last to commit). A reader
+checks every part's size and sha256; an entry that fails is dropped with a `CacheWarning` and
+reported as a miss, unless the manifest changed under the reader (a concurrent writer), in
+which case it reads again.
 """
 
 from __future__ import annotations
@@ -260,7 +261,7 @@ class EntrySummary:
         key: the full cache key.
         kind: ``"model"`` or ``"program"``.
         token: ``fields["token"]`` if present.
-        model_name: ``fields["model_name"]`` if present.
+        model_name: ``fields["model_name"]``, else ``meta["model_name"]``, if present.
         options: ``fields["options"]`` if present.
         size: bytes held (manifest and parts).
         created: when stored (Unix time).
@@ -305,6 +306,10 @@ class VerifyReport:
     def clean(self) -> bool:
         """True when nothing at all was wrong."""
         return not self.bad and not self.orphan_parts and not self.storage
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of the report, with ``clean``."""
+        return {**asdict(self), "clean": self.clean}
 
 
 @dataclass
@@ -493,29 +498,34 @@ class CacheStore:
         if not self.enabled:
             return False
         if self.read_only:
-            self._say_once("readonly", f"litekiln cache {self.directory} is read-only; "
-                           f"not storing {kind} {key[:12]}.")
+            message = f"litekiln cache {self.directory} is read-only; not storing {kind} {key[:12]}."
+            self._say_once("readonly", message)
             return False
         return self._put(key, kind, fields, meta, encoded, created=_now())
 
     def delete(self, key: str) -> bool:
-        """Remove the entry under `key`.
+        """Remove the entry under `key` (e.g. one the caller found stale or unreadable).
+
+        Like `get`/`put` it is safe on the inference path: a disabled or read-only store, or
+        a storage failure, makes it return False (with a warning for the failure).
 
         Returns:
-            True if there was one.
+            True if an entry was removed.
 
         Raises:
             ValueError: `key` is not a cache key.
-            CacheError: the store is disabled or read-only, or the storage failed.
         """
         _check_key(key)
-        self._require_writable()
-        with self._storage_errors("delete"):
-            raw = self._backend.get(_MANIFEST + key)
-            if raw is None:
+        if not self.enabled or self.read_only:
+            return False
+        try:
+            if not self._backend.contains(_MANIFEST + key):
                 return False
-            self._drop(key, raw)
-            return True
+            raw = self._raw(key)  # None for an unreadable row; _drop matches it as such
+        except STORAGE_ERRORS as e:
+            _warn(f"cannot delete cache entry {key[:12]}: {e}")
+            return False
+        return self._drop(key, raw)
 
     # ------------------------------------------------------------------ management
 
@@ -556,7 +566,9 @@ class CacheStore:
             return {"key": full, "problem": str(e)}
         info = self._summary(manifest, len(raw)).as_dict()
         info["meta"] = manifest["meta"]
-        info["parts"] = [{k: v for k, v in rec.items() if k != "store"} for rec in manifest["parts"]]
+        info["parts"] = [
+            {k: v for k, v in rec.items() if k != "store"} for rec in manifest["parts"]
+        ]
         return info
 
     def resolve(self, prefix: str) -> str:
@@ -856,10 +868,10 @@ class CacheStore:
         # key. A writer racing on this key then finds its parts gone and skips its commit.
         return self._backend.keys(part_store_prefix(key))
 
-    def _drop(self, key: str, raw: bytes | None) -> None:
+    def _drop(self, key: str, raw: bytes | None) -> bool:
         """Delete entry `key` if its manifest is still `raw` (never a newer, good one)."""
         if not self._backend.writable:
-            return
+            return False
         mkey = _MANIFEST + key
         try:
             with self._backend.transact():
@@ -868,16 +880,17 @@ class CacheStore:
                 except UnsafeValueError:
                     current = None  # as unreadable as when `raw` came back None
                 if current != raw:
-                    return
+                    return False
                 parts = self._parts_of(key, raw)
                 self._backend.delete(mkey)
                 self._backend.delete(_USE + key)
         except (*STORAGE_ERRORS, UnsafeValueError) as e:
             _warn(f"could not drop cache entry {key[:12]}: {e}")
-            return
+            return False
         # Parts after the manifest's removal is committed (see `_commit`): a concurrent reader
         # of this entry then sees a plain miss, not a corrupt entry.
         self._discard(parts)
+        return True
 
     def _evict(self, key: str) -> None:
         raw = self._backend.get(_MANIFEST + key)
@@ -923,7 +936,7 @@ class CacheStore:
             key=manifest["key"],
             kind=manifest["kind"],
             token=fields.get("token"),
-            model_name=fields.get("model_name"),
+            model_name=fields.get("model_name", manifest["meta"].get("model_name")),
             options=fields.get("options"),
             size=manifest_size + sum(rec["size"] for rec in manifest["parts"]),
             created=created,

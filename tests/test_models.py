@@ -1,0 +1,33 @@
+"""Whole models against LiteRT: the numpy reference on every zoo model present, and the GPU
+path (OpenCL; PoCL in CI) on the small and MediaPipe models. Tolerances: litekiln/check.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from litekiln.check import check_model
+from litekiln.zoo import ZOO
+from conftest import zoo_model
+
+LITERT_RUNS = [n for n in ZOO if n not in ("face_landmark_with_attention",)]
+GPU_CI = [
+    "face_detection_short_range",
+    "face_detection_full_range_sparse",
+    "face_landmark",
+    "hand_landmark_lite",
+    "selfie_segmentation",
+]
+
+
+@pytest.mark.parametrize("name", LITERT_RUNS)
+def test_reference_matches_litert(name: str) -> None:
+    r = check_model(zoo_model(name), device="reference")
+    assert r.ok, r.line()
+
+
+@pytest.mark.opencl
+@pytest.mark.slow
+@pytest.mark.parametrize("name", GPU_CI)
+def test_gpu_path_matches_litert(name: str) -> None:
+    r = check_model(zoo_model(name), use_cache=False)
+    assert r.ok, r.line()
