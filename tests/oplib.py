@@ -1,4 +1,4 @@
-"""The one helper that checks an op against LiteRT (STYLE.md item 3, like tinygrad's helper_test_op).
+"""The one helper that checks an op against LiteRT (STYLE.md item 3; cf. tinygrad's helper_test_op).
 
 Usage in an op test::
 

@@ -221,7 +221,8 @@ def encode_sparse(dense: np.ndarray, sp: Sparsity) -> _SparseEncoding:
             continue
         if fmt != SPARSE_CSR:
             raise ValueError(f"unknown dimension format {fmt}")
-        sub = nonzero.any(axis=tuple(range(lv + 1, nonzero.ndim))) if lv + 1 < nonzero.ndim else nonzero
+        # Which children of each kept path have a non-zero anywhere below them.
+        sub = nonzero.any(axis=tuple(range(lv + 1, nonzero.ndim)))
         keep = sub[tuple(paths.T)] if lv else sub[None]  # (n_paths, size)
         counts = keep.sum(axis=1)
         segments = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
@@ -535,7 +536,10 @@ class ModelBuilder:
         self.main.output(*tensors)
 
     def signature(
-        self, key: str, inputs: Mapping[str, TensorRef | int], outputs: Mapping[str, TensorRef | int],
+        self,
+        key: str,
+        inputs: Mapping[str, TensorRef | int],
+        outputs: Mapping[str, TensorRef | int],
         subgraph: int = 0,
     ) -> None:
         """Add a signature def mapping user-facing names to tensors of ``subgraph``."""
@@ -593,7 +597,8 @@ def builtin_code(name: str) -> int:
     code = _NAME_TO_CODE.get(name.upper())
     if code is None:
         close = [n for n in _NAME_TO_CODE if name.upper().replace("_", "") in n.replace("_", "")]
-        raise ValueError(f"unknown builtin op {name!r}" + (f"; did you mean {close}?" if close else ""))
+        hint = f"; did you mean {close}?" if close else ""
+        raise ValueError(f"unknown builtin op {name!r}{hint}")
     return code
 
 
@@ -625,7 +630,13 @@ def options_class(op_name: str) -> str:
 class _Field:
     camel: str  # getter name, e.g. "StrideW"
     kind: str  # "scalar", "vector", "string", "table"
-    elem: str = ""  # number type of a vector's elements, e.g. "Int32"
+    elem: str = ""  # number type of a scalar or of a vector's elements, e.g. "Int32"
+
+
+def option_fields(op_name: str) -> dict[str, tuple[str, str]]:
+    """The options an op takes: snake_case key -> (kind, number type), e.g. for CONV_2D
+    ``{"stride_w": ("scalar", "Int32"), ...}``; kind is scalar, vector, string or table."""
+    return {k: (f.kind, f.elem) for k, f in _fields(options_class(op_name)).items()}
 
 
 @functools.lru_cache(maxsize=None)
@@ -649,11 +660,13 @@ def _fields(table: str) -> dict[str, _Field]:
         params = list(inspect.signature(fn).parameters)
         if params == ["self", "j"]:
             m = re.search(r"Get\(flatbuffers\.number_types\.(\w+)Flags, a", src)
-            out[snake_case(attr)] = _Field(attr, "vector" if m else "table", m.group(1) if m else "")
+            kind = "vector" if m else "table"  # a vector of tables: not used by any options
+            out[snake_case(attr)] = _Field(attr, kind, m.group(1) if m else "")
         elif "self._tab.String(" in src:
             out[snake_case(attr)] = _Field(attr, "string")
         elif "number_types." in src and "Indirect" not in src:
-            out[snake_case(attr)] = _Field(attr, "scalar")
+            m = re.search(r"Get\(flatbuffers\.number_types\.(\w+)Flags, o", src)
+            out[snake_case(attr)] = _Field(attr, "scalar", m.group(1) if m else "")
         else:
             out[snake_case(attr)] = _Field(attr, "table")
     return out
@@ -695,7 +708,9 @@ def _enum_value(table: str, key: str, value: Any) -> Any:
     )
 
 
-def _write_options(b: flatbuffers.Builder, op_name: str, options: Mapping[str, Any]) -> tuple[str, int, int]:
+def _write_options(
+    b: flatbuffers.Builder, op_name: str, options: Mapping[str, Any]
+) -> tuple[str, int, int]:
     """Write an options table; returns (union name, union type code, table offset)."""
     table = options_class(op_name)
     union, kind = _union_members()[table]
@@ -703,7 +718,9 @@ def _write_options(b: flatbuffers.Builder, op_name: str, options: Mapping[str, A
     fields = _fields(table)
     unknown = set(options) - set(fields)
     if unknown:
-        raise KeyError(f"{op_name}: {table} has no field(s) {sorted(unknown)}; fields: {sorted(fields)}")
+        raise KeyError(
+            f"{op_name}: {table} has no field(s) {sorted(unknown)}; fields: {sorted(fields)}"
+        )
     # Vectors and strings are written before the table that points at them.
     offsets = {}
     for key, value in options.items():
@@ -717,7 +734,7 @@ def _write_options(b: flatbuffers.Builder, op_name: str, options: Mapping[str, A
         elif f.kind == "string":
             offsets[key] = b.CreateString(value)
         elif f.kind == "table":
-            raise ValueError(f"{op_name}: nested table field {key!r} is not supported by the writer")
+            raise ValueError(f"{op_name}: nested table field {key!r} is not supported")
     getattr(module, f"{table}Start")(b)
     for key, value in options.items():
         add = getattr(module, f"{table}Add{fields[key].camel}")

@@ -79,7 +79,7 @@ def _write_file(full_path: str, data: bytes) -> None:
         # A full disk must not leave half a file behind: nothing references it yet. Its
         # folders go too if now empty (as diskcache's own Disk.remove does).
         with contextlib.suppress(OSError):
-            pass
+            os.unlink(full_path)
         with contextlib.suppress(OSError):
             os.removedirs(full_dir)
         raise

@@ -498,7 +498,7 @@ class CacheStore:
         if not self.enabled:
             return False
         if self.read_only:
-            message = f"litekiln cache {self.directory} is read-only; not storing {kind} {key[:12]}."
+            message = f"litekiln cache {self.directory} is read-only; not storing new entries."
             self._say_once("readonly", message)
             return False
         return self._put(key, kind, fields, meta, encoded, created=_now())
