@@ -448,6 +448,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "result, cold (empty cache) versus warm (cache hit), in fresh processes.")
     b.add_argument("models", nargs="+", metavar="MODEL")
     b.add_argument("--startup", action="store_true", help="measure cold vs warm start-up")
+    b.add_argument("--warm-only", action="store_true",
+                   help="start-up without a compiler: --cache-dir holds the models compiled "
+                   "elsewhere; cold runs start from a copy without device binaries and the "
+                   "recorded compile time is added as an estimate")
     b.add_argument("--repeat", type=int, default=3, help="fresh processes per measurement (start-up)")
     b.add_argument("--runs", type=int, default=100, help="timed runs per model (latency)")
     b.add_argument("--profile", action="store_true", help="per-kernel GPU profile (latency)")

@@ -469,8 +469,6 @@ def test_opcode_index_out_of_range() -> None:
     assert_model_error(b.build(), "op #0 uses operator-code entry 5", "the table has 1")
 
 
-@pytest.mark.xfail(strict=True, reason="loader bug (reported): an op output of -1 is accepted, "
-                   "and constant folding then writes the last tensor (Python's index -1)")
 def test_omitted_op_output_rejected() -> None:
     b = ModelBuilder()
     x = b.input("x", [2])

@@ -119,10 +119,11 @@ class _Lowering:
         params = []
         for t in self.part.inputs:
             tensor = self.graph.tensors[t]
-            if tensor.dtype.kind not in "f" and not is_quantized(tensor):
+            # Booleans (LOGICAL_AND) travel as float 0/1: the session converts them both ways.
+            if tensor.dtype.kind not in "fb" and not is_quantized(tensor):
                 raise CompileError(
                     f"partition {self.part.index}: input tensor {t} ({tensor.name!r}) is "
-                    f"{tensor.dtype.name}; GPU partitions take float tensors"
+                    f"{tensor.dtype.name}; GPU partitions take float (or bool) tensors"
                 )
             v = relax.Var(f"t{t}", relax.TensorType(shape=tuple(tensor.shape), dtype=self.dtype))
             params.append(v)
@@ -421,6 +422,7 @@ def _strided_slice(ctx: _Ctx) -> list[Expr]:
     bm, em, shrink = int(o.get("begin_mask", 0)), int(o.get("end_mask", 0)), int(o.get("shrink_axis_mask", 0))
     offset = bool(o.get("offset", False))
     axes, b_, e_, s_ = [], [], [], []
+    flips: list[int] = []
     for i in range(begin.size):
         n = shape[i]
         st = int(strides[i])
@@ -436,12 +438,20 @@ def _strided_slice(ctx: _Ctx) -> list[Expr]:
             sl = slice(b, e, st)
         start, stop, step = sl.indices(n)
         if step < 0:
-            raise ctx.fail("negative strides are not lowered to the GPU")
+            # Slice the same elements in increasing order, then flip the axis: relax's
+            # negative-stride end bounds cannot say "up to and including index 0".
+            picked = range(start, stop, step)
+            if len(picked) == 0:
+                raise ctx.fail(f"axis {i} selects no element")
+            start, stop, step = picked[-1], picked[0] + 1, -step
+            flips.append(i)
         axes.append(i)
         b_.append(start)
         e_.append(max(stop, start))
         s_.append(step)
     y = ctx.emit(relax.op.strided_slice(ctx.arg(0), axes, b_, e_, s_))
+    for i in flips:
+        y = ctx.emit(relax.op.flip(y, i))
     return [y]
 
 
@@ -470,7 +480,10 @@ def _resize(ctx: _Ctx) -> list[Expr]:
         )
     else:
         if align:
-            mode, rounding = "align_corners", "round"
+            # TFLite rounds half away from zero (TfLiteRound); TVM's "round" rounds half to
+            # even, which picks the wrong pixel on every exact tie (e.g. 5 -> 9 pixels).
+            # Source coordinates are >= 0 here, so half away from zero = prefer ceil.
+            mode, rounding = "align_corners", "round_prefer_ceil"
         elif half:
             mode, rounding = "tf_half_pixel_for_nn", "floor"
         else:

@@ -42,9 +42,28 @@ def densify(
         )
     if sorted(traversal_order[:rank]) != list(range(rank)):
         raise ValueError(f"traversal order {traversal_order} is not a permutation of the dims")
+    if sorted(traversal_order[rank:]) != list(range(rank, n_levels)):
+        raise ValueError(f"traversal order {traversal_order} does not list each block level once")
+    if len(block_map) != n_levels - rank or any(not 0 <= d < rank for d in block_map):
+        raise ValueError(f"block map {block_map} does not fit {n_levels - rank} block levels of rank {rank}")
     block_sizes = [dim_metadata[traversal_order.index(rank + b)][1] for b in range(len(block_map))]
-    if any(not 0 <= d < rank for d in block_map):
-        raise ValueError(f"block map {block_map} refers to dimensions outside rank {rank}")
+    # Every level's size is fixed by the dense shape: check it before expanding anything, so a
+    # corrupted size fails at once instead of allocating gigabytes (found by fuzzing).
+    expected = []
+    for level in range(n_levels):
+        d = traversal_order[level]
+        if d < rank:
+            blocks = [block_sizes[b] for b, m in enumerate(block_map) if m == d]
+            size = shape[d] // blocks[0] if blocks and blocks[0] > 0 else shape[d]
+        else:
+            size = block_sizes[d - rank]
+        expected.append(size)
+    for level, (fmt, dense_size, _, _) in enumerate(dim_metadata):
+        if fmt == _DENSE and dense_size != expected[level]:
+            raise ValueError(
+                f"level {level}: dense size {dense_size} does not match the shape {shape} "
+                f"(expected {expected[level]})"
+            )
 
     prev = np.zeros(1, np.int64)  # position in the parent level, per partial path
     cols: list[np.ndarray] = []  # chosen index per level, per partial path

@@ -393,7 +393,7 @@ class _Loader:
             code, op_name, version, custom = opcodes[oc]
             where = f"op #{i} ({op_name})"
             inputs = check(self.ints(o, "Inputs", f"inputs of {where}"), f"{where} input", True)
-            outputs = check(self.ints(o, "Outputs", f"outputs of {where}"), f"{where} output", True)
+            outputs = check(self.ints(o, "Outputs", f"outputs of {where}"), f"{where} output", False)
             custom_options = None
             if custom is not None:
                 n = self.length(o.CustomOptionsLength(), f"custom options of {where}", 1)

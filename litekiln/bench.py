@@ -1,0 +1,639 @@
+"""``litekiln bench``: start-up time (cold vs warm) and warm latency against LiteRT.
+
+Never imports TVM itself: a warm start-up bench and the latency bench run on a runtime-only
+install (the GPU machine), over a cache compiled elsewhere. Only a cold start-up without
+``--warm-only`` compiles, and it does so in a child process.
+
+Start-up (``litekiln bench --startup MODEL...``), each figure the median over ``--repeat``
+fresh processes (``python -m litekiln.bench _child``). The clock starts when the child calls
+``Interpreter(model_path=...)``, with ``litekiln`` and ``litekiln.interpreter`` (so numpy)
+already imported, and stops when the first ``run`` has returned its outputs to the host. Inside
+the clock: reading and parsing the model file, importing pyopencl, opening the OpenCL device
+(context creation), the cache lookup, compiling (cold), building the device program, allocating
+and uploading constants, binding kernels, and the first inference with its copies. Outside:
+Python's own start and the generation of the random inputs.
+
+* ``cold``: empty private cache directory, and the driver's compiled-kernel caches off
+  (``CUDA_CACHE_DISABLE=1``, ``POCL_KERNEL_CACHE=0``): TVM compile, device build from source.
+  With ``--warm-only`` (no TVM here; ``--cache-dir`` holds models compiled on another machine)
+  the child starts from a copy of that cache without any device binaries, so the compile is
+  the one thing not measured here: ``cold_estimate_ms`` adds the compile time the compiler
+  recorded in the cached artifact (measured on the build machine).
+* ``shipped``: the litekiln cache holds the model and this device's program binary, the
+  driver's cache is still off: what an app sees on its first launch with a shipped cache.
+* ``warm``: second and later processes: litekiln cache hit, driver caches allowed (one
+  untimed process primes the driver's cache first).
+
+Latency (``litekiln bench MODEL...``): in one process, litekiln's ``Interpreter.run`` (inputs
+in, outputs back on the host), LiteRT's CPU interpreter (XNNPACK, ``os.cpu_count()`` threads)
+and, where it loads, LiteRT's GPU path (``CompiledModel`` with GPU|CPU accelerators), each the
+median of ``--runs`` timed runs after warm-up, on the same seeded inputs. Speed-ups are
+``peer_ms / litekiln_ms`` (above 1: litekiln is faster). Also the host cost of enqueueing one
+kernel launch and, with ``--profile``, every kernel's device time from OpenCL profiling events.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from litekiln.errors import LitekilnError
+
+_CHILD = "_child"
+_MARK = "LITEKILN_BENCH_RESULT "
+#: Environment of a process whose driver may not reuse compiled kernels from earlier runs.
+_DRIVER_CACHE_OFF = {"CUDA_CACHE_DISABLE": "1", "POCL_KERNEL_CACHE": "0"}
+_CHILD_TIMEOUT_S = 900
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+
+def _command_line() -> str:
+    """The command as typed, as far as it can be rebuilt (for the JSON record)."""
+    prog = Path(sys.argv[0]).name if sys.argv else "litekiln"
+    if prog == "bench.py":
+        prog = "python -m litekiln.bench"
+    elif prog in ("cli.py", "__main__.py"):
+        prog = "python -m litekiln.cli"
+    return " ".join([prog, shlex.join(sys.argv[1:])]).strip()
+
+
+def _model_name(path: str) -> str:
+    return Path(path).stem
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _ms(s: float | None, digits: int = 3) -> float | None:
+    return None if s is None else round(s * 1e3, digits)
+
+
+def _ratio(a: float, b: float) -> float:
+    """a / b to 4 significant digits (speed-ups span 1e-3 on PoCL to 1e1)."""
+    return float(f"{a / b:.4g}")
+
+
+def _fmt(x: float | None, spec: str = "8.2f") -> str:
+    if x is None:
+        return f"{'n/a':>{int(spec.split('.')[0])}s}"
+    return format(x, spec)
+
+
+def _write_json(results: dict[str, Any], a: Any) -> None:
+    text = json.dumps(results, indent=2)
+    if getattr(a, "out", None):
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(text + "\n")
+    if getattr(a, "json", False):
+        print(text)
+
+
+def _interpreter_kwargs(a: Any) -> dict[str, Any]:
+    from litekiln.cli import _interpreter_kwargs as kw
+
+    return kw(a)
+
+
+# ---------------------------------------------------------------------------------- start-up
+
+
+def _child(spec: dict[str, Any]) -> dict[str, Any]:
+    """One start-up measurement, in a fresh process (see the module docstring)."""
+    from litekiln.interpreter import Interpreter
+
+    t0 = time.perf_counter()
+    interp = Interpreter(model_path=spec["model"], cache_dir=spec["cache_dir"], **spec["kwargs"])
+    t1 = time.perf_counter()
+    inputs = interp.random_inputs(0)  # not timed
+    t2 = time.perf_counter()
+    interp.allocate_tensors()
+    t3 = time.perf_counter()
+    outs = interp.run(inputs)
+    t4 = time.perf_counter()
+    sess = interp._backend
+    stats = getattr(getattr(sess, "compiled", None), "stats", {}) or {}
+    load_s = float(getattr(sess, "load_seconds", 0.0))
+    return {
+        "total_s": (t1 - t0) + (t4 - t2),
+        "construct_s": t1 - t0,  # read + parse the model file
+        "open_s": (t3 - t2) - load_s,  # pyopencl import, device/context, cache lookup, compile
+        "load_s": load_s,  # device program build (binary or source), buffers, constants
+        "first_run_s": t4 - t3,
+        "compile_s_recorded": (stats.get("timings_s") or {}).get("total"),
+        "kernels": stats.get("kernels"),
+        "tvm_imported": sys.modules.get("tvm") is not None,
+        "device": str(getattr(sess, "device_name", "")),
+        "checksum": float(sum(np.abs(o.astype(np.float64)).sum() for o in outs)),
+    }
+
+
+def _spawn(model: str, cache_dir: str, kwargs: dict[str, Any], *, driver_cache: bool) -> dict[str, Any]:
+    env = dict(os.environ)
+    env.pop("LITEKILN_NO_CACHE", None)
+    for k in _DRIVER_CACHE_OFF:
+        env.pop(k, None)
+    if not driver_cache:
+        env.update(_DRIVER_CACHE_OFF)
+    spec = {"model": model, "cache_dir": cache_dir, "kwargs": kwargs}
+    t0 = time.perf_counter()
+    p = subprocess.run(
+        [sys.executable, "-m", "litekiln.bench", _CHILD, json.dumps(spec)],
+        env=env, capture_output=True, text=True, timeout=_CHILD_TIMEOUT_S, check=False,
+    )
+    wall = time.perf_counter() - t0
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith(_MARK)]
+    if p.returncode != 0 or not lines:
+        tail = "\n".join((p.stderr or p.stdout).strip().splitlines()[-15:])
+        raise LitekilnError(f"start-up child for {model} failed (exit {p.returncode}):\n{tail}")
+    r: dict[str, Any] = json.loads(lines[-1][len(_MARK):])
+    r["process_s"] = wall
+    return r
+
+
+def _strip_binaries(cache_dir: str) -> int:
+    """Drop every device-program binary from a cache copy (keep the compiled models)."""
+    from litekiln.cache.store import CacheStore
+
+    store = CacheStore.open(cache_dir)
+    n = 0
+    for s in store.ls():
+        if s.kind != "model" and store.delete(s.key):
+            n += 1
+    store.close()
+    return n
+
+
+def _summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = ("total_s", "construct_s", "open_s", "load_s", "first_run_s", "process_s")
+    return {k.replace("_s", "_ms"): _ms(_median([s[k] for s in samples])) for k in keys}
+
+
+def startup_model(path: str, kwargs: dict[str, Any], *, repeat: int, warm_only: bool,
+                  cache_dir: str | None, progress: bool = True) -> dict[str, Any]:
+    """Cold, shipped and warm start-up of one model (see the module docstring).
+
+    Args:
+        path: the .tflite file.
+        kwargs: Interpreter keyword arguments (device, precision, ...; no cache_dir).
+        repeat: fresh processes per measurement.
+        warm_only: start cold runs from a binary-free copy of ``cache_dir`` instead of an
+            empty cache (no compiler here).
+        cache_dir: the prebuilt cache (``warm_only``); otherwise unused.
+
+    Returns:
+        A JSON-ready record; times in milliseconds.
+
+    Raises:
+        LitekilnError: a child failed (its stderr is in the message), or ``warm_only``
+            without ``cache_dir``.
+    """
+    if warm_only and not cache_dir:
+        raise LitekilnError("--warm-only needs --cache-dir: the cache compiled on the build machine")
+    name = _model_name(path)
+    root = tempfile.mkdtemp(prefix=f"litekiln-bench-{name}-")
+    try:
+        cold: list[dict[str, Any]] = []
+        stripped = 0
+        work = ""
+        for r in range(max(1, repeat)):
+            work = os.path.join(root, f"cold{r}")
+            if warm_only:
+                shutil.copytree(cache_dir, work)  # type: ignore[arg-type]
+                os.chmod(work, 0o700)
+                stripped = _strip_binaries(work)
+            cold.append(_spawn(path, work, kwargs, driver_cache=False))
+            if progress:
+                print(f"  {name}: cold {cold[-1]['total_s'] * 1e3:.0f} ms", file=sys.stderr)
+        # `work` now holds the model and this device's binary (written by the last cold run).
+        shipped = [_spawn(path, work, kwargs, driver_cache=False) for _ in range(max(1, repeat))]
+        prime = _spawn(path, work, kwargs, driver_cache=True)
+        warm = [_spawn(path, work, kwargs, driver_cache=True) for _ in range(max(1, repeat))]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    cs, ss, ws = _summary(cold), _summary(shipped), _summary(warm)
+    cold_ms, warm_ms = cs["total_ms"], ws["total_ms"]
+    compile_s = cold[-1].get("compile_s_recorded")
+    rec: dict[str, Any] = {
+        "model": name,
+        "path": path,
+        "device": warm[-1]["device"],
+        "kernels": warm[-1].get("kernels"),
+        "cold_ms": cold_ms,
+        "shipped_ms": ss["total_ms"],
+        "warm_ms": warm_ms,
+        "warm_vs_cold_pct": round(100.0 * warm_ms / cold_ms, 2) if cold_ms else None,
+        "cold_breakdown": cs,
+        "shipped_breakdown": ss,
+        "warm_breakdown": ws,
+        "compile_s_recorded": compile_s,
+        "cold_compiled_here": any(c["tvm_imported"] for c in cold),
+        "warm_imported_tvm": any(w["tvm_imported"] for w in warm + shipped + [prime]),
+        "outputs_agree": len({round(s["checksum"], 3) for s in cold + shipped + warm}) == 1,
+        "samples_ms": {
+            "cold": [_ms(s["total_s"]) for s in cold],
+            "shipped": [_ms(s["total_s"]) for s in shipped],
+            "prime": _ms(prime["total_s"]),
+            "warm": [_ms(s["total_s"]) for s in warm],
+        },
+    }
+    if warm_only:
+        rec["binaries_dropped_for_cold"] = stripped
+        est = cold_ms + compile_s * 1e3 if (cold_ms is not None and compile_s is not None) else None
+        rec["cold_estimate_ms"] = round(est, 3) if est is not None else None
+        rec["warm_vs_cold_estimate_pct"] = round(100.0 * warm_ms / est, 2) if est else None
+    return rec
+
+
+def startup_main(a: Any) -> int:
+    """``litekiln bench --startup``: cold vs warm start-up in fresh processes."""
+    if getattr(a, "no_cache", False):
+        raise LitekilnError("--startup measures the cache: drop --no-cache")
+    warm_only = bool(getattr(a, "warm_only", False))
+    kwargs = _interpreter_kwargs(a)
+    kwargs.pop("cache_dir", None)
+    if kwargs.get("device") == "reference":
+        raise LitekilnError("--startup measures the OpenCL path; --device reference has no start-up to speak of")
+    results: dict[str, Any] = {
+        "device": None,
+        "command": _command_line(),
+        "mode": "warm-only" if warm_only else "full",
+        "repeat": a.repeat,
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "clock": "Interpreter(model_path=...) to the first run's outputs on the host; litekiln "
+        "and numpy imported before; median over fresh processes",
+        "models": [],
+    }
+    for path in a.models:
+        rec = startup_model(path, kwargs, repeat=a.repeat, warm_only=warm_only,
+                            cache_dir=getattr(a, "cache_dir", None), progress=not a.json)
+        results["device"] = results["device"] or rec["device"]
+        results["models"].append(rec)
+        if getattr(a, "out", None):
+            _write_json(results, argparse_like(out=a.out))  # partial results survive a crash
+    if not a.json:
+        _print_startup(results)
+    _write_json(results, a)
+    return 0
+
+
+def argparse_like(**kw: Any) -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**kw)
+
+
+def _print_startup(results: dict[str, Any]) -> None:
+    warm_only = results["mode"] == "warm-only"
+    print(f"start-up on {results['device']} ({results['mode']}, median of {results['repeat']} processes)")
+    head = f"{'model':32s} {'cold ms':>9s} {'shipped ms':>10s} {'warm ms':>8s} {'warm/cold':>9s}"
+    if warm_only:
+        head += f" {'+compile ms':>11s} {'warm/est':>8s}"
+    head += f" | warm: {'parse':>6s} {'open':>6s} {'load':>6s} {'run1':>6s}"
+    print(head)
+    for m in results["models"]:
+        w = m["warm_breakdown"]
+        line = (f"{m['model']:32s} {_fmt(m['cold_ms'], '9.1f')} {_fmt(m['shipped_ms'], '10.1f')} "
+                f"{_fmt(m['warm_ms'], '8.1f')} {_fmt(m['warm_vs_cold_pct'], '8.2f')}%")
+        if warm_only:
+            line += f" {_fmt(m.get('cold_estimate_ms'), '11.1f')} {_fmt(m.get('warm_vs_cold_estimate_pct'), '7.2f')}%"
+        line += (f" |       {_fmt(w['construct_ms'], '6.1f')} {_fmt(w['open_ms'], '6.1f')} "
+                 f"{_fmt(w['load_ms'], '6.1f')} {_fmt(w['first_run_ms'], '6.1f')}")
+        print(line)
+        if m["warm_imported_tvm"]:
+            print(f"  WARNING: a warm start of {m['model']} imported TVM")
+        if not m["outputs_agree"]:
+            print(f"  WARNING: {m['model']}: outputs differ between processes")
+    print("warm/cold: warm start-up as a percentage of the cold one (cold: empty cache, driver cache "
+          "off; shipped: litekiln cache hit, driver cache off; warm: both caches hot). "
+          "parse/open/load/run1: model file, device + cache lookup, program build + upload, "
+          "first inference.")
+    if warm_only:
+        print("warm-only: cold = device part only (no compiler here); +compile adds the compile "
+              "time recorded on the build machine.")
+
+
+# ---------------------------------------------------------------------------------- latency
+
+
+def _time_runs(fn: Any, runs: int, warmup: int) -> dict[str, float]:
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    ts.sort()
+    return {
+        "median_ms": statistics.median(ts) * 1e3,
+        "min_ms": ts[0] * 1e3,
+        "p90_ms": ts[min(len(ts) - 1, int(0.9 * len(ts)))] * 1e3,
+    }
+
+
+def _launch_overhead(sess: Any, reps: int = 50) -> dict[str, Any] | None:
+    """Host time of the enqueue loop alone (no waiting), per launch."""
+    executors = getattr(sess, "executors", None)
+    if not executors:
+        return None
+    launches = sum(ex.num_launches for ex in executors)
+    if not launches:
+        return {"launches": 0}
+    queue = sess.handle.queue
+    total = 0.0
+    for _ in range(reps):
+        queue.finish()
+        t0 = time.perf_counter()
+        for ex in executors:
+            ex.run()
+        total += time.perf_counter() - t0
+        queue.finish()
+    per_inference = total / reps
+    return {
+        "launches": launches,
+        "enqueue_ms_per_inference": round(per_inference * 1e3, 4),
+        "enqueue_us_per_launch": round(per_inference / launches * 1e6, 3),
+    }
+
+
+def _kernel_profile(sess: Any, reps: int = 10) -> dict[str, Any] | None:
+    """Median device time of each launch, from OpenCL profiling events."""
+    executors = getattr(sess, "executors", None)
+    if not executors:
+        return None
+    per: list[list[float]] = []
+    names: list[tuple[int, int, str]] = []
+    for pi, ex in enumerate(executors):
+        ex.profile()  # warm the profiling queue
+        runs = [ex.profile() for _ in range(reps)]
+        for li, kname in enumerate(ex.launch_names()):
+            names.append((pi, li, kname))
+            per.append([r[li] for r in runs])
+    rows = [
+        {"partition": pi, "launch": li, "kernel": k, "ms": round(statistics.median(ts) * 1e3, 5)}
+        for (pi, li, k), ts in zip(names, per)
+    ]
+    by_kernel: dict[str, float] = {}
+    for r in rows:
+        by_kernel[r["kernel"]] = by_kernel.get(r["kernel"], 0.0) + r["ms"]
+    return {
+        "kernel_sum_ms": round(sum(r["ms"] for r in rows), 4),
+        "launches": rows,
+        "top": sorted(({"kernel": k, "ms": round(v, 5)} for k, v in by_kernel.items()),
+                      key=lambda d: -d["ms"])[:15],
+    }
+
+
+def _litert_cpu(path: str, inputs: dict[int, np.ndarray], runs: int, warmup: int) -> tuple[dict[str, Any], list[np.ndarray]]:
+    from ai_edge_litert.interpreter import Interpreter as LiteRT
+
+    li = LiteRT(model_path=path, num_threads=os.cpu_count())
+    li.allocate_tensors()
+    ins = [(d["index"], inputs[d["index"]]) for d in li.get_input_details()]
+    outs = [d["index"] for d in li.get_output_details()]
+
+    def step() -> list[np.ndarray]:
+        for i, x in ins:
+            li.set_tensor(i, x)
+        li.invoke()
+        return [li.get_tensor(o) for o in outs]
+
+    ref = step()
+    return _time_runs(step, runs, warmup), ref
+
+
+def _litert_gpu(path: str, model: Any, inputs: dict[int, np.ndarray], runs: int, warmup: int) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """LiteRT's GPU path; outputs in graph output order."""
+    from ai_edge_litert.compiled_model import CompiledModel
+    from ai_edge_litert.hardware_accelerator import HardwareAccelerator as HA
+
+    cm = CompiledModel.from_file(path, hardware_accel=HA.GPU | HA.CPU)
+    key = next(iter(cm.get_signature_list()))
+    sig = cm.get_signature_by_index(0)
+    g = model.main
+    sigs = {s.key: s for s in model.signatures}
+    if key in sigs:
+        in_ix, out_ix = dict(sigs[key].inputs), dict(sigs[key].outputs)
+    else:  # no signature in the model: LiteRT names them after the tensors
+        in_ix = {g.tensors[t].name: t for t in g.inputs}
+        out_ix = {g.tensors[t].name: t for t in g.outputs}
+    in_bufs = cm.create_input_buffers(0)
+    out_bufs = cm.create_output_buffers(0)
+    feeds = [(b, inputs[in_ix[n]]) for b, n in zip(in_bufs, sig["inputs"])]
+    reads = []
+    for b in out_bufs:
+        d = b.get_tensor_details()
+        shape = tuple(int(x) for x in d["shape"])
+        reads.append((b, int(np.prod(shape)), np.dtype(d["dtype"]), shape))
+
+    def step() -> list[np.ndarray]:
+        for b, x in feeds:
+            b.write(x)
+        cm.run_by_index(0, in_bufs, out_bufs)
+        return [b.read(n, dt).reshape(shape) for b, n, dt, shape in reads]
+
+    got = dict(zip((out_ix[n] for n in sig["outputs"]), step()))
+    timing = _time_runs(step, runs, warmup)
+    timing["fully_accelerated"] = bool(cm.is_fully_accelerated())
+    return timing, [got[t] for t in g.outputs]
+
+
+def latency_model(path: str, kwargs: dict[str, Any], *, runs: int, profile: bool,
+                  litert_gpu: bool = True) -> dict[str, Any]:
+    """Warm latency of litekiln and LiteRT CPU/GPU on one model, same process, same inputs."""
+    from litekiln.check import relative_error
+    from litekiln.interpreter import Interpreter
+
+    name = _model_name(path)
+    warmup = min(20, max(3, runs // 10))
+    interp = Interpreter(model_path=path, **kwargs)
+    interp.allocate_tensors()
+    g = interp.model.main
+    inputs = dict(zip(g.inputs, interp.random_inputs(0)))
+    ours = interp.run(inputs)
+    lk = _time_runs(lambda: interp.run(inputs), runs, warmup)
+    sess = interp._backend
+    rec: dict[str, Any] = {
+        "model": name,
+        "litekiln_ms": round(lk["median_ms"], 4),
+        "litert_cpu_ms": None,
+        "litert_gpu_ms": None,
+        "speedup_vs_litert_cpu": None,
+        "speedup_vs_litert_gpu": None,
+        "max_rel_err_vs_litert_cpu": None,
+        "litekiln_min_ms": round(lk["min_ms"], 4),
+        "litekiln_p90_ms": round(lk["p90_ms"], 4),
+        "device": interp.device,
+        "gpu_ops": (getattr(sess, "compiled", None) and sess.compiled.stats.get("gpu_ops")),
+        "cpu_ops": (getattr(sess, "compiled", None) and sess.compiled.stats.get("cpu_ops")),
+        "partitions": len(getattr(sess, "executors", []) or []),
+        "launch_overhead": _launch_overhead(sess),
+    }
+    if profile:
+        rec["profile"] = _kernel_profile(sess)
+    try:
+        cpu, ref = _litert_cpu(path, inputs, runs, warmup)
+        rec["litert_cpu_ms"] = round(cpu["median_ms"], 4)
+        rec["speedup_vs_litert_cpu"] = _ratio(cpu["median_ms"], lk["median_ms"])
+        rec["max_rel_err_vs_litert_cpu"] = relative_error(ours, ref)  # type: ignore[arg-type]
+    except Exception as exc:  # noqa: BLE001 - LiteRT cannot load or run it: report, go on
+        ref = None
+        rec["litert_cpu_error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    if litert_gpu:
+        try:
+            gpu, gout = _litert_gpu(path, interp.model, inputs, runs, warmup)
+            rec["litert_gpu_ms"] = round(gpu["median_ms"], 4)
+            rec["speedup_vs_litert_gpu"] = _ratio(gpu["median_ms"], lk["median_ms"])
+            rec["litert_gpu_fully_accelerated"] = gpu["fully_accelerated"]
+            if ref is not None:
+                rec["litert_gpu_max_rel_err_vs_litert_cpu"] = relative_error(gout, ref)
+        except Exception as exc:  # noqa: BLE001 - no GPU path here (no Vulkan adapter...)
+            msg = " / ".join(ln.strip() for ln in str(exc).strip().splitlines())
+            rec["litert_gpu_error"] = f"{type(exc).__name__}: {msg}"[:300]
+    return rec
+
+
+def latency_main(a: Any) -> int:
+    """``litekiln bench``: warm latency against LiteRT CPU and GPU."""
+    kwargs = _interpreter_kwargs(a)
+    runs = max(1, int(a.runs))
+    results: dict[str, Any] = {
+        "device": None,
+        "command": _command_line(),
+        "host": platform.node(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "runs": runs,
+        "litert_version": _litert_version(),
+        "timing": "median of --runs runs after warm-up; each run = inputs in, inference, outputs "
+        "back on the host; speedup = peer_ms / litekiln_ms",
+        "models": [],
+    }
+    for path in a.models:
+        rec = latency_model(path, kwargs, runs=runs, profile=bool(a.profile), litert_gpu=True)
+        results["device"] = results["device"] or rec["device"]
+        results["models"].append(rec)
+        if not a.json:
+            _print_latency_row(rec, header=len(results["models"]) == 1, device=results["device"])
+            if a.profile and rec.get("profile"):
+                _print_profile(rec)
+        if getattr(a, "out", None):
+            _write_json(results, argparse_like(out=a.out))
+    if not a.json:
+        _print_latency_notes(results)
+    _write_json(results, a)
+    if getattr(a, "plot", None):
+        plot_latency(results, a.plot)
+    return 0
+
+
+def _litert_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("ai-edge-litert")
+    except Exception:  # noqa: BLE001 - not installed
+        return None
+
+
+def _print_latency_row(rec: dict[str, Any], *, header: bool, device: str) -> None:
+    if header:
+        print(f"warm latency on {device} (median ms)")
+        print(f"{'model':32s} {'litekiln':>9s} {'LiteRT CPU':>10s} {'LiteRT GPU':>10s} {'x CPU':>7s} "
+              f"{'x GPU':>7s} {'rel err':>9s} {'launches':>8s} {'us/launch':>9s}")
+    lo = rec.get("launch_overhead") or {}
+    err = rec["max_rel_err_vs_litert_cpu"]
+    print(f"{rec['model']:32s} {_fmt(rec['litekiln_ms'], '9.3f')} {_fmt(rec['litert_cpu_ms'], '10.3f')} "
+          f"{_fmt(rec['litert_gpu_ms'], '10.3f')} {_fmt(rec['speedup_vs_litert_cpu'], '7.3g')} "
+          f"{_fmt(rec['speedup_vs_litert_gpu'], '7.3g')} "
+          f"{(format(err, '9.1e') if err is not None else 'n/a'.rjust(9))} "
+          f"{lo.get('launches', 0):8d} {_fmt(lo.get('enqueue_us_per_launch'), '9.2f')}")
+    for k in ("litert_cpu_error", "litert_gpu_error"):
+        if rec.get(k):
+            print(f"  {k.replace('_error', '').replace('_', ' ')}: n/a ({rec[k][:160]})")
+
+
+def _print_profile(rec: dict[str, Any]) -> None:
+    p = rec["profile"]
+    print(f"  kernels: {len(p['launches'])} launches, {p['kernel_sum_ms']:.3f} ms device time in all "
+          f"(litekiln end-to-end {rec['litekiln_ms']:.3f} ms)")
+    for t in p["top"][:10]:
+        print(f"    {t['ms']:9.4f} ms  {t['kernel']}")
+
+
+def _print_latency_notes(results: dict[str, Any]) -> None:
+    print("x CPU / x GPU: LiteRT's time over litekiln's (above 1: litekiln faster). rel err: "
+          "max|litekiln - LiteRT CPU| / max(1, max|LiteRT CPU|). us/launch: host time of the "
+          "enqueue loop per kernel launch.")
+
+
+def plot_latency(results: dict[str, Any], png: str) -> bool:
+    """Bar chart of the latencies (log scale). Returns False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"--plot {png}: matplotlib is not installed here; the JSON (--out) holds every "
+              "figure: plot it elsewhere with `python -m litekiln.bench plot RESULTS.json "
+              "OUT.png` (pip install matplotlib)", file=sys.stderr)
+        return False
+    models = results["models"]
+    names = [m["model"] for m in models]
+    series = [("litekiln", "litekiln_ms"), ("LiteRT CPU", "litert_cpu_ms"), ("LiteRT GPU", "litert_gpu_ms")]
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(names) + 2), 4.5))
+    width = 0.8 / len(series)
+    for i, (label, key) in enumerate(series):
+        xs = [j + (i - 1) * width for j in range(len(names))]
+        ys = [m.get(key) or 0 for m in models]
+        bars = ax.bar(xs, ys, width, label=label)
+        for b, y in zip(bars, ys):
+            ax.annotate("n/a" if not y else f"{y:.2f}", (b.get_x() + b.get_width() / 2, max(y, 1e-3)),
+                        ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=20, ha="right", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("warm latency, ms (median, lower is better)")
+    ax.set_title(f"{results.get('device')}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    print(f"plot written to {png}", file=sys.stderr)
+    return True
+
+
+# ---------------------------------------------------------------------------------- entry
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m litekiln.bench [bench options]``, ``... _child SPEC`` or ``... plot JSON PNG``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == [_CHILD]:
+        print(_MARK + json.dumps(_child(json.loads(argv[1]))), flush=True)
+        return 0
+    if argv[:1] == ["plot"]:
+        return 0 if plot_latency(json.loads(Path(argv[1]).read_text()), argv[2]) else 1
+    from litekiln.cli import main as cli_main
+
+    return cli_main(["bench", *argv])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
