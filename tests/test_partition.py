@@ -1,0 +1,498 @@
+"""The partitioner (``litekiln.compiler.partition``) on built graphs, and split runs on PoCL.
+
+Pure-Python tests check the plan: partitions, CPU ops and their reasons, the TFLite-style
+warning lines and summary, maximal and acyclic partitions (also on random graphs), the
+``max_partitions`` / ``min_partition_ops`` / ``force_cpu`` / ``allow_quantized`` /
+``extended_table`` options and version limits. The ``opencl`` tests run split models on the
+device (CPU fallback between GPU partitions) and validate mode.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import defaultdict
+
+import numpy as np
+import pytest
+from tflite_builder import ModelBuilder, Quant, TensorRef, builtin_code
+
+from litekiln.compiler.partition import PartitionPlan, partition
+from litekiln.model import load_model
+from litekiln.model.ir import Subgraph
+
+S = [1, 4, 4, 3]
+GPU_UNARY = ["RELU", "LOGISTIC", "RELU6", "EXP"]
+CPU_UNARY = ["FLOOR", "ABS", "LOG", "SQUARE"]  # not in the GPU op tables
+
+
+def _graph(b: ModelBuilder) -> Subgraph:
+    return load_model(b.build()).main
+
+
+def _unary(b: ModelBuilder, name: str, x: TensorRef) -> TensorRef:
+    return b.op(name, [x])
+
+
+def _add(b: ModelBuilder, x: TensorRef, y: TensorRef) -> TensorRef:
+    return b.op("ADD", [x, y], options={"fused_activation_function": "NONE"})
+
+
+def _chain(names: list[str]) -> ModelBuilder:
+    """x -> names[0] -> names[1] -> ... -> output (unary ops, ADD adds a constant)."""
+    b = ModelBuilder()
+    y = b.input("x", S)
+    for n in names:
+        y = _add(b, y, np.ones(S, np.float32)) if n == "ADD" else _unary(b, n, y)
+    b.output(y)
+    return b
+
+
+# -- plan invariants ------------------------------------------------------------------------
+
+
+def check_plan(graph: Subgraph, plan: PartitionPlan) -> None:
+    """Invariants every plan must satisfy.
+
+    * every live op is in exactly one step (a partition or a CPU op);
+    * running the steps in order, every value a step reads already exists (the plan is an
+      executable topological order, hence acyclic);
+    * no partition input depends, through any path of the graph, on one of the partition's
+      own outputs (a partition never has to wait for itself through the CPU);
+    * partition inputs/outputs/constants are exactly the boundary of its op set.
+    """
+    live = {op.index for op in graph.live_ops()}
+    seen: list[int] = []
+    for s in plan.steps:
+        seen += plan.partitions[s.partition].ops if s.kind == "gpu" else [s.op]  # type: ignore[index,list-item]
+    assert sorted(seen) == sorted(live), "each live op exactly once"
+    assert set(plan.cpu_reasons) == {s.op for s in plan.steps if s.kind == "cpu"}
+
+    available = set(graph.inputs) | {t.index for t in graph.tensors if t.is_constant}
+    for s in plan.steps:
+        ops = plan.partitions[s.partition].ops if s.kind == "gpu" else [s.op]  # type: ignore[index,list-item]
+        produced_here: set[int] = set()
+        for i in ops:
+            op = graph.ops[i]
+            for t in op.inputs:
+                if t >= 0:
+                    assert t in available or t in produced_here, (
+                        f"step {s}: op #{i} reads tensor {t} before it exists"
+                    )
+            produced_here |= {t for t in op.outputs if t >= 0}
+        available |= produced_here
+
+    producers = graph.producers()
+    # tensor -> set of tensors it (transitively) depends on
+    deps: dict[int, set[int]] = {}
+
+    def depends(t: int) -> set[int]:
+        if t not in deps:
+            p = producers.get(t)
+            out: set[int] = set()
+            if p is not None:
+                for u in graph.ops[p].inputs:
+                    if u >= 0:
+                        out |= {u} | depends(u)
+            deps[t] = out
+        return deps[t]
+
+    readers: dict[int, set[int]] = defaultdict(set)
+    for op in graph.live_ops():
+        for t in op.inputs:
+            if t >= 0:
+                readers[t].add(op.index)
+    for p in plan.partitions:
+        mine = set(p.ops)
+        produced = {t for i in p.ops for t in graph.ops[i].outputs if t >= 0}
+        for t in p.inputs:
+            assert not (depends(t) & produced), (
+                f"partition {p.index}: input {t} depends on the partition's own outputs: a cycle"
+            )
+        read = {t for i in p.ops for t in graph.ops[i].inputs if t >= 0}
+        assert set(p.inputs) == {
+            t for t in read if t not in produced and not graph.tensors[t].is_constant
+        }
+        assert set(p.constants) == {t for t in read if graph.tensors[t].is_constant}
+        assert set(p.outputs) == {
+            t for t in produced if t in graph.outputs or readers[t] - mine
+        }
+
+
+# -- split around an unsupported op ---------------------------------------------------------
+
+
+def test_unsupported_op_in_the_middle() -> None:
+    g = _graph(_chain(["RELU", "LOGISTIC", "FLOOR", "ADD", "RELU6"]))
+    plan = partition(g)
+    check_plan(g, plan)
+    assert [p.ops for p in plan.partitions] == [[0, 1], [3, 4]]
+    assert [(s.kind, s.partition, s.op) for s in plan.steps] == [
+        ("gpu", 0, None), ("cpu", None, 2), ("gpu", 1, None)
+    ]
+    assert plan.cpu_reasons == {2: "not in the GPU op table"}
+    assert plan.gpu_op_count == 4 and plan.cpu_op_count == 1
+    # The CPU op reads partition 0's output and feeds partition 1.
+    relu_out, floor_out = g.ops[1].outputs[0], g.ops[2].outputs[0]
+    assert plan.partitions[0].outputs == [relu_out]
+    assert plan.partitions[1].inputs == [floor_out]
+    assert plan.warning_lines() == [
+        f"WARNING: op code #{builtin_code('FLOOR')} cannot be handled by this delegate.",
+        "  op FLOOR (1x: ops #2): not in the GPU op table",
+        "litekiln: 4 ops run on the GPU in 2 partitions, 1 op on the CPU.",
+    ]
+
+
+def test_one_warning_per_op_code() -> None:
+    # FLOOR twice, ABS once, plus MEAN (extended table only): one WARNING line per op code,
+    # in op-code order, each followed by its ops.
+    b = ModelBuilder()
+    x = b.input("x", S)
+    y = _unary(b, "FLOOR", _unary(b, "RELU", x))  # ops 0, 1
+    y = _unary(b, "ABS", _unary(b, "RELU", y))  # ops 2, 3
+    y = _unary(b, "FLOOR", _unary(b, "LOGISTIC", y))  # ops 4, 5
+    m = b.op("MEAN", [y, np.array([1, 2], np.int32)], out_shape=[1, 3],
+             options={"keep_dims": False})  # op 6
+    b.output(m)
+    g = _graph(b)
+    plan = partition(g)
+    check_plan(g, plan)
+    floor, abs_, mean = builtin_code("FLOOR"), builtin_code("ABS"), builtin_code("MEAN")
+    assert floor < mean < abs_
+    lines = plan.warning_lines()
+    assert lines == [
+        f"WARNING: op code #{floor} cannot be handled by this delegate.",
+        "  op FLOOR (2x: ops #1, #5): not in the GPU op table",
+        f"WARNING: op code #{mean} cannot be handled by this delegate.",
+        "  op MEAN (1x: ops #6): not in the GPU op table (it is in the extended table: "
+        "op_table='extended')",
+        f"WARNING: op code #{abs_} cannot be handled by this delegate.",
+        "  op ABS (1x: ops #3): not in the GPU op table",
+        "litekiln: 3 ops run on the GPU in 3 partitions, 4 ops on the CPU.",
+    ]
+    assert sum(line.startswith("WARNING") for line in lines) == 3
+
+    ext = partition(g, extended_table=True)
+    check_plan(g, ext)
+    assert 6 not in ext.cpu_reasons
+    assert ext.summary() == "litekiln: 4 ops run on the GPU in 4 partitions, 3 ops on the CPU."
+
+
+def test_summary_singular_and_all_gpu() -> None:
+    g = _graph(_chain(["RELU"]))
+    plan = partition(g)
+    assert plan.warning_lines() == ["litekiln: 1 op run on the GPU in 1 partition, 0 ops on the CPU."]
+    g = _graph(_chain(["FLOOR"]))
+    plan = partition(g)
+    assert plan.summary() == "litekiln: 0 ops run on the GPU in 0 partitions, 1 op on the CPU."
+    assert plan.partitions == []
+
+
+def test_many_ops_of_one_code_are_elided() -> None:
+    names = []
+    for _ in range(8):
+        names += ["RELU", "FLOOR"]
+    g = _graph(_chain(names))
+    plan = partition(g, max_partitions=100)
+    assert plan.warning_lines()[1] == (
+        "  op FLOOR (8x: ops #1, #3, #5, #7, #9, #11, ...): not in the GPU op table"
+    )
+
+
+# -- maximal, acyclic partitions ------------------------------------------------------------
+
+
+def test_no_cycle_through_the_cpu() -> None:
+    """A (GPU) feeds B (CPU) and C (GPU); C also reads B. Putting A and C in one partition
+    would make it wait for B, which waits for the partition: a cycle. D (GPU, reads only A)
+    sits after B in the file but joins A's partition; E (GPU, reads C and D) joins C's."""
+    b = ModelBuilder()
+    x = b.input("x", S)
+    a = _unary(b, "RELU", x)  # op 0
+    bb = _unary(b, "FLOOR", a)  # op 1, CPU
+    d = _unary(b, "LOGISTIC", a)  # op 2
+    c = _add(b, a, bb)  # op 3
+    e = _add(b, c, d)  # op 4
+    b.output(e)
+    g = _graph(b)
+    plan = partition(g)
+    check_plan(g, plan)
+    assert [p.ops for p in plan.partitions] == [[0, 2], [3, 4]]
+    assert [s.kind for s in plan.steps] == ["gpu", "cpu", "gpu"]
+    # Partition 1 reads A (from partition 0), B (from the CPU) and D (from partition 0).
+    assert set(plan.partitions[1].inputs) == {a.index, bb.index, d.index}
+    assert set(plan.partitions[0].outputs) == {a.index, d.index}
+
+
+def test_clustering_merges_interleaved_gpu_ops() -> None:
+    """Two independent branches, each alternating GPU and CPU ops in file order: the plan
+    groups the GPU ops that are ready together (3 partitions, not 4)."""
+    b = ModelBuilder()
+    x = b.input("x", S)
+    p1 = _unary(b, "RELU", x)  # 0
+    q1 = _unary(b, "FLOOR", p1)  # 1 CPU
+    p2 = _unary(b, "RELU6", x)  # 2
+    q2 = _unary(b, "ABS", p2)  # 3 CPU
+    r1 = _unary(b, "LOGISTIC", q1)  # 4
+    r2 = _unary(b, "EXP", q2)  # 5
+    b.output(_add(b, r1, r2))  # 6
+    g = _graph(b)
+    plan = partition(g)
+    check_plan(g, plan)
+    assert [p.ops for p in plan.partitions] == [[0, 2], [4, 5, 6]]
+    assert [s.kind for s in plan.steps] == ["gpu", "cpu", "cpu", "gpu"]
+
+
+def _random_graph(rng: np.random.Generator, n_ops: int) -> Subgraph:
+    b = ModelBuilder()
+    tensors = [b.input("x0", S), b.input("x1", S)]
+    for _ in range(n_ops):
+        kind = rng.random()
+        if kind < 0.35:
+            x, y = (tensors[int(i)] for i in rng.choice(len(tensors), 2))
+            t = _add(b, x, y)
+        else:
+            name = (GPU_UNARY if kind < 0.7 else CPU_UNARY)[int(rng.integers(4))]
+            t = _unary(b, name, tensors[int(rng.integers(len(tensors)))])
+        tensors.append(t)
+    # Every op's output is read by something or is a graph output: no dead ops.
+    read = {t for op in b.main.ops for t in op.inputs}
+    b.output(*[t for t in tensors[2:] if t.index not in read])
+    return _graph(b)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_graphs_give_acyclic_maximal_plans(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    g = _random_graph(rng, int(rng.integers(3, 25)))
+    plan = partition(g, max_partitions=100)
+    check_plan(g, plan)
+    # Maximal: no two consecutive steps are both GPU partitions, and every op the GPU can run
+    # is in a partition (nothing left over for the partition limits here).
+    kinds = [s.kind for s in plan.steps]
+    assert all(not (a == b == "gpu") for a, b in zip(kinds, kinds[1:]))
+    assert set(plan.cpu_reasons.values()) <= {"not in the GPU op table"}
+    # Every partition boundary is needed: a later partition could not be merged into an
+    # earlier one without moving a CPU op that depends on the first and feeds the second.
+    for k, s in enumerate(plan.steps):
+        if s.kind != "gpu":
+            continue
+        later = [t for t in plan.steps[k + 1:] if t.kind == "gpu"]
+        if later:
+            nxt = plan.partitions[later[0].partition]  # type: ignore[index]
+            between = [t.op for t in plan.steps[k + 1:] if t.kind == "cpu"]
+            assert between, "two partitions with no CPU op between them"
+
+
+# -- partition limits ------------------------------------------------------------------------
+
+
+LIMITS = ["RELU", "RELU6", "FLOOR", "LOGISTIC", "ABS", "EXP", "RELU", "ADD"]
+#          0       1        2 CPU    3           4 CPU  5      6       7   -> runs [0,1] [3] [5,6,7]
+
+
+def test_max_partitions_drops_the_smallest() -> None:
+    g = _graph(_chain(LIMITS))
+    plan = partition(g)
+    check_plan(g, plan)
+    assert [p.ops for p in plan.partitions] == [[0, 1], [3], [5, 6, 7]]
+
+    plan = partition(g, max_partitions=2)
+    check_plan(g, plan)
+    assert [p.ops for p in plan.partitions] == [[0, 1], [5, 6, 7]]
+    assert plan.cpu_reasons[3] == "partition of 1 ops beyond the 2-partition limit"
+    assert plan.summary() == "litekiln: 5 ops run on the GPU in 2 partitions, 3 ops on the CPU."
+    # The dropped op's code gets its own warning line.
+    assert f"WARNING: op code #{builtin_code('LOGISTIC')} cannot be handled by this delegate." in (
+        plan.warning_lines()
+    )
+
+    plan = partition(g, max_partitions=1)
+    assert [p.ops for p in plan.partitions] == [[5, 6, 7]]
+    assert plan.cpu_reasons[0] == "partition of 2 ops beyond the 1-partition limit"
+
+    plan = partition(g, max_partitions=0)
+    assert plan.partitions == [] and len(plan.cpu_reasons) == 8
+    check_plan(g, plan)
+
+
+def test_min_partition_ops() -> None:
+    g = _graph(_chain(LIMITS))
+    plan = partition(g, min_partition_ops=2)
+    check_plan(g, plan)
+    assert [p.ops for p in plan.partitions] == [[0, 1], [5, 6, 7]]
+    assert plan.cpu_reasons[3] == "partition of 1 ops is smaller than 2"
+    plan = partition(g, min_partition_ops=3)
+    assert [p.ops for p in plan.partitions] == [[5, 6, 7]]
+    assert plan.cpu_reasons[0] == "partition of 2 ops is smaller than 3"
+    assert plan.cpu_reasons[1] == "partition of 2 ops is smaller than 3"
+    plan = partition(g, min_partition_ops=4)
+    assert plan.partitions == []
+
+
+def test_force_cpu() -> None:
+    g = _graph(_chain(["RELU", "RELU6", "LOGISTIC"]))
+    plan = partition(g, force_cpu={1})
+    check_plan(g, plan)
+    assert [p.ops for p in plan.partitions] == [[0], [2]]
+    assert plan.cpu_reasons == {1: "forced onto the CPU"}
+
+
+# -- versions, quantized ops, custom ops -------------------------------------------------------
+
+
+def _dwconv(version: int, dilation: int = 1) -> Subgraph:
+    b = ModelBuilder()
+    x = b.input("x", S)
+    y = b.op("DEPTHWISE_CONV_2D", [x, np.ones([1, 3, 3, 3], np.float32), np.zeros(3, np.float32)],
+             options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "depth_multiplier": 1,
+                      "dilation_w_factor": dilation, "dilation_h_factor": dilation},
+             version=version)
+    b.output(y)
+    return _graph(b)
+
+
+def test_version_limits() -> None:
+    assert partition(_dwconv(1)).cpu_reasons == {}
+    assert partition(_dwconv(2, dilation=2)).cpu_reasons == {}
+    plan = partition(_dwconv(3))
+    assert plan.cpu_reasons == {0: "version 3 > 2, the newest the GPU path accepts"}
+    assert plan.warning_lines()[:2] == [
+        f"WARNING: op code #{builtin_code('DEPTHWISE_CONV_2D')} cannot be handled by this "
+        "delegate.",
+        "  op DEPTHWISE_CONV_2D (1x: ops #0): version 3 > 2, the newest the GPU path accepts",
+    ]
+
+
+def _qadd(version: int) -> Subgraph:
+    b = ModelBuilder()
+    x = b.input("x", S, "int8", quant=Quant(0.02, 3))
+    y = b.input("y", S, "int8", quant=Quant(0.03, -2))
+    b.output(b.op("ADD", [x, y], out_quant=Quant(0.04, 1), version=version,
+                  options={"fused_activation_function": "NONE"}))
+    return _graph(b)
+
+
+def test_quantized_add_needs_allow_quantized() -> None:
+    assert partition(_qadd(2)).cpu_reasons == {}
+    assert partition(_qadd(2), allow_quantized=False).cpu_reasons == {
+        0: "version 2 > 1, the newest the GPU path accepts"
+    }
+    assert partition(_qadd(1), allow_quantized=False).cpu_reasons == {
+        0: "quantized tensors, and quantized models are not allowed"
+    }
+    assert partition(_qadd(3)).cpu_reasons == {
+        0: "version 3 > 2, the newest the GPU path accepts"
+    }
+
+
+def test_custom_ops_are_named_by_custom_code() -> None:
+    b = ModelBuilder()
+    x = b.input("x", [1, 4, 4, 2])
+    y = _unary(b, "RELU", x)  # op 0
+    w = np.ones([3, 3, 3, 2], np.float32)
+    t = b.custom_op("Convolution2DTransposeBias", [y, w, np.zeros(3, np.float32)],
+                    out_shape=[1, 8, 8, 3],
+                    custom_options=struct.pack("<3i", 1, 2, 2))  # op 1: SAME, stride 2
+    u = b.custom_op("MyUnknownOp", [t], out_shape=[1, 8, 8, 3])  # op 2
+    b.output(_unary(b, "RELU", u))  # op 3
+    g = _graph(b)
+    plan = partition(g)
+    check_plan(g, plan)
+    assert plan.warning_lines() == [
+        "WARNING: op code #32 cannot be handled by this delegate.",
+        "  custom code Convolution2DTransposeBias (1x: ops #1): not in the GPU op table",
+        "  custom code MyUnknownOp (1x: ops #2): not supported by litekiln",
+        "litekiln: 2 ops run on the GPU in 2 partitions, 2 ops on the CPU.",
+    ]
+
+
+def test_every_delegated_op_has_an_emitter() -> None:
+    """Whatever the partitioner may send to the GPU (either table) must have a lowering,
+    else the whole model fails to compile instead of falling back to the CPU."""
+    pytest.importorskip("tvm")
+    from litekiln.compiler.lower import EMITTERS
+    from litekiln.ops.base import REGISTRY
+
+    missing = sorted(
+        name for name, cls in REGISTRY.items()
+        if (cls.gpu or cls.gpu_extended) and name not in EMITTERS
+        # PADV2 shares PAD's definition but its gpu_support refuses it.
+        and name != "PADV2"
+    )
+    assert missing == [], f"ops the partitioner delegates without a GPU lowering: {missing}"
+
+
+# -- split runs on the device ----------------------------------------------------------------
+
+
+def _split_model() -> bytes:
+    """conv -> relu -> FLOOR (CPU) -> add(conv output) -> logistic; two GPU partitions."""
+    b = ModelBuilder()
+    x = b.input("x", [1, 6, 6, 3])
+    rng = np.random.default_rng(0)
+    c = b.op("CONV_2D", [x, rng.uniform(-1, 1, [4, 3, 3, 3]).astype(np.float32),
+                         rng.uniform(-1, 1, [4]).astype(np.float32)],
+             out_shape=[1, 6, 6, 4], options={"padding": "SAME", "stride_w": 1, "stride_h": 1})
+    r = _unary(b, "RELU", c)
+    f = _unary(b, "FLOOR", b.op("MUL", [r, np.full([4], 3.0, np.float32)],
+                                options={"fused_activation_function": "NONE"}))
+    y = _unary(b, "LOGISTIC", _add(b, f, c))
+    b.output(y)
+    return b.build()
+
+
+@pytest.mark.opencl
+def test_split_run_matches_reference(capsys: pytest.CaptureFixture[str]) -> None:
+    import litekiln
+
+    model = _split_model()
+    x = np.random.default_rng(1).uniform(-1, 1, [1, 6, 6, 3]).astype(np.float32)
+    it = litekiln.Interpreter(model_content=model, use_cache=False)
+    (gpu,) = it.run([x])
+    err = capsys.readouterr().err
+    assert f"WARNING: op code #{builtin_code('FLOOR')} cannot be handled by this delegate." in err
+    assert "  op FLOOR (1x: ops #3): not in the GPU op table" in err
+    assert "litekiln: 4 ops run on the GPU in 2 partitions, 1 op on the CPU." in err
+    assert err.count("WARNING:") == 1
+    (ref,) = litekiln.Interpreter(model_content=model, device="reference").run([x])
+    assert np.abs(gpu - ref).max() <= 1e-4
+    # Exactly what the plan says ran: two GPU partitions around one CPU op.
+    assert [k for k, _ in it._backend.compiled.steps] == ["gpu", "cpu", "gpu"]
+
+
+@pytest.mark.opencl
+def test_validate_mode_names_first_diverging_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tvm import relax
+
+    from litekiln.compiler import lower
+    from litekiln.runtime.session import open_session
+
+    model = load_model(_split_model())
+    g = model.main
+    x = np.random.default_rng(1).uniform(-1, 1, [1, 6, 6, 3]).astype(np.float32)
+
+    ok = open_session(model, use_cache=False, validate=True)
+    ok.run({g.inputs[0]: x})
+    assert ok.last_report is not None and ok.last_report.ok, str(ok.last_report)
+    assert ok.last_report.checked == 3  # MUL's output (partition 0), LOGISTIC's (partition 1)...
+
+    # Make the GPU's ADD (op #4, partition 1) wrong by +1.0.
+    original = lower.EMITTERS["ADD"]
+
+    def off_by_one(ctx):  # type: ignore[no-untyped-def]
+        (y,) = original(ctx)
+        return [ctx.emit(relax.op.add(y, ctx.fconst(1.0)))]
+
+    monkeypatch.setitem(lower.EMITTERS, "ADD", off_by_one)
+    # The ADD's output must leave the partition to be compared: make it a graph output too.
+    bad = open_session(model, use_cache=False, validate=True)
+    bad.run({g.inputs[0]: x})
+    report = bad.last_report
+    assert report is not None and not report.ok
+    add = g.ops[4]
+    assert add.name == "ADD"
+    # ADD's output stays inside partition 1; the first tensor the GPU hands back that
+    # diverges is LOGISTIC's (op #5), computed from the wrong ADD.
+    assert (report.tensor, report.op) == (g.ops[5].outputs[0], 5)
+    assert report.max_abs_error > 1e-3
+    assert f"output of op #5" in str(report)
