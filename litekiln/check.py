@@ -72,6 +72,20 @@ def litert_outputs(model_path: str, inputs: list[np.ndarray]) -> list[np.ndarray
     return [li.get_tensor(d["index"]) for d in li.get_output_details()]
 
 
+def integer_step_stats(ours: list[np.ndarray], ref: list[np.ndarray]) -> tuple[float, float]:
+    """For quantized (integer) outputs: mean |ours - ref| in quantization steps, and the
+    fraction of elements within 2 steps (the bounds of the quantized-model issue)."""
+    diffs = [
+        np.abs(o.astype(np.int64) - r.astype(np.int64)).reshape(-1)
+        for o, r in zip(ours, ref)
+        if r.dtype.kind in "iu"
+    ]
+    if not diffs:
+        return 0.0, 1.0
+    d = np.concatenate(diffs)
+    return float(d.mean()), float((d <= 2).mean())
+
+
 def relative_error(ours: list[np.ndarray], ref: list[np.ndarray]) -> float:
     """max |ours - ref| / max(1, max |ref|), over all outputs together."""
     worst = 0.0
@@ -112,6 +126,12 @@ def check_model(model_path: str | Path, *, seed: int = 0, **interpreter_kwargs: 
     seconds = time.perf_counter() - t0
     ref = litert_outputs(path, inputs)
     err = relative_error(ours, ref)  # type: ignore[arg-type]
+    if all(r.dtype.kind in "iu" for r in ref):
+        # Quantized outputs: judged in quantization steps (mean <= 1, >= 95% within 2).
+        mean_steps, within2 = integer_step_stats(ours, ref)  # type: ignore[arg-type]
+        ok = mean_steps <= 1.0 and within2 >= 0.95
+        outs = [{"mean_steps": mean_steps, "within_2_steps": within2}]
+        return CheckResult(name, ok, err, tol, device, time.perf_counter() - t0, outs)
     outs = [
         {"shape": list(r.shape), "max_abs_ref": float(np.abs(r).max()) if r.size else 0.0}
         for r in ref
