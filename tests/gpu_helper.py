@@ -115,7 +115,6 @@ class _Built:
 class _Result:
     gpu: list[np.ndarray]
     ref: list[np.ndarray]
-    litert: list[np.ndarray] | None
     cpu_reasons: dict[int, str]
     quant: list[Quant | None]
 
@@ -196,7 +195,7 @@ def run_model(built: _Built, op_table: str, forced: Sequence[str]) -> _Result:
     g = model.main
     quant = [g.tensors[t].quantization if g.tensors[t].dtype.kind in "iu" else None
              for t in g.outputs]
-    return _Result(list(gpu), list(ref), None, dict(plan.cpu_reasons), quant)  # type: ignore[arg-type]
+    return _Result(list(gpu), list(ref), dict(plan.cpu_reasons), quant)  # type: ignore[arg-type]
 
 
 def run_litert_cases(cases: Sequence[Case], seed: int) -> dict[str, list[np.ndarray]]:

@@ -117,6 +117,8 @@ CONV = Batch("conv", [
     Case("conv_k2x4_s1x3_same_even", _conv([1, 8, 10, 2], 3, (2, 4), (1, 3))),
     Case("conv_1x1_pointwise", _conv([1, 6, 6, 8], 16, (1, 1), padding="VALID")),
     Case("conv_grouped_2", _conv([1, 8, 8, 6], 4, (3, 3), cin=3)),
+    Case("conv_k2_s3_stride_gt_kernel", _conv([1, 10, 10, 2], 3, (2, 2), (3, 3))),
+    Case("conv_k3_same_on_2x2", _conv([1, 2, 2, 3], 2, (3, 3), (2, 2))),
     Case("dw_k3_s1_same", _dw([1, 9, 9, 4], 1, (3, 3))),
     Case("dw_k3_s2_same_m2_relu6", _dw([1, 9, 9, 3], 2, (3, 3), (2, 2), act="RELU6")),
     Case("dw_k3x5_s1x2_valid_m3", _dw([1, 10, 8, 2], 3, (3, 5), (1, 2), padding="VALID")),
@@ -124,6 +126,7 @@ CONV = Batch("conv", [
     Case("dw_k2_s2_valid_nobias", _dw([2, 8, 8, 3], 1, (2, 2), (2, 2), padding="VALID",
                                      bias=False), litert=False),
     Case("dw_k5_s2_same_odd", _dw([1, 7, 9, 5], 1, (5, 5), (2, 2), act="RELU_N1_TO_1")),
+    Case("dw_k3_d2_m2_s2", _dw([1, 11, 10, 2], 2, (3, 3), (2, 2), (2, 2))),
     Case("tconv_k3_s2_same", _tconv([1, 4, 4, 3], 5, (3, 3), (2, 2), "SAME")),
     Case("tconv_k3_s2_valid", _tconv([1, 4, 5, 3], 2, (3, 3), (2, 2), "VALID")),
     Case("tconv_k3_s1_same", _tconv([1, 5, 5, 4], 3, (3, 3), (1, 1), "SAME")),
@@ -177,6 +180,8 @@ POOL = Batch("pool", [
                                           "RELU")),
     Case("max_k4_s3_same_n1to1", _pool("MAX_POOL_2D", [1, 10, 8, 2], (4, 4), (3, 3), "SAME",
                                        "RELU_N1_TO_1")),
+    Case("avg_k5_on_3x3_same", _pool("AVERAGE_POOL_2D", [1, 3, 3, 2], (5, 5), (1, 1), "SAME")),
+    Case("max_k5_on_3x3_same", _pool("MAX_POOL_2D", [1, 3, 3, 2], (5, 5), (2, 2), "SAME")),
 ])
 
 
@@ -340,6 +345,11 @@ SHAPE = Batch("shape", [
     Case("bilinear_half_pixel", _resize("RESIZE_BILINEAR", [1, 4, 5, 2], [8, 10], half=True)),
     Case("bilinear_down_half", _resize("RESIZE_BILINEAR", [1, 8, 8, 2], [3, 5], half=True)),
     Case("bilinear_odd_up", _resize("RESIZE_BILINEAR", [2, 3, 3, 2], [7, 5])),
+    Case("bilinear_half_pixel_frac", _resize("RESIZE_BILINEAR", [1, 3, 5, 2], [7, 8], half=True)),
+    Case("bilinear_align_to_1", _resize("RESIZE_BILINEAR", [1, 4, 5, 2], [1, 1], align=True)),
+    Case("bilinear_align_to_1xn", _resize("RESIZE_BILINEAR", [1, 4, 5, 2], [1, 7], align=True)),
+    Case("softmax_3d", _softmax([2, 3, 5])),
+    Case("pad_rank3", _pad([2, 3, 4], [[1, 1], [0, 2], [3, 0]])),
 ])
 
 
@@ -368,6 +378,7 @@ EXTENDED = Batch("extended", [
     Case("mean_last", _mean([2, 3, 7], [-1], False)),
     Case("mean_batch_channel_keep", _mean([2, 3, 4, 5], [0, 3], True)),
     Case("mean_dup_neg_axes", _mean([1, 4, 4, 3], [2, -2], True)),
+    Case("mean_all_nokeep", _mean([2, 3, 4], [0, 1, 2], False)),
     Case("hard_swish", _unary("HARD_SWISH", [1, 6, 6, 4], -5.0, 5.0)),
     Case("tanh", _unary("TANH", [2, 8, 3], -4.0, 4.0)),
     Case("div_same", _binary("DIV", [1, 4, 4, 3], [1, 4, 4, 3], [1, 4, 4, 3], low_b=0.5,
@@ -383,6 +394,7 @@ EXTENDED = Batch("extended", [
     Case("transpose_nchw", _transpose([1, 3, 4, 5], [0, 3, 1, 2])),
     Case("transpose_hw", _transpose([2, 3, 4, 5], [0, 2, 1, 3])),
     Case("transpose_rank3", _transpose([2, 3, 4], [2, 0, 1])),
+    Case("transpose_rank2", _transpose([3, 5], [1, 0])),
 ], op_table="extended")
 
 
@@ -405,6 +417,11 @@ FORCED = Batch("forced", [
                                        half=True)),
     Case("nearest_half_pixel_down", _resize("RESIZE_NEAREST_NEIGHBOR", [1, 9, 8, 2], [4, 3],
                                             half=True)),
+    Case("nearest_align_to_1", _resize("RESIZE_NEAREST_NEIGHBOR", [1, 4, 5, 2], [1, 1],
+                                       align=True)),
+    Case("nearest_align_to_nx1", _resize("RESIZE_NEAREST_NEIGHBOR", [1, 4, 5, 2], [6, 1],
+                                         align=True)),
+    Case("nearest_up3", _resize("RESIZE_NEAREST_NEIGHBOR", [1, 2, 3, 2], [6, 9])),
     Case("squeeze_dims", lambda g: g.op("SQUEEZE", [g.x([1, 4, 1, 3])], [1, 4, 3],
                                         {"squeeze_dims": [2]})),
     Case("squeeze_all", lambda g: g.op("SQUEEZE", [g.x([1, 4, 1, 3])], [4, 3])),

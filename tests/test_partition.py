@@ -266,21 +266,52 @@ def test_random_graphs_give_acyclic_maximal_plans(seed: int) -> None:
     g = _random_graph(rng, int(rng.integers(3, 25)))
     plan = partition(g, max_partitions=100)
     check_plan(g, plan)
-    # Maximal: no two consecutive steps are both GPU partitions, and every op the GPU can run
-    # is in a partition (nothing left over for the partition limits here).
+    # Maximal: every op the GPU can run is in a partition (no partition limit here), no two
+    # steps in a row are partitions, and no op of a partition could have joined an earlier
+    # partition: each depends on a CPU op scheduled after that earlier partition.
+    assert set(plan.cpu_reasons.values()) <= {"not in the GPU op table"}
     kinds = [s.kind for s in plan.steps]
     assert all(not (a == b == "gpu") for a, b in zip(kinds, kinds[1:]))
-    assert set(plan.cpu_reasons.values()) <= {"not in the GPU op table"}
-    # Every partition boundary is needed: a later partition could not be merged into an
-    # earlier one without moving a CPU op that depends on the first and feeds the second.
-    for k, s in enumerate(plan.steps):
-        if s.kind != "gpu":
+    producers = g.producers()
+
+    def op_deps(i: int, memo: dict[int, set[int]] = {}) -> set[int]:  # noqa: B006
+        if i not in memo:
+            out: set[int] = set()
+            for t in g.ops[i].inputs:
+                p = producers.get(t)
+                if p is not None:
+                    out |= {p} | op_deps(p)
+            memo[i] = out
+        return memo[i]
+
+    for k, step in enumerate(plan.steps):
+        if step.kind != "gpu":
             continue
-        later = [t for t in plan.steps[k + 1:] if t.kind == "gpu"]
-        if later:
-            nxt = plan.partitions[later[0].partition]  # type: ignore[index]
-            between = [t.op for t in plan.steps[k + 1:] if t.kind == "cpu"]
-            assert between, "two partitions with no CPU op between them"
+        cpu_after = {t.op for t in plan.steps[k + 1:] if t.kind == "cpu"}
+        for later in plan.steps[k + 1:]:
+            if later.kind == "gpu":
+                for i in plan.partitions[later.partition].ops:  # type: ignore[index]
+                    assert op_deps(i) & cpu_after, (
+                        f"op #{i} could have joined partition {step.partition}"
+                    )
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the clustered order is greedy: it runs a ready GPU op before a ready CPU op, so a GPU op "
+    "that could run after that CPU op in the same partition ends up in a partition of its own"
+))
+def test_greedy_order_can_split_a_mergeable_partition() -> None:
+    # G1 reads x; C1 (CPU) reads x; G2 reads C1 and G1. Running C1 first gives one partition
+    # {G1, G2}; the greedy order gives {G1}, C1, {G2}.
+    b = ModelBuilder()
+    x = b.input("x", S)
+    g1 = _unary(b, "RELU", x)
+    c1 = _unary(b, "FLOOR", x)
+    b.output(_add(b, g1, c1))
+    g = _graph(b)
+    plan = partition(g)
+    check_plan(g, plan)
+    assert len(plan.partitions) == 1
 
 
 # -- partition limits ------------------------------------------------------------------------
@@ -416,17 +447,35 @@ def test_every_delegated_op_has_an_emitter() -> None:
     missing = sorted(
         name for name, cls in REGISTRY.items()
         if (cls.gpu or cls.gpu_extended) and name not in EMITTERS
-        # PADV2 shares PAD's definition but its gpu_support refuses it.
-        and name != "PADV2"
     )
-    assert missing == [], f"ops the partitioner delegates without a GPU lowering: {missing}"
+    # PADV2 shares PAD's definition, whose gpu_support refuses PADV2; LSTM (in the table)
+    # has no emitter yet and its gpu_support keeps it on the CPU: both checked below.
+    assert missing == ["LSTM", "PADV2"], f"ops in a GPU table without a GPU lowering: {missing}"
+
+    b = ModelBuilder()
+    x, act, state = b.input("x", [1, 4]), b.input("act", [1, 3]), b.input("state", [1, 3])
+    outs = [b.tensor(f"o{i}", s) for i, s in enumerate([[1, 3], [1, 3], [1, 7], [1, 12]])]
+    b.op("LSTM", [x, act, np.ones([12, 7], np.float32), np.zeros(12, np.float32), state],
+         outputs=outs, options={"fused_activation_function": "TANH", "kernel_type": "BASIC"},
+         version=2)
+    b.output(*outs)
+    reason = partition(_graph(b), extended_table=True).cpu_reasons.get(0)
+    assert reason is not None and "no GPU lowering" in reason
+
+    b = ModelBuilder()
+    x = b.input("x", S)
+    b.output(b.op("PADV2", [x, np.zeros([4, 2], np.int32), np.zeros([], np.float32)]))
+    assert partition(_graph(b), extended_table=True).cpu_reasons == {
+        0: "PADV2 is not in the GPU op table"
+    }
 
 
 # -- split runs on the device ----------------------------------------------------------------
 
 
 def _split_model() -> bytes:
-    """conv -> relu -> FLOOR (CPU) -> add(conv output) -> logistic; two GPU partitions."""
+    """conv -> relu -> mul -> FLOOR (op 3, CPU) -> add(conv output) -> logistic: GPU
+    partitions {0, 1, 2} and {4, 5}, the conv output crossing from the first to the second."""
     b = ModelBuilder()
     x = b.input("x", [1, 6, 6, 3])
     rng = np.random.default_rng(0)
@@ -452,12 +501,26 @@ def test_split_run_matches_reference(capsys: pytest.CaptureFixture[str]) -> None
     err = capsys.readouterr().err
     assert f"WARNING: op code #{builtin_code('FLOOR')} cannot be handled by this delegate." in err
     assert "  op FLOOR (1x: ops #3): not in the GPU op table" in err
-    assert "litekiln: 4 ops run on the GPU in 2 partitions, 1 op on the CPU." in err
+    assert "litekiln: 5 ops run on the GPU in 2 partitions, 1 op on the CPU." in err
     assert err.count("WARNING:") == 1
     (ref,) = litekiln.Interpreter(model_content=model, device="reference").run([x])
     assert np.abs(gpu - ref).max() <= 1e-4
     # Exactly what the plan says ran: two GPU partitions around one CPU op.
     assert [k for k, _ in it._backend.compiled.steps] == ["gpu", "cpu", "gpu"]
+
+
+def _validate_model() -> bytes:
+    """conv (op 0, also a graph output) -> add (op 1) -> FLOOR (op 2, CPU) -> relu (op 3)."""
+    b = ModelBuilder()
+    x = b.input("x", [1, 5, 5, 2])
+    rng = np.random.default_rng(2)
+    c = b.op("CONV_2D", [x, rng.uniform(-1, 1, [3, 3, 3, 2]).astype(np.float32),
+                         rng.uniform(-1, 1, [3]).astype(np.float32)],
+             out_shape=[1, 5, 5, 3], options={"padding": "SAME", "stride_w": 1, "stride_h": 1})
+    a = _add(b, c, np.full([3], 0.25, np.float32))
+    y = _unary(b, "RELU", _unary(b, "FLOOR", a))
+    b.output(c, y)
+    return b.build()
 
 
 @pytest.mark.opencl
@@ -467,16 +530,17 @@ def test_validate_mode_names_first_diverging_tensor(monkeypatch: pytest.MonkeyPa
     from litekiln.compiler import lower
     from litekiln.runtime.session import open_session
 
-    model = load_model(_split_model())
+    model = load_model(_validate_model())
     g = model.main
-    x = np.random.default_rng(1).uniform(-1, 1, [1, 6, 6, 3]).astype(np.float32)
+    conv_out, add_out = g.ops[0].outputs[0], g.ops[1].outputs[0]
+    feeds = {g.inputs[0]: np.random.default_rng(3).uniform(-1, 1, [1, 5, 5, 2]).astype(np.float32)}
 
-    ok = open_session(model, use_cache=False, validate=True)
-    ok.run({g.inputs[0]: x})
-    assert ok.last_report is not None and ok.last_report.ok, str(ok.last_report)
-    assert ok.last_report.checked == 3  # MUL's output (partition 0), LOGISTIC's (partition 1)...
+    good = open_session(model, use_cache=False, validate=True)
+    good.run(feeds)
+    assert good.last_report is not None and good.last_report.ok, str(good.last_report)
+    assert good.last_report.checked == 3  # conv and add (partition 0), relu (partition 1)
 
-    # Make the GPU's ADD (op #4, partition 1) wrong by +1.0.
+    # The GPU's ADD is now off by +1.0; the conv before it (also checked) stays right.
     original = lower.EMITTERS["ADD"]
 
     def off_by_one(ctx):  # type: ignore[no-untyped-def]
@@ -484,15 +548,14 @@ def test_validate_mode_names_first_diverging_tensor(monkeypatch: pytest.MonkeyPa
         return [ctx.emit(relax.op.add(y, ctx.fconst(1.0)))]
 
     monkeypatch.setitem(lower.EMITTERS, "ADD", off_by_one)
-    # The ADD's output must leave the partition to be compared: make it a graph output too.
     bad = open_session(model, use_cache=False, validate=True)
-    bad.run({g.inputs[0]: x})
+    values = bad.run(feeds)
     report = bad.last_report
     assert report is not None and not report.ok
-    add = g.ops[4]
-    assert add.name == "ADD"
-    # ADD's output stays inside partition 1; the first tensor the GPU hands back that
-    # diverges is LOGISTIC's (op #5), computed from the wrong ADD.
-    assert (report.tensor, report.op) == (g.ops[5].outputs[0], 5)
-    assert report.max_abs_error > 1e-3
-    assert f"output of op #5" in str(report)
+    assert (report.tensor, report.op) == (add_out, 1)
+    assert report.name == g.tensors[add_out].name
+    assert report.max_abs_error == pytest.approx(1.0, abs=1e-5)
+    assert report.tolerance == pytest.approx(1e-4 * max(1.0, float(np.abs(values[add_out] - 1).max())), rel=1e-3)
+    assert report.checked == 2  # conv_out matched first, then add_out diverged
+    assert conv_out in values
+    assert f"tensor {add_out} ({report.name!r}), output of op #1, diverges" in str(report)

@@ -34,6 +34,10 @@ class LowerOptions:
 
     precision: str = "fp32"  # "fp32" or "fp16"
     quant_simulation: bool = True  # fake-quantize outputs of quantized tensors
+    # fp16 on a device without half arithmetic: fp32 kernels that round every constant and
+    # every op output to the nearest fp16 value (the numerics of half storage with float
+    # arithmetic, without the memory saving).
+    half: str = "native"  # "native" or "emulated"
 
 
 class _Ctx:
@@ -98,7 +102,9 @@ class _Lowering:
         self.graph = graph
         self.part = part
         self.options = options
-        self.dtype = "float16" if options.precision == "fp16" else "float32"
+        fp16 = options.precision == "fp16"
+        self.dtype = "float16" if fp16 and options.half == "native" else "float32"
+        self.emulate_half = fp16 and options.half == "emulated"
         self.bb = relax.BlockBuilder()
         self.env: dict[int, Expr] = {}
 
@@ -110,6 +116,8 @@ class _Lowering:
             raise CompileError(f"tensor {t} ({tensor.name!r}) has no value in partition {self.part.index}")
         data = dequantize(tensor.data, tensor) if is_quantized(tensor) else tensor.data
         if data.dtype.kind == "f":
+            if self.emulate_half:
+                data = data.astype(np.float16)
             data = data.astype(self.dtype)
         c = relax.const(np.ascontiguousarray(data), str(data.dtype))
         self.env[t] = c
@@ -141,6 +149,8 @@ class _Lowering:
                         expr = self._fix_shape(op, expr, tensor)
                         if self.options.quant_simulation and is_quantized(tensor):
                             expr = self._fake_quant(expr, tensor)
+                        elif self.emulate_half:
+                            expr = self._round_to_half(expr)
                         self.env[t] = self.bb.emit(expr)
                 outs = [self.env[t] for t in self.part.outputs]
                 gv = self.bb.emit_output(relax.Tuple(outs))
@@ -159,6 +169,22 @@ class _Lowering:
                 )
             expr = relax.op.reshape(expr, tensor.shape)
         return expr
+
+    def _round_to_half(self, expr: Expr) -> Expr:
+        """Round float32 values to the nearest fp16 value using float32 arithmetic only.
+
+        fp16 keeps 11 significant bits: with e = floor(log2 |x|) (|x| floored at 2^-14, fp16's
+        smallest normal, which also reproduces the subnormal spacing), x is rounded to a
+        multiple of 2^(e - 10). Values beyond fp16's range saturate at +-65504.
+        """
+        f = lambda v: relax.const(np.asarray(v, np.float32), "float32")  # noqa: E731
+        bb = self.bb
+        x = bb.emit(expr) if not isinstance(expr, relax.Var) else expr
+        a = bb.emit(relax.op.maximum(relax.op.abs(x), f(2.0**-14)))
+        e = bb.emit(relax.op.floor(relax.op.divide(relax.op.log(a), f(np.log(2.0)))))
+        s = bb.emit(relax.op.power(f(2.0), relax.op.subtract(f(10.0), e)))
+        r = bb.emit(relax.op.divide(relax.op.round(relax.op.multiply(x, s)), s))
+        return relax.op.clip(r, -65504.0, 65504.0)
 
     def _fake_quant(self, expr: Expr, tensor: Tensor) -> Expr:
         """Quantization simulator: keep an activation on its learned grid and range."""
@@ -465,6 +491,10 @@ def _mean(ctx: _Ctx) -> list[Expr]:
     rank = len(ctx.tensor(0).shape)
     axes = sorted({int(a) % rank for a in ctx.const(1).reshape(-1)})
     keep = bool(ctx.options.get("keep_dims", False))
+    if len(axes) == rank:
+        # A rank-0 reduction fails TVM's scheduling (block_realize check): reduce keeping the
+        # dims; the lowering reshapes to the declared scalar shape.
+        keep = True
     return [ctx.emit(relax.op.mean(ctx.arg(0), axis=axes, keepdims=keep))]
 
 
@@ -473,10 +503,18 @@ def _resize(ctx: _Ctx) -> list[Expr]:
     _, oh, ow, _ = ctx.out().shape
     align = bool(ctx.options.get("align_corners", False))
     half = bool(ctx.options.get("half_pixel_centers", False))
+    x = ctx.arg(0)
+    ones = [ax for ax, size in ((1, oh), (2, ow)) if size == 1] if align else []
+    if ones:
+        # TFLite: align_corners with an output size of 1 reads index 0 (scale in/out, source
+        # 0); TVM's align_corners divides by (out - 1) = 0. Keep only index 0 of that axis,
+        # resize it 1 -> 2 (both copies of the row) and keep one of them.
+        x = ctx.emit(relax.op.strided_slice(x, ones, [0] * len(ones), [1] * len(ones)))
+        oh, ow = (2 if oh == 1 else oh), (2 if ow == 1 else ow)
     if ctx.op.name == "RESIZE_BILINEAR":
         mode = "align_corners" if align else ("half_pixel" if half else "asymmetric")
         y = relax.op.image.resize2d(
-            ctx.arg(0), (oh, ow), layout="NHWC", method="linear", coordinate_transformation_mode=mode
+            x, (oh, ow), layout="NHWC", method="linear", coordinate_transformation_mode=mode
         )
     else:
         if align:
@@ -489,10 +527,13 @@ def _resize(ctx: _Ctx) -> list[Expr]:
         else:
             mode, rounding = "asymmetric", "floor"
         y = relax.op.image.resize2d(
-            ctx.arg(0), (oh, ow), layout="NHWC", method="nearest_neighbor",
+            x, (oh, ow), layout="NHWC", method="nearest_neighbor",
             coordinate_transformation_mode=mode, rounding_method=rounding,
         )
-    return [ctx.emit(y)]
+    y = ctx.emit(y)
+    if ones:
+        y = ctx.emit(relax.op.strided_slice(y, ones, [0] * len(ones), [1] * len(ones)))
+    return [y]
 
 
 @emitter("DEPTH_TO_SPACE")
