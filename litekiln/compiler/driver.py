@@ -61,7 +61,9 @@ def compile_model(
     plan = plan_partitions(model, options)
     if warn:
         plan.print_warnings()
-    lower_opts = LowerOptions(precision=options.precision, quant_simulation=options.quant_simulation)
+    lower_opts = LowerOptions(
+        precision=options.precision, quant_simulation=options.quant_simulation, half=options.half
+    )
     partitions: list[PartitionArtifact] = []
     constants = {}
     timings: dict[str, float] = {"partition": time.perf_counter() - t0}

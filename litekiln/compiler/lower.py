@@ -155,7 +155,13 @@ class _Lowering:
                 outs = [self.env[t] for t in self.part.outputs]
                 gv = self.bb.emit_output(relax.Tuple(outs))
             self.bb.emit_func_output(gv)
-        return self.bb.get()
+        mod = self.bb.get()
+        if self.emulate_half:
+            # Opaque (op pattern 8): never fused, so each rounding reads its input once.
+            for gv_, f in list(mod.functions.items()):
+                if gv_.name_hint.startswith("round_to_half"):
+                    mod[gv_] = f.with_attr("op_pattern", 8)
+        return mod
 
     def _fix_shape(self, op: Op, expr: Expr, tensor: Tensor) -> Expr:
         if not isinstance(expr, relax.Var):
@@ -171,20 +177,28 @@ class _Lowering:
         return expr
 
     def _round_to_half(self, expr: Expr) -> Expr:
-        """Round float32 values to the nearest fp16 value using float32 arithmetic only.
+        """Round float32 values to the nearest fp16 value (ties to even) with integer ops.
 
-        fp16 keeps 11 significant bits: with e = floor(log2 |x|) (|x| floored at 2^-14, fp16's
-        smallest normal, which also reproduces the subnormal spacing), x is rounded to a
-        multiple of 2^(e - 10). Values beyond fp16's range saturate at +-65504.
+        The mantissa is rounded to fp16's 10 bits on the float32 bit pattern; values beyond
+        fp16's range saturate at +-65504 (fp16 subnormals keep float32 precision). The kernel
+        is marked opaque so that FuseOps does not inline its producer twice per element.
         """
-        f = lambda v: relax.const(np.asarray(v, np.float32), "float32")  # noqa: E731
-        bb = self.bb
-        x = bb.emit(expr) if not isinstance(expr, relax.Var) else expr
-        a = bb.emit(relax.op.maximum(relax.op.abs(x), f(2.0**-14)))
-        e = bb.emit(relax.op.floor(relax.op.divide(relax.op.log(a), f(np.log(2.0)))))
-        s = bb.emit(relax.op.power(f(2.0), relax.op.subtract(f(10.0), e)))
-        r = bb.emit(relax.op.divide(relax.op.round(relax.op.multiply(x, s)), s))
-        return relax.op.clip(r, -65504.0, 65504.0)
+        from tvm import te, tirx
+
+        def fn(x: Any) -> Any:
+            def elem(*idx: Any) -> Any:
+                v = tirx.max(tirx.min(x(*idx), tirx.const(65504.0, "float32")),
+                             tirx.const(-65504.0, "float32"))
+                b = tirx.reinterpret("int32", v)
+                r = (b + tirx.const(0x0FFF, "int32") + ((b >> 13) & tirx.const(1, "int32"))) & tirx.const(
+                    ~0x1FFF, "int32"
+                )
+                return tirx.reinterpret("float32", r)
+
+            return te.compute(x.shape, elem, name="round_half")
+
+        x = self.bb.emit(expr) if not isinstance(expr, relax.Var) else expr
+        return self.bb.call_te(fn, x, primfunc_name_hint="round_to_half")
 
     def _fake_quant(self, expr: Expr, tensor: Tensor) -> Expr:
         """Quantization simulator: keep an activation on its learned grid and range."""

@@ -34,6 +34,8 @@ class CompileOptions:
         op_table: "documented" (the TFLite GPU documentation's table) or "extended" (also
             the ops the TFLite GPU delegate runs beyond it).
         target: the code-generation target ("opencl").
+        half: for fp16, "native" half kernels, or "emulated" (fp32 kernels rounding every
+            value to fp16) for devices without half arithmetic; chosen by the runtime.
     """
 
     precision: str = "fp32"
@@ -43,10 +45,13 @@ class CompileOptions:
     min_partition_ops: int = 1
     op_table: str = "documented"
     target: str = "opencl"
+    half: str = "native"
 
     def __post_init__(self) -> None:
         if self.precision not in ("fp32", "fp16"):
             raise ValueError(f"precision must be 'fp32' or 'fp16', got {self.precision!r}")
+        if self.half not in ("native", "emulated"):
+            raise ValueError(f"half must be 'native' or 'emulated', got {self.half!r}")
         if self.op_table not in ("documented", "extended"):
             raise ValueError(f"op_table must be 'documented' or 'extended', got {self.op_table!r}")
 

@@ -107,3 +107,24 @@ def select_device(choice: str | None = None) -> DeviceHandle:
     ctx = cl.Context([pick])
     queue = cl.CommandQueue(ctx, pick)
     return DeviceHandle(ctx, queue, pick)
+
+
+_HALF_PROBE = """#pragma OPENCL EXTENSION cl_khr_fp16 : enable
+__kernel void litekiln_half_probe(__global half* x) { x[0] = x[0] * (half)2.0f; }"""
+
+
+def supports_half(handle: DeviceHandle) -> bool:
+    """Whether the device builds half-precision kernels.
+
+    Checked by building a one-line half kernel, not by the extension list: NVIDIA's OpenCL
+    builds half arithmetic without listing cl_khr_fp16, PoCL lists nothing and fails.
+    """
+    import pyopencl as cl
+
+    if "cl_khr_fp16" in handle.device.extensions:  # type: ignore[attr-defined]
+        return True
+    try:
+        cl.Program(handle.context, _HALF_PROBE).build()
+    except cl.Error:
+        return False
+    return True

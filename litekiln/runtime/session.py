@@ -8,6 +8,7 @@ pre-bound launches, runs CPU ops in between and copies outputs out.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -22,7 +23,7 @@ from litekiln.errors import CompileError, DeviceError
 from litekiln.model.ir import Model
 from litekiln.ops.base import dequantize, is_quantized, quantize
 from litekiln.runtime.artifact import CompiledModel, CompileOptions
-from litekiln.runtime.device import DeviceHandle, select_device
+from litekiln.runtime.device import DeviceHandle, select_device, supports_half
 
 log = logging.getLogger("litekiln")
 
@@ -102,6 +103,12 @@ def open_session(
 
     copts, rt = split_options(options, precision)
     handle = select_device(device)
+    if copts.precision == "fp16" and copts.half == "native" and not supports_half(handle):
+        log.warning(
+            "%s has no half-precision arithmetic: precision='fp16' runs fp32 kernels that round "
+            "every value to fp16 (half-storage numerics)", handle.description
+        )
+        copts = dataclasses.replace(copts, half="emulated")
     use_cache = bool(rt.get("use_cache", True)) and not config.NO_CACHE.get()
     store = None
     if use_cache:
@@ -175,7 +182,10 @@ class Session:
                     raise DeviceError(f"{model.name}: partition {part.index}: {exc}") from None
                 # A binary the driver rejects (new driver, corrupted entry): rebuild from source.
                 log.warning("cached device binary rejected (%s); rebuilding from source", exc)
-                ex = PartitionExecutor(prog, consts, handle.context, handle.queue)
+                try:
+                    ex = PartitionExecutor(prog, consts, handle.context, handle.queue)
+                except ExecutorError as exc2:
+                    raise DeviceError(f"{model.name}: partition {part.index}: {exc2}") from None
                 binary = None
             if binary is None and store is not None and ex.binary:
                 store.save_binary(bkey, ex.binary, identity)
