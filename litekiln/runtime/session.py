@@ -130,6 +130,8 @@ def compile_for(model: Model, options: CompileOptions, *, progress: Any = None) 
         CompileError: TVM is not installed (a runtime-only install met an uncached model).
     """
     try:
+        import tvm  # noqa: F401  (only to learn whether the compiler can run here)
+
         from litekiln.compiler.driver import compile_model, stderr_progress
     except ImportError as exc:
         raise CompileError(
@@ -221,7 +223,8 @@ class Session:
                 x = values[t]
                 if is_quantized(g.tensors[t]):
                     x = dequantize(x, g.tensors[t])  # 8-bit inputs: float view, on the CPU
-                ex.set_input(i, np.ascontiguousarray(x, dtype=ex.input_spec(i).dtype), blocking=False)
+                # np.require keeps 0-d arrays 0-d (ascontiguousarray would make them 1-d).
+                ex.set_input(i, np.require(x, ex.input_spec(i).dtype, "C"), blocking=False)
             ex.run()
             for i, t in enumerate(part.outputs):
                 y = ex.get_output(i)
