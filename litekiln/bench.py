@@ -142,7 +142,9 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _spawn(model: str, cache_dir: str, kwargs: dict[str, Any], *, driver_cache: bool) -> dict[str, Any]:
+def _spawn(
+    model: str, cache_dir: str, kwargs: dict[str, Any], *, driver_cache: bool
+) -> dict[str, Any]:
     env = dict(os.environ)
     env.pop("LITEKILN_NO_CACHE", None)
     for k in _DRIVER_CACHE_OFF:
@@ -203,7 +205,9 @@ def startup_model(path: str, kwargs: dict[str, Any], *, repeat: int, warm_only: 
             without ``cache_dir``.
     """
     if warm_only and not cache_dir:
-        raise LitekilnError("--warm-only needs --cache-dir: the cache compiled on the build machine")
+        raise LitekilnError(
+            "--warm-only needs --cache-dir: the cache compiled on the build machine"
+        )
     name = _model_name(path)
     root = tempfile.mkdtemp(prefix=f"litekiln-bench-{name}-")
     try:
@@ -267,7 +271,9 @@ def startup_main(a: Any) -> int:
     kwargs = _interpreter_kwargs(a)
     kwargs.pop("cache_dir", None)
     if kwargs.get("device") == "reference":
-        raise LitekilnError("--startup measures the OpenCL path; --device reference has no start-up to speak of")
+        raise LitekilnError(
+            "--startup measures the OpenCL path; --device reference has no start-up to speak of"
+        )
     results: dict[str, Any] = {
         "device": None,
         "command": _command_line(),
@@ -300,7 +306,8 @@ def argparse_like(**kw: Any) -> Any:
 
 def _print_startup(results: dict[str, Any]) -> None:
     warm_only = results["mode"] == "warm-only"
-    print(f"start-up on {results['device']} ({results['mode']}, median of {results['repeat']} processes)")
+    print(f"start-up on {results['device']} ({results['mode']}, "
+          f"median of {results['repeat']} processes)")
     head = f"{'model':32s} {'cold ms':>9s} {'shipped ms':>10s} {'warm ms':>8s} {'warm/cold':>9s}"
     if warm_only:
         head += f" {'+compile ms':>11s} {'warm/est':>8s}"
@@ -311,7 +318,8 @@ def _print_startup(results: dict[str, Any]) -> None:
         line = (f"{m['model']:32s} {_fmt(m['cold_ms'], '9.1f')} {_fmt(m['shipped_ms'], '10.1f')} "
                 f"{_fmt(m['warm_ms'], '8.1f')} {_fmt(m['warm_vs_cold_pct'], '8.2f')}%")
         if warm_only:
-            line += f" {_fmt(m.get('cold_estimate_ms'), '11.1f')} {_fmt(m.get('warm_vs_cold_estimate_pct'), '7.2f')}%"
+            line += (f" {_fmt(m.get('cold_estimate_ms'), '11.1f')} "
+                     f"{_fmt(m.get('warm_vs_cold_estimate_pct'), '7.2f')}%")
         line += (f" |       {_fmt(w['construct_ms'], '6.1f')} {_fmt(w['open_ms'], '6.1f')} "
                  f"{_fmt(w['load_ms'], '6.1f')} {_fmt(w['first_run_ms'], '6.1f')}")
         print(line)
@@ -319,8 +327,9 @@ def _print_startup(results: dict[str, Any]) -> None:
             print(f"  WARNING: a warm start of {m['model']} imported TVM")
         if not m["outputs_agree"]:
             print(f"  WARNING: {m['model']}: outputs differ between processes")
-    print("warm/cold: warm start-up as a percentage of the cold one (cold: empty cache, driver cache "
-          "off; shipped: litekiln cache hit, driver cache off; warm: both caches hot). "
+    print("warm/cold: warm start-up as a percentage of the cold one (cold: empty cache, "
+          "driver cache off; shipped: litekiln cache hit, driver cache off; warm: both caches "
+          "hot). "
           "parse/open/load/run1: model file, device + cache lookup, program build + upload, "
           "first inference.")
     if warm_only:
@@ -400,7 +409,9 @@ def _kernel_profile(sess: Any, reps: int = 10) -> dict[str, Any] | None:
     }
 
 
-def _litert_cpu(path: str, inputs: dict[int, np.ndarray], runs: int, warmup: int) -> tuple[dict[str, Any], list[np.ndarray]]:
+def _litert_cpu(
+    path: str, inputs: dict[int, np.ndarray], runs: int, warmup: int
+) -> tuple[dict[str, Any], list[np.ndarray]]:
     from ai_edge_litert.interpreter import Interpreter as LiteRT
 
     li = LiteRT(model_path=path, num_threads=os.cpu_count())
@@ -418,7 +429,9 @@ def _litert_cpu(path: str, inputs: dict[int, np.ndarray], runs: int, warmup: int
     return _time_runs(step, runs, warmup), ref
 
 
-def _litert_gpu(path: str, model: Any, inputs: dict[int, np.ndarray], runs: int, warmup: int) -> tuple[dict[str, Any], list[np.ndarray]]:
+def _litert_gpu(
+    path: str, model: Any, inputs: dict[int, np.ndarray], runs: int, warmup: int
+) -> tuple[dict[str, Any], list[np.ndarray]]:
     """LiteRT's GPU path; outputs in graph output order."""
     from ai_edge_litert.compiled_model import CompiledModel
     from ai_edge_litert.hardware_accelerator import HardwareAccelerator as HA
@@ -494,7 +507,8 @@ def latency_model(path: str, kwargs: dict[str, Any], *, runs: int, profile: bool
         rec["max_rel_err_vs_litert_cpu"] = relative_error(ours, ref)  # type: ignore[arg-type]
     except Exception as exc:  # noqa: BLE001 - LiteRT cannot load or run it: report, go on
         ref = None
-        rec["litert_cpu_error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        first = (str(exc).strip().splitlines() or [""])[0]
+        rec["litert_cpu_error"] = f"{type(exc).__name__}: {first}"[:300]
     if litert_gpu:
         try:
             gpu, gout = _litert_gpu(path, interp.model, inputs, runs, warmup)
@@ -555,11 +569,13 @@ def _litert_version() -> str | None:
 def _print_latency_row(rec: dict[str, Any], *, header: bool, device: str) -> None:
     if header:
         print(f"warm latency on {device} (median ms)")
-        print(f"{'model':32s} {'litekiln':>9s} {'LiteRT CPU':>10s} {'LiteRT GPU':>10s} {'x CPU':>7s} "
+        print(f"{'model':32s} {'litekiln':>9s} {'LiteRT CPU':>10s} {'LiteRT GPU':>10s} "
+              f"{'x CPU':>7s} "
               f"{'x GPU':>7s} {'rel err':>9s} {'launches':>8s} {'us/launch':>9s}")
     lo = rec.get("launch_overhead") or {}
     err = rec["max_rel_err_vs_litert_cpu"]
-    print(f"{rec['model']:32s} {_fmt(rec['litekiln_ms'], '9.3f')} {_fmt(rec['litert_cpu_ms'], '10.3f')} "
+    print(f"{rec['model']:32s} {_fmt(rec['litekiln_ms'], '9.3f')} "
+          f"{_fmt(rec['litert_cpu_ms'], '10.3f')} "
           f"{_fmt(rec['litert_gpu_ms'], '10.3f')} {_fmt(rec['speedup_vs_litert_cpu'], '7.3g')} "
           f"{_fmt(rec['speedup_vs_litert_gpu'], '7.3g')} "
           f"{(format(err, '9.1e') if err is not None else 'n/a'.rjust(9))} "
@@ -571,7 +587,8 @@ def _print_latency_row(rec: dict[str, Any], *, header: bool, device: str) -> Non
 
 def _print_profile(rec: dict[str, Any]) -> None:
     p = rec["profile"]
-    print(f"  kernels: {len(p['launches'])} launches, {p['kernel_sum_ms']:.3f} ms device time in all "
+    print(f"  kernels: {len(p['launches'])} launches, {p['kernel_sum_ms']:.3f} ms device time "
+          "in all "
           f"(litekiln end-to-end {rec['litekiln_ms']:.3f} ms)")
     for t in p["top"][:10]:
         print(f"    {t['ms']:9.4f} ms  {t['kernel']}")
@@ -597,7 +614,8 @@ def plot_latency(results: dict[str, Any], png: str) -> bool:
         return False
     models = results["models"]
     names = [m["model"] for m in models]
-    series = [("litekiln", "litekiln_ms"), ("LiteRT CPU", "litert_cpu_ms"), ("LiteRT GPU", "litert_gpu_ms")]
+    series = [("litekiln", "litekiln_ms"), ("LiteRT CPU", "litert_cpu_ms"),
+              ("LiteRT GPU", "litert_gpu_ms")]
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(names) + 2), 4.5))
     width = 0.8 / len(series)
     for i, (label, key) in enumerate(series):
@@ -605,7 +623,8 @@ def plot_latency(results: dict[str, Any], png: str) -> bool:
         ys = [m.get(key) or 0 for m in models]
         bars = ax.bar(xs, ys, width, label=label)
         for b, y in zip(bars, ys):
-            ax.annotate("n/a" if not y else f"{y:.2f}", (b.get_x() + b.get_width() / 2, max(y, 1e-3)),
+            ax.annotate("n/a" if not y else f"{y:.2f}",
+                        (b.get_x() + b.get_width() / 2, max(y, 1e-3)),
                         ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names, rotation=20, ha="right", fontsize=8)
@@ -623,7 +642,7 @@ def plot_latency(results: dict[str, Any], png: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m litekiln.bench [bench options]``, ``... _child SPEC`` or ``... plot JSON PNG``."""
+    """``python -m litekiln.bench [bench options]``, ``... _child SPEC``, ``... plot JSON PNG``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == [_CHILD]:
         print(_MARK + json.dumps(_child(json.loads(argv[1]))), flush=True)

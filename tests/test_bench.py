@@ -27,7 +27,8 @@ def test_latency_record_on_reference(smoke_path: Path) -> None:
     pytest.importorskip("ai_edge_litert.interpreter")
     from litekiln.bench import latency_model
 
-    rec = latency_model(str(smoke_path), {"device": "reference"}, runs=3, profile=True, litert_gpu=False)
+    rec = latency_model(str(smoke_path), {"device": "reference"}, runs=3, profile=True,
+                        litert_gpu=False)
     assert LATENCY_KEYS <= set(rec)
     assert rec["litekiln_ms"] > 0 and rec["litert_cpu_ms"] > 0
     assert rec["max_rel_err_vs_litert_cpu"] < 1e-4
@@ -52,6 +53,7 @@ def test_startup_warm_only_and_profile(smoke_path: Path, tmp_path: Path) -> None
     assert rec["cold_estimate_ms"] > rec["cold_ms"]
     json.dumps(rec)
 
-    lat = latency_model(str(smoke_path), {"cache_dir": str(cache)}, runs=3, profile=True, litert_gpu=False)
+    lat = latency_model(str(smoke_path), {"cache_dir": str(cache)}, runs=3, profile=True,
+                        litert_gpu=False)
     assert lat["launch_overhead"]["launches"] == len(lat["profile"]["launches"]) > 0
     assert lat["profile"]["kernel_sum_ms"] > 0

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Build machine side of the H100 kit: compile the chosen models ahead of time (fp32, default
+# options, the same ones run.sh uses), so that the GPU machine, which has no TVM, only loads
+# them.
+#
+#   scripts/h100/prepare.sh                      # the default MediaPipe models
+#   scripts/h100/prepare.sh face_landmark /path/to/model.tflite ...
+#
+# Work folder build/h100-kit/ (git-ignored): models/NAME.tflite and cache/ (the litekiln cache:
+# compiled models only; this machine's device binaries are dropped, being useless there).
+# What travels, .devcache/ (git-ignored, carried by the device call):
+#   kit.tar.xz     build/h100-kit's models/ and cache/ (xz: the fp32 constants halve; the
+#                  carried tree must stay under 64 MiB with the wheels)
+#   build.json     where and how long each compile took (the cold estimate's compile part)
+#   models.txt     the model names run.sh reads
+# Needs the project's venv with the compiler (scripts/setup.sh "compiler,test").
+# Run it LAST, on the tree that travels: the cache key holds a hash of litekiln's compiler, ops
+# and model sources, so any edit there after this makes every entry a miss (run.sh checks).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PY:-.venv/bin/python}
+DEFAULT_MODELS=(face_detection_short_range face_landmark hand_landmark_full
+                selfie_segmentation palm_detection_lite pose_landmark_full)
+MODELS=("$@")
+[ ${#MODELS[@]} -gt 0 ] || MODELS=("${DEFAULT_MODELS[@]}")
+
+resolve() {  # NAME or path -> a .tflite path
+  local m=$1
+  if [ -f "$m" ]; then echo "$m"; return; fi
+  for c in "models/zoo/$m.tflite" /tmp/mp/mediapipe/modules/*/"$m.tflite"; do
+    if [ -f "$c" ]; then echo "$c"; return; fi
+  done
+  echo "prepare: no model '$m' (not a file, not in models/zoo/ nor /tmp/mp/mediapipe/modules/);" \
+       "make it with scripts/make_zoo.py --only $m" >&2
+  return 1
+}
+
+KIT=build/h100-kit
+rm -rf .devcache "$KIT"
+mkdir -p .devcache "$KIT/models"
+chmod 700 .devcache "$KIT"
+: > .devcache/models.txt
+for m in "${MODELS[@]}"; do
+  src=$(resolve "$m")
+  name=$(basename "$src" .tflite)
+  cp "$src" "$KIT/models/$name.tflite"
+  echo "$name" >> .devcache/models.txt
+done
+
+# Compile each model in its own fresh process with an empty cache, so the recorded compile
+# time is a cold one; the driver's kernel cache is off for the same reason.
+export CUDA_CACHE_DISABLE=1 POCL_KERNEL_CACHE=0
+unset LITEKILN_NO_CACHE LITEKILN_PRECISION
+: > .devcache/compile.jsonl
+while read -r name; do
+  echo "prepare: compiling $name" >&2
+  "$PY" -m litekiln.cli compile "$KIT/models/$name.tflite" --cache-dir "$KIT/cache" --json \
+    | "$PY" -c 'import json,sys; [print(json.dumps(r)) for r in json.load(sys.stdin)]' \
+    >> .devcache/compile.jsonl
+done < .devcache/models.txt
+
+KIT=$KIT "$PY" - <<'EOF'
+import json, os, platform, subprocess, sys, time
+from pathlib import Path
+
+from litekiln.bench import _strip_binaries
+from litekiln.runtime.artifact import compiler_hash
+
+dropped = _strip_binaries(os.path.join(os.environ["KIT"], "cache"))
+t = time.perf_counter()
+import tvm  # noqa: E402  (timed: part of a real cold start, not of compile_s)
+tvm_import_s = time.perf_counter() - t
+rows = [json.loads(l) for l in Path(".devcache/compile.jsonl").read_text().splitlines() if l.strip()]
+os.remove(".devcache/compile.jsonl")
+try:
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+except OSError:
+    rev = ""
+build = {
+    "what": "ahead-of-time compile of the H100 kit's models (scripts/h100/prepare.sh)",
+    "host": platform.node(),
+    "cpu": platform.processor() or platform.machine(),
+    "cpu_count": os.cpu_count(),
+    "python": platform.python_version(),
+    "tvm_version": tvm.__version__,
+    "tvm_import_s": round(tvm_import_s, 3),
+    "git_rev": rev,
+    "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+    "binaries_dropped": dropped,
+    # Part of every compiled-model cache key: run.sh refuses a kit made from other sources.
+    "compiler_hash": compiler_hash(),
+    "note": "compile_s: the compiler's own timing (partition, lower, codegen), TVM import "
+            "excluded (tvm_import_s); compile_process_s: the whole `litekiln compile` process "
+            "here: Python start, TVM import, compile, and the program build on this machine's "
+            "OpenCL device (PoCL, with its kernel cache off: slow)",
+    "models": [
+        {"model": Path(r["model"]).stem, "token": r["token"], "kernels": r["kernels"],
+         "partitions": r["partitions"], "gpu_ops": r["gpu_ops"], "cpu_ops": r["cpu_ops"],
+         "compile_s": r["compile_seconds"], "compile_process_s": r["seconds"]}
+        for r in rows
+    ],
+}
+Path(".devcache/build.json").write_text(json.dumps(build, indent=2) + "\n")
+for m in build["models"]:
+    print(f"  {m['model']:32s} {m['kernels']:4d} kernels  compile {m['compile_s']:.1f} s", file=sys.stderr)
+EOF
+echo "prepare: packing .devcache/kit.tar.xz" >&2
+tar cJf .devcache/kit.tar.xz -C "$KIT" models cache
+du -sh "$KIT/models" "$KIT/cache" .devcache/kit.tar.xz

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# GPU-machine side of the H100 kit: runtime only (no TVM, no package index). Installs the
+# carried wheels, points OpenCL at NVIDIA's driver and LiteRT's WebGPU at Vulkan, blocks TVM,
+# then over the models that scripts/h100/prepare.sh compiled into .devcache/:
+#   1. accuracy   litekiln vs LiteRT CPU, max|ours - ref| / max(1, max|ref|) within the
+#                 per-model tolerance (1e-4 unless litekiln/check.py says otherwise)
+#   2. start-up   litekiln bench --startup --warm-only (see docs/benchmarks.md for what cold,
+#                 shipped and warm mean here, and how the cold figure is assembled)
+#   3. latency    litekiln bench: litekiln vs LiteRT CPU (XNNPACK, all cores) and LiteRT GPU
+#                 (WebGPU over Vulkan), with per-kernel profile and launch overhead
+# and writes to $OUT: log.txt env.txt accuracy.json startup.json latency.json build.json.
+#
+# On the device (repo root; carry .whl .gl .devcache):   bash scripts/h100/run.sh
+# (.devcache/kit.tar.xz holds the models and the cache compiled by prepare.sh)
+# Rehearsal here on PoCL with the project venv:          LOCAL=1 scripts/h100/run.sh
+# Knobs: MODELS="a b" (names from .devcache/models.txt), RUNS, REPEAT, STEPS="accuracy startup latency",
+#        T_ACCURACY/T_STARTUP/T_LATENCY (seconds per step; the device tool allows 600 in all).
+# Too slow for one call? Split it: STEPS="accuracy startup" in one call, STEPS=latency in the
+# next (each call repeats the ~20 s set-up; $OUT is emptied between calls).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+REPO=$PWD
+OUT=${OUT:-/tmp/litekiln-h100-out}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/log.txt") 2>&1
+export PYTHONUNBUFFERED=1
+STEPS=${STEPS:-accuracy startup latency}
+
+if [ -n "${LOCAL:-}" ]; then
+  PY=${PY:-$REPO/.venv/bin/python}
+  SITE=""
+  RUNS=${RUNS:-5}; REPEAT=${REPEAT:-1}
+  T_ACCURACY=${T_ACCURACY:-1800}; T_STARTUP=${T_STARTUP:-3600}; T_LATENCY=${T_LATENCY:-3600}
+else
+  PY=${PY:-python3}
+  SITE=/tmp/site
+  RUNS=${RUNS:-200}; REPEAT=${REPEAT:-3}
+  # Sum + set-up (~20 s) stays under the device tool's 600 s per command; a step that runs out
+  # of time keeps what it wrote so far (the bench writes --out after each model).
+  T_ACCURACY=${T_ACCURACY:-100}; T_STARTUP=${T_STARTUP:-270}; T_LATENCY=${T_LATENCY:-170}
+  # Vulkan loader for LiteRT's GPU path (WebGPU over Vulkan).
+  for f in .gl/*.deb; do dpkg -x "$f" /; done
+  ldconfig
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SITE" .whl/*.whl || { echo "run.sh: wheel install failed"; exit 1; }
+  # NVIDIA's OpenCL library is present but no ICD file names it: make a vendors folder.
+  lib=$(ls /usr/lib/libnvidia-opencl.so.1 /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1 \
+        /usr/local/nvidia/lib64/libnvidia-opencl.so.1 2>/dev/null | head -1)
+  mkdir -p /tmp/icd && echo "${lib:-/usr/lib/libnvidia-opencl.so.1}" > /tmp/icd/nvidia.icd
+  export OCL_ICD_VENDORS=/tmp/icd
+  export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
+  export LITEKILN_DEVICE=${LITEKILN_DEVICE:-gpu}
+fi
+
+# Runtime only: TVM must never be imported (a sitecustomize on PYTHONPATH reaches every child).
+mkdir -p /tmp/notvm
+printf 'import sys\nsys.modules["tvm"] = None  # runtime-only run: importing TVM fails\n' \
+  > /tmp/notvm/sitecustomize.py
+export PYTHONPATH=/tmp/notvm${SITE:+:$SITE}:$REPO
+unset LITEKILN_NO_CACHE LITEKILN_PRECISION LITEKILN_CACHE_DIR
+
+# Unpack the kit (models + compiled cache) into a private, writable folder: the cache store
+# refuses folders that others could write to.
+KIT=/tmp/litekiln-h100-kit
+rm -rf "$KIT" && mkdir -p "$KIT" && chmod 700 "$KIT"
+"$PY" -c 'import sys, tarfile as t; t.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
+  .devcache/kit.tar.xz "$KIT" || { echo "run.sh: cannot unpack .devcache/kit.tar.xz (run prepare.sh)"; exit 1; }
+chmod -R go-rwx "$KIT"
+CACHE=$KIT/cache
+cp .devcache/build.json "$OUT/build.json" 2>/dev/null
+# The cache key holds a hash of the compiler/ops/model sources: a kit made from other sources
+# would miss everywhere and, with TVM blocked, fail model by model. Stop at once instead.
+"$PY" - .devcache/build.json <<'EOF' || exit 1
+import json, sys
+from litekiln.runtime.artifact import compiler_hash
+want, have = json.load(open(sys.argv[1])).get("compiler_hash", ""), compiler_hash()
+if want != have:
+    sys.exit(f"run.sh: the kit was compiled from other litekiln sources (kit {want[:12]}, "
+             f"tree {have[:12]}): run scripts/h100/prepare.sh on this tree, then call again")
+print(f"kit matches this tree's compiler sources ({have[:12]})")
+EOF
+read -r -a NAMES <<< "${MODELS:-$(tr '\n' ' ' < .devcache/models.txt)}"
+PATHS=()
+for n in "${NAMES[@]}"; do PATHS+=("$KIT/models/$n.tflite"); done
+
+{
+  echo "date: $(date -u +%FT%TZ)"; uname -a
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  "$PY" -c 'import sys, numpy; print("python", sys.version.split()[0], "numpy", numpy.__version__)'
+  "$PY" - <<'EOF'
+import importlib, sys
+for m in ("pyopencl", "ai_edge_litert", "ml_dtypes", "diskcache", "farmhash", "tflite"):
+    try:
+        mod = importlib.import_module(m)
+        print(f"{m}: ok {getattr(mod, '__version__', '')}")
+    except Exception as e:  # noqa: BLE001
+        print(f"{m}: MISSING ({e})")
+try:
+    import tvm  # noqa: F401
+    print("tvm: IMPORTABLE (should be blocked)")
+except ImportError:
+    print("tvm: blocked (runtime only)")
+EOF
+  "$PY" -m litekiln.cli devices
+  echo "models: ${NAMES[*]}"; echo "runs=$RUNS repeat=$REPEAT"
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+status=0
+step() {  # step NAME FUNCTION: run it if NAME is in $STEPS, report its exit status and time
+  case " $STEPS " in *" $1 "*) ;; *) return 0 ;; esac
+  echo "== $1"
+  local t0=$SECONDS
+  "$2"
+  local rc=$?
+  echo "== $1: exit $rc after $((SECONDS - t0)) s"
+  [ $rc -eq 0 ] || status=1
+}
+
+accuracy() {
+  timeout "$T_ACCURACY" "$PY" scripts/check_model.py "${PATHS[@]}" --cache-dir "$CACHE" --json \
+    > "$OUT/accuracy.json"
+  local rc=$?
+  "$PY" - "$OUT/accuracy.json" <<'EOF'
+import json, sys
+for r in json.load(open(sys.argv[1])):
+    verdict = "ok  " if r["ok"] else "FAIL"
+    print(f"  {r['model']:32s} {verdict} rel_err={r['rel_err']:.2e} (tol {r['tolerance']:.0e}) {r['error']}")
+EOF
+  return $rc
+}
+
+startup() {
+  timeout "$T_STARTUP" "$PY" -m litekiln.bench --startup --warm-only --cache-dir "$CACHE" \
+    --repeat "$REPEAT" --out "$OUT/startup.json" "${PATHS[@]}"
+}
+
+latency() {
+  timeout "$T_LATENCY" "$PY" -m litekiln.bench --cache-dir "$CACHE" --runs "$RUNS" --profile \
+    --out "$OUT/latency.json" "${PATHS[@]}"
+}
+
+step accuracy accuracy
+step startup startup
+step latency latency
+echo "== results in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+exit $status
