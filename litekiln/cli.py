@@ -308,7 +308,7 @@ def parse_age(text: str) -> float:
 
 
 def cmd_cache(a: argparse.Namespace) -> int:
-    from litekiln.cache import CacheStore
+    from litekiln.cache import CacheError, CacheStore
     from litekiln.config import parse_size
 
     store = CacheStore.open(a.cache_dir)
@@ -327,7 +327,11 @@ def cmd_cache(a: argparse.Namespace) -> int:
             print(f"  {r['key'][:12]}  {r['kind']:7s} {str(ident)[:24]:24s} {str(name)[:28]:28s} {desc:28s} {_human(r['size']):>10s}  {_age(r['last_use'])}")
         return 0
     if sub == "info":
-        _print_json(store.info(a.key))
+        try:
+            info = store.info(a.key)
+        except KeyError as exc:  # unknown or ambiguous prefix: an error, not a traceback
+            raise CacheError(f"{exc.args[0]} in {store.directory}") from None
+        _print_json(info)
         return 0
     if sub == "verify":
         report = store.verify(fix=a.fix)
@@ -352,7 +356,10 @@ def cmd_cache(a: argparse.Namespace) -> int:
         print(f"removed {n} entries from {store.directory}")
         return 0
     if sub == "export":
-        keys = store.export(a.file, keys=a.keys or None)
+        try:
+            keys = store.export(a.file, keys=a.keys or None)
+        except KeyError as exc:
+            raise CacheError(f"{exc.args[0]} in {store.directory}") from None
         print(f"exported {len(keys)} entries to {a.file}")
         return 0
     if sub == "import":

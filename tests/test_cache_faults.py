@@ -1,0 +1,445 @@
+"""Cache faults end to end, through `litekiln.Interpreter` on OpenCL (PoCL in CI).
+
+Each test damages a cache that holds the compiled smoke model (or its directory, or the disk
+under it), then constructs a new Interpreter on it. Each ends in the first run's exact outputs
+(same kernels: `np.array_equal`) or a clear litekiln error, and in a cache that `verify` finds
+clean; where an entry was damaged, the second Interpreter rebuilt it (with a `CacheWarning`)
+and a third one is a hit that neither compiles nor builds from source.
+
+The smoke model is compiled once per module into a template cache, copied per test.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import json
+import multiprocessing
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cache_fault_helpers import (
+    Template,
+    copy_cache,
+    flip,
+    infer,
+    keys_by_kind,
+    make_template,
+    manifest,
+    part_storage_key,
+    rewrite,
+    same,
+    snapshot,
+    storage_keys,
+    the_key,
+    val_files,
+)
+
+import litekiln.runtime.session as session
+from litekiln.cache import CacheError, CacheStore, CacheWarning
+from litekiln.cache.backend import DiskcacheBackend
+from litekiln.cache.models import ModelCache
+from litekiln.errors import DeviceError
+from litekiln.runtime.device import DeviceHandle
+from litekiln.runtime.executor import ExecutorError, PartitionExecutor
+
+pytestmark = pytest.mark.opencl
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Template:
+    return make_template(tmp_path_factory.mktemp("template") / "cache")
+
+
+@pytest.fixture
+def cache(template: Template, tmp_path: Path) -> Path:
+    """A private copy of the template cache for one test."""
+    return copy_cache(template, tmp_path / "cache")
+
+
+@dataclass
+class Calls:
+    compiles: int = 0
+    binary_hits: int = 0
+    binary_misses: int = 0
+    binary_saves: int = 0  # stored successfully
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
+    """Counts compilations and device-binary cache hits, misses and stores."""
+    c = Calls()
+    real_compile = session.compile_for
+    real_load, real_save = ModelCache.load_binary, ModelCache.save_binary
+
+    def compile_for(*args, **kwargs):
+        c.compiles += 1
+        return real_compile(*args, **kwargs)
+
+    def load_binary(self, fields):
+        binary = real_load(self, fields)
+        if binary is None:
+            c.binary_misses += 1
+        else:
+            c.binary_hits += 1
+        return binary
+
+    def save_binary(self, *args, **kwargs):
+        stored = real_save(self, *args, **kwargs)
+        c.binary_saves += bool(stored)
+        return stored
+
+    monkeypatch.setattr(session, "compile_for", compile_for)
+    monkeypatch.setattr(ModelCache, "load_binary", load_binary)
+    monkeypatch.setattr(ModelCache, "save_binary", save_binary)
+    return c
+
+
+def _no_compiler(*args, **kwargs):
+    raise AssertionError("compile_for was called: the compiled model should have been a hit")
+
+
+def _assert_clean(directory: Path, models: int = 1, programs: int = 1) -> None:
+    """`verify` finds nothing wrong, and exactly the expected entries are there."""
+    with CacheStore.open(directory) as s:
+        report = s.verify()
+        assert report.clean, report.as_dict()
+        assert report.entries == models + programs
+    kinds = keys_by_kind(directory)
+    assert len(kinds.get("model", [])) == models, kinds
+    assert len(kinds.get("program", [])) == programs, kinds
+
+
+def _assert_hit(
+    directory: Path, expected: list[np.ndarray], calls: Calls, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A further Interpreter neither compiles nor builds from source, and warns nothing."""
+    monkeypatch.setattr(session, "compile_for", _no_compiler)
+    before = Calls(**vars(calls))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheWarning)
+        out = infer(directory)
+    assert same(out, expected)
+    assert calls.binary_hits == before.binary_hits + 1
+    assert (calls.binary_misses, calls.binary_saves) == (before.binary_misses, before.binary_saves)
+
+
+def test_template_is_a_hit(template: Template, cache: Path, calls: Calls,
+                           monkeypatch: pytest.MonkeyPatch) -> None:
+    _assert_hit(cache, template.outputs, calls, monkeypatch)
+    _assert_clean(cache)
+
+
+# ---------------------------------------------------------------- damaged entries
+
+
+def _truncate(data: bytes) -> bytes:
+    return data[: len(data) // 2]
+
+
+def _delete(data: bytes) -> None:
+    return None
+
+
+# name -> (entry kind, part name or prefix (None: the manifest), damage)
+DAMAGE = {
+    "flipped byte in artifact.json": ("model", "artifact.json", flip),
+    "flipped byte in a constant": ("model", "const/", flip),
+    "flipped byte in the device binary": ("program", "binary", flip),
+    "flipped byte in a model manifest": ("model", None, flip),
+    "flipped byte in a program manifest": ("program", None, flip),
+    "truncated artifact.json": ("model", "artifact.json", _truncate),
+    "truncated device binary": ("program", "binary", _truncate),
+    "truncated model manifest": ("model", None, _truncate),
+    "deleted artifact.json file": ("model", "artifact.json", _delete),
+    "deleted constant": ("model", "const/", _delete),
+    "deleted device binary": ("program", "binary", _delete),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_damaged_entry_is_rebuilt(
+    template: Template, cache: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    kind, part, change = DAMAGE[damage]
+    key = the_key(cache, kind)
+    storage_key = f"manifest:{key}" if part is None else part_storage_key(cache, key, part)
+    rewrite(cache, storage_key, change)
+
+    with pytest.warns(CacheWarning, match=f"entry {key[:12]} .* corrupt"):
+        out = infer(cache)
+    assert same(out, template.outputs)
+    if kind == "model":  # recompiled; the device binary (same kernels) still hit
+        assert (calls.compiles, calls.binary_hits, calls.binary_saves) == (1, 1, 0)
+    else:  # the compiled model hit; the program was built from source and stored again
+        assert (calls.compiles, calls.binary_misses, calls.binary_saves) == (0, 1, 1)
+    _assert_clean(cache)
+    assert the_key(cache, kind) == key  # rebuilt under the same key
+    _assert_hit(cache, template.outputs, calls, monkeypatch)
+
+
+def test_entry_from_another_driver_version(
+    template: Template, cache: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old_program = the_key(cache, "program")
+    real_identity = DeviceHandle.identity
+
+    def upgraded(self):
+        return {**real_identity(self), "driver": real_identity(self)["driver"] + "-upgraded"}
+
+    monkeypatch.setattr(DeviceHandle, "identity", upgraded)
+    out = infer(cache)
+    assert same(out, template.outputs)
+    # The compiled model does not depend on the driver: a hit. The binary is a miss.
+    assert (calls.compiles, calls.binary_misses, calls.binary_saves) == (0, 1, 1)
+    _assert_clean(cache, programs=2)  # one binary per driver version, both good
+    programs = keys_by_kind(cache)["program"]
+    (new_program,) = set(programs) - {old_program}
+    assert manifest(cache, new_program)["fields"]["driver"].endswith("-upgraded")
+    _assert_hit(cache, template.outputs, calls, monkeypatch)  # with the new driver
+    monkeypatch.setattr(DeviceHandle, "identity", real_identity)
+    _assert_hit(cache, template.outputs, calls, monkeypatch)  # and back with the old one
+
+
+GARBAGE = {
+    # Same length, every byte changed: no valid header.
+    "garbage": lambda good: bytes((b * 7 + 13) & 0xFF for b in good),
+    "empty": lambda good: b"",
+}
+
+
+@pytest.mark.parametrize("kind", list(GARBAGE))
+def test_binary_the_driver_rejects_is_rebuilt_from_source(
+    template: Template, cache: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture, kind: str,
+) -> None:
+    # Checksum-valid (written through the store API), so only the driver can tell.
+    with CacheStore.open(cache) as s:
+        (summary,) = [e for e in s.ls() if e.kind == "program"]
+        entry = s.get(summary.key)
+        good = entry.part("binary")
+        bad = GARBAGE[kind](good)
+        assert s.put(summary.key, summary.fields, {"binary": bad}, kind="program",
+                     meta=entry.meta)
+    with caplog.at_level("WARNING", logger="litekiln"):
+        out = infer(cache)
+    assert same(out, template.outputs)
+    assert any("binary rejected" in r.getMessage() for r in caplog.records), caplog.text
+    assert (calls.compiles, calls.binary_hits, calls.binary_saves) == (0, 1, 1)
+    _assert_clean(cache)
+    with CacheStore.open(cache) as s:
+        rebuilt = s.get(summary.key).part("binary")
+    # Replaced by the rebuilt binary (a driver's binaries need not be byte-identical).
+    assert rebuilt != bad and rebuilt[:8] == good[:8]
+    _assert_hit(cache, template.outputs, calls, monkeypatch)
+
+
+def test_binary_rejected_and_source_build_failing_is_a_clear_error(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def build(self, binary):
+        if binary is not None:
+            raise ExecutorError("building from the cached device binary failed: simulated")
+        raise ExecutorError("OpenCL build failed on this device: simulated")
+
+    monkeypatch.setattr(PartitionExecutor, "_build", build)
+    with pytest.raises(DeviceError, match="partition 0: OpenCL build failed"):
+        infer(cache)
+    _assert_clean(cache)  # the entries stay as they were
+
+
+# ---------------------------------------------------------------- concurrency
+
+
+def _racer(cache_dir: str, barrier, results) -> None:
+    try:
+        barrier.wait(120)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = infer(cache_dir)
+        results.put(("ok", out, [f"{w.category.__name__}: {w.message}" for w in caught]))
+    except BaseException as e:  # noqa: BLE001 - report everything to the parent
+        results.put(("error", repr(e), []))
+
+
+def test_four_processes_compile_the_same_model_at_once(
+    template: Template, tmp_path: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    cache.chmod(0o700)
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(4), ctx.Queue()
+    procs = [ctx.Process(target=_racer, args=(str(cache), barrier, results)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    try:
+        got = [results.get(timeout=240) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+    assert [p.exitcode for p in procs] == [0] * 4
+    for status, out, caught in got:
+        assert status == "ok", out
+        assert same(out, template.outputs)
+        # Racing writers are not faults: no cache warning (corrupt entry, failed write).
+        assert not [w for w in caught if w.startswith("CacheWarning")], caught
+    _assert_clean(cache)
+    _assert_hit(cache, template.outputs, calls, monkeypatch)
+
+
+# ---------------------------------------------------------------- directories
+
+
+_READ_ONLY_CHILD = textwrap.dedent(
+    """
+    import base64, json, sys, warnings
+    from cache_fault_helpers import infer
+    from litekiln.cache import CacheStore
+    import litekiln.runtime.session as session
+
+    def no_compiler(*a, **k):
+        raise AssertionError("compile_for called")
+
+    session.compile_for = no_compiler
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = infer(sys.argv[1])
+        with CacheStore.open(sys.argv[1]) as s:
+            read_only, clean = s.read_only, s.verify().clean
+    print(json.dumps({
+        "outputs": [[base64.b64encode(o.tobytes()).decode(), o.dtype.str, list(o.shape)]
+                    for o in out],
+        "warnings": [str(w.message) for w in caught],
+        "read_only": read_only,
+        "clean": clean,
+    }))
+    """
+)
+
+
+def test_read_only_cache_directory(template: Template, cache: Path, tmp_path: Path) -> None:
+    for p in [cache, *cache.rglob("*")]:
+        p.chmod(0o500 if p.is_dir() else 0o400)
+    before = snapshot(cache)
+    cmd = [sys.executable, "-c", _READ_ONLY_CHILD, str(cache)]
+    if os.geteuid() == 0:
+        # Root ignores file modes: give the child a private mount namespace in which the
+        # cache is a read-only bind mount (writes fail with EROFS, as on a read-only medium).
+        if shutil.which("unshare") is None:
+            pytest.skip("running as root without unshare(1): cannot make a read-only directory")
+        probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+        if probe.returncode != 0:
+            pytest.skip(f"running as root and unshare -m fails: {probe.stderr.decode()}")
+        cmd = ["unshare", "-m", "sh", "-c",
+               'mount --bind -o ro "$0" "$0" && exec "$@"', str(cache), *cmd]
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)]),
+           "LITEKILN_CACHE_DIR": str(tmp_path / "unused")}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        res = json.loads(proc.stdout.strip().splitlines()[-1])
+        out = [np.frombuffer(base64.b64decode(b), dtype=dt).reshape(shape)
+               for b, dt, shape in res["outputs"]]
+        assert same(out, template.outputs)
+        assert res["read_only"] is True and res["clean"] is True
+        assert any("read-only" in w for w in res["warnings"]), res["warnings"]
+        assert snapshot(cache) == before  # not a byte written, not even a last-use time
+    finally:
+        for p in [cache, *cache.rglob("*")]:
+            p.chmod(0o700 if p.is_dir() else 0o600)
+    _assert_clean(cache)
+
+
+def test_group_writable_directory_explicitly_requested(
+    template: Template, cache: Path, calls: Calls
+) -> None:
+    cache.chmod(0o770)
+    before = snapshot(cache)
+    with pytest.raises(CacheError, match=r"group- or other-writable.*chmod 700"):
+        infer(cache)
+    assert calls.compiles == 0
+    assert snapshot(cache) == before
+    cache.chmod(0o700)
+    _assert_clean(cache)
+
+
+def test_group_writable_default_directory(
+    template: Template, tmp_path: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    xdg = tmp_path / "xdg"
+    xdg.mkdir()
+    default = copy_cache(template, xdg / "litekiln")
+    default.chmod(0o770)
+    monkeypatch.delenv("LITEKILN_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+    with pytest.warns(CacheWarning):
+        assert CacheStore.open().directory == default  # really the default directory
+    before = snapshot(default)
+    with pytest.warns(CacheWarning, match="group- or other-writable.*without a cache"):
+        out = infer(None)
+    assert same(out, template.outputs)
+    # Uncached: compiled and built from source, nothing read from or written to the directory.
+    assert (calls.compiles, calls.binary_hits, calls.binary_saves) == (1, 0, 0)
+    assert snapshot(default) == before
+    default.chmod(0o700)
+    _assert_clean(default)
+
+
+# ---------------------------------------------------------------- full disk
+
+
+def _enospc_on_file_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Parts of 32 KiB and more (artifact.json, the binary) are files; fail their fsync.
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+
+
+def _sqlite_full_on_commit(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every part gets written; the manifest commit (last) fails.
+    real_set = DiskcacheBackend.set
+
+    def full(self, key: str, value: bytes) -> None:
+        if key.startswith("manifest:"):
+            raise sqlite3.OperationalError("database or disk is full")
+        real_set(self, key, value)
+
+    monkeypatch.setattr(DiskcacheBackend, "set", full)
+
+
+FULL = {"ENOSPC writing a part file": _enospc_on_file_write,
+        "SQLite full at the manifest commit": _sqlite_full_on_commit}
+
+
+@pytest.mark.parametrize("where", list(FULL))
+def test_full_disk(template: Template, tmp_path: Path, calls: Calls,
+                   monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    cache.chmod(0o700)
+    with monkeypatch.context() as m:
+        FULL[where](m)
+        with pytest.warns(CacheWarning, match="could not store .*(No space left|disk is full)"):
+            out = infer(cache)
+        assert same(out, template.outputs)
+        assert (calls.compiles, calls.binary_misses, calls.binary_saves) == (1, 1, 0)
+    # No partial entry: no manifest, no part, no value file.
+    assert [k for k in storage_keys(cache) if not k.startswith("use:")] == []
+    assert val_files(cache) == []
+    _assert_clean(cache, models=0, programs=0)
