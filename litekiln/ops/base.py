@@ -9,10 +9,12 @@ name (builtin name such as ``"CONV_2D"``, or the custom code such as
 * ``gpu_support``: whether the op (at this version, with these options, ranks and dtypes) may
   go to a GPU partition; a string reason when it may not.
 
-Quantized tensors are handled once, in :func:`run_op`: inputs are dequantized to float,
-``reference`` computes in float, outputs are requantized (the "float view" of the TFLite GPU
-delegate). Ops whose semantics are about quantization itself set ``quant_aware = True`` and see
-raw integer arrays.
+Quantized tensors are handled once, in :func:`run_op`. An op that defines
+``reference_quantized`` gets the raw integer arrays and computes what LiteRT's integer (or
+hybrid) kernels compute (fixed-point helpers in :mod:`litekiln.ops.qmath`). Otherwise inputs
+are dequantized to float, ``reference`` computes in float, outputs are requantized (the "float
+view" of the TFLite GPU delegate). Ops whose semantics are about quantization itself set
+``quant_aware = True`` and see raw integer arrays.
 
 Nothing here imports TVM: the runtime imports this module for its CPU fallback.
 """
@@ -109,6 +111,19 @@ class OpDef:
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
         """Compute the op's outputs with numpy (float view for quantized tensors)."""
         raise NotImplementedError
+
+    @classmethod
+    def reference_quantized(
+        cls, ctx: OpContext, inputs: list[np.ndarray | None]
+    ) -> list[np.ndarray] | None:
+        """Integer semantics of the op when some of its tensors are quantized.
+
+        Gets the raw arrays (quantized tensors as their stored integers, float tensors as
+        floats) and returns the raw outputs, computed as LiteRT's integer or hybrid kernels
+        do. None (the default, or for a case without integer semantics) means "use the
+        float view": dequantize, ``reference``, requantize.
+        """
+        return None
 
     @classmethod
     def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
@@ -298,15 +313,21 @@ def run_op(op: Op, graph: Subgraph, inputs: list[np.ndarray | None]) -> list[np.
     """
     cls = lookup(op)
     ctx = OpContext(op, graph)
-    if cls.quant_aware:
-        values = inputs
-    else:
-        values = [
-            dequantize(x, graph.tensors[t]) if x is not None and is_quantized(graph.tensors[t]) else x
-            for x, t in zip(inputs, op.inputs)
-        ]
     try:
-        results = cls.reference(ctx, values)
+        results = None
+        if not cls.quant_aware and any(
+            is_quantized(graph.tensors[t]) for t in [*op.inputs, *op.outputs] if t >= 0
+        ):
+            # Integer (or hybrid) semantics where the op defines them; else the float view.
+            results = cls.reference_quantized(ctx, inputs)
+        raw = cls.quant_aware or results is not None
+        if results is None:
+            values = inputs if cls.quant_aware else [
+                dequantize(x, graph.tensors[t]) if x is not None and is_quantized(graph.tensors[t])
+                else x
+                for x, t in zip(inputs, op.inputs)
+            ]
+            results = cls.reference(ctx, values)
     except (ModelError, UnsupportedOpError):
         raise
     except (ValueError, IndexError) as exc:
@@ -323,7 +344,7 @@ def run_op(op: Op, graph: Subgraph, inputs: list[np.ndarray | None]) -> list[np.
                     f"{op.describe()}: computed output {tensor.name!r} of shape {r.shape}, "
                     f"the model declares {tensor.shape}"
                 )
-        if not cls.quant_aware and is_quantized(tensor) and r.dtype.kind == "f":
+        if not raw and is_quantized(tensor) and r.dtype.kind == "f":
             r = quantize(r, tensor)
         elif r.dtype != tensor.dtype and tensor.dtype.kind != "O":
             r = r.astype(tensor.dtype)

@@ -19,7 +19,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from litekiln.model.ir import Op, Subgraph
+from litekiln.model.ir import Op, Subgraph, Tensor
+from litekiln.ops import qmath
 from litekiln.ops.base import (
     OpContext,
     OpDef,
@@ -264,6 +265,13 @@ class Conv2D(_ConvLike):
         return _finish(ctx, y, _optional(inputs, 2))
 
     @classmethod
+    def reference_quantized(
+        cls, ctx: OpContext, inputs: list[np.ndarray | None]
+    ) -> list[np.ndarray] | None:
+        """Integer kernel (int8/uint8, per-tensor or per-channel) or hybrid kernel."""
+        return _conv2d_quantized(ctx, inputs)
+
+    @classmethod
     def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
         reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
         if reason:
@@ -316,6 +324,13 @@ class DepthwiseConv2D(_ConvLike):
             np.multiply(tap, wt[i], out=tmp)
             y += tmp
         return _finish(ctx, y, _optional(inputs, 2))
+
+    @classmethod
+    def reference_quantized(
+        cls, ctx: OpContext, inputs: list[np.ndarray | None]
+    ) -> list[np.ndarray] | None:
+        """Integer kernel (int8/uint8, per-tensor or per-channel) or hybrid kernel."""
+        return _depthwise_quantized(ctx, inputs)
 
 
 @register
@@ -407,6 +422,13 @@ class FullyConnected(_ConvLike):
         return _finish(ctx, y, _optional(inputs, 2))
 
     @classmethod
+    def reference_quantized(
+        cls, ctx: OpContext, inputs: list[np.ndarray | None]
+    ) -> list[np.ndarray] | None:
+        """Integer kernel (int8/uint8, per-tensor or per-channel) or hybrid kernel."""
+        return _fully_connected_quantized(ctx, inputs)
+
+    @classmethod
     def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
         reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
         if reason:
@@ -465,3 +487,220 @@ class Convolution2DTransposeBias(OpDef):
         ow = stride_w * (wd - 1) + kw - tot_w
         y = transpose_conv_nhwc(x, w, (oh, ow), (stride_h, stride_w), (tot_h // 2, tot_w // 2))
         return [y + _f32(b)]
+
+
+# -- integer and hybrid semantics -------------------------------------------------------------
+#
+# LiteRT's quantized conv / depthwise / fully-connected kernels (reference_integer_ops and the
+# optimized kernels agree bit for bit): acc = sum (w - w_zp) * (x - x_zp) in int32, padded cells
+# skipped, + int32 bias, rescaled by QuantizeMultiplier(x_scale * w_scale[c] / out_scale)
+# (computed in double), + out_zp, clamped to the fused activation's integer range.
+#
+# Hybrid (dynamic-range) kernels have float activations and int8 constant weights: each batch
+# (conv, depthwise) or row (fully-connected) of the input is quantized to int8 on the fly, the
+# products accumulate in int32, and acc * x_scale * w_scale[c] + bias is the float output.
+# Which on-the-fly quantization LiteRT's builtin kernels use:
+#   CONV_2D with per-channel weights and DEPTHWISE_CONV_2D: asymmetric, per batch;
+#   CONV_2D with per-tensor weights: symmetric, per batch;
+#   FULLY_CONNECTED: per row, asymmetric iff ``asymmetric_quantize_inputs``.
+# (The XNNPACK delegate of LiteRT's default resolver quantizes asymmetrically in every case.)
+# Exact integer sums are computed as float64 products: |terms| <= 255 * 255, far from 2**53.
+
+
+def _centered(x: np.ndarray, zero_point: np.ndarray | int) -> np.ndarray:
+    return x.astype(np.float64) - np.asarray(zero_point, np.float64)
+
+
+def _exact_int(acc: np.ndarray) -> np.ndarray:
+    return np.rint(acc).astype(np.int64)
+
+
+def _conv_sums(
+    xc: np.ndarray, wc: np.ndarray, strides: tuple[int, int], dilations: tuple[int, int],
+    padding: int,
+) -> np.ndarray:
+    """Exact (float64) NHWC x OHWI conv sums of zero-centred operands; grouped as conv2d_nhwc."""
+    n, _, _, c = xc.shape
+    o, kh, kw, ci = wc.shape
+    if ci <= 0 or c % ci or o % (c // ci):
+        raise ValueError(f"input of {c} channels does not match a filter of {ci} x {o}")
+    groups = c // ci
+    oh, ow, pad_h, pad_w = conv_geometry(xc.shape, kh, kw, *strides, *dilations, padding)
+    taps = window_taps(xc, kh, kw, *strides, *dilations, oh, ow, pad_h, pad_w)
+    og = o // groups
+    out = np.empty((n, oh, ow, o), np.float64)
+    for g in range(groups):
+        cs = slice(g * ci, (g + 1) * ci)
+        cols = np.stack([t[..., cs] for t in taps], axis=3).reshape(-1, kh * kw * ci)
+        wg = wc[g * og : (g + 1) * og].reshape(og, kh * kw * ci)
+        out[..., g * og : (g + 1) * og] = (cols @ wg.T).reshape(n, oh, ow, og)
+    return out
+
+
+def _depthwise_sums(
+    xc: np.ndarray, wc: np.ndarray, strides: tuple[int, int], dilations: tuple[int, int],
+    padding: int,
+) -> np.ndarray:
+    """Exact depthwise sums; output channel ``c*M + m`` reads input channel c."""
+    c = xc.shape[3]
+    _, kh, kw, co = wc.shape
+    if co % c:
+        raise ValueError(f"filter has {co} channels, not a multiple of the input's {c}")
+    if co != c:
+        xc = np.repeat(xc, co // c, axis=3)
+    oh, ow, pad_h, pad_w = conv_geometry(xc.shape, kh, kw, *strides, *dilations, padding)
+    taps = window_taps(xc, kh, kw, *strides, *dilations, oh, ow, pad_h, pad_w)
+    wt = wc.reshape(kh * kw, co)
+    out = np.zeros((xc.shape[0], oh, ow, co), np.float64)
+    for i, tap in enumerate(taps):
+        out += tap * wt[i]
+    return out
+
+
+def _window_options(ctx: OpContext) -> tuple[tuple[int, int], tuple[int, int], int]:
+    o = ctx.options
+    return (
+        (int(o.get("stride_h", 1)), int(o.get("stride_w", 1))),
+        (int(o.get("dilation_h_factor", 1) or 1), int(o.get("dilation_w_factor", 1) or 1)),
+        int(o.get("padding", SAME)),
+    )
+
+
+def _integer_output(
+    ctx: OpContext, acc: np.ndarray, bias: np.ndarray | None, w_tensor_index: int, channels: int,
+    *, gemm: bool = False,
+) -> list[np.ndarray]:
+    """Bias, per-channel rescale, output zero point and activation clamp of an integer kernel;
+    ``gemm``: LiteRT rescales in ruy (conv and FC go through its GEMM), ties upward."""
+    xt, wt, yt = ctx.input_tensor(0), ctx.input_tensor(w_tensor_index), ctx.output_tensor()
+    assert xt is not None and wt is not None
+    if bias is not None:
+        acc = acc + bias.astype(np.int64).reshape(-1)
+    x_scale, _ = qmath.scale_zp(xt)
+    y_scale, y_zp = qmath.scale_zp(yt)
+    real = np.float64(x_scale) * qmath.channel_scales(wt, channels) / np.float64(y_scale)
+    mult, shift = qmath.quantize_multipliers(real)
+    lo, hi = qmath.activation_range(fused_activation(ctx.op), yt)
+    return [qmath.requantize(acc, mult, shift, y_zp, lo, hi, yt.dtype, ties_up=gemm)]
+
+
+def _hybrid_output(
+    ctx: OpContext, acc: np.ndarray, row_scales: np.ndarray, bias: np.ndarray | None,
+    channels: int, *, depthwise: bool = False,
+) -> list[np.ndarray]:
+    """The float output of a hybrid kernel, in float32 and in LiteRT's order (bit-exact
+    against its outputs given the same sums): conv and FC ``acc * (x_scale * w_scale) + b``,
+    depthwise ``acc * w_scale * x_scale + b``; input scales per batch/row, broadcast by the
+    caller."""
+    wt = ctx.input_tensor(1)
+    assert wt is not None
+    x_scale = row_scales.astype(np.float32)
+    w_scale = qmath.channel_scales(wt, channels).astype(np.float32)
+    if depthwise:
+        y = acc.astype(np.float32) * w_scale * x_scale
+    else:
+        y = acc.astype(np.float32) * (x_scale * w_scale)
+    if bias is not None:
+        y = y + np.asarray(bias, np.float32).reshape(-1)
+    return [apply_activation(y, fused_activation(ctx.op))]
+
+
+def _quantize_batches(x: np.ndarray, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Each leading-index slice of ``x`` quantized on the fly: (centred int values as float64,
+    per-slice scales shaped to broadcast against ``x``)."""
+    flat = np.asarray(x, np.float32).reshape(x.shape[0], -1)
+    values = np.empty(flat.shape, np.float64)
+    scales = np.empty(x.shape[0], np.float64)
+    for i, row in enumerate(flat):
+        if symmetric:
+            q, scales[i] = qmath.symmetric_quantize_floats(row)
+            values[i] = q
+        else:
+            q, scales[i], zp = qmath.asymmetric_quantize_floats(row)
+            values[i] = q.astype(np.float64) - zp
+    return values.reshape(x.shape), scales.reshape((-1,) + (1,) * (x.ndim - 1))
+
+
+def _is_hybrid(ctx: OpContext, w_index: int = 1) -> bool:
+    xt, wt = ctx.input_tensor(0), ctx.input_tensor(w_index)
+    return (
+        xt is not None and xt.dtype == np.float32 and ctx.output_tensor().dtype == np.float32
+        and qmath.is_integer_quantized(wt, ("int8",))
+    )
+
+
+def _is_integer(ctx: OpContext) -> bool:
+    xt, wt = ctx.input_tensor(0), ctx.input_tensor(1)
+    return all(qmath.is_integer_quantized(t) for t in (xt, wt, ctx.output_tensor()))
+
+
+def _varying_scales(wt: Tensor | None) -> bool:
+    """Per-channel weights whose scales are not all equal (LiteRT's ``is_hybrid_per_channel``)."""
+    q = None if wt is None else wt.quantization
+    return q is not None and q.scale.size > 1 and bool(np.any(q.scale != q.scale.reshape(-1)[0]))
+
+
+def _conv2d_quantized(ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray] | None:
+    x, w, bias = required(ctx, inputs, 0), required(ctx, inputs, 1), _optional(inputs, 2)
+    if x.ndim != 4 or w.ndim != 4:
+        raise ctx.fail(f"expects rank-4 input and filter, got {x.shape} and {w.shape}")
+    wt = ctx.input_tensor(1)
+    o = w.shape[0]
+    if _is_integer(ctx):
+        wc = _centered(w, qmath.channel_zero_points(wt, o).reshape(-1, 1, 1, 1))  # type: ignore[arg-type]
+        xc = _centered(x, qmath.scale_zp(ctx.input_tensor(0))[1])  # type: ignore[arg-type]
+        acc = _exact_int(_conv_sums(xc, wc, *_window_options(ctx)))
+        # Grouped convs run on LiteRT's reference kernel (TFLite rounding), others on its GEMM.
+        return _integer_output(ctx, acc, bias, 1, o, gemm=x.shape[3] == w.shape[3])
+    if _is_hybrid(ctx):
+        xq, scales = _quantize_batches(x, symmetric=not _varying_scales(wt))
+        acc = _conv_sums(xq, w.astype(np.float64), *_window_options(ctx))
+        return _hybrid_output(ctx, acc, scales, bias, o)
+    return None
+
+
+def _depthwise_quantized(
+    ctx: OpContext, inputs: list[np.ndarray | None]
+) -> list[np.ndarray] | None:
+    x, w, bias = required(ctx, inputs, 0), required(ctx, inputs, 1), _optional(inputs, 2)
+    if x.ndim != 4 or w.ndim != 4 or w.shape[0] != 1:
+        raise ctx.fail(f"expects NHWC input and 1HWC filter, got {x.shape} and {w.shape}")
+    wt = ctx.input_tensor(1)
+    co = w.shape[3]
+    if _is_integer(ctx):
+        wc = _centered(w, qmath.channel_zero_points(wt, co))  # type: ignore[arg-type]
+        xc = _centered(x, qmath.scale_zp(ctx.input_tensor(0))[1])  # type: ignore[arg-type]
+        acc = _exact_int(_depthwise_sums(xc, wc, *_window_options(ctx)))
+        # With a depth multiplier LiteRT's kernel rounds as ruy does (ties upward; measured).
+        return _integer_output(ctx, acc, bias, 1, co, gemm=co != x.shape[3])
+    if _is_hybrid(ctx):
+        xq, scales = _quantize_batches(x, symmetric=False)
+        acc = _depthwise_sums(xq, w.astype(np.float64), *_window_options(ctx))
+        return _hybrid_output(ctx, acc, scales, bias, co, depthwise=True)
+    return None
+
+
+def _fully_connected_quantized(
+    ctx: OpContext, inputs: list[np.ndarray | None]
+) -> list[np.ndarray] | None:
+    x, w, bias = required(ctx, inputs, 0), required(ctx, inputs, 1), _optional(inputs, 2)
+    if w.ndim != 2:
+        raise ctx.fail(f"weights of shape {w.shape}, expected [units, in]")
+    units, depth = w.shape
+    if x.size % depth:
+        raise ctx.fail(f"input of {x.size} elements does not split into rows of {depth}")
+    wt = ctx.input_tensor(1)
+    rows = x.reshape(-1, depth)
+    shape = (*x.shape[:-1], units) if ctx.options.get("keep_num_dims") else (rows.shape[0], units)
+    if _is_integer(ctx):
+        wc = _centered(w, qmath.channel_zero_points(wt, units).reshape(-1, 1))  # type: ignore[arg-type]
+        xc = _centered(rows, qmath.scale_zp(ctx.input_tensor(0))[1])  # type: ignore[arg-type]
+        acc = _exact_int(xc @ wc.T)
+        return [y.reshape(shape) for y in _integer_output(ctx, acc, bias, 1, units, gemm=True)]
+    if _is_hybrid(ctx):
+        symmetric = not ctx.options.get("asymmetric_quantize_inputs", False)
+        xq, scales = _quantize_batches(rows, symmetric=symmetric)
+        acc = xq @ w.astype(np.float64).T
+        return [y.reshape(shape) for y in _hybrid_output(ctx, acc, scales, bias, units)]
+    return None
+

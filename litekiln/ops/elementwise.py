@@ -5,9 +5,70 @@ from __future__ import annotations
 import numpy as np
 
 from litekiln.model.ir import Op, Subgraph
-from litekiln.ops.base import BinaryOp, OpContext, OpDef, UnaryOp, register, required
+from litekiln.ops import qmath
+from litekiln.ops.base import (
+    BinaryOp,
+    OpContext,
+    OpDef,
+    UnaryOp,
+    fused_activation,
+    register,
+    required,
+)
 
 # -- binary -------------------------------------------------------------------------------
+
+
+# -- integer semantics of ADD / SUB / MUL (int8, uint8) --------------------------------------
+
+
+def _binary_operands(ctx: OpContext, inputs: list[np.ndarray | None]):
+    """(x, y, x tensor, y tensor, output tensor) when all three are 8-bit quantized, else None."""
+    xt, yt, zt = ctx.input_tensor(0), ctx.input_tensor(1), ctx.output_tensor()
+    if not all(qmath.is_integer_quantized(t) for t in (xt, yt, zt)):
+        return None
+    if any(t.quantization.per_channel for t in (xt, yt, zt)):  # type: ignore[union-attr]
+        return None
+    x, y = required(ctx, inputs, 0), required(ctx, inputs, 1)
+    return x.astype(np.int64), y.astype(np.int64), xt, yt, zt
+
+
+def _add_sub_quantized(
+    ctx: OpContext, inputs: list[np.ndarray | None], sign: int
+) -> list[np.ndarray] | None:
+    """LiteRT's 8-bit ADD / SUB (add.cc, sub.cc): both inputs shifted left by 20 bits and
+    rescaled to twice the larger input scale, summed, rescaled to the output."""
+    ops = _binary_operands(ctx, inputs)
+    if ops is None:
+        return None
+    x, y, xt, yt, zt = ops
+    (xs, xz), (ys, yz), (zs, zz) = (qmath.scale_zp(t) for t in (xt, yt, zt))
+    left_shift = 20
+    # 2 * max(float, float) is a float; the divisions are in double (as in Prepare).
+    twice_max = float(np.float32(2) * max(np.float32(xs), np.float32(ys)))
+    m1, s1 = qmath.quantize_multiplier(xs / twice_max)
+    m2, s2 = qmath.quantize_multiplier(ys / twice_max)
+    mo, so = qmath.quantize_multiplier(twice_max / float(np.float32((1 << left_shift) * zs)))
+    a = qmath.multiply_by_quantized_multiplier((x - xz) << left_shift, m1, s1)
+    b = qmath.multiply_by_quantized_multiplier((y - yz) << left_shift, m2, s2)
+    raw = qmath.multiply_by_quantized_multiplier(a + sign * b, mo, so) + zz
+    lo, hi = qmath.activation_range(fused_activation(ctx.op), zt)
+    return [np.clip(raw, lo, hi).astype(zt.dtype)]
+
+
+def _mul_quantized(ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray] | None:
+    """LiteRT's 8-bit MUL: (x - x_zp) * (y - y_zp) rescaled by x_scale * y_scale / z_scale
+    (a float32 expression in mul.cc's Prepare)."""
+    ops = _binary_operands(ctx, inputs)
+    if ops is None:
+        return None
+    x, y, xt, yt, zt = ops
+    (xs, xz), (ys, yz), (zs, zz) = (qmath.scale_zp(t) for t in (xt, yt, zt))
+    real = float(np.float32(np.float32(xs) * np.float32(ys)) / np.float32(zs))
+    m, s = qmath.quantize_multiplier(real)
+    raw = qmath.multiply_by_quantized_multiplier((x - xz) * (y - yz), m, s) + zz
+    lo, hi = qmath.activation_range(fused_activation(ctx.op), zt)
+    return [np.clip(raw, lo, hi).astype(zt.dtype)]
 
 
 @register
@@ -17,6 +78,12 @@ class Add(BinaryOp):
     gpu_quant_max_version = 2  # ADD v2 is the int8 kernel (DESIGN.md)
     fn = staticmethod(np.add)
 
+    @classmethod
+    def reference_quantized(
+        cls, ctx: OpContext, inputs: list[np.ndarray | None]
+    ) -> list[np.ndarray] | None:
+        return _add_sub_quantized(ctx, inputs, 1)
+
 
 @register
 class Sub(BinaryOp):
@@ -25,6 +92,12 @@ class Sub(BinaryOp):
     gpu_quant_max_version = 2
     fn = staticmethod(np.subtract)
 
+    @classmethod
+    def reference_quantized(
+        cls, ctx: OpContext, inputs: list[np.ndarray | None]
+    ) -> list[np.ndarray] | None:
+        return _add_sub_quantized(ctx, inputs, -1)
+
 
 @register
 class Mul(BinaryOp):
@@ -32,6 +105,12 @@ class Mul(BinaryOp):
     gpu = True
     gpu_quant_max_version = 2
     fn = staticmethod(np.multiply)
+
+    @classmethod
+    def reference_quantized(
+        cls, ctx: OpContext, inputs: list[np.ndarray | None]
+    ) -> list[np.ndarray] | None:
+        return _mul_quantized(ctx, inputs)
 
 
 @register
@@ -164,20 +243,43 @@ _UNARY: dict[str, tuple[object, bool | str]] = {
     "GELU": (_gelu, False),
 }
 
+
+
+def _logistic_quantized(
+    cls: type[OpDef], ctx: OpContext, inputs: list[np.ndarray | None]
+) -> list[np.ndarray] | None:
+    """LiteRT's 8-bit LOGISTIC: a 256-entry table (``LUTPopulate``) of
+    ``round(sigmoid(x_scale * (q - x_zp)) / y_scale) + y_zp``, all in float32."""
+    xt, yt = ctx.input_tensor(0), ctx.output_tensor()
+    if not (qmath.is_integer_quantized(xt) and qmath.is_integer_quantized(yt)):
+        return None
+    (xs, xz), (ys, yz) = qmath.scale_zp(xt), qmath.scale_zp(yt)  # type: ignore[arg-type]
+    info = np.iinfo(xt.dtype)  # type: ignore[union-attr]
+    q = np.arange(info.min, info.max + 1)
+    real = np.float32(xs) * (q - xz).astype(np.float32)
+    e = np.exp(-real.astype(np.float64)).astype(np.float32)  # expf, correctly rounded
+    sig = np.float32(1) / (np.float32(1) + e)
+    out_info = np.iinfo(yt.dtype)
+    table = qmath.round_half_away(sig * (np.float32(1) / np.float32(ys))) + yz
+    table = np.clip(table, out_info.min, out_info.max).astype(yt.dtype)
+    x = required(ctx, inputs, 0).astype(np.int64)
+    return [table[x - info.min]]
+
+
+#: Integer semantics of unary ops that have them.
+_UNARY_QUANTIZED = {"LOGISTIC": _logistic_quantized}
+
 for _name, (_fn, _gpu) in _UNARY.items():
-    register(
-        type(
-            _name.title().replace("_", ""),
-            (UnaryOp,),
-            {
-                "name": _name,
-                "fn": staticmethod(_fn),
-                "gpu": _gpu is True,
-                "gpu_extended": _gpu == "extended",
-                "gpu_quant_max_version": 2,
-            },
-        )
-    )
+    _attrs: dict[str, object] = {
+        "name": _name,
+        "fn": staticmethod(_fn),
+        "gpu": _gpu is True,
+        "gpu_extended": _gpu == "extended",
+        "gpu_quant_max_version": 2,
+    }
+    if _name in _UNARY_QUANTIZED:
+        _attrs["reference_quantized"] = classmethod(_UNARY_QUANTIZED[_name])
+    register(type(_name.title().replace("_", ""), (UnaryOp,), _attrs))
 
 
 @register

@@ -12,6 +12,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from litekiln.model.ir import Op, Subgraph
+from litekiln.ops import qmath
 from litekiln.ops.base import (
     OpContext,
     OpDef,
@@ -85,6 +86,37 @@ class _Pool2D(OpDef):
         return [apply_activation(y, fused_activation(ctx.op))]
 
     @classmethod
+    def pool_quantized(cls, win: np.ndarray, count: np.ndarray) -> np.ndarray:
+        """Integer pooling of int64 windows (None-returning families use the float view)."""
+        raise NotImplementedError
+
+    @classmethod
+    def reference_quantized(
+        cls, ctx: OpContext, inputs: list[np.ndarray | None]
+    ) -> list[np.ndarray] | None:
+        """LiteRT's 8-bit pooling works on the raw integers (input and output share their
+        quantization), then clamps to the fused activation's integer range."""
+        xt, yt = ctx.input_tensor(0), ctx.output_tensor()
+        if cls.pool_quantized is _Pool2D.pool_quantized or not (
+            qmath.is_integer_quantized(xt) and qmath.is_integer_quantized(yt)
+        ):
+            return None
+        o = ctx.options
+        x = required(ctx, inputs, 0).astype(np.int64)
+        win, count = _window(
+            x,
+            int(o.get("filter_height", 1)),
+            int(o.get("filter_width", 1)),
+            int(o.get("stride_h", 1)),
+            int(o.get("stride_w", 1)),
+            int(o.get("padding", SAME)),
+            np.iinfo(np.int64).min if cls.name == "MAX_POOL_2D" else 0,
+        )
+        y = cls.pool_quantized(win, count.astype(np.int64))
+        lo, hi = qmath.activation_range(fused_activation(ctx.op), yt)
+        return [np.clip(y, lo, hi).astype(yt.dtype)]
+
+    @classmethod
     def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
         reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
         if reason:
@@ -107,6 +139,13 @@ class AveragePool2D(_Pool2D):
     def pool(cls, win: np.ndarray, count: np.ndarray) -> np.ndarray:
         return win.sum(axis=(-2, -1), dtype=np.float32) / count
 
+    @classmethod
+    def pool_quantized(cls, win: np.ndarray, count: np.ndarray) -> np.ndarray:
+        # Integer sum over the real cells, divided rounding half away from zero (C division).
+        acc = win.sum(axis=(-2, -1))
+        half = count // 2
+        return np.where(acc > 0, (acc + half) // count, -((-acc + half) // count))
+
 
 @register
 class MaxPool2D(_Pool2D):
@@ -118,6 +157,10 @@ class MaxPool2D(_Pool2D):
         out = win.max(axis=(-2, -1))
         # TFLite starts the max at lowest(), so an all -inf window reads lowest(), not -inf.
         return np.maximum(out, np.finfo(np.float32).min)
+
+    @classmethod
+    def pool_quantized(cls, win: np.ndarray, count: np.ndarray) -> np.ndarray:
+        return win.max(axis=(-2, -1))
 
 
 @register

@@ -8,6 +8,7 @@ from typing import ClassVar
 import numpy as np
 
 from litekiln.model.ir import Op, Subgraph
+from litekiln.ops import qmath
 from litekiln.ops.base import OpContext, OpDef, int_input, register, required
 
 
@@ -99,6 +100,32 @@ class Softmax(OpDef):
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
         x = required(ctx, inputs, 0)
         return [_softmax(x, float(ctx.options.get("beta", 1.0))).astype(np.float32)]
+
+    @classmethod
+    def reference_quantized(
+        cls, ctx: OpContext, inputs: list[np.ndarray | None]
+    ) -> list[np.ndarray] | None:
+        """LiteRT's optimized 8-bit softmax (``PopulateSoftmaxLookupTable`` + ``Softmax``):
+        a float table ``exp(-x_scale * beta * d)`` over the distance d to the row maximum, a
+        sequential float32 sum, ``round(table * (1 / (sum * y_scale))) + y_zp``."""
+        xt, yt = ctx.input_tensor(0), ctx.output_tensor()
+        if not (qmath.is_integer_quantized(xt) and qmath.is_integer_quantized(yt)):
+            return None
+        x = required(ctx, inputs, 0).astype(np.int64)
+        xs, _ = qmath.scale_zp(xt)  # type: ignore[arg-type]
+        ys, yz = qmath.scale_zp(yt)
+        beta = np.float32(ctx.options.get("beta", 1.0))
+        scale = np.float32(-np.float32(xs) * beta)
+        # expf of a float32 argument; float64 exp rounded to float32 is the correctly rounded
+        # value glibc's expf returns.
+        table = np.exp((scale * np.arange(256, dtype=np.float32)).astype(np.float64))
+        table = table.astype(np.float32)
+        e = table[x.max(axis=-1, keepdims=True) - x]
+        total = np.cumsum(e, axis=-1, dtype=np.float32)[..., -1:]  # the kernel's running sum
+        inv = np.float32(1) / (total * np.float32(ys))
+        info = np.iinfo(yt.dtype)
+        q = qmath.round_half_away(e * inv) + yz
+        return [np.clip(q, info.min, info.max).astype(yt.dtype)]
 
     @classmethod
     def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from litekiln.model.ir import Op, Subgraph
+from litekiln.ops import qmath
 from litekiln.ops.base import OpContext, OpDef, int_input, register, required
 
 
@@ -63,6 +64,11 @@ def _nearest_axis(
     if half_pixel:
         idx = np.maximum(idx, 0)
     return idx
+
+
+def _c_div(a: np.ndarray, b: int) -> np.ndarray:
+    """C++ integer division (truncates toward zero)."""
+    return np.where(a >= 0, a // b, -((-a) // b))
 
 
 class _Resize(OpDef):
@@ -114,6 +120,46 @@ class ResizeBilinear(_Resize):
             + rows1[:, :, x1] * (fy * fx)
         )
         return [out.astype(np.float32, copy=False)]
+
+    @classmethod
+    def reference_quantized(
+        cls, ctx: OpContext, inputs: list[np.ndarray | None]
+    ) -> list[np.ndarray] | None:
+        """LiteRT's ``ResizeBilinearInteger`` (int8): positions in 10-bit fixed point,
+        ``scale_10 = round(1024 * in / out)``, the four products summed in 20 bits and
+        divided by 2**20 rounding half away from zero. Input and output share parameters."""
+        xt, yt = ctx.input_tensor(0), ctx.output_tensor()
+        if not (qmath.is_integer_quantized(xt, ("int8",)) and qmath.is_integer_quantized(yt)):
+            return None
+        x = np.asarray(required(ctx, inputs, 0))
+        oh, ow = _target(ctx, inputs, x)
+        ac = bool(ctx.options.get("align_corners"))
+        hp = bool(ctx.options.get("half_pixel_centers"))
+        _, h, w, _ = x.shape
+
+        def axis(out: int, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            scale = ((1 << 10) * size + out // 2) // out
+            if ac and out > 1:
+                scale = ((1 << 10) * (size - 1) + (out - 1) // 2) // (out - 1)
+            v = np.arange(out, dtype=np.int64)
+            pos = v * scale + (scale // 2 - (1 << 9) if hp else 0)
+            lo = np.maximum(_c_div(pos, 1 << 10), 0)
+            hi = np.minimum(_c_div(pos + (1 << 10) - 1, 1 << 10), size - 1)
+            return lo, hi, pos - (lo << 10)
+
+        y0, y1, fy = axis(oh, h)
+        x0, x1, fx = axis(ow, w)
+        fy, fx = fy.reshape(1, oh, 1, 1), fx.reshape(1, 1, ow, 1)
+        one = 1 << 10
+        xi = x.astype(np.int64)
+        r0, r1 = xi[:, y0], xi[:, y1]
+        acc = (
+            r0[:, :, x0] * (one - fy) * (one - fx) + r1[:, :, x0] * fy * (one - fx)
+            + r0[:, :, x1] * (one - fy) * fx + r1[:, :, x1] * fy * fx
+        )
+        out = _c_div(acc + np.where(acc > 0, 1 << 19, -(1 << 19)), 1 << 20)
+        info = np.iinfo(yt.dtype)
+        return [np.clip(out, info.min, info.max).astype(yt.dtype)]
 
 
 @register

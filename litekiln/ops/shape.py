@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from litekiln.model.ir import Op, Subgraph
+from litekiln.ops import qmath
 from litekiln.ops.base import (
     OpContext,
     OpDef,
@@ -44,6 +45,13 @@ class Reshape(_Movement):
         else:
             shape = tuple(ctx.options.get("new_shape", []))
         return [x.reshape(shape)]
+
+    @classmethod
+    def reference_quantized(
+        cls, ctx: OpContext, inputs: list[np.ndarray | None]
+    ) -> list[np.ndarray] | None:
+        # LiteRT copies the bytes: the integers pass through whatever the output's parameters.
+        return cls.reference(ctx, inputs)
 
     @classmethod
     def integer_operands(cls, op: Op) -> set[int]:
@@ -99,6 +107,35 @@ class Concatenation(_Movement):
         return [apply_activation(np.concatenate(xs, axis=axis), fused_activation(ctx.op))]
 
     @classmethod
+    def reference_quantized(
+        cls, ctx: OpContext, inputs: list[np.ndarray | None]
+    ) -> list[np.ndarray] | None:
+        """LiteRT's ``ConcatenationWithScaling``: inputs with the output's parameters are
+        copied, others requantized in float32 as ``round(q * s + b) + out_zp`` with
+        ``s = in_scale * (1 / out_scale)``, ``b = -in_zp * s``. (LiteRT's int8 kernel accepts
+        only inputs that share the output's parameters; uint8 rescales.)"""
+        yt = ctx.output_tensor()
+        present = [(x, ctx.input_tensor(i)) for i, x in enumerate(inputs) if x is not None]
+        if not qmath.is_integer_quantized(yt) or not all(
+            qmath.is_integer_quantized(t) for _, t in present
+        ):
+            return None
+        ys, yz = qmath.scale_zp(yt)
+        inv = np.float32(1) / np.float32(ys)
+        info = np.iinfo(yt.dtype)
+        parts = []
+        for x, t in present:
+            xs, xz = qmath.scale_zp(t)  # type: ignore[arg-type]
+            if (xs, xz) == (ys, yz):
+                parts.append(x.astype(yt.dtype))
+                continue
+            s = np.float32(xs) * inv
+            b = np.float32(-xz) * s
+            q = qmath.round_half_away(x.astype(np.float32) * s + b) + yz
+            parts.append(np.clip(q, info.min, info.max).astype(yt.dtype))
+        return [np.concatenate(parts, axis=int(ctx.options.get("axis", 0)))]
+
+    @classmethod
     def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
         return (
             super().gpu_support(op, graph, allow_quantized=allow_quantized)
@@ -122,6 +159,22 @@ class Pad(_Movement):
         if len(inputs) > 2 and inputs[2] is not None:
             value = np.asarray(inputs[2]).reshape(-1)[0]
         return [np.pad(x, [tuple(p) for p in pads], constant_values=value)]
+
+    @classmethod
+    def reference_quantized(
+        cls, ctx: OpContext, inputs: list[np.ndarray | None]
+    ) -> list[np.ndarray] | None:
+        """Raw integers padded with the output's zero point (PAD) or the stored integer of
+        PADV2's constant_values (pad.cc), i.e. the quantized 0 or the quantized value."""
+        xt, yt = ctx.input_tensor(0), ctx.output_tensor()
+        if not (qmath.is_integer_quantized(xt) and qmath.is_integer_quantized(yt)):
+            return None
+        x = required(ctx, inputs, 0)
+        pads = int_input(ctx, inputs, 1).reshape(-1, 2)
+        value = qmath.scale_zp(yt)[1]
+        if len(inputs) > 2 and inputs[2] is not None:
+            value = int(np.asarray(inputs[2]).reshape(-1)[0])
+        return [np.pad(x, [tuple(p) for p in pads], constant_values=value).astype(yt.dtype)]
 
     @classmethod
     def integer_operands(cls, op: Op) -> set[int]:

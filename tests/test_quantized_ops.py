@@ -1,0 +1,350 @@
+"""Integer semantics of the quantized ops: the numpy reference vs LiteRT's builtin kernels.
+
+Each integer kernel (``reference_quantized`` of the op families, fixed-point helpers in
+``litekiln/ops/qmath.py``) is checked with ``oplib.check_op`` on one-op models, int8 and uint8,
+per-tensor and per-channel, over strides, paddings, dilations and fused activations, with
+``qtol=0``: the reference computes LiteRT's integers exactly. Exceptions, each with its bound:
+
+* MEAN keeps the float view (no integer kernel yet): within 1 step.
+* ADD of equal shapes: within 1 step (LiteRT's elementwise kernel; see test_binary).
+* Hybrid (dynamic-range) ops have float outputs: the activations are quantized on the fly
+  exactly as LiteRT does and the float output is formed in LiteRT's float32 order, so the
+  default float tolerance (1e-5) holds; in practice they are bit-exact.
+
+Whole models follow: the int8 zoo models against LiteRT's default interpreter (the issue's
+bounds: mean <= 1 step, >= 95% within 2 steps) and against its builtin kernels (exact);
+the dynamic-range MobileNet against the builtin kernels (see that test for why not XNNPACK).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import zoo_model
+from oplib import Quant, Spec, check_op
+
+from litekiln.check import check_model, integer_step_stats, relative_error
+from litekiln.ops import qmath
+
+ACTS = ["NONE", "RELU", "RELU6", "RELU_N1_TO_1"]
+
+
+def _in(shape: list[int], dtype: str = "int8", scale: float = 0.05, zp: int = 3) -> Spec:
+    return Spec(shape, dtype, Quant(scale, zp))
+
+
+def _weights(shape: list[int], dtype: str, axis: int, per_channel: bool, zp: int = 0) -> Spec:
+    """Weights over the integer range with per-channel (or one) scales. int8 weights stay in
+    [-127, 127] as TFLite's quantization spec requires (and converters produce): LiteRT's
+    optimized kernels are not exact for -128 weights."""
+    n = shape[axis]
+    scales = list(np.linspace(0.004, 0.02, n)) if per_channel else 0.01
+    zps = [zp] * n if per_channel else zp
+    return Spec(shape, dtype, Quant(scales, zps, axis), low=-127 if dtype == "int8" else None)
+
+
+def _bias(n: int, x_scale: float, w: Spec) -> Spec:
+    w_scales = np.atleast_1d(np.asarray(Quant.of(w.quant).scale, np.float64))  # type: ignore[union-attr]
+    scales = list(x_scale * np.broadcast_to(w_scales, (n,)))
+    q = Quant(scales if w_scales.size > 1 else scales[0], [0] * n if w_scales.size > 1 else 0)
+    return Spec([n], "int32", q, low=-2000, high=2000)
+
+
+# -- fixed-point helpers --------------------------------------------------------------------
+
+
+def test_quantize_multiplier() -> None:
+    assert qmath.quantize_multiplier(0.5) == (1 << 30, 0)
+    assert qmath.quantize_multiplier(0.0) == (0, 0)
+    m, s = qmath.quantize_multiplier(0.0123)
+    assert 1 << 30 <= m < 1 << 31 and abs(m * 2.0 ** (s - 31) - 0.0123) < 1e-11
+    assert qmath.quantize_multiplier(2.0**-40) == (0, 0)  # flushed to zero, as in TFLite
+
+
+def test_multiply_by_quantized_multiplier_rounding() -> None:
+    # x * 0.5 with gemmlowp's rounding (SaturatingRoundingDoublingHighMul rounds half up).
+    x = np.array([3, -3, 5, -5, 7, 1 << 20])
+    got = qmath.multiply_by_quantized_multiplier(x, 1 << 30, 0)
+    assert got.tolist() == [2, -1, 3, -2, 4, 1 << 19]
+    # Right shift: RoundingDivideByPOT rounds half away from zero.
+    got = qmath.multiply_by_quantized_multiplier(np.array([6, -6, 10]), 1 << 30, -1)
+    assert got.tolist() == [2, -2, 3]
+
+
+# -- conv family ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+@pytest.mark.parametrize(("stride", "dilation"), [(1, 1), (2, 1), (1, 2)])
+@pytest.mark.parametrize("act", ACTS)
+def test_conv2d_int8_per_channel(padding: str, stride: int, dilation: int, act: str) -> None:
+    w = _weights([6, 3, 3, 5], "int8", 0, per_channel=True)
+    check_op(
+        "CONV_2D", [_in([2, 9, 8, 5])],
+        {"padding": padding, "stride_w": stride, "stride_h": stride, "dilation_w_factor": dilation,
+         "dilation_h_factor": dilation, "fused_activation_function": act},
+        consts={1: w, 2: _bias(6, 0.05, w)}, out_quant=Quant(0.08, -5), version=3, qtol=0,
+    )
+
+
+@pytest.mark.parametrize(("dtype", "zp", "w_zp"), [("int8", -7, 0), ("uint8", 128, 120)])
+@pytest.mark.parametrize("act", ["NONE", "RELU6"])
+def test_conv2d_per_tensor(dtype: str, zp: int, w_zp: int, act: str) -> None:
+    w = _weights([4, 3, 2, 3], dtype, 0, per_channel=False, zp=w_zp)
+    check_op(
+        "CONV_2D", [_in([1, 7, 7, 3], dtype, 0.03, zp)],
+        {"padding": "SAME", "stride_w": 2, "stride_h": 1, "fused_activation_function": act},
+        consts={1: w, 2: _bias(4, 0.03, w)}, out_quant=Quant(0.05, zp), version=3, qtol=0,
+    )
+
+
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+@pytest.mark.parametrize(("stride", "dilation", "mult"),
+                         [(1, 1, 1), (2, 1, 2), (1, 1, 2), (1, 2, 1), (2, 2, 3)])
+@pytest.mark.parametrize("act", ["NONE", "RELU", "RELU6"])
+def test_depthwise_int8_per_channel(
+    padding: str, stride: int, dilation: int, mult: int, act: str
+) -> None:
+    w = _weights([1, 3, 3, 4 * mult], "int8", 3, per_channel=True)
+    check_op(
+        "DEPTHWISE_CONV_2D", [_in([2, 8, 9, 4])],
+        {"padding": padding, "stride_w": stride, "stride_h": stride, "depth_multiplier": mult,
+         "dilation_w_factor": dilation, "dilation_h_factor": dilation,
+         "fused_activation_function": act},
+        consts={1: w, 2: _bias(4 * mult, 0.05, w)}, out_quant=Quant(0.04, 2), version=3, qtol=0,
+    )
+
+
+def test_depthwise_uint8() -> None:
+    w = _weights([1, 3, 3, 6], "uint8", 3, per_channel=False, zp=131)
+    check_op(
+        "DEPTHWISE_CONV_2D", [_in([1, 6, 6, 6], "uint8", 0.02, 120)],
+        {"padding": "SAME", "stride_w": 1, "stride_h": 1, "depth_multiplier": 1,
+         "fused_activation_function": "RELU6"},
+        consts={1: w, 2: _bias(6, 0.02, w)}, out_quant=Quant(0.03, 10), version=1, qtol=0,
+    )
+
+
+@pytest.mark.parametrize(("dtype", "per_channel", "w_zp"),
+                         [("int8", False, 0), ("int8", True, 0), ("uint8", False, 140)])
+@pytest.mark.parametrize("act", ["NONE", "RELU"])
+def test_fully_connected(dtype: str, per_channel: bool, w_zp: int, act: str) -> None:
+    w = _weights([7, 20], dtype, 0, per_channel=per_channel, zp=w_zp)
+    check_op(
+        "FULLY_CONNECTED", [_in([3, 20], dtype, 0.04, 130 if dtype == "uint8" else -3)],
+        {"fused_activation_function": act},
+        consts={1: w, 2: _bias(7, 0.04, w)},
+        out_quant=Quant(0.1, 128 if dtype == "uint8" else 4), version=4, qtol=0,
+    )
+
+
+def test_fully_connected_keep_num_dims() -> None:
+    w = _weights([5, 8], "int8", 0, per_channel=False)
+    check_op(
+        "FULLY_CONNECTED", [_in([2, 3, 8])], {"keep_num_dims": True},
+        consts={1: w, 2: _bias(5, 0.05, w)}, out_quant=Quant(0.1, 0), version=5, qtol=0,
+    )
+
+
+# -- hybrid (dynamic-range) ops: float activations, int8 constant weights --------------------
+
+
+def _hybrid_weights(shape: list[int], axis: int, per_channel: bool) -> Spec:
+    return _weights(shape, "int8", axis, per_channel)
+
+
+@pytest.mark.parametrize("per_channel", [True, False])  # asymmetric / symmetric input quantization
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+def test_conv2d_hybrid(per_channel: bool, padding: str) -> None:
+    check_op(
+        "CONV_2D", [Spec([2, 9, 9, 6], low=-1.0, high=2.0)],
+        {"padding": padding, "stride_w": 2, "stride_h": 2, "fused_activation_function": "RELU6"},
+        consts={1: _hybrid_weights([5, 3, 3, 6], 0, per_channel), 2: Spec([5])},
+        out_dtype="float32", version=5,
+    )
+
+
+@pytest.mark.parametrize("mult", [1, 2])
+def test_depthwise_hybrid(mult: int) -> None:
+    check_op(
+        "DEPTHWISE_CONV_2D", [Spec([2, 8, 8, 3], low=-0.5, high=2.0)],
+        {"padding": "SAME", "stride_w": 1, "stride_h": 1, "depth_multiplier": mult,
+         "fused_activation_function": "RELU"},
+        consts={1: _hybrid_weights([1, 3, 3, 3 * mult], 3, True), 2: Spec([3 * mult])},
+        out_dtype="float32", version=6,
+    )
+
+
+@pytest.mark.parametrize("asymmetric", [False, True])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_fully_connected_hybrid(asymmetric: bool, per_channel: bool) -> None:
+    check_op(
+        "FULLY_CONNECTED", [Spec([4, 40], low=-1.0, high=2.0)],
+        {"asymmetric_quantize_inputs": asymmetric},
+        consts={1: _hybrid_weights([8, 40], 0, per_channel), 2: Spec([8])},
+        out_dtype="float32", version=9,
+    )
+
+
+# -- elementwise ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", ["ADD", "SUB", "MUL"])
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+@pytest.mark.parametrize("act", ["NONE", "RELU6"])
+@pytest.mark.parametrize("shapes", [([2, 5, 4, 3], [2, 5, 4, 3]), ([2, 5, 4, 3], [1, 1, 4, 1])])
+def test_binary(op: str, dtype: str, act: str, shapes: tuple[list[int], list[int]]) -> None:
+    base = 128 if dtype == "uint8" else 0
+    # ADD of equal shapes: LiteRT's elementwise kernel rounds a few near-tie results its own
+    # way (1 step on <= 3 of 120 elements here; none of the rounding variants of qmath, which
+    # its broadcasting ADD and SUB match exactly, reproduces it). Bound: 1 step.
+    qtol = 1 if op == "ADD" and shapes[0] == shapes[1] else 0
+    check_op(
+        op, [_in(shapes[0], dtype, 0.02, base + 5), _in(shapes[1], dtype, 0.035, base - 9)],
+        {"fused_activation_function": act}, out_quant=Quant(0.05 if op != "MUL" else 0.3, base + 2),
+        version=2, qtol=qtol,
+    )
+
+
+@pytest.mark.parametrize(("dtype", "out_zp"), [("int8", -128), ("uint8", 0)])
+def test_logistic(dtype: str, out_zp: int) -> None:
+    check_op("LOGISTIC", [_in([3, 50], dtype, 0.07, 10 if dtype == "int8" else 120)],
+             out_quant=Quant(1 / 256, out_zp), version=2, qtol=0)
+
+
+# -- pooling --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", ["AVERAGE_POOL_2D", "MAX_POOL_2D"])
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+@pytest.mark.parametrize(("padding", "filt", "stride"), [("SAME", 3, 2), ("VALID", 2, 2), ("SAME", 3, 1)])
+@pytest.mark.parametrize("act", ["NONE", "RELU6"])
+def test_pool(op: str, dtype: str, padding: str, filt: int, stride: int, act: str) -> None:
+    check_op(
+        op, [_in([2, 7, 8, 3], dtype, 0.03, 130 if dtype == "uint8" else -4)],
+        {"padding": padding, "filter_height": filt, "filter_width": filt, "stride_h": stride,
+         "stride_w": stride, "fused_activation_function": act},
+        version=2, qtol=0,
+    )
+
+
+# -- data movement --------------------------------------------------------------------------
+
+
+def test_concatenation_int8() -> None:
+    q = Quant(0.05, -3)
+    check_op("CONCATENATION", [Spec([1, 4, 4, 3], "int8", q), Spec([1, 4, 4, 2], "int8", q)],
+             {"axis": 3}, out_quant=q, version=2, qtol=0)
+
+
+def test_concatenation_uint8_rescales() -> None:
+    check_op(
+        "CONCATENATION",
+        [_in([2, 3, 5], "uint8", 0.05, 120), _in([2, 3, 2], "uint8", 0.11, 130),
+         _in([2, 3, 1], "uint8", 0.08, 128)],
+        {"axis": 2}, out_quant=Quant(0.08, 128), qtol=0,
+    )
+
+
+def test_reshape_passes_integers_through() -> None:
+    check_op("RESHAPE", [_in([2, 3, 4])], {"new_shape": [6, 4]},
+             consts={1: np.array([6, 4], np.int32)}, qtol=0)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+def test_pad(dtype: str) -> None:
+    check_op("PAD", [_in([1, 3, 4, 2], dtype, 0.05, 100 if dtype == "uint8" else -20)],
+             consts={1: np.array([[0, 0], [1, 2], [2, 0], [0, 1]], np.int32)}, version=2, qtol=0)
+
+
+def test_padv2_constant() -> None:
+    q = Quant(0.05, -20)
+    check_op("PADV2", [Spec([1, 3, 4, 2], "int8", q)],
+             consts={1: np.array([[0, 0], [1, 1], [0, 2], [0, 0]], np.int32),
+                     2: Spec([], "int8", q, data=np.array(37, np.int8))}, version=2, qtol=0)
+
+
+# -- softmax, mean, resize ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("dtype", "out_zp"), [("int8", -128), ("uint8", 0)])
+@pytest.mark.parametrize("beta", [1.0, 0.7])
+@pytest.mark.parametrize("scale", [0.1, 0.02])
+def test_softmax(dtype: str, out_zp: int, beta: float, scale: float) -> None:
+    check_op("SOFTMAX", [_in([4, 30], dtype, scale, 0 if dtype == "int8" else 128)],
+             {"beta": beta}, out_quant=Quant(1 / 256, out_zp), version=2, qtol=0)
+
+
+def test_mean_float_view() -> None:
+    # No integer kernel yet: the float view (dequantize, mean, requantize) is within 1 step.
+    check_op("MEAN", [_in([2, 5, 6, 4], "int8", 0.05, 3)], {"keep_dims": True},
+             consts={1: np.array([1, 2], np.int32)}, out_quant=Quant(0.02, -1), version=2, qtol=1)
+
+
+@pytest.mark.parametrize(("align", "half"), [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("size", [[9, 7], [3, 2]])
+def test_resize_bilinear_int8(align: bool, half: bool, size: list[int]) -> None:
+    check_op("RESIZE_BILINEAR", [_in([1, 5, 4, 3], "int8", 0.05, 3)],
+             {"align_corners": align, "half_pixel_centers": half},
+             consts={1: np.array(size, np.int32)}, version=3, qtol=0)
+
+
+# -- whole models ---------------------------------------------------------------------------
+
+
+def _litert_builtin(path: str, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    from oplib import LITERT_RESOLVER
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    it = Interpreter(model_path=path,
+                     experimental_op_resolver_type=getattr(OpResolverType, LITERT_RESOLVER))
+    it.allocate_tensors()
+    for d, x in zip(it.get_input_details(), inputs):
+        it.set_tensor(d["index"], x)
+    it.invoke()
+    return [np.array(it.get_tensor(d["index"])) for d in it.get_output_details()]
+
+
+def _reference_run(path: str, seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    from litekiln.interpreter import Interpreter
+
+    interp = Interpreter(model_path=path, device="reference")
+    inputs = interp.random_inputs(seed)
+    return inputs, interp.run(inputs)  # type: ignore[return-value]
+
+
+def test_smoke_int8_model(smoke_int8_path) -> None:  # type: ignore[no-untyped-def]
+    result = check_model(smoke_int8_path, device="reference")
+    assert result.ok, result.line()
+    inputs, ours = _reference_run(str(smoke_int8_path))
+    # Against the builtin kernels the integer path is exact.
+    assert integer_step_stats(ours, _litert_builtin(str(smoke_int8_path), inputs)) == (0.0, 1.0)
+
+
+def test_mobilenet_v1_int8() -> None:
+    path = zoo_model("mobilenet_v1_int8")
+    result = check_model(path, device="reference")
+    # Against LiteRT's default interpreter (XNNPACK rounds its requantization differently):
+    # measured mean 0.025 steps, 99.7% within 2 steps.
+    assert result.ok, result.line()
+    assert result.outputs[0]["mean_steps"] <= 0.1
+    inputs, ours = _reference_run(str(path))
+    # Against the builtin kernels (the kernels oplib checks ops against): exact.
+    assert integer_step_stats(ours, _litert_builtin(str(path), inputs)) == (0.0, 1.0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_mobilenet_v1_dynamic(seed: int) -> None:
+    """Dynamic-range MobileNet vs LiteRT's builtin kernels: <= 5e-2 relative to range.
+
+    Measured: 7e-9, 6.5e-3, 2.4e-3, 4e-9 for seeds 0-3 (bit-exact hybrid layers; the float
+    first conv sums in another order, which flips an on-the-fly quantization now and then).
+    Not against the default interpreter: its XNNPACK delegate quantizes hybrid inputs its own
+    way, and LiteRT's two CPU paths disagree by 2.6e-2 .. 2.1e-1 on these inputs; the model
+    is that sensitive (a 1e-6 relative input perturbation moves LiteRT's own output by up to
+    8e-2).
+    """
+    path = str(zoo_model("mobilenet_v1_dynamic"))
+    inputs, ours = _reference_run(path, seed)
+    err = relative_error(ours, _litert_builtin(path, inputs))
+    assert err <= 5e-2, f"relative error {err:.2e} > 5e-2"
