@@ -26,7 +26,16 @@ MODEL_TOLERANCES: dict[str, tuple[float, str]] = {
     # same inputs (measured with OpResolverType.AUTO vs BUILTIN_WITHOUT_DEFAULT_DELEGATES), so
     # 1e-4 against either would test LiteRT's rounding, not our semantics.
     "pose_landmark_full": (1e-3, "LiteRT's own CPU kernels disagree by 5e-4 on this model"),
+    # Dynamic-range (hybrid) model: activations are quantized on the fly, so float rounding
+    # differences flip quantization steps. LiteRT's XNNPACK and builtin paths disagree by
+    # 2.6e-2 .. 0.21 on the same inputs, and a 1e-6 input change moves XNNPACK's output by up
+    # to 8e-2; it is checked against LiteRT's builtin kernels, with the issue's bound of 5e-2
+    # relative to the output range.
+    "mobilenet_v1_dynamic": (5e-2, "hybrid kernels; oracle: LiteRT builtin kernels"),
 }
+
+#: Models checked against LiteRT's builtin kernels (no XNNPACK), with the reason above.
+BUILTIN_ORACLE = {"mobilenet_v1_dynamic"}
 
 
 @dataclass
@@ -60,11 +69,15 @@ def tolerance_for(name: str, precision: str = "fp32") -> float:
     return max(base, MODEL_TOLERANCES.get(name, (base, ""))[0])
 
 
-def litert_outputs(model_path: str, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    """Run LiteRT's CPU interpreter on the inputs."""
+def litert_outputs(
+    model_path: str, inputs: list[np.ndarray], *, builtin: bool = False
+) -> list[np.ndarray]:
+    """Run LiteRT's CPU interpreter on the inputs (XNNPACK, or its builtin kernels)."""
     from ai_edge_litert.interpreter import Interpreter as LiteRT
+    from ai_edge_litert.interpreter import OpResolverType
 
-    li = LiteRT(model_path=model_path)
+    kw = {"experimental_op_resolver_type": OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES} if builtin else {}
+    li = LiteRT(model_path=model_path, **kw)
     li.allocate_tensors()
     for d, x in zip(li.get_input_details(), inputs):
         li.set_tensor(d["index"], x)
@@ -124,8 +137,12 @@ def check_model(model_path: str | Path, *, seed: int = 0, **interpreter_kwargs: 
     except LitekilnError as exc:
         return CheckResult(name, False, float("inf"), tol, error=str(exc))
     seconds = time.perf_counter() - t0
-    ref = litert_outputs(path, inputs)
+    ref = litert_outputs(path, inputs, builtin=name in BUILTIN_ORACLE)
     err = relative_error(ours, ref)  # type: ignore[arg-type]
+    if name in BUILTIN_ORACLE:
+        # Relative to the output range, as the dynamic-range bound is stated.
+        rng = max(float(np.ptp(np.concatenate([r.reshape(-1) for r in ref]))), 1e-12)
+        err = max(float(np.abs(o.astype(np.float64) - r).max()) for o, r in zip(ours, ref)) / rng  # type: ignore[union-attr]
     if all(r.dtype.kind in "iu" for r in ref):
         # Quantized outputs: judged in quantization steps (mean <= 1, >= 95% within 2).
         mean_steps, within2 = integer_step_stats(ours, ref)  # type: ignore[arg-type]

@@ -86,34 +86,24 @@ def _json_default(o: Any) -> Any:
 
 
 def cmd_compile(a: argparse.Namespace) -> int:
-    from litekiln.interpreter import Interpreter
+    from litekiln.interpreter import precompile
 
+    kw = _interpreter_kwargs(a)
+    if kw.pop("device", None) == "reference":
+        raise LitekilnError("compile produces OpenCL programs; --device reference has nothing to compile")
+    kw.pop("use_cache", None)
+    if a.half:
+        kw["half"] = a.half
     results = []
     for path in a.models:
-        t0 = time.perf_counter()
-        kw = _interpreter_kwargs(a)
-        if kw.get("device") == "reference":
-            raise LitekilnError("compile targets OpenCL; --device reference has nothing to compile")
-        interp = Interpreter(model_path=path, **kw)
-        interp.allocate_tensors()
-        sess = interp._backend
-        c = sess.compiled
-        info = {
-            "model": path,
-            "token": interp.model.token,
-            "device": sess.device_name,
-            "partitions": len(c.partitions),
-            "gpu_ops": c.stats.get("gpu_ops"),
-            "cpu_ops": c.stats.get("cpu_ops"),
-            "kernels": c.stats.get("kernels"),
-            "seconds": round(time.perf_counter() - t0, 3),
-            "compile_seconds": c.stats.get("timings_s", {}).get("total"),
-        }
+        info = precompile(path, force=a.force, **kw)
         results.append(info)
         if not a.json:
+            state = "already cached" if info["cached"] else f"compiled in {info['compile_seconds']:.1f} s"
             print(
-                f"{path}: token {info['token']}, {info['partitions']} partition(s), "
-                f"{info['kernels']} kernels, ready in {info['seconds']:.2f} s on {info['device']}"
+                f"{path}: token {info['token']}, {info['partitions']} GPU partition(s), "
+                f"{info['kernels']} kernels, {info['gpu_ops']} ops on the GPU / {info['cpu_ops']} on "
+                f"the CPU; {state} -> {info['cache_dir']}"
             )
     if a.json:
         _print_json(results)
@@ -396,10 +386,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compile", help="compile models ahead of time into the cache",
                        description="Compile each model's GPU partitions to OpenCL and store them in "
-                       "the cache, so that the app's first Interpreter start is a cache hit. Ship "
-                       "the cache directory (or `litekiln cache export`) with the app.")
+                       "the cache, so that the app's first Interpreter start is a cache hit. No "
+                       "device is needed: the program is device-independent OpenCL, and each "
+                       "device builds and caches its binary at first load. Ship the cache "
+                       "directory (or `litekiln cache export`) with the app.")
     c.add_argument("models", nargs="+", metavar="MODEL")
     _add_model_options(c)
+    c.add_argument("--half", choices=["native", "emulated"],
+                   help="with --precision fp16: half kernels (GPUs, default) or fp32 kernels "
+                   "rounding to fp16 (devices without half arithmetic, e.g. PoCL)")
+    c.add_argument("--force", action="store_true", help="recompile even if cached")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(func=cmd_compile)
 

@@ -310,3 +310,61 @@ def random_inputs(model: Model, seed: int = 0) -> list[np.ndarray]:
             lo, hi = max(info.min, -128), min(info.max, 127)
             out.append(rng.integers(lo, hi + 1, tensor.shape).astype(tensor.dtype))
     return out
+
+
+def precompile(
+    model_path: str | os.PathLike[str],
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    precision: str | None = None,
+    model_token: str | None = None,
+    force: bool = False,
+    **options: Any,
+) -> dict[str, Any]:
+    """Compile a model into the cache at build time, without opening any device.
+
+    The compiled program is device-independent OpenCL; device binaries are built and cached
+    at the first load on each device.
+
+    Args:
+        model_path: the .tflite file.
+        cache_dir: the cache to fill (default: the default cache directory).
+        precision: "fp32" or "fp16"; with fp16, ``half="emulated"`` compiles the variant for
+            devices without half arithmetic (the default "native" is for GPUs).
+        model_token: the token the app will use (default: Fingerprint64 of the file).
+        force: recompile even if the cache already holds the model.
+        options: compile options (:class:`~litekiln.runtime.artifact.CompileOptions` fields).
+
+    Returns:
+        A summary: token, cached (bool), partitions, kernels, gpu/cpu op counts, seconds.
+
+    Raises:
+        ModelError, CompileError, CacheError: as their names say.
+    """
+    import time
+
+    from litekiln.cache.models import ModelCache
+    from litekiln.runtime.session import compile_for, split_options
+
+    t0 = time.perf_counter()
+    model = load_model(model_path, token=model_token)
+    copts, _ = split_options(options, config.PRECISION.get(precision))
+    cache = ModelCache.open(cache_dir)
+    compiled = None if force else cache.load_model(model.token, copts)
+    hit = compiled is not None
+    if compiled is None:
+        compiled = compile_for(model, copts)
+        cache.save_model(compiled)
+    return {
+        "model": os.fspath(model_path),
+        "token": model.token,
+        "cached": hit,
+        "options": copts.to_dict(),
+        "partitions": len(compiled.partitions),
+        "gpu_ops": compiled.stats.get("gpu_ops"),
+        "cpu_ops": compiled.stats.get("cpu_ops"),
+        "kernels": compiled.stats.get("kernels"),
+        "compile_seconds": compiled.stats.get("timings_s", {}).get("total"),
+        "seconds": round(time.perf_counter() - t0, 3),
+        "cache_dir": str(cache.store.directory),
+    }

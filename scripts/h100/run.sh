@@ -24,7 +24,7 @@ OUT=${OUT:-/tmp/litekiln-h100-out}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
 export PYTHONUNBUFFERED=1
-STEPS=${STEPS:-accuracy startup latency}
+STEPS=${STEPS:-accuracy startup latency accuracy16 latency16}
 
 if [ -n "${LOCAL:-}" ]; then
   PY=${PY:-$REPO/.venv/bin/python}
@@ -117,11 +117,13 @@ step() {  # step NAME FUNCTION: run it if NAME is in $STEPS, report its exit sta
   [ $rc -eq 0 ] || status=1
 }
 
-accuracy() {
+accuracy() { _accuracy fp32 accuracy.json; }
+accuracy16() { _accuracy fp16 accuracy_fp16.json; }
+_accuracy() {
   timeout "$T_ACCURACY" "$PY" scripts/check_model.py "${PATHS[@]}" --cache-dir "$CACHE" --json \
-    > "$OUT/accuracy.json"
+    --precision "$1" > "$OUT/$2"
   local rc=$?
-  "$PY" - "$OUT/accuracy.json" <<'EOF'
+  "$PY" - "$OUT/$2" <<'EOF'
 import json, sys
 for r in json.load(open(sys.argv[1])):
     verdict = "ok  " if r["ok"] else "FAIL"
@@ -140,8 +142,15 @@ latency() {
     --out "$OUT/latency.json" "${PATHS[@]}"
 }
 
+latency16() {
+  timeout "$T_LATENCY" "$PY" -m litekiln.bench --cache-dir "$CACHE" --runs "$RUNS" \
+    --precision fp16 --out "$OUT/latency_fp16.json" "${PATHS[@]}"
+}
+
 step accuracy accuracy
 step startup startup
 step latency latency
+step accuracy16 accuracy16
+step latency16 latency16
 echo "== results in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 exit $status
