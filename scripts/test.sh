@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The test suite: set up (PoCL, .venv with the compiler and test extras), materialise the small
-# models the tests use, run pytest. Extra arguments go to pytest. Safe to re-run.
+# The test suite: set up (PoCL, .venv with the compiler, test and zoo extras), materialise the
+# model zoo (MediaPipe models from PyPI, example models generated with TensorFlow), run pytest.
+# Extra arguments go to pytest. Safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh "compiler,test"
-.venv/bin/python scripts/make_zoo.py --only mediapipe
+scripts/setup.sh "compiler,test,zoo"
+.venv/bin/python scripts/make_zoo.py
 exec .venv/bin/python -m pytest "$@"
