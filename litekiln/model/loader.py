@@ -156,6 +156,21 @@ class _Loader:
     def text(raw: bytes | None) -> str:
         return raw.decode("utf-8", errors="replace") if raw else ""
 
+    def string(self, obj: Any, vtable_offset: int, what: str) -> str:
+        """A string field read with a bounds check (the generated readers silently cut a
+        string that runs past the end of the file)."""
+        tab = obj._tab
+        o = tab.Offset(vtable_offset)
+        if o == 0:
+            return ""
+        off = o + tab.Pos
+        off += struct.unpack_from("<I", self.data, off)[0]
+        length = struct.unpack_from("<I", self.data, off)[0]
+        start = off + 4
+        if start + length > self.nbytes:
+            raise self.fail(f"{what} runs past the end of the file: truncated?")
+        return self.data[start : start + length].decode("utf-8", errors="replace")
+
     # -- top level -------------------------------------------------------------------------
 
     def load(self, token: str | None) -> Model:
@@ -189,12 +204,12 @@ class _Loader:
         subgraphs = [self._subgraph(fb.Subgraphs(i), i, opcodes, buffers) for i in range(n_sub)]
         signatures = self._signatures(fb, subgraphs)
         n_meta = self.length(fb.MetadataLength(), "metadata list")
-        metadata_names = [self.text(fb.Metadata(i).Name()) for i in range(n_meta)]
+        metadata_names = [self.string(fb.Metadata(i), 4, f"metadata {i} name") for i in range(n_meta)]
         return Model(
             subgraphs=subgraphs,
             token=token if token is not None else model_token(self.data),
             version=version,
-            description=self.text(fb.Description()),
+            description=self.string(fb, 10, "model description"),
             signatures=signatures,
             metadata_names=metadata_names,
             name=self.name,
@@ -210,7 +225,7 @@ class _Loader:
             # Codes >= 127 live only in the int32 field; older files only fill the int8 one.
             code = max(int(oc.BuiltinCode()), int(oc.DeprecatedBuiltinCode()))
             version = int(oc.Version()) or 1
-            custom = self.text(oc.CustomCode()) if code == 32 else None
+            custom = self.string(oc, 6, f"custom code of operator-code entry {i}") if code == 32 else None
             name = builtin_name(code)
             if name is None:
                 raise self.fail(
@@ -271,7 +286,7 @@ class _Loader:
         return Quantization(scale=scale, zero_point=zp, axis=int(q.QuantizedDimension()))
 
     def _tensor(self, t: Any, index: int, buffers: list[memoryview | None]) -> Tensor:
-        name = self.text(t.Name())
+        name = self.string(t, 10, f"name of tensor {index}")  # Tensor.name
         shape = tuple(self.ints(t, "Shape", f"shape of tensor {index}"))
         sig = tuple(self.ints(t, "ShapeSignature", f"shape signature of tensor {index}")) or shape
         if any(d < 0 for d in shape):
@@ -405,7 +420,7 @@ class _Loader:
         outputs = check(
             self.ints(sg, "Outputs", f"outputs of subgraph {index}"), "graph output", False
         )
-        sub = Subgraph(index, self.text(sg.Name()), tensors, ops, inputs, outputs)
+        sub = Subgraph(index, self.string(sg, 12, f"name of subgraph {index}"), tensors, ops, inputs, outputs)
         _fold_constants(sub, self.fail)
         return sub
 
@@ -425,12 +440,12 @@ class _Loader:
                     t = int(e.TensorIndex())
                     if not 0 <= t < n_t:
                         raise self.fail(f"signature {i} {what} refers to missing tensor {t}")
-                    m[self.text(e.Name())] = t
+                    m[self.string(e, 4, f"signature {i} {what} name")] = t
                 return m
 
             out.append(
                 SignatureDef(
-                    key=self.text(s.SignatureKey()),
+                    key=self.string(s, 8, f"signature {i} key"),
                     subgraph_index=sg,
                     inputs=tmap(s.Inputs, s.InputsLength(), "input"),
                     outputs=tmap(s.Outputs, s.OutputsLength(), "output"),
