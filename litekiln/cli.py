@@ -94,6 +94,8 @@ def cmd_compile(a: argparse.Namespace) -> int:
     kw.pop("use_cache", None)
     if a.half:
         kw["half"] = a.half
+    if a.schedules:
+        kw["schedules"] = a.schedules
     results = []
     for path in a.models:
         info = precompile(path, force=a.force, **kw)
@@ -396,6 +398,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --precision fp16: half kernels (GPUs, default) or fp32 kernels "
                    "rounding to fp16 (devices without half arithmetic, e.g. PoCL)")
     c.add_argument("--force", action="store_true", help="recompile even if cached")
+    c.add_argument("--schedules", choices=["fast", "fast-cpu", "default"],
+                   help="kernel schedules: fast (GPUs, default), fast-cpu (CPU OpenCL such as "
+                   "PoCL) or default (TVM's generic rules); the app's device must match")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(func=cmd_compile)
 

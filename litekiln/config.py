@@ -111,8 +111,13 @@ MIN_PARTITION_OPS: Setting[int] = Setting(
     1,
     "Smallest GPU partition (in ops) worth its CPU/GPU synchronisation.",
 )
-TUNING: Setting[bool] = Setting(
-    "LITEKILN_TUNING", _bool, True, "Time kernel variants on first load and keep the fastest."
+SCHEDULES: Setting[str] = Setting(
+    "LITEKILN_SCHEDULES",
+    _choice("fast", "fast-cpu", "default"),
+    "fast",
+    "GPU kernel schedules: `fast` (litekiln's depthwise/pooling rules for large GPUs, dlight's "
+    "generic rules for the rest), `fast-cpu` (litekiln's rules tuned for CPU OpenCL such as "
+    "PoCL: serial conv reductions with large tiles) or `default` (dlight's generic rules only).",
 )
 LOG_LEVEL: Setting[str] = Setting(
     "LITEKILN_LOG", _choice("debug", "info", "warning", "error"), "warning", "Log level."
@@ -130,7 +135,7 @@ SETTINGS: tuple[Setting, ...] = (
     ALLOW_QUANTIZED,
     MAX_PARTITIONS,
     MIN_PARTITION_OPS,
-    TUNING,
+    SCHEDULES,
     LOG_LEVEL,
     ZOO_DIR,
 )

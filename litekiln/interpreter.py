@@ -348,6 +348,8 @@ def precompile(
 
     t0 = time.perf_counter()
     model = load_model(model_path, token=model_token)
+    if "schedules" not in options:
+        options["schedules"] = config.SCHEDULES.get()
     copts, _ = split_options(options, config.PRECISION.get(precision))
     cache = ModelCache.open(cache_dir)
     compiled = None if force else cache.load_model(model.token, copts)

@@ -27,6 +27,8 @@ stay untouched.
 
 from __future__ import annotations
 
+import dataclasses
+
 import importlib
 import time
 from collections.abc import Callable, Sequence
@@ -110,6 +112,35 @@ def default_schedule() -> SchedulePass:
         dl.gpu.GeneralReduction(),
         dl.gpu.Fallback(),
     )
+
+
+#: Names accepted by `schedule_named` (and by the ``LITEKILN_SCHEDULES`` setting).
+SCHEDULE_NAMES = ("fast", "fast-cpu", "default")
+
+
+def schedule_named(name: str | None = None) -> SchedulePass:
+    """The schedule pass called ``name``.
+
+    Args:
+        name: ``"fast"`` (`litekiln.compiler.schedules.fast_schedule` for large GPUs: our
+            depthwise/pooling rules, dlight's for the rest), ``"fast-cpu"`` (the same rules
+            tuned for CPU OpenCL such as PoCL: serial reductions everywhere, large tiles) or
+            ``"default"`` (`default_schedule`, dlight only).  ``None`` reads the
+            ``LITEKILN_SCHEDULES`` setting.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    from litekiln.config import SCHEDULES
+
+    name = SCHEDULES.get(name)
+    if name in ("fast", "fast-cpu"):
+        from litekiln.compiler.schedules import fast_schedule
+
+        return fast_schedule("cpu" if name == "fast-cpu" else "gpu")
+    if name == "default":
+        return default_schedule()
+    raise ValueError(f"unknown schedules {name!r}; expected one of {', '.join(SCHEDULE_NAMES)}")
 
 
 def build_relax_pipeline(target: tvm.target.Target, schedule: SchedulePass | None = None) -> tvm.transform.Pass:
@@ -642,6 +673,30 @@ def _ndrange(call: _KernelCall, where: str) -> tuple[tuple[int, ...], tuple[int,
 # --------------------------------------------------------------------------- entry points
 
 
+_MAX_KERNEL_NAME = 60
+
+
+def _shorten_kernel_names(source: str, launches: list[Launch]) -> tuple[str, list[Launch]]:
+    """Rename kernels whose fused names grow past 60 characters.
+
+    FuseOps names a kernel after every op it fused (e.g. ``fused_conv2d11_add12_tir_abs7_...``,
+    300+ characters with the fp16 rounding epilogue); PoCL fails to link such kernels, and no
+    driver needs them. The short name keeps a readable prefix and a unique index.
+    """
+    import re
+
+    long_names = sorted({l.kernel for l in launches if len(l.kernel) > _MAX_KERNEL_NAME})
+    if not long_names:
+        return source, launches
+    mapping = {n: f"{n[:40]}_k{i}" for i, n in enumerate(long_names)}
+    pattern = re.compile(r"\b(" + "|".join(re.escape(n) for n in long_names) + r")\b")
+    source = pattern.sub(lambda m: mapping[m.group(1)], source)
+    launches = [
+        dataclasses.replace(l, kernel=mapping.get(l.kernel, l.kernel)) for l in launches
+    ]
+    return source, launches
+
+
 def compile_relax_full(
     mod: tvm.IRModule,
     *,
@@ -649,6 +704,7 @@ def compile_relax_full(
     pipeline: tvm.transform.Pass | Callable[[tvm.target.Target], tvm.transform.Pass] | None = None,
     schedule: SchedulePass | None = None,
     build_options: str = DEFAULT_BUILD_OPTIONS,
+    schedules: str | None = None,
 ) -> CompileResult:
     """Compile a Relax module (one GPU partition) to a `GpuProgram`.
 
@@ -661,7 +717,13 @@ def compile_relax_full(
             with memory planning and VM lowering, like `build_relax_pipeline`.  Default:
             ``build_relax_pipeline(target, schedule)``.
         schedule: Schedule pass for the default pipeline (ignored if ``pipeline`` is given).
+            Default: ``schedule_named(schedules)``.
         build_options: clBuildProgram options stored in the program.
+        schedules: Name of the schedules when ``schedule`` is not given (``"fast"``,
+            ``"fast-cpu"`` or ``"default"``, see `schedule_named`); ``None`` reads
+            ``LITEKILN_SCHEDULES``.
+            Part of the compile options (cache key): callers holding `CompileOptions` pass
+            ``options.schedules``.
 
     Returns:
         A `CompileResult` (program, constants, per-phase timings).
@@ -679,7 +741,7 @@ def compile_relax_full(
 
     # 1. Relax pipeline.
     if pipeline is None:
-        relax_pass = build_relax_pipeline(tgt, schedule)
+        relax_pass = build_relax_pipeline(tgt, schedule if schedule is not None else schedule_named(schedules))
     elif isinstance(pipeline, tvm.transform.Pass):
         relax_pass = pipeline
     else:
@@ -736,6 +798,7 @@ def compile_relax_full(
                 gsize, lsize = _ndrange(kc, f"{call.func}/{kc.kernel}")
                 launches.append(Launch(kc.kernel, tuple(args), gsize, lsize, call.func))
 
+    source, launches = _shorten_kernel_names(source, launches)
     program = GpuProgram(
         source=source,
         build_options=build_options,

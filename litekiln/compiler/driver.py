@@ -76,7 +76,7 @@ def compile_model(
         mod = lower_partition(model.main, p, lower_opts)
         timings["lower"] = timings.get("lower", 0.0) + time.perf_counter() - t
         try:
-            result = compile_relax_full(mod, target=_target(options))
+            result = compile_relax_full(mod, target=_target(options), schedules=options.schedules)
         except CodegenError as exc:
             raise CompileError(f"{model.name}: {label}: {exc}") from None
         for k, v in result.timings.items():

@@ -36,6 +36,9 @@ class CompileOptions:
         target: the code-generation target ("opencl").
         half: for fp16, "native" half kernels, or "emulated" (fp32 kernels rounding every
             value to fp16) for devices without half arithmetic; chosen by the runtime.
+        schedules: kernel schedules: "fast" (GPUs), "fast-cpu" (CPU OpenCL such as PoCL) or
+            "default" (TVM dlight's generic rules); the runtime picks by device type unless
+            set explicitly (argument or LITEKILN_SCHEDULES).
     """
 
     precision: str = "fp32"
@@ -46,10 +49,15 @@ class CompileOptions:
     op_table: str = "documented"
     target: str = "opencl"
     half: str = "native"
+    schedules: str = "fast"
 
     def __post_init__(self) -> None:
         if self.precision not in ("fp32", "fp16"):
             raise ValueError(f"precision must be 'fp32' or 'fp16', got {self.precision!r}")
+        if self.schedules not in ("fast", "fast-cpu", "default"):
+            raise ValueError(
+                f"schedules must be 'fast', 'fast-cpu' or 'default', got {self.schedules!r}"
+            )
         if self.half not in ("native", "emulated"):
             raise ValueError(f"half must be 'native' or 'emulated', got {self.half!r}")
         if self.op_table not in ("documented", "extended"):

@@ -1,0 +1,528 @@
+"""litekiln's GPU schedules (`litekiln.compiler.schedules`) on PoCL, against numpy.
+
+Each case builds the Relax a TFLite op lowers to (NHWC, OHWI weights, depthwise as a grouped
+conv with ``(C*M)HW1`` weights, fused bias/activation/residual add), compiles it with
+``schedules="fast"``, checks which rule scheduled each kernel (ours, not dlight's fallback),
+that conv/pool kernels use no barriers (no cross-thread reduction), and compares with a float64
+numpy reference.
+
+Tolerance: 1e-5 relative to the output's range (rtol=1e-5, atol=1e-5 * max(1, max|ref|)): the
+reference is float64; the kernels sum up to ~600 float32 products in another order, so an
+output that cancels to near zero carries an absolute error of a few 1e-6 of the terms' scale
+(measured up to 1.3e-5 on a 3x3x64 conv whose outputs reach 7); indexing, tiling or predicate
+bugs give O(1) errors.  Whole models: the fast-scheduled GPU path against the numpy
+reference executor with the same bound as `litekiln.check` uses for float models.
+
+Needs an OpenCL device (PoCL in CI); skipped when pyopencl finds none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+cl = pytest.importorskip("pyopencl")
+tvm = pytest.importorskip("tvm")
+from tvm import relax  # noqa: E402
+
+from litekiln.compiler.codegen import compile_relax_full, schedule_named  # noqa: E402
+from litekiln.compiler.schedules import describe_rules, fast_schedule  # noqa: E402
+from litekiln.runtime.executor import PartitionExecutor  # noqa: E402
+
+pytestmark = pytest.mark.opencl
+
+RTOL = 1e-5
+ATOL = 1e-5
+RNG = np.random.default_rng(20261)
+
+
+def _rand(*shape: int) -> np.ndarray:
+    return RNG.uniform(-1.0, 1.0, size=shape).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def cl_env() -> tuple[Any, Any]:
+    """An OpenCL context/queue, PoCL preferred (our CI device)."""
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error:
+        platforms = []
+    devices = [d for p in platforms for d in p.get_devices()]
+    if not devices:
+        pytest.skip("no OpenCL device")
+    pocl = [d for d in devices if "Portable Computing Language" in d.platform.name]
+    dev = (pocl or devices)[0]
+    ctx = cl.Context([dev])
+    return ctx, cl.CommandQueue(ctx)
+
+
+def build_module(inputs: Sequence[tuple[str, Sequence[int]]], body: Callable[..., Any]) -> Any:
+    """Module with `main(*inputs)` whose body is `body(bb, *vars)` (returns the result expr)."""
+    bb = relax.BlockBuilder()
+    params = [relax.Var(n, relax.TensorType(shape=tuple(s), dtype="float32")) for n, s in inputs]
+    with bb.function("main", params):
+        with bb.dataflow():
+            gv = bb.emit_output(body(bb, *params))
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def rules_used(mod: Any, profile: str = "cpu") -> dict[str, str]:
+    """PrimFunc name -> the rule of `fast_schedule(profile)` that schedules it (after FuseTIR)."""
+    target = tvm.target.Target("opencl", host="llvm")
+    seq = tvm.transform.Sequential(
+        [
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant(),
+            relax.transform.FuseOps(),
+            relax.transform.FuseTIR(),
+        ]
+    )
+    with target:
+        fused = seq(mod)
+    return describe_rules(fused, target, profile)
+
+
+_GUARD_BYTES = 4096
+
+
+def run_guarded(cl_env: tuple[Any, Any], res: Any, args: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Run the program with a canary zone after every storage; fail on any write past the end.
+
+    Out-of-bounds stores (a tile or work-group tail without its predicate) often leave the
+    outputs right and corrupt the heap later; the canaries catch them at the kernel.
+    """
+    ctx, queue = cl_env
+    prog = res.program
+    sizes = {s.id: s.nbytes for s in prog.storages}
+    padded = dataclasses.replace(
+        prog,
+        storages=[dataclasses.replace(s, nbytes=s.nbytes + _GUARD_BYTES) for s in prog.storages],
+    )
+    ex = PartitionExecutor(padded, res.constants, ctx, queue)
+    bufs = ex._storage_buffers  # noqa: SLF001 - the test reaches into the executor on purpose
+    # A different NaN pattern per storage and word: a stray copy from one tail to another
+    # (an out-of-bounds read feeding an out-of-bounds write) must not look untouched.
+    canaries = {
+        sid: (0x7FC00000 | ((sid << 12) + np.arange(_GUARD_BYTES // 4)) & 0x3FFFFF).astype(
+            np.uint32
+        )
+        for sid in bufs
+    }
+    for sid, buf in bufs.items():
+        cl.enqueue_copy(queue, buf, canaries[sid], dst_offset=sizes[sid])
+    queue.finish()
+    outs = ex(*args)
+    for sid, buf in bufs.items():
+        tail = np.empty_like(canaries[sid])
+        cl.enqueue_copy(queue, tail, buf, src_offset=sizes[sid])
+        queue.finish()
+        assert (tail == canaries[sid]).all(), f"a kernel wrote past the end of storage {sid}"
+    return outs
+
+
+_SAME = "same"
+
+
+@pytest.fixture(params=["gpu", "cpu"])
+def profile(request: pytest.FixtureRequest) -> str:
+    """Both schedule profiles: ``gpu`` (`LITEKILN_SCHEDULES=fast`) and ``cpu`` (``fast-cpu``)."""
+    return str(request.param)
+
+
+def check(
+    cl_env: tuple[Any, Any],
+    mod: Any,
+    args: Sequence[np.ndarray],
+    refs: Sequence[np.ndarray],
+    profile: str = "cpu",
+    rule: str | None = "SerialReduction",
+    gpu_rule: str | None = _SAME,
+    schedule: Any = None,
+) -> Any:
+    """Compile with the fast schedules, run on OpenCL, compare; check the rule and barriers.
+
+    ``rule`` is the rule expected to schedule (one of) the kernels under the ``cpu`` profile,
+    ``gpu_rule`` under ``gpu`` (default: the same); ``None``: dlight's rules, which may use
+    barriers.  Our rules never do.
+    """
+    expect = rule if profile == "cpu" or gpu_rule == _SAME else gpu_rule
+    if expect is not None:
+        used = rules_used(mod, profile)
+        assert expect in used.values(), used
+    res = compile_relax_full(mod, schedule=schedule or fast_schedule(profile))
+    if expect is not None:
+        assert "barrier(" not in res.program.source
+    outs = run_guarded(cl_env, res, args)
+    assert len(outs) == len(refs)
+    for o, r in zip(outs, refs):
+        assert o.shape == r.shape
+        np.testing.assert_allclose(o, r, rtol=RTOL, atol=ATOL * max(1.0, float(np.abs(r).max())))
+    return res
+
+
+# --------------------------------------------------------------------------- numpy references
+
+
+def same_pads(h: int, w: int, k: int, s: int, d: int = 1) -> tuple[int, int, int, int]:
+    """TFLite SAME padding as (top, left, bottom, right)."""
+
+    def one(n: int) -> tuple[int, int]:
+        eff = (k - 1) * d + 1
+        out = (n + s - 1) // s
+        total = max((out - 1) * s + eff - n, 0)
+        return total // 2, total - total // 2
+
+    (t, b), (le, r) = one(h), one(w)
+    return t, le, b, r
+
+
+def conv_ref(
+    x: np.ndarray, w: np.ndarray, stride: int = 1, pad: Sequence[int] = (0, 0, 0, 0),
+    dilation: int = 1, groups: int = 1,
+) -> np.ndarray:
+    """NHWC conv, OHWI weights (grouped: O = groups * O/g, I = C/groups); float64."""
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    n, h, wd, c = x64.shape
+    o, kh, kw, i = w64.shape
+    pt, pl, pb, pr = pad
+    xp = np.pad(x64, ((0, 0), (pt, pb), (pl, pr), (0, 0)))
+    oh = (h + pt + pb - dilation * (kh - 1) - 1) // stride + 1
+    ow = (wd + pl + pr - dilation * (kw - 1) - 1) // stride + 1
+    og = o // groups
+    out = np.zeros((n, oh, ow, o))
+    for a in range(kh):
+        for b in range(kw):
+            ya, xb = a * dilation, b * dilation
+            rows = slice(ya, ya + stride * (oh - 1) + 1, stride)
+            cols = slice(xb, xb + stride * (ow - 1) + 1, stride)
+            patch = xp[:, rows, cols]
+            if groups == 1:
+                out += np.einsum("nhwi,oi->nhwo", patch, w64[:, a, b, :])
+            else:
+                for g in range(groups):
+                    out[..., g * og : (g + 1) * og] += np.einsum(
+                        "nhwi,oi->nhwo",
+                        patch[..., g * i : (g + 1) * i],
+                        w64[g * og : (g + 1) * og, a, b, :],
+                    )
+    return out
+
+
+def pool_ref(x: np.ndarray, k: int, s: int, pad: Sequence[int], mode: str) -> np.ndarray:
+    """NHWC pooling; average excludes padding (TFLite)."""
+    x64 = x.astype(np.float64)
+    n, h, w, c = x64.shape
+    pt, pl, pb, pr = pad
+    fill = -np.inf if mode == "max" else 0.0
+    xp = np.pad(x64, ((0, 0), (pt, pb), (pl, pr), (0, 0)), constant_values=fill)
+    ones = np.pad(np.ones((1, h, w, 1)), ((0, 0), (pt, pb), (pl, pr), (0, 0)))
+    oh, ow = (h + pt + pb - k) // s + 1, (w + pl + pr - k) // s + 1
+    out = np.empty((n, oh, ow, c))
+    for a in range(oh):
+        for b in range(ow):
+            win = xp[:, a * s : a * s + k, b * s : b * s + k, :]
+            cnt = ones[:, a * s : a * s + k, b * s : b * s + k, :].sum()
+            out[:, a, b, :] = win.max(axis=(1, 2)) if mode == "max" else win.sum(axis=(1, 2)) / cnt
+    return out
+
+
+def _conv_module(
+    x_shape: Sequence[int], w: np.ndarray, stride: int, pads: Sequence[int], dilation: int = 1,
+    groups: int = 1, bias: np.ndarray | None = None, act: str = "",
+    residual: Sequence[int] | None = None,
+) -> Any:
+    inputs = [("x", x_shape)] + ([("r", residual)] if residual is not None else [])
+
+    def body(bb: Any, xv: Any, *rest: Any) -> Any:
+        y = bb.emit(
+            relax.op.nn.conv2d(
+                xv, relax.const(w), strides=(stride, stride), padding=list(pads),
+                dilation=(dilation, dilation), groups=groups, data_layout="NHWC",
+                kernel_layout="OHWI",
+            )
+        )
+        if bias is not None:
+            y = bb.emit(relax.op.add(y, relax.const(bias)))
+        if act == "relu":
+            y = bb.emit(relax.op.nn.relu(y))
+        elif act == "relu6":
+            y = bb.emit(relax.op.clip(y, 0.0, 6.0))
+        if rest:
+            y = bb.emit(relax.op.add(y, rest[0]))
+        return y
+
+    return build_module(inputs, body)
+
+
+# --------------------------------------------------------------------------- convolutions
+
+
+def test_conv1x1_56x56x64_to_128_bias(cl_env: Any, profile: str) -> None:
+    x, w, b = _rand(1, 56, 56, 64), _rand(128, 1, 1, 64), _rand(128)
+    ref = conv_ref(x, w) + b
+    check(cl_env, _conv_module(x.shape, w, 1, (0, 0, 0, 0), bias=b), [x], [ref],
+          profile=profile, gpu_rule=None)
+
+
+def test_conv3x3_stride2_same_relu(cl_env: Any, profile: str) -> None:
+    # SAME with stride 2 on an even size pads (0, 1): asymmetric, fused into the conv.
+    x, w, b = _rand(1, 56, 56, 32), _rand(64, 3, 3, 32), _rand(64)
+    pads = same_pads(56, 56, 3, 2)
+    ref = np.maximum(conv_ref(x, w, stride=2, pad=pads) + b, 0)
+    check(cl_env, _conv_module(x.shape, w, 2, pads, bias=b, act="relu"), [x], [ref],
+          profile=profile, gpu_rule=None)
+
+
+def test_conv3x3_stride2_rgb_input_odd_channels(cl_env: Any, profile: str) -> None:
+    # First layer of MediaPipe detectors: 3 input channels; 6 output channels (fv = 2).
+    x, w, b = _rand(1, 64, 64, 3), _rand(6, 3, 3, 3), _rand(6)
+    pads = same_pads(64, 64, 3, 2)
+    ref = conv_ref(x, w, stride=2, pad=pads) + b
+    check(cl_env, _conv_module(x.shape, w, 2, pads, bias=b), [x], [ref], profile=profile)
+
+
+def test_conv5x5_same_odd_output_channels(cl_env: Any, profile: str) -> None:
+    x, w = _rand(1, 15, 17, 8), _rand(5, 5, 5, 8)
+    pads = same_pads(15, 17, 5, 1)
+    check(cl_env, _conv_module(x.shape, w, 1, pads), [x], [conv_ref(x, w, pad=pads)],
+          profile=profile, gpu_rule=None)
+
+
+def test_conv3x3_dilated_rate6(cl_env: Any, profile: str) -> None:
+    # DeepLab-style atrous conv: rate 6, SAME padding 6 on each side.
+    x, w, b = _rand(1, 33, 33, 32), _rand(32, 3, 3, 32), _rand(32)
+    pads = same_pads(33, 33, 3, 1, 6)
+    ref = conv_ref(x, w, pad=pads, dilation=6) + b
+    check(cl_env, _conv_module(x.shape, w, 1, pads, dilation=6, bias=b), [x], [ref],
+          profile=profile, gpu_rule=None)
+
+
+def test_conv_bias_relu6_residual_add(cl_env: Any, profile: str) -> None:
+    x, w, b, r = _rand(1, 28, 28, 64), _rand(64, 3, 3, 64), _rand(64), _rand(1, 28, 28, 64)
+    pads = same_pads(28, 28, 3, 1)
+    ref = np.clip(conv_ref(x, w, pad=pads) + b, 0, 6) + r
+    mod = _conv_module(x.shape, w, 1, pads, bias=b, act="relu6", residual=r.shape)
+    check(cl_env, mod, [x, r], [ref], profile=profile, gpu_rule=None)
+
+
+@pytest.mark.parametrize("min_work_items", [0, 1 << 30])
+def test_conv1x1_7x7_pixel_tile_tail(cl_env: Any, min_work_items: int) -> None:
+    # Late MobileNet layer: many channels, few pixels.  min_work_items=0 takes the largest
+    # tile (8 channels x 4 pixels: 7 is not a multiple of 4, the tail is predicated); a huge
+    # one the smallest (4 x 1).
+    x, w, b = _rand(1, 7, 7, 256), _rand(256, 1, 1, 256) * 0.1, _rand(256)
+    ref = np.clip(conv_ref(x, w) + b, 0, 6)
+    mod = _conv_module(x.shape, w, 1, (0, 0, 0, 0), bias=b, act="relu6")
+    check(cl_env, mod, [x], [ref], schedule=fast_schedule("cpu", min_work_items=min_work_items))
+
+
+@pytest.mark.parametrize("k,stride,dilation", [(3, 2, 1), (5, 1, 1), (3, 1, 2)])
+def test_conv_large_tiles_odd_sizes(cl_env: Any, k: int, stride: int, dilation: int) -> None:
+    # Largest tiles on sizes that none of them divide (13 wide, 12 output channels: fv = 4).
+    x, w, b = _rand(1, 13, 13, 8), _rand(12, k, k, 8), _rand(12)
+    pads = same_pads(13, 13, k, stride, dilation)
+    ref = np.maximum(conv_ref(x, w, stride=stride, pad=pads, dilation=dilation) + b, 0)
+    mod = _conv_module(x.shape, w, stride, pads, dilation=dilation, bias=b, act="relu")
+    check(cl_env, mod, [x], [ref], schedule=fast_schedule("cpu", min_work_items=0))
+
+
+# --------------------------------------------------------------------------- depthwise
+
+
+@pytest.mark.parametrize("k,stride", [(5, 1), (3, 2), (3, 1)])
+def test_depthwise_bias_relu(cl_env: Any, profile: str, k: int, stride: int) -> None:
+    c = 96
+    x, w, b = _rand(1, 28, 28, c), _rand(c, k, k, 1), _rand(c)
+    pads = same_pads(28, 28, k, stride)
+    ref = np.maximum(conv_ref(x, w, stride=stride, pad=pads, groups=c) + b, 0)
+    mod = _conv_module(x.shape, w, stride, pads, groups=c, bias=b, act="relu")
+    check(cl_env, mod, [x], [ref], profile=profile)
+
+
+def test_depthwise_multiplier2_odd_channels(cl_env: Any, profile: str) -> None:
+    # Depth multiplier 2 on 3 channels: grouped conv with 6 outputs, 1 input each.
+    x, w = _rand(1, 16, 16, 3), _rand(6, 3, 3, 1)
+    pads = same_pads(16, 16, 3, 1)
+    ref = conv_ref(x, w, pad=pads, groups=3)
+    check(cl_env, _conv_module(x.shape, w, 1, pads, groups=3), [x], [ref], profile=profile)
+
+
+# --------------------------------------------------------------------------- pooling
+
+
+@pytest.mark.parametrize(
+    "shape,k,s,same",
+    [
+        ((1, 56, 56, 64), 2, 2, False),
+        ((1, 15, 15, 24), 3, 1, True),
+        ((1, 28, 28, 6), 3, 2, True),
+        ((1, 9, 9, 6), 2, 2, False),  # 48 work-items in a 64-wide group: the tail is masked
+    ],
+)
+def test_max_pool(
+    cl_env: Any, profile: str, shape: tuple[int, ...], k: int, s: int, same: bool
+) -> None:
+    x = _rand(*shape)
+    pads = same_pads(shape[1], shape[2], k, s) if same else (0, 0, 0, 0)
+
+    def body(bb: Any, xv: Any) -> Any:
+        return relax.op.nn.max_pool2d(xv, pool_size=k, strides=s, padding=list(pads), layout="NHWC")
+
+    ref = pool_ref(x, k, s, pads, "max")
+    check(cl_env, build_module([("x", shape)], body), [x], [ref], profile=profile)
+
+
+@pytest.mark.parametrize(
+    "shape,k,s,same", [((1, 7, 7, 1024), 7, 1, False), ((1, 16, 16, 12), 3, 1, True)]
+)
+def test_avg_pool(
+    cl_env: Any, profile: str, shape: tuple[int, ...], k: int, s: int, same: bool
+) -> None:
+    x = _rand(*shape)
+    pads = same_pads(shape[1], shape[2], k, s) if same else (0, 0, 0, 0)
+
+    def body(bb: Any, xv: Any) -> Any:
+        return relax.op.nn.avg_pool2d(
+            xv, pool_size=k, strides=s, padding=list(pads), layout="NHWC", count_include_pad=False
+        )
+
+    ref = pool_ref(x, k, s, pads, "avg")
+    check(cl_env, build_module([("x", shape)], body), [x], [ref], profile=profile)
+
+
+# --------------------------------------------------------------------------- injective
+
+
+def test_pad_add_broadcast(cl_env: Any, profile: str) -> None:
+    a, b = _rand(1, 20, 20, 16), _rand(1, 1, 1, 16)
+
+    def body(bb: Any, av: Any, bv: Any) -> Any:
+        p = bb.emit(relax.op.nn.pad(av, [0, 0, 1, 2, 0, 1, 0, 0], "constant", 0.0))
+        return relax.op.add(p, bv)
+
+    ref = np.pad(a, ((0, 0), (1, 2), (0, 1), (0, 0))) + b
+    mod = build_module([("a", a.shape), ("b", b.shape)], body)
+    res = check(cl_env, mod, [a, b], [ref], rule="Injective", profile=profile, gpu_rule=None)
+    # Padding is an if_then_else: one element per work-item, not a scalarised 4-loop.
+    assert "for (" not in res.program.source
+
+
+def test_add_odd_channels_scalar(cl_env: Any, profile: str) -> None:
+    a, b = _rand(1, 9, 9, 3), _rand(1, 9, 9, 3)
+
+    def body(bb: Any, av: Any, bv: Any) -> Any:
+        return relax.op.nn.relu(relax.op.add(av, bv))
+
+    ref = np.maximum(a.astype(np.float64) + b, 0)
+    mod = build_module([("a", a.shape), ("b", b.shape)], body)
+    check(cl_env, mod, [a, b], [ref], rule="Injective", profile=profile, gpu_rule=None)
+
+
+@pytest.mark.parametrize("half_pixel", [True, False])
+def test_resize_bilinear(cl_env: Any, profile: str, half_pixel: bool) -> None:
+    x = _rand(1, 8, 8, 32)
+    mode = "half_pixel" if half_pixel else "asymmetric"
+
+    def body(bb: Any, xv: Any) -> Any:
+        return relax.op.image.resize2d(
+            xv, (16, 16), layout="NHWC", method="linear", coordinate_transformation_mode=mode
+        )
+
+    mod = build_module([("x", x.shape)], body)
+    res_fast = compile_relax_full(mod, schedule=fast_schedule(profile))
+    ctx, queue = cl_env
+    out = run_guarded(cl_env, res_fast, [x])[0]
+    # Same kernels under the default schedules are the oracle here (test_codegen checks those
+    # against numpy): the schedule must not change a single value.
+    res_def = compile_relax_full(build_module([("x", x.shape)], body), schedules="default")
+    want = PartitionExecutor(res_def.program, res_def.constants, ctx, queue)(x)[0]
+    np.testing.assert_allclose(out, want, rtol=RTOL, atol=ATOL)
+    if profile == "cpu":
+        assert "Injective" in rules_used(build_module([("x", x.shape)], body), profile).values()
+
+
+def test_concat_channels(cl_env: Any, profile: str) -> None:
+    a, b, c = _rand(1, 8, 8, 4), _rand(1, 8, 8, 8), _rand(1, 8, 8, 3)
+
+    def body(bb: Any, av: Any, bv: Any, cv: Any) -> Any:
+        return relax.op.concat([av, bv, cv], axis=3)
+
+    mod = build_module([("a", a.shape), ("b", b.shape), ("c", c.shape)], body)
+    check(cl_env, mod, [a, b, c], [np.concatenate([a, b, c], axis=3)], rule="Injective",
+          profile=profile, gpu_rule=None)
+
+
+def test_reshape_transpose_copy(cl_env: Any, profile: str) -> None:
+    x = _rand(1, 4, 6, 8)
+
+    def body(bb: Any, xv: Any) -> Any:
+        r = bb.emit(relax.op.reshape(xv, (1, 24, 8)))
+        return relax.op.permute_dims(r, [0, 2, 1])
+
+    ref = x.reshape(1, 24, 8).transpose(0, 2, 1)
+    check(cl_env, build_module([("x", x.shape)], body), [x], [ref], rule="Injective",
+          profile=profile, gpu_rule=None)
+
+
+def test_dense_falls_back_to_dlight(cl_env: Any, profile: str) -> None:
+    # A 1024 -> 100 classifier is a long reduction with few outputs: dlight's rules keep it.
+    x, w = _rand(1, 1024), _rand(100, 1024) * 0.05
+
+    def body(bb: Any, xv: Any) -> Any:
+        return relax.op.matmul(xv, relax.op.permute_dims(relax.const(w), [1, 0]))
+
+    mod = build_module([("x", x.shape)], body)
+    assert "SerialReduction" not in rules_used(mod).values()
+    check(cl_env, mod, [x], [x.astype(np.float64) @ w.T], rule=None, profile=profile)
+
+
+def test_schedule_named() -> None:
+    assert schedule_named("fast") is not None and schedule_named("default") is not None
+    assert schedule_named("fast-cpu") is not None
+    with pytest.raises(ValueError):
+        schedule_named("bogus")
+
+
+# --------------------------------------------------------------------------- whole models
+
+
+@pytest.mark.slow
+@pytest.mark.zoo
+@pytest.mark.parametrize("schedules", ["fast", "fast-cpu"])
+@pytest.mark.parametrize("name", ["face_detection_short_range", "mobilenet_v1"])
+def test_model_fast_matches_reference(
+    name: str, schedules: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import litekiln
+    from conftest import zoo_model
+
+    path = zoo_model(name)
+    monkeypatch.setenv("LITEKILN_SCHEDULES", schedules)
+    gpu = litekiln.Interpreter(path, use_cache=False)
+    ref = litekiln.Interpreter(path, device="reference")
+    inputs = gpu.random_inputs(seed=0)
+    got, want = gpu.run(inputs), ref.run(inputs)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        # float32 models: accumulated rounding over ~30 layers; 1e-4 of the output's range.
+        w64 = np.asarray(w, np.float64)
+        scale = max(float(np.abs(w64).max()), 1e-6)
+        np.testing.assert_allclose(np.asarray(g, np.float64), w64, rtol=0, atol=1e-4 * scale)
+
+
+def test_elementwise_vectorised(cl_env: Any, profile: str) -> None:
+    a, b = _rand(1, 20, 20, 16), _rand(1, 20, 20, 16)
+
+    def body(bb: Any, av: Any, bv: Any) -> Any:
+        return relax.op.clip(relax.op.add(av, bv), 0.0, 6.0)
+
+    ref = np.clip(a.astype(np.float64) + b, 0, 6)
+    mod = build_module([("a", a.shape), ("b", b.shape)], body)
+    res = check(cl_env, mod, [a, b], [ref], rule="Injective", profile=profile, gpu_rule=None)
+    assert ("vstore4" in res.program.source) == (profile == "cpu")
