@@ -99,6 +99,13 @@ ALLOW_QUANTIZED: Setting[bool] = Setting(
     True,
     "Accept quantized op versions on the GPU (float view); off: such ops run on the CPU.",
 )
+OP_TABLE: Setting[str] = Setting(
+    "LITEKILN_OP_TABLE",
+    _choice("documented", "extended"),
+    "documented",
+    "GPU op table: `documented` (the TFLite GPU delegate's documented table) or `extended` "
+    "(also MEAN, HARD_SWISH, TANH, DIV, DEPTH_TO_SPACE, ... which the delegate runs too).",
+)
 MAX_PARTITIONS: Setting[int] = Setting(
     "LITEKILN_MAX_PARTITIONS",
     int,
@@ -133,6 +140,7 @@ SETTINGS: tuple[Setting, ...] = (
     CACHE_SIZE,
     NO_CACHE,
     ALLOW_QUANTIZED,
+    OP_TABLE,
     MAX_PARTITIONS,
     MIN_PARTITION_OPS,
     SCHEDULES,

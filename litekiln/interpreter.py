@@ -19,6 +19,15 @@ from litekiln import config
 from litekiln.errors import InputError
 from litekiln.model import Model, Tensor, load_model
 
+# Imported with the module, not at the first Interpreter: an app imports litekiln once at
+# start-up, and every later Interpreter construction is then only model parsing, the cache
+# hit and the device work (the flatbuffer readers, the op registry, pyopencl and the cache
+# together take ~100-200 ms to import).
+import tflite  # noqa: E402,F401  (the flatbuffer readers the loader uses)
+import litekiln.ops  # noqa: E402,F401  (registers every op family)
+import litekiln.runtime.session  # noqa: E402,F401  (pyopencl, the executor, the cache)
+import litekiln.cache.models  # noqa: E402,F401
+
 REFERENCE = "reference"
 
 

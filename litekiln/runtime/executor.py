@@ -67,8 +67,7 @@ class PartitionExecutor:
         self._tensor_specs: dict[int, TensorSpec] = {t.id: t for t in program.tensors}
 
         self._cl_program = self._build(binary)
-        binaries = self._cl_program.get_info(cl.program_info.BINARIES)
-        self.binary: bytes | None = bytes(binaries[0]) if binaries and binaries[0] else None
+        self._given_binary = binary
 
         # Storages: one buffer each, allocated once.
         mf = cl.mem_flags
@@ -84,15 +83,21 @@ class PartitionExecutor:
 
         # Kernels: one cl.Kernel per launch (a kernel object holds its argument values, and the
         # same kernel may be launched several times with different buffers).
-        kernels_by_name = {k.function_name: k for k in self._cl_program.all_kernels()}
-        missing = [k for k in program.kernels if k not in kernels_by_name]
+        # Names from the program's info string: all_kernels() would create (and pyopencl set up)
+        # a kernel object per kernel only to read its name.
+        names = set(self._cl_program.get_info(cl.program_info.KERNEL_NAMES).split(";"))
+        missing = [k for k in program.kernels if k not in names]
         if missing:
             raise ExecutorError(f"kernels {missing} not found in the built OpenCL program")
         self._arg_slots: dict[int, list[tuple[cl.Kernel, int]]] = {}  # tensor id -> uses
         self._launches: list[tuple[cl.Kernel, tuple[int, ...], tuple[int, ...]]] = []
         max_wg = self.device.max_work_group_size
         max_items = self.device.max_work_item_sizes
+        first_of: dict[str, cl.Kernel] = {}
+        wg_limit: dict[str, int] = {}
         for i, launch in enumerate(program.launches):
+            # One kernel object per launch (each holds its own argument values); the work-group
+            # limit is the same for every object of a kernel, so it is asked once per name.
             kernel = cl.Kernel(self._cl_program, launch.kernel)
             values: list[Any] = []
             for j, arg in enumerate(launch.args):
@@ -101,9 +106,17 @@ class PartitionExecutor:
                     self._arg_slots.setdefault(arg.tensor, []).append((kernel, j))
                 else:
                     values.append(np.array(arg.value, dtype=SCALAR_TYPES[arg.ctype]))
-            kernel.set_args(*values)
+            # set_arg per argument, not set_args: set_args generates and compiles a Python
+            # argument-setter per kernel on first use (~1 ms each, 100+ kernels per model).
+            for j, value in enumerate(values):
+                kernel.set_arg(j, value)
             wg = int(np.prod(launch.local_size))
-            kernel_wg = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.device)
+            if launch.kernel not in first_of:
+                first_of[launch.kernel] = kernel
+                wg_limit[launch.kernel] = kernel.get_work_group_info(
+                    cl.kernel_work_group_info.WORK_GROUP_SIZE, self.device
+                )
+            kernel_wg = wg_limit[launch.kernel]
             if wg > min(max_wg, kernel_wg) or any(l > m for l, m in zip(launch.local_size, max_items)):
                 raise ExecutorError(
                     f"launch {i} ({launch.kernel}): work-group {launch.local_size} ({wg} items) exceeds "
@@ -112,6 +125,18 @@ class PartitionExecutor:
                 )
             self._launches.append((kernel, launch.global_size, launch.local_size))
         self._fast = self._make_fast_launcher()
+
+    @property
+    def binary(self) -> bytes | None:
+        """The device binary of the built program (for the binary cache), or None.
+
+        Queried on demand: reading CL_PROGRAM_BINARIES copies the whole binary out of the
+        driver, which a load from the cached binary never needs.
+        """
+        if self._given_binary is not None:
+            return self._given_binary
+        binaries = self._cl_program.get_info(cl.program_info.BINARIES)
+        return bytes(binaries[0]) if binaries and binaries[0] else None
 
     # ------------------------------------------------------------------ load helpers
     def _build(self, binary: bytes | None) -> cl.Program:
@@ -122,9 +147,7 @@ class PartitionExecutor:
                 return prg.build(options=options)
             except cl.Error as e:
                 raise ExecutorError(f"building from the cached device binary failed: {e}") from e
-        if "cl_khr_fp16" in self.program.source and "cl_khr_fp16" not in self.device.extensions:
-            # Checked up front: drivers report this as an opaque BUILD_PROGRAM_FAILURE.
-            raise ExecutorError(f"program uses half precision (cl_khr_fp16), which {self.device.name} lacks")
+        uses_half = "cl_khr_fp16" in self.program.source
         if not self.program.source:
             # A partition without kernels (pure reshapes/aliases) still needs no program;
             # keep an empty one so the rest of the code is uniform.
@@ -134,6 +157,14 @@ class PartitionExecutor:
         try:
             return cl.Program(self.context, src).build(options=options, devices=[self.device])
         except cl.RuntimeError as e:
+            if uses_half:
+                # Tried rather than checked against the extension list: NVIDIA builds half
+                # kernels without listing cl_khr_fp16 (GPU.md); PoCL cannot.
+                raise ExecutorError(
+                    f"{self.device.name} cannot build half-precision kernels (cl_khr_fp16); "
+                    "use precision='fp32', or compile the fp16 variant for devices without half "
+                    "arithmetic (`litekiln compile --precision fp16 --half emulated`)"
+                ) from e
             raise ExecutorError(f"OpenCL build failed on {self.device.name}: {e}") from e
 
     def _view(self, t: TensorSpec) -> cl.Buffer:

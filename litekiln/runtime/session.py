@@ -58,7 +58,13 @@ def split_options(options: Mapping[str, Any], precision: str) -> tuple[CompileOp
     Raises:
         TypeError: an option name is unknown.
     """
+    from litekiln import config
+
     compile_kw = {k: v for k, v in options.items() if k in _OPTION_NAMES}
+    compile_kw.setdefault("op_table", config.OP_TABLE.get())
+    compile_kw.setdefault("allow_quantized", config.ALLOW_QUANTIZED.get())
+    compile_kw.setdefault("max_partitions", config.MAX_PARTITIONS.get())
+    compile_kw.setdefault("min_partition_ops", config.MIN_PARTITION_OPS.get())
     runtime_kw = {k: v for k, v in options.items() if k not in _OPTION_NAMES}
     unknown = set(runtime_kw) - {"validate", "use_cache", "progress"}
     if unknown:
