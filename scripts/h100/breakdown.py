@@ -28,7 +28,7 @@ def main() -> None:
     from litekiln.runtime.device import select_device
     from litekiln.runtime.session import Session, default_schedules
 
-    marks: dict[str, float] = {"import_litekiln_ms": T_IMPORT * 1e3}
+    marks: dict[str, object] = {"model": a.model.rsplit("/", 1)[-1], "import_litekiln_ms": T_IMPORT * 1e3}
     t = time.perf_counter()
 
     def mark(name: str) -> None:
@@ -61,7 +61,7 @@ def main() -> None:
     mark("(inputs)")
     sess.run(dict(zip(model.main.inputs, x)))
     mark("first_run_ms")
-    print(json.dumps({k: round(v, 2) for k, v in marks.items()}))
+    print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in marks.items()}))
 
 
 if __name__ == "__main__":

@@ -142,6 +142,18 @@ latency() {
     --out "$OUT/latency.json" "${PATHS[@]}"
 }
 
+breakdown() {  # where a warm start's time goes, per model, each in a fresh process
+  for p in "${PATHS[@]}"; do
+    "$PY" scripts/h100/breakdown.py "$p" --cache-dir "$CACHE" 2>/dev/null | tail -1
+  done > "$OUT/breakdown.jsonl"
+  cat "$OUT/breakdown.jsonl"
+}
+
+latencyfast() {  # the ctypes launch loop (LITEKILN_FAST_LAUNCH=1) against pyopencl's
+  LITEKILN_FAST_LAUNCH=1 timeout "$T_LATENCY" "$PY" -m litekiln.bench --cache-dir "$CACHE" \
+    --runs "$RUNS" --out "$OUT/latency_fast.json" "${PATHS[@]}"
+}
+
 latency16() {
   timeout "$T_LATENCY" "$PY" -m litekiln.bench --cache-dir "$CACHE" --runs "$RUNS" \
     --precision fp16 --out "$OUT/latency_fp16.json" "${PATHS[@]}"
@@ -152,5 +164,7 @@ step startup startup
 step latency latency
 step accuracy16 accuracy16
 step latency16 latency16
+step breakdown breakdown
+step latencyfast latencyfast
 echo "== results in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 exit $status
