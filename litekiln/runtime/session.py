@@ -123,12 +123,26 @@ def open_session(
         from litekiln.cache.models import ModelCache
 
         store = ModelCache.open(cache_dir)
+    validate = bool(rt.get("validate", False))
+    try:
+        return Session(model, _load_or_compile(model, copts, store, rt), handle, store=store, validate=validate)
+    except DeviceError as exc:
+        if not (copts.precision == "fp16" and copts.half == "native" and "half-precision" in str(exc)):
+            raise
+        # The driver rejects the half kernels (NVIDIA's OpenCL compiler does not accept all of
+        # TVM's half code): run the fp16-rounding fp32 kernels instead, and say so.
+        log.warning("%s; using fp32 kernels that round every value to fp16", exc)
+        copts = dataclasses.replace(copts, half="emulated")
+        return Session(model, _load_or_compile(model, copts, store, rt), handle, store=store, validate=validate)
+
+
+def _load_or_compile(model: Model, copts: CompileOptions, store: Any, rt: dict[str, Any]) -> CompiledModel:
     compiled = store.load_model(model.token, copts) if store is not None else None
     if compiled is None:
         compiled = compile_for(model, copts, progress=rt.get("progress"))
         if store is not None:
             store.save_model(compiled)
-    return Session(model, compiled, handle, store=store, validate=bool(rt.get("validate", False)))
+    return compiled
 
 
 def default_schedules(handle: DeviceHandle) -> str:

@@ -142,6 +142,12 @@ latency() {
     --out "$OUT/latency.json" "${PATHS[@]}"
 }
 
+halflog() {  # why the device's OpenCL compiler rejects TVM's half kernels: the build log
+  PYOPENCL_COMPILER_OUTPUT=1 "$PY" scripts/h100/halflog.py "$CACHE" "${PATHS[@]}" \
+    > "$OUT/halflog.txt" 2>&1
+  head -c 2000 "$OUT/halflog.txt"
+}
+
 breakdown() {  # where a warm start's time goes, per model, each in a fresh process
   for p in "${PATHS[@]}"; do
     "$PY" scripts/h100/breakdown.py "$p" --cache-dir "$CACHE" 2>/dev/null | tail -1
@@ -164,6 +170,7 @@ step startup startup
 step latency latency
 step accuracy16 accuracy16
 step latency16 latency16
+step halflog halflog
 step breakdown breakdown
 step latencyfast latencyfast
 echo "== results in $OUT: $(ls "$OUT" | tr '\n' ' ')"
