@@ -148,6 +148,11 @@ class PartitionExecutor:
             except cl.Error as e:
                 raise ExecutorError(f"building from the cached device binary failed: {e}") from e
         uses_half = "cl_khr_fp16" in self.program.source
+        if uses_half and "cl_khr_fp16" not in self.device.extensions:
+            # TVM guards half code with `#ifdef cl_khr_fp16 ... #else #error`; NVIDIA's OpenCL
+            # builds half arithmetic without listing (or defining) the extension (GPU.md), so
+            # the macro is defined for it; a device that really lacks half still fails below.
+            options = [*options, "-Dcl_khr_fp16=1"]
         if not self.program.source:
             # A partition without kernels (pure reshapes/aliases) still needs no program;
             # keep an empty one so the rest of the code is uniform.
