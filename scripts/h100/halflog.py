@@ -25,10 +25,10 @@ def main() -> None:
         src = c.partitions[0].program.source
         print("==", m.name, "source lines", src.count("\n"))
         try:
-            cl.Program(ctx, src).build()
+            cl.Program(ctx, src).build(options=["-Dcl_khr_fp16=1"])
             print("built OK")
         except cl.Error as e:
-            print(str(e)[:6000])
+            print(str(e)[:12000])
         print(src[:3000])
         return
 
