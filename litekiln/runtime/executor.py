@@ -26,6 +26,19 @@ class ExecutorError(RuntimeError):
     """The program cannot be loaded or run on this device (message says why)."""
 
 
+# A driver that builds half code without claiming cl_khr_fp16 (NVIDIA) has no half overloads
+# of the built-ins, so `max(half, half)` is ambiguous between float and double. These
+# overloads compute in float and round back, the numerics of any half built-in.
+_HALF_OVERLOADS = "#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n" + "".join(
+    f"half __attribute__((overloadable)) {name}(half a, half b) {{ return (half){name}((float)a, (float)b); }}\n"
+    for name in ("max", "min", "fmax", "fmin", "pow", "fmod")
+) + "".join(
+    f"half __attribute__((overloadable)) {name}(half a) {{ return (half){name}((float)a); }}\n"
+    for name in ("fabs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "floor", "ceil",
+                 "round", "rint", "trunc", "sin", "cos", "erf")
+)
+
+
 class PartitionExecutor:
     """Loads a `GpuProgram` onto an OpenCL device and runs it.
 
@@ -153,12 +166,15 @@ class PartitionExecutor:
             # builds half arithmetic without listing (or defining) the extension (GPU.md), so
             # the macro is defined for it; a device that really lacks half still fails below.
             options = [*options, "-Dcl_khr_fp16=1"]
+            half_prelude = _HALF_OVERLOADS
+        else:
+            half_prelude = ""
         if not self.program.source:
             # A partition without kernels (pure reshapes/aliases) still needs no program;
             # keep an empty one so the rest of the code is uniform.
             src = "__kernel void litekiln_empty(void) {}\n"
         else:
-            src = self.program.source
+            src = half_prelude + self.program.source
         try:
             return cl.Program(self.context, src).build(options=options, devices=[self.device])
         except cl.RuntimeError as e:
