@@ -163,11 +163,15 @@ def compile_for(model: Model, options: CompileOptions, *, progress: Any = None) 
     Raises:
         CompileError: TVM is not installed (a runtime-only install met an uncached model).
     """
-    try:
-        import tvm  # noqa: F401  (only to learn whether the compiler can run here)
+    import importlib.util
 
+    try:
+        # Asked of the import system, not imported: the runtime never imports the compiler's
+        # dependencies itself (a blocked import, sys.modules["tvm"] = None, raises ValueError).
+        if importlib.util.find_spec("tvm") is None:
+            raise ImportError("apache-tvm is not installed")
         from litekiln.compiler.driver import compile_model, stderr_progress
-    except ImportError as exc:
+    except (ImportError, ValueError) as exc:
         raise CompileError(
             f"{model.name} (token {model.token}) is not in the cache and the compiler is not "
             f"available here ({exc}). Compile at build time with `litekiln compile MODEL "
