@@ -10,12 +10,22 @@ from litekiln.zoo import ZOO
 from conftest import zoo_model
 
 LITERT_RUNS = [n for n in ZOO if n not in ("face_landmark_with_attention",)]
+# Every float and fp16-weight zoo model that LiteRT runs (the GPU-path issue's scope); the
+# int8 and dynamic-range models are checked by tests/test_quantized_ops.py.
 GPU_CI = [
     "face_detection_short_range",
     "face_detection_full_range_sparse",
     "face_landmark",
     "hand_landmark_lite",
+    "palm_detection_lite",
+    "pose_landmark_full",
     "selfie_segmentation",
+    "mobilenet_v1",
+    "mobilenet_v1_fp16",
+    "deeplab_v3",
+    "ssd_mobilenet",
+    "posenet",
+    "smoke",
 ]
 
 
