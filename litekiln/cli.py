@@ -89,7 +89,7 @@ def cmd_compile(a: argparse.Namespace) -> int:
     from litekiln.interpreter import precompile
 
     kw = _interpreter_kwargs(a)
-    if kw.pop("device", None) == "reference":
+    if kw.get("device") == "reference":
         raise LitekilnError("compile produces OpenCL programs; --device reference has nothing to compile")
     kw.pop("use_cache", None)
     if a.half:
@@ -399,8 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "rounding to fp16 (devices without half arithmetic, e.g. PoCL)")
     c.add_argument("--force", action="store_true", help="recompile even if cached")
     c.add_argument("--schedules", choices=["fast", "fast-cpu", "default"],
-                   help="kernel schedules: fast (GPUs, default), fast-cpu (CPU OpenCL such as "
-                   "PoCL) or default (TVM's generic rules); the app's device must match")
+                   help="kernel schedules: fast (GPUs), fast-cpu (CPU OpenCL such as PoCL) or "
+                   "default (TVM's generic rules); default: the profile of --device, or of this "
+                   "machine's default OpenCL device, else fast")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(func=cmd_compile)
 

@@ -321,6 +321,23 @@ def random_inputs(model: Model, seed: int = 0) -> list[np.ndarray]:
     return out
 
 
+def _schedules_for(device: str | None) -> str:
+    """The schedule profile for the device the app will run on: ``LITEKILN_SCHEDULES`` if
+    set, else that of this machine's default (or named) OpenCL device, else the GPU one."""
+    import os as _os
+
+    from litekiln.errors import DeviceError
+    from litekiln.runtime.device import select_device
+    from litekiln.runtime.session import default_schedules
+
+    if _os.environ.get(config.SCHEDULES.env):
+        return config.SCHEDULES.get()
+    try:
+        return default_schedules(select_device(device))
+    except DeviceError:
+        return "fast"
+
+
 def precompile(
     model_path: str | os.PathLike[str],
     *,
@@ -342,7 +359,9 @@ def precompile(
             devices without half arithmetic (the default "native" is for GPUs).
         model_token: the token the app will use (default: Fingerprint64 of the file).
         force: recompile even if the cache already holds the model.
-        options: compile options (:class:`~litekiln.runtime.artifact.CompileOptions` fields).
+        options: compile options (:class:`~litekiln.runtime.artifact.CompileOptions` fields);
+            ``device`` names the OpenCL device whose schedule profile to use (default: this
+            machine's default device; "fast" for GPUs when there is none).
 
     Returns:
         A summary: token, cached (bool), partitions, kernels, gpu/cpu op counts, seconds.
@@ -357,8 +376,9 @@ def precompile(
 
     t0 = time.perf_counter()
     model = load_model(model_path, token=model_token)
+    device = options.pop("device", None)
     if "schedules" not in options:
-        options["schedules"] = config.SCHEDULES.get()
+        options["schedules"] = _schedules_for(device)
     copts, _ = split_options(options, config.PRECISION.get(precision))
     cache = ModelCache.open(cache_dir)
     compiled = None if force else cache.load_model(model.token, copts)

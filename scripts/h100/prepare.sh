@@ -54,7 +54,7 @@ unset LITEKILN_NO_CACHE LITEKILN_PRECISION
 : > .devcache/compile.jsonl
 while read -r name; do
   echo "prepare: compiling $name" >&2
-  "$PY" -m litekiln.cli compile "$KIT/models/$name.tflite" --cache-dir "$KIT/cache" --json \
+  "$PY" -m litekiln.cli compile "$KIT/models/$name.tflite" --cache-dir "$KIT/cache" --schedules fast --json \
     | "$PY" -c 'import json,sys; [print(json.dumps(r)) for r in json.load(sys.stdin)]' \
     >> .devcache/compile.jsonl
 done < .devcache/models.txt
@@ -65,7 +65,7 @@ for name in $FP16_MODELS; do
   for half in ${FP16_HALF:-native emulated}; do
     echo "prepare: compiling $name (fp16, $half)" >&2
     "$PY" -m litekiln.cli compile "$KIT/models/$name.tflite" --cache-dir "$KIT/cache" \
-      --precision fp16 --half "$half" > /dev/null
+      --precision fp16 --half "$half" --schedules fast > /dev/null
   done
 done
 
