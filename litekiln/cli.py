@@ -206,8 +206,15 @@ def cmd_inspect(a: argparse.Namespace) -> int:
         from litekiln.cache.models import ModelCache
         from litekiln.runtime.artifact import CompileOptions
 
+        from litekiln.interpreter import _schedules_for
+
         cache = ModelCache.open(a.cache_dir)
-        c = cache.load_model(model.token, CompileOptions(op_table=a.op_table or "documented"))
+        opts = CompileOptions(
+            op_table=a.op_table or "documented",
+            precision=a.precision or "fp32",
+            schedules=_schedules_for(a.device if a.device != "reference" else None),
+        )
+        c = cache.load_model(model.token, opts)
         info["kernels"] = None if c is None else c.stats.get("kernels")
     if a.json:
         _print_json(info)
