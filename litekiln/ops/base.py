@@ -210,7 +210,7 @@ class UnaryOp(OpDef):
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
-        x = _required(ctx, inputs, 0)
+        x = required(ctx, inputs, 0)
         y = np.asarray(cls.fn(x))
         return [y.astype(_compute_dtype(ctx.output_tensor().dtype, y.dtype), copy=False)]
 
@@ -222,7 +222,7 @@ class BinaryOp(OpDef):
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
-        x, y = _required(ctx, inputs, 0), _required(ctx, inputs, 1)
+        x, y = required(ctx, inputs, 0), required(ctx, inputs, 1)
         z = cls.fn(x, y)
         out_dtype = ctx.output_tensor().dtype
         z = apply_activation(np.asarray(z), fused_activation(ctx.op))
@@ -251,18 +251,18 @@ def _compute_dtype(tensor_dtype: np.dtype, value_dtype: np.dtype) -> np.dtype:
     return tensor_dtype
 
 
-def _required(ctx: OpContext, inputs: Sequence[np.ndarray | None], i: int) -> np.ndarray:
+def required(ctx: OpContext, inputs: Sequence[np.ndarray | None], i: int) -> np.ndarray:
+    """Input `i` of the op, which must be present (not an omitted optional input)."""
     if i >= len(inputs) or inputs[i] is None:
         raise ctx.fail(f"input {i} is required but missing")
     return inputs[i]  # type: ignore[return-value]
 
 
-required = _required
 
 
 def int_input(ctx: OpContext, inputs: Sequence[np.ndarray | None], i: int) -> np.ndarray:
     """An input that must be present (shape, axis, paddings...) as an int64 array."""
-    return np.asarray(_required(ctx, inputs, i)).astype(np.int64)
+    return np.asarray(required(ctx, inputs, i)).astype(np.int64)
 
 
 # -- executing one op -----------------------------------------------------------------------

@@ -242,18 +242,14 @@ class Session:
             tensor index -> value for the graph outputs and every tensor crossing a
             partition boundary.
         """
-        from litekiln.ops import run_op
-        from litekiln.reference import gather_inputs
+        from litekiln.reference import run_ops
 
         g = self.graph
         values: dict[int, np.ndarray] = dict(inputs)
         report = DivergenceReport(ok=True) if self.validate else None
         for kind, idx in self.compiled.steps:
             if kind == "cpu":
-                op = g.ops[idx]
-                for t, r in zip(op.outputs, run_op(op, g, gather_inputs(op, g, values))):
-                    if t >= 0:
-                        values[t] = r
+                run_ops([g.ops[idx]], g, values)
                 continue
             part = self.compiled.partitions[idx]
             ex = self.executors[idx]
