@@ -8,6 +8,7 @@ is imported inside the functions.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,16 +27,14 @@ MODEL_TOLERANCES: dict[str, tuple[float, str]] = {
     # same inputs (measured with OpResolverType.AUTO vs BUILTIN_WITHOUT_DEFAULT_DELEGATES), so
     # 1e-4 against either would test LiteRT's rounding, not our semantics.
     "pose_landmark_full": (1e-3, "LiteRT's own CPU kernels disagree by 5e-4 on this model"),
-    # Dynamic-range (hybrid) model: activations are quantized on the fly, so float rounding
-    # differences flip quantization steps. LiteRT's XNNPACK and builtin paths disagree by
-    # 2.6e-2 .. 0.21 on the same inputs, and a 1e-6 input change moves XNNPACK's output by up
-    # to 8e-2; it is checked against LiteRT's builtin kernels, with the issue's bound of 5e-2
-    # relative to the output range.
-    "mobilenet_v1_dynamic": (5e-2, "hybrid kernels; oracle: LiteRT builtin kernels"),
+    # Dynamic-range (hybrid) model: LiteRT quantizes activations on the fly to int8 before
+    # each hybrid op, litekiln runs its float view (weights dequantized once): the quantized
+    # model issue bounds the difference at 5e-2 of the output range.
+    "mobilenet_v1_dynamic": (5e-2, "hybrid kernels vs float view; relative to output range"),
 }
 
-#: Models checked against LiteRT's builtin kernels (no XNNPACK), with the reason above.
-BUILTIN_ORACLE = {"mobilenet_v1_dynamic"}
+#: Models whose error is measured relative to the output range (max - min), not max|ref|.
+RANGE_RELATIVE = {"mobilenet_v1_dynamic"}
 
 
 @dataclass
@@ -70,19 +69,46 @@ def tolerance_for(name: str, precision: str = "fp32") -> float:
 
 
 def litert_outputs(
-    model_path: str, inputs: list[np.ndarray], *, builtin: bool = False
+    model_path: str, inputs: list[np.ndarray], *, builtin: bool = False,
+    extra: tuple[int, ...] = (),
 ) -> list[np.ndarray]:
-    """Run LiteRT's CPU interpreter on the inputs (XNNPACK, or its builtin kernels)."""
+    """Run LiteRT's CPU interpreter on the inputs (XNNPACK, or its builtin kernels).
+
+    Args:
+        extra: further tensor indices whose values to append after the outputs (LiteRT then
+            keeps every tensor, ``experimental_preserve_all_tensors``).
+    """
     from ai_edge_litert.interpreter import Interpreter as LiteRT
     from ai_edge_litert.interpreter import OpResolverType
 
-    kw = {"experimental_op_resolver_type": OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES} if builtin else {}
-    li = LiteRT(model_path=model_path, **kw)
+    kw: dict[str, Any] = {"experimental_preserve_all_tensors": True} if extra else {}
+    if builtin:
+        kw["experimental_op_resolver_type"] = OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+    with warnings.catch_warnings():
+        # preserve_all_tensors warns that it is meant for debugging, which this is.
+        warnings.simplefilter("ignore", UserWarning)
+        li = LiteRT(model_path=model_path, **kw)
     li.allocate_tensors()
     for d, x in zip(li.get_input_details(), inputs):
         li.set_tensor(d["index"], x)
     li.invoke()
-    return [li.get_tensor(d["index"]) for d in li.get_output_details()]
+    return [li.get_tensor(d["index"]) for d in li.get_output_details()] + [li.get_tensor(t) for t in extra]
+
+
+#: Custom ops whose outputs are a ranking (non-maximum suppression): at fp16, near-tied
+#: scores (0.9211 vs 0.9210 in ssd_mobilenet) swap places, so the rows of the outputs are
+#: compared only at fp32; at fp16 the check compares the op's inputs (raw box encodings and
+#: class scores: what the GPU computes) and requires the same number of detections.
+RANKING_OPS = ("TFLite_Detection_PostProcess",)
+
+
+def ranking_inputs(model: Any) -> tuple[int, ...]:
+    """Tensor indices that feed a ranking op (see :data:`RANKING_OPS`), in op order."""
+    g = model.main
+    return tuple(
+        t for op in g.ops if op.name in RANKING_OPS or op.custom_code in RANKING_OPS
+        for t in op.inputs if t >= 0 and g.tensors[t].data is None
+    )
 
 
 def integer_step_stats(ours: list[np.ndarray], ref: list[np.ndarray]) -> tuple[float, float]:
@@ -111,6 +137,12 @@ def relative_error(ours: list[np.ndarray], ref: list[np.ndarray]) -> float:
     return worst
 
 
+def _same_detection_count(interp: Any, ref_outputs: list[np.ndarray]) -> bool:
+    """Whether the 1-element outputs (detection counts) agree with LiteRT's."""
+    ours = [interp.get_tensor(t) for t in interp.model.main.outputs]
+    return all(np.array_equal(o, r) for o, r in zip(ours, ref_outputs) if r.size == 1)
+
+
 def check_model(model_path: str | Path, *, seed: int = 0, **interpreter_kwargs: Any) -> CheckResult:
     """Compare litekiln's outputs with LiteRT's on seeded random inputs.
 
@@ -137,9 +169,19 @@ def check_model(model_path: str | Path, *, seed: int = 0, **interpreter_kwargs: 
     except LitekilnError as exc:
         return CheckResult(name, False, float("inf"), tol, error=str(exc))
     seconds = time.perf_counter() - t0
-    ref = litert_outputs(path, inputs, builtin=name in BUILTIN_ORACLE)
+    ranked = ranking_inputs(interp.model) if interpreter_kwargs.get("precision") == "fp16" else ()
+    ref = litert_outputs(path, inputs, extra=ranked)
+    if ranked:
+        # Compare what feeds the ranking op instead of its reordered rows (RANKING_OPS).
+        n_out = len(ours)
+        ours = [interp.get_tensor(t) for t in ranked]  # type: ignore[assignment]
+        ranked_out, ref = ref[:n_out], ref[n_out:]
+        same_count = _same_detection_count(interp, ranked_out)
+        if not same_count:
+            return CheckResult(name, False, float("inf"), tol, device, seconds,
+                               error="number of detections differs from LiteRT's")
     err = relative_error(ours, ref)  # type: ignore[arg-type]
-    if name in BUILTIN_ORACLE:
+    if name in RANGE_RELATIVE:
         # Relative to the output range, as the dynamic-range bound is stated.
         rng = max(float(np.ptp(np.concatenate([r.reshape(-1) for r in ref]))), 1e-12)
         err = max(float(np.abs(o.astype(np.float64) - r).max()) for o, r in zip(ours, ref)) / rng  # type: ignore[union-attr]

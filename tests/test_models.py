@@ -41,3 +41,32 @@ def test_reference_matches_litert(name: str) -> None:
 def test_gpu_path_matches_litert(name: str) -> None:
     r = check_model(zoo_model(name), use_cache=False)
     assert r.ok, r.line()
+
+
+# precision="fp16" against LiteRT fp32 (bound 1e-2 * max(1, max|LiteRT|)). PoCL has no half
+# arithmetic, so CI runs the fp16-rounding fp32 kernels: the numerics of half storage with
+# float accumulation, which the native half kernels (H100) share. ssd_mobilenet is compared
+# before its non-maximum suppression (litekiln.check.RANKING_OPS).
+FP16_CI = ["smoke", "face_detection_short_range", "mobilenet_v1_fp16", "ssd_mobilenet"]
+
+# Quantized models through the float view (8-bit I/O (de)quantized on the CPU, quantization
+# simulated between ops): int8 outputs within the step bounds, dynamic-range outputs
+# within 5e-2 of the output range (litekiln/check.py).
+QUANTIZED_CI = ["smoke_int8", "mobilenet_v1_int8", "mobilenet_v1_dynamic"]
+
+
+@pytest.mark.opencl
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FP16_CI)
+def test_gpu_fp16_matches_litert_fp32(name: str) -> None:
+    r = check_model(zoo_model(name), use_cache=False, precision="fp16")
+    assert r.ok, r.line()
+    assert r.tolerance == 1e-2
+
+
+@pytest.mark.opencl
+@pytest.mark.slow
+@pytest.mark.parametrize("name", QUANTIZED_CI)
+def test_gpu_quantized_matches_litert(name: str) -> None:
+    r = check_model(zoo_model(name), use_cache=False)
+    assert r.ok, r.line()

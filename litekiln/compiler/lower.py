@@ -27,6 +27,11 @@ from litekiln.ops.base import dequantize, is_quantized
 
 Expr = Any  # relax.Expr; kept loose because TVM's Python typing is dynamic
 
+#: Reductions accumulate in float32 whatever the storage precision (fp16 sums over a 3x3x256
+#: window lose ~1e-2 relative; cuDNN and the TFLite GPU delegate's fp16 path on desktop GPUs
+#: accumulate in float32 too).
+ACC_DTYPE = "float32"
+
 
 @dataclass
 class LowerOptions:
@@ -34,9 +39,11 @@ class LowerOptions:
 
     precision: str = "fp32"  # "fp32" or "fp16"
     quant_simulation: bool = True  # fake-quantize outputs of quantized tensors
-    # fp16 on a device without half arithmetic: fp32 kernels that round every constant and
-    # every op output to the nearest fp16 value (the numerics of half storage with float
-    # arithmetic, without the memory saving).
+    # fp16: "native" stores every tensor and constant in half and does elementwise arithmetic
+    # in half, but accumulates reductions (convolutions, fully connected, average pooling,
+    # mean, softmax) and interpolates (resize) in float32, as GPU fp16 paths do. "emulated"
+    # is for devices without half: fp32 kernels that round every constant and every op
+    # output to the nearest fp16 value (the same numerics, without the memory saving).
     half: str = "native"  # "native" or "emulated"
 
 
@@ -79,6 +86,18 @@ class _Ctx:
 
     def fconst(self, array: np.ndarray | float) -> Expr:
         return relax.const(np.asarray(array, dtype=self.lw.dtype), self.lw.dtype)
+
+    def aconst(self, array: np.ndarray | float) -> Expr:
+        """A float constant in the accumulation dtype (float32 in every mode)."""
+        return relax.const(np.asarray(array, dtype=ACC_DTYPE), ACC_DTYPE)
+
+    def to_acc(self, x: Expr) -> Expr:
+        """``x`` in the accumulation dtype (a cast only when tensors are stored in half)."""
+        return x if self.lw.dtype == ACC_DTYPE else self.emit(relax.op.astype(x, ACC_DTYPE))
+
+    def to_storage(self, x: Expr) -> Expr:
+        """``x`` (accumulation dtype) back in the storage dtype."""
+        return x if self.lw.dtype == ACC_DTYPE else self.emit(relax.op.astype(x, self.lw.dtype))
 
     def fail(self, msg: str) -> CompileError:
         return CompileError(f"{self.op.describe()}: {msg}")
@@ -268,9 +287,15 @@ def _pads(ctx: _Ctx, h: int, w: int, kh: int, kw: int, sh: int, sw: int, dh: int
 
 
 def _bias(ctx: _Ctx, y: Expr, i: int) -> Expr:
+    """Add the bias (operand ``i``, if present) to an accumulation-dtype result."""
     if ctx.has(i):
-        y = ctx.emit(relax.op.add(y, ctx.fconst(ctx.const(i).reshape(-1))))
+        y = ctx.emit(relax.op.add(y, ctx.aconst(ctx.const(i).reshape(-1))))
     return y
+
+
+def _epilogue(ctx: _Ctx, y: Expr, bias: int) -> list[Expr]:
+    """Bias and fused activation in the accumulation dtype, then back to storage."""
+    return [ctx.to_storage(_activation(ctx, _bias(ctx, y, bias)))]
 
 
 # -- emitters ----------------------------------------------------------------------------------
@@ -288,10 +313,10 @@ def _conv2d(ctx: _Ctx) -> list[Expr]:
     y = ctx.emit(
         relax.op.nn.conv2d(
             x, ctx.fconst(w), strides=(sh, sw), padding=pads, dilation=(dh, dw),
-            groups=cin // wi, data_layout="NHWC", kernel_layout="OHWI",
+            groups=cin // wi, data_layout="NHWC", kernel_layout="OHWI", out_dtype=ACC_DTYPE,
         )
     )
-    return [_activation(ctx, _bias(ctx, y, 2))]
+    return _epilogue(ctx, y, 2)
 
 
 @emitter("DEPTHWISE_CONV_2D")
@@ -307,10 +332,10 @@ def _dwconv(ctx: _Ctx) -> list[Expr]:
     y = ctx.emit(
         relax.op.nn.conv2d(
             x, ctx.fconst(w), strides=(sh, sw), padding=pads, dilation=(dh, dw),
-            groups=cin, data_layout="NHWC", kernel_layout="OHWI",
+            groups=cin, data_layout="NHWC", kernel_layout="OHWI", out_dtype=ACC_DTYPE,
         )
     )
-    return [_activation(ctx, _bias(ctx, y, 2))]
+    return _epilogue(ctx, y, 2)
 
 
 @emitter("TRANSPOSE_CONV")
@@ -335,12 +360,11 @@ def _transpose_conv(ctx: _Ctx) -> list[Expr]:
     y = ctx.emit(
         relax.op.nn.conv2d_transpose(
             xn, ctx.fconst(wt), strides=(sh, sw), padding=(pt, pl, max(pb, 0), max(pr, 0)),
-            output_padding=out_pad, data_layout="NCHW", kernel_layout="IOHW",
+            output_padding=out_pad, data_layout="NCHW", kernel_layout="IOHW", out_dtype=ACC_DTYPE,
         )
     )
     y = ctx.emit(relax.op.permute_dims(y, [0, 2, 3, 1]))
-    y = _bias(ctx, y, 3)
-    return [_activation(ctx, y)]
+    return _epilogue(ctx, y, 3)
 
 
 @emitter("FULLY_CONNECTED")
@@ -350,9 +374,8 @@ def _fully_connected(ctx: _Ctx) -> list[Expr]:
     n_in = w.shape[1]
     rows = ctx.tensor(0).size // n_in
     x2 = ctx.emit(relax.op.reshape(x, (rows, n_in)))
-    y = ctx.emit(relax.op.matmul(x2, ctx.fconst(np.ascontiguousarray(w.T))))
-    y = _bias(ctx, y, 2)
-    return [_activation(ctx, y)]
+    y = ctx.emit(relax.op.matmul(x2, ctx.fconst(np.ascontiguousarray(w.T)), out_dtype=ACC_DTYPE))
+    return _epilogue(ctx, y, 2)
 
 
 def _binary(fn: Callable[[Expr, Expr], Expr]) -> Emitter:
@@ -420,12 +443,13 @@ def _pool(kind: str) -> Emitter:
         kh, kw = int(ctx.options["filter_height"]), int(ctx.options["filter_width"])
         sh, sw = int(ctx.options.get("stride_h", 1)), int(ctx.options.get("stride_w", 1))
         pads = _pads(ctx, h, w, kh, kw, sh, sw)
-        fn = relax.op.nn.max_pool2d if kind == "max" else relax.op.nn.avg_pool2d
-        y = ctx.emit(
-            fn(ctx.arg(0), pool_size=(kh, kw), strides=(sh, sw), padding=pads, layout="NHWC",
-               count_include_pad=False)
-        )
-        return [_activation(ctx, y)]
+        if kind == "max":  # exact in any precision: stays in the storage dtype
+            y = relax.op.nn.max_pool2d(ctx.arg(0), pool_size=(kh, kw), strides=(sh, sw),
+                                       padding=pads, layout="NHWC")
+            return [_activation(ctx, ctx.emit(y))]
+        y = relax.op.nn.avg_pool2d(ctx.to_acc(ctx.arg(0)), pool_size=(kh, kw), strides=(sh, sw),
+                                   padding=pads, layout="NHWC", count_include_pad=False)
+        return [ctx.to_storage(_activation(ctx, ctx.emit(y)))]
 
     return emit
 
@@ -497,7 +521,7 @@ def _strided_slice(ctx: _Ctx) -> list[Expr]:
 
 @emitter("SOFTMAX")
 def _softmax(ctx: _Ctx) -> list[Expr]:
-    return [ctx.emit(relax.op.nn.softmax(ctx.arg(0), axis=-1))]
+    return [ctx.to_storage(ctx.emit(relax.op.nn.softmax(ctx.to_acc(ctx.arg(0)), axis=-1)))]
 
 
 @emitter("MEAN")
@@ -509,7 +533,7 @@ def _mean(ctx: _Ctx) -> list[Expr]:
         # A rank-0 reduction fails TVM's scheduling (block_realize check): reduce keeping the
         # dims; the lowering reshapes to the declared scalar shape.
         keep = True
-    return [ctx.emit(relax.op.mean(ctx.arg(0), axis=axes, keepdims=keep))]
+    return [ctx.to_storage(ctx.emit(relax.op.mean(ctx.to_acc(ctx.arg(0)), axis=axes, keepdims=keep)))]
 
 
 @emitter("RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR")
@@ -517,7 +541,8 @@ def _resize(ctx: _Ctx) -> list[Expr]:
     _, oh, ow, _ = ctx.out().shape
     align = bool(ctx.options.get("align_corners", False))
     half = bool(ctx.options.get("half_pixel_centers", False))
-    x = ctx.arg(0)
+    # Coordinates and blend weights in float32: half cannot hold 255.5 exactly.
+    x = ctx.to_acc(ctx.arg(0))
     ones = [ax for ax, size in ((1, oh), (2, ow)) if size == 1] if align else []
     if ones:
         # TFLite: align_corners with an output size of 1 reads index 0 (scale in/out, source
@@ -547,7 +572,7 @@ def _resize(ctx: _Ctx) -> list[Expr]:
     y = ctx.emit(y)
     if ones:
         y = ctx.emit(relax.op.strided_slice(y, ones, [0] * len(ones), [1] * len(ones)))
-    return [y]
+    return [ctx.to_storage(y)]
 
 
 @emitter("DEPTH_TO_SPACE")

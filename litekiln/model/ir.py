@@ -9,6 +9,8 @@ indices do not move, and executors skip them).
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,6 +137,12 @@ class Subgraph:
     def live_ops(self) -> list[Op]:
         """Ops that executors run (everything the loader did not fold)."""
         return [op for op in self.ops if not op.folded]
+
+    @functools.cached_property
+    def is_quantized(self) -> bool:
+        """Whether any tensor holds 8/16-bit quantized integers (an int8, dynamic-range or
+        quantized-IO model): its float ops then carry the quantized ops' version numbers."""
+        return any(t.quantization is not None and t.dtype.kind in "iu" for t in self.tensors)
 
     def producers(self) -> dict[int, int]:
         """Map tensor index -> index of the (live) op that writes it."""

@@ -140,7 +140,13 @@ class OpDef:
             for t in [*op.inputs, *op.outputs]
             if t >= 0
         )
-        limit = cls.gpu_quant_max_version if (quantized and allow_quantized) else cls.gpu_max_version
+        # In a quantized model even the float ops carry the quantized versions (the converter
+        # writes CONV_2D v5 for the float first layer of a dynamic-range MobileNet).
+        limit = (
+            cls.gpu_quant_max_version
+            if allow_quantized and (quantized or graph.is_quantized)
+            else cls.gpu_max_version
+        )
         if op.version > limit:
             return f"version {op.version} > {limit}, the newest the GPU path accepts"
         if quantized and not allow_quantized:

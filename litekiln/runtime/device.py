@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from litekiln.errors import DeviceError
@@ -123,8 +126,26 @@ def supports_half(handle: DeviceHandle) -> bool:
 
     if "cl_khr_fp16" in handle.device.extensions:  # type: ignore[attr-defined]
         return True
-    try:
-        cl.Program(handle.context, _HALF_PROBE).build()
-    except cl.Error:
-        return False
+    with _quiet_stderr():  # a failing probe is expected; PoCL's compiler prints to fd 2
+        try:
+            cl.Program(handle.context, _HALF_PROBE).build()
+        except cl.Error:
+            return False
     return True
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 (drivers' compilers write there directly, not via Python)."""
+    try:
+        saved = os.dup(2)
+    except OSError:  # no fd 2 (embedded interpreters): nothing to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
