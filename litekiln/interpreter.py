@@ -25,8 +25,10 @@ from litekiln.model import Model, Tensor, load_model
 # together take ~100-200 ms to import).
 import tflite  # noqa: E402,F401  (the flatbuffer readers the loader uses)
 import litekiln.ops  # noqa: E402,F401  (registers every op family)
-import litekiln.runtime.session  # noqa: E402,F401  (pyopencl, the executor, the cache)
+import litekiln.runtime.session  # noqa: E402,F401  (the session and the cache)
+import litekiln.runtime.executor  # noqa: E402,F401  (pyopencl: ~30 ms here, ~250 ms on the H100)
 import litekiln.cache.models  # noqa: E402,F401
+from litekiln.runtime.device import DeviceOpener  # noqa: E402
 
 REFERENCE = "reference"
 
@@ -71,6 +73,10 @@ class Interpreter:
         if experimental_delegates:
             raise ValueError("litekiln is itself the GPU path; experimental_delegates must be empty")
         self._model_bytes: bytes | None = model_content
+        self._device_choice = config.DEVICE.get(device) or ""
+        # The OpenCL driver starts up (and the context is made) in the background while the
+        # model is parsed; allocate_tensors() waits for it.
+        self._opener = DeviceOpener(self._device_choice or None) if self._device_choice != REFERENCE else None
         if model_path is not None:
             from litekiln.model.loader import load_model as _load
 
@@ -80,7 +86,6 @@ class Interpreter:
             self._model = load_model(model_content, token=model_token)  # type: ignore[arg-type]
             self._model_path = None
         self._graph = self._model.main
-        self._device_choice = config.DEVICE.get(device) or ""
         self._precision = config.PRECISION.get(precision)
         self._cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
         self._options = options
@@ -99,11 +104,12 @@ class Interpreter:
         else:
             from litekiln.runtime.session import open_session
 
+            assert self._opener is not None
             self._backend = open_session(
                 self._model,
                 model_path=self._model_path,
                 model_bytes=self._model_bytes,
-                device=self._device_choice or None,
+                device=self._opener,
                 precision=self._precision,
                 cache_dir=self._cache_dir,
                 **self._options,

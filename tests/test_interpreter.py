@@ -92,6 +92,7 @@ def test_no_opencl_device_message(monkeypatch: pytest.MonkeyPatch, smoke_path: P
     import litekiln.runtime.device as device
 
     monkeypatch.setattr(device, "list_devices", lambda: [])
+    monkeypatch.setattr(device, "_OPEN", {})  # no device opened earlier in this process
     with pytest.raises(litekiln.DeviceError, match="pocl-opencl-icd"):
         litekiln.Interpreter(model_path=smoke_path, use_cache=False).allocate_tensors()
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from litekiln.errors import DeviceError
 
@@ -24,6 +26,8 @@ class DeviceHandle:
     context: object
     queue: object
     device: object
+    #: Whether half kernels build here (see supports_half); probed once per handle.
+    half: bool | None = None
 
     @property
     def description(self) -> str:
@@ -73,11 +77,27 @@ def select_device(choice: str | None = None) -> DeviceHandle:
             platform name.
 
     Returns:
-        A handle with context and in-order queue.
+        A handle with context and in-order queue; the same one for the same choice within a
+        process.
 
     Raises:
         DeviceError: no device, or none matches the choice.
     """
+    key = (choice or "").strip()
+    with _OPEN_LOCK:
+        handle = _OPEN.get(key)
+        if handle is None:
+            handle = _OPEN[key] = _select_device(key)
+        return handle
+
+
+# One context and queue per device choice and process, shared by every Interpreter: a context
+# costs ~100 ms on NVIDIA, and kernels of several models can share one in-order queue.
+_OPEN: dict[str, DeviceHandle] = {}
+_OPEN_LOCK = threading.Lock()
+
+
+def _select_device(choice: str) -> DeviceHandle:
     import pyopencl as cl
 
     devices = list_devices()
@@ -107,9 +127,105 @@ def select_device(choice: str | None = None) -> DeviceHandle:
             f"no OpenCL device matches {choice!r}. Available: {listing}. Choose with "
             "device='P:D', a name substring, 'gpu', 'cpu' or 'opencl' (or LITEKILN_DEVICE)."
         )
-    ctx = cl.Context([pick])
+    ctx = _create_context(pick)
     queue = cl.CommandQueue(ctx, pick)
     return DeviceHandle(ctx, queue, pick)
+
+
+class DeviceOpener:
+    """Opens a device in a background thread, so that the driver's start-up (NVIDIA: ~100 ms
+    to load and initialise, ~100 ms per context) overlaps the caller's own work (parsing the
+    model, reading the cache). The two slow calls go through ctypes, which releases the GIL;
+    pyopencl holds it for the duration of its calls, which would stall the caller instead.
+
+    Args:
+        choice: as for :func:`select_device`.
+    """
+
+    def __init__(self, choice: str | None = None) -> None:
+        self._handle: DeviceHandle | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._open, args=(choice,), daemon=True,
+                                        name="litekiln-device-open")
+        self._thread.start()
+
+    def _open(self, choice: str | None) -> None:
+        try:
+            _driver_init()
+            self._handle = select_device(choice)
+        except BaseException as exc:  # re-raised in the caller's thread by result()
+            self._error = exc
+
+    def result(self) -> DeviceHandle:
+        """Wait for the device.
+
+        Raises:
+            DeviceError: as :func:`select_device`.
+        """
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._handle is not None
+        return self._handle
+
+
+def _opencl_loader() -> Any:
+    """The OpenCL ICD loader that pyopencl itself loaded (ctypes handle), or None.
+
+    The same library, not just any libOpenCL: the loader initialises its vendors once per
+    library instance, so a call through it warms pyopencl's later calls too.
+    """
+    global _LOADER
+    if _LOADER is not False:
+        return _LOADER
+    _LOADER = None
+    try:
+        import ctypes
+
+        import pyopencl  # noqa: F401  (loads the library we look for)
+
+        with open("/proc/self/maps") as maps:
+            paths = {ln.split()[-1] for ln in maps if "libOpenCL" in ln and "/" in ln}
+        if len(paths) == 1:
+            lib = ctypes.CDLL(paths.pop())
+            vp, u32 = ctypes.c_void_p, ctypes.c_uint32
+            lib.clGetPlatformIDs.argtypes = [u32, vp, vp]
+            lib.clGetPlatformIDs.restype = ctypes.c_int32
+            lib.clCreateContext.argtypes = [vp, u32, vp, vp, vp, vp]
+            lib.clCreateContext.restype = vp
+            _LOADER = lib
+    except (OSError, AttributeError):  # not Linux, or an unusual pyopencl build
+        _LOADER = None
+    return _LOADER
+
+
+_LOADER: Any = False  # not looked up yet
+
+
+def _driver_init() -> None:
+    """Load and initialise the OpenCL drivers without holding the GIL (see DeviceOpener)."""
+    import ctypes
+
+    lib = _opencl_loader()
+    if lib is not None:
+        n = ctypes.c_uint32(0)
+        lib.clGetPlatformIDs(0, None, ctypes.byref(n))
+
+
+def _create_context(device: Any) -> Any:
+    """A context on ``device``; created through ctypes (GIL released) where possible."""
+    import ctypes
+
+    import pyopencl as cl
+
+    lib = _opencl_loader()
+    if lib is not None:
+        err = ctypes.c_int32(0)
+        dev = ctypes.c_void_p(device.int_ptr)
+        ptr = lib.clCreateContext(None, 1, ctypes.byref(dev), None, None, ctypes.byref(err))
+        if err.value == 0 and ptr:
+            return cl.Context.from_int_ptr(ptr, retain=False)
+    return cl.Context([device])  # pyopencl raises a proper error if this fails too
 
 
 _HALF_PROBE = """#pragma OPENCL EXTENSION cl_khr_fp16 : enable
@@ -124,14 +240,17 @@ def supports_half(handle: DeviceHandle) -> bool:
     """
     import pyopencl as cl
 
-    if "cl_khr_fp16" in handle.device.extensions:  # type: ignore[attr-defined]
-        return True
-    with _quiet_stderr():  # a failing probe is expected; PoCL's compiler prints to fd 2
-        try:
-            cl.Program(handle.context, _HALF_PROBE).build()
-        except cl.Error:
-            return False
-    return True
+    if handle.half is None:
+        if "cl_khr_fp16" in handle.device.extensions:  # type: ignore[attr-defined]
+            handle.half = True
+        else:
+            with _quiet_stderr():  # a failing probe is expected; PoCL's compiler prints to fd 2
+                try:
+                    cl.Program(handle.context, _HALF_PROBE).build()
+                    handle.half = True
+                except cl.Error:
+                    handle.half = False
+    return handle.half
 
 
 @contextlib.contextmanager

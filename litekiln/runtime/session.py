@@ -23,7 +23,7 @@ from litekiln.errors import CompileError, DeviceError
 from litekiln.model.ir import Model
 from litekiln.ops.base import dequantize, is_quantized, quantize
 from litekiln.runtime.artifact import CompiledModel, CompileOptions
-from litekiln.runtime.device import DeviceHandle, select_device, supports_half
+from litekiln.runtime.device import DeviceHandle, DeviceOpener, select_device, supports_half
 
 log = logging.getLogger("litekiln")
 
@@ -80,7 +80,7 @@ def open_session(
     *,
     model_path: str | None = None,
     model_bytes: bytes | None = None,
-    device: str | None = None,
+    device: str | DeviceOpener | None = None,
     precision: str = "fp32",
     cache_dir: str | None = None,
     **options: Any,
@@ -91,7 +91,8 @@ def open_session(
         model: the loaded model IR (its token keys the cache).
         model_path: where the model came from (informative).
         model_bytes: unused; reserved for re-loading.
-        device: device choice (see :func:`~litekiln.runtime.device.select_device`).
+        device: device choice (see :func:`~litekiln.runtime.device.select_device`), or a
+            :class:`~litekiln.runtime.device.DeviceOpener` already opening it.
         precision: "fp32" or "fp16".
         cache_dir: cache directory; None for the default; the option ``use_cache=False``
             disables the cache.
@@ -108,7 +109,7 @@ def open_session(
     from litekiln import config
 
     copts, rt = split_options(options, precision)
-    handle = select_device(device)
+    handle = device.result() if isinstance(device, DeviceOpener) else select_device(device)
     if "schedules" not in options:
         copts = dataclasses.replace(copts, schedules=default_schedules(handle))
     if copts.precision == "fp16" and copts.half == "native" and not supports_half(handle):
