@@ -580,3 +580,59 @@ def test_runtime_imports_without_tvm(tmp_path: Any) -> None:
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
     assert proc.returncode == 0, proc.stderr
     assert "OK" in proc.stdout
+
+
+# --------------------------------------------------------------------------- fusion
+
+
+def _blaze_block_model(se_gate: bool) -> bytes:
+    """TFLite graph: 1x1 CONV_2D, ADD (residual input), RELU as separate ops; optionally a
+    squeeze-and-excite gate (a 1x1x1xC conv, LOGISTIC, MUL broadcasting over the map)."""
+    from tflite_builder import ModelBuilder
+
+    rng = np.random.default_rng(5)
+    b = ModelBuilder()
+    x = b.input("x", [1, 8, 8, 16])
+    r = b.input("r", [1, 8, 8, 16])
+    w = rng.uniform(-1, 1, [16, 1, 1, 16]).astype(np.float32)
+    y = b.op("CONV_2D", [x, w, np.zeros(16, np.float32)],
+             options={"padding": "SAME", "stride_w": 1, "stride_h": 1})
+    y = b.op("ADD", [y, r])
+    y = b.op("RELU", [y])
+    if se_gate:
+        g = b.op("MEAN", [y, np.array([1, 2], np.int32)], out_shape=[1, 1, 1, 16],
+                 options={"keep_dims": True})
+        g = b.op("CONV_2D", [g, w, np.zeros(16, np.float32)], out_shape=[1, 1, 1, 16],
+                 options={"padding": "SAME", "stride_w": 1, "stride_h": 1})
+        g = b.op("LOGISTIC", [g], out_shape=[1, 1, 1, 16])
+        y = b.op("MUL", [y, g])
+    b.output(y)
+    return b.build()
+
+
+@pytest.mark.parametrize("se_gate", [False, True])
+def test_conv_residual_relu_fuse_into_one_kernel(se_gate: bool) -> None:
+    """Separate TFLite ops fuse on the GPU: conv + bias + residual add + ReLU is one kernel.
+    A broadcast of a computed gate stays out of the gate conv's kernel (it would recompute
+    the conv per output element), so the gated block is conv | mean | conv+sigmoid | mul."""
+    from litekiln.compiler.driver import compile_model
+    from litekiln.model import load_model
+    from litekiln.runtime.artifact import CompileOptions
+
+    import litekiln
+
+    data = _blaze_block_model(se_gate)
+    model = load_model(data)
+    compiled = compile_model(model, CompileOptions(op_table="extended"), warn=False)
+    kernels = [launch.kernel for p in compiled.partitions for launch in p.program.launches]
+    gpu = litekiln.Interpreter(model_content=data, use_cache=False, op_table="extended")
+    ref = litekiln.Interpreter(model_content=data, device="reference")
+    inputs = ref.random_inputs(0)
+    (y,), (r,) = gpu.run(inputs), ref.run(inputs)
+    np.testing.assert_allclose(y, r, rtol=RTOL, atol=ATOL * max(1.0, float(np.abs(r).max())))
+    if not se_gate:
+        assert len(kernels) == 1, kernels
+        return
+    gate_conv = [k for k in kernels if "conv2d1" in k]
+    assert len(gate_conv) == 1 and "multiply" not in gate_conv[0], kernels
+    assert len(kernels) <= 4, kernels

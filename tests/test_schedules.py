@@ -526,3 +526,29 @@ def test_elementwise_vectorised(cl_env: Any, profile: str) -> None:
     mod = build_module([("a", a.shape), ("b", b.shape)], body)
     res = check(cl_env, mod, [a, b], [ref], rule="Injective", profile=profile, gpu_rule=None)
     assert ("vstore4" in res.program.source) == (profile == "cpu")
+
+
+@pytest.mark.parametrize("shortcut", ["pad", "maxpool_pad", "plain"])
+def test_blazeblock_epilogue(cl_env: Any, profile: str, shortcut: str) -> None:
+    """BlazeFace's block: 1x1 conv + bias, plus the block input (max-pooled and zero-padded
+    along channels when the block widens), then ReLU, all fused into the conv's kernel."""
+    x, w, b = _rand(1, 16, 16, 24), _rand(28, 1, 1, 24), _rand(28)
+    s = {"pad": _rand(1, 16, 16, 24), "maxpool_pad": _rand(1, 32, 32, 24),
+         "plain": _rand(1, 16, 16, 28)}[shortcut]
+
+    def body(bb: Any, xv: Any, sv: Any) -> Any:
+        y = bb.emit(relax.op.nn.conv2d(xv, relax.const(w), data_layout="NHWC",
+                                       kernel_layout="OHWI"))
+        y = bb.emit(relax.op.add(y, relax.const(b)))
+        r = sv
+        if shortcut == "maxpool_pad":  # the pool's kernel gets the pad as its epilogue
+            r = bb.emit(relax.op.nn.max_pool2d(r, (2, 2), (2, 2), layout="NHWC"))
+        if shortcut != "plain":
+            r = bb.emit(relax.op.nn.pad(r, [0, 0, 0, 0, 0, 0, 0, 4], "constant", 0.0))
+        return bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(r, y))))
+
+    mod = build_module([("x", x.shape), ("s", s.shape)], body)
+    sp = pool_ref(s, 2, 2, (0, 0, 0, 0), "max") if shortcut == "maxpool_pad" else s
+    sp = sp if shortcut == "plain" else np.pad(sp, ((0, 0), (0, 0), (0, 0), (0, 4)))
+    ref = np.maximum(conv_ref(x, w) + b + sp, 0)
+    check(cl_env, mod, [x, s], [ref], profile=profile, rule=None)

@@ -170,16 +170,20 @@ class _Lowering:
                             expr = self._fake_quant(expr, tensor)
                         elif self.emulate_half:
                             expr = self._round_to_half(expr)
-                        self.env[t] = self.bb.emit(expr)
+                        # No `v2 = v1` alias bindings: FuseOps treats them as opaque nodes
+                        # and stops fusing there (a conv's bias, residual add and ReLU ended
+                        # up in three kernels).
+                        self.env[t] = expr if isinstance(expr, relax.Var) else self.bb.emit(expr)
                 outs = [self.env[t] for t in self.part.outputs]
                 gv = self.bb.emit_output(relax.Tuple(outs))
             self.bb.emit_func_output(gv)
         mod = self.bb.get()
-        if self.emulate_half:
-            # Opaque (op pattern 8): never fused, so each rounding reads its input once.
-            for gv_, f in list(mod.functions.items()):
-                if gv_.name_hint.startswith("round_to_half"):
-                    mod[gv_] = f.with_attr("op_pattern", 8)
+        for gv_, f in list(mod.functions.items()):
+            if self.emulate_half and gv_.name_hint.startswith("round_to_half"):
+                # Opaque (op pattern 8): never fused, so each rounding reads its input once.
+                mod[gv_] = f.with_attr("op_pattern", 8)
+            elif gv_.name_hint.startswith(BROADCAST_BARRIER):
+                mod[gv_] = f.with_attr("op_pattern", 2)  # injective: see _binary
         return mod
 
     def _fix_shape(self, op: Op, expr: Expr, tensor: Tensor) -> Expr:
@@ -378,22 +382,47 @@ def _fully_connected(ctx: _Ctx) -> list[Expr]:
     return _epilogue(ctx, y, 2)
 
 
-def _binary(fn: Callable[[Expr, Expr], Expr]) -> Emitter:
+def _binary(fn: Callable[[Expr, Expr], Expr], topi_name: str) -> Emitter:
     def emit(ctx: _Ctx) -> list[Expr]:
-        return [_activation(ctx, ctx.emit(fn(ctx.arg(0), ctx.arg(1))))]
+        a, b = ctx.arg(0), ctx.arg(1)
+        if _broadcasts_computed(ctx):
+            # A computed operand smaller than the result (a squeeze-and-excite gate: a
+            # 1x1x1xC conv, sigmoid, times the 32x32xC feature map). As a broadcast op, FuseOps
+            # would fuse it into the conv's epilogue, which then recomputes the conv for every
+            # output element (and TVM took minutes to simplify the 1.9 MB kernel). Marked
+            # injective (BROADCAST_BARRIER), it still fuses with elementwise neighbours but
+            # not into a reduction.
+            from tvm import topi
+
+            y = ctx.bb.call_te(getattr(topi, topi_name), a, b,
+                               primfunc_name_hint=f"{BROADCAST_BARRIER}{topi_name}")
+            return [_activation(ctx, ctx.emit(y))]
+        return [_activation(ctx, ctx.emit(fn(a, b)))]
 
     return emit
 
 
-for _name, _fn in [
-    ("ADD", relax.op.add),
-    ("SUB", relax.op.subtract),
-    ("MUL", relax.op.multiply),
-    ("DIV", relax.op.divide),
-    ("MAXIMUM", relax.op.maximum),
-    ("MINIMUM", relax.op.minimum),
+#: Name prefix of binary ops whose op pattern is set to injective (see _binary).
+BROADCAST_BARRIER = "bcast_"
+
+
+def _broadcasts_computed(ctx: _Ctx) -> bool:
+    """Whether an operand that is not a constant has fewer elements than the result."""
+    out = ctx.out().size
+    return any(
+        ctx.tensor(i).data is None and ctx.tensor(i).size < out for i in range(2)
+    )
+
+
+for _name, _fn, _topi in [
+    ("ADD", relax.op.add, "add"),
+    ("SUB", relax.op.subtract, "subtract"),
+    ("MUL", relax.op.multiply, "multiply"),
+    ("DIV", relax.op.divide, "divide"),
+    ("MAXIMUM", relax.op.maximum, "maximum"),
+    ("MINIMUM", relax.op.minimum, "minimum"),
 ]:
-    EMITTERS[_name] = _binary(_fn)
+    EMITTERS[_name] = _binary(_fn, _topi)
 
 
 @emitter("LOGICAL_AND")

@@ -216,6 +216,13 @@ class SerialReduction(GPUScheduleRule):
             epilogue_name = sch.get(epilogue).name_hint
             if len(consumers) != 1 or sch.get(consumers[0]).name_hint != epilogue_name:
                 return None
+            # The epilogue runs per tile of the reduction's outputs, so it must write exactly
+            # those elements: a channel pad after a pool (BlazeFace widening its shortcut)
+            # writes more, and its extra channels would never be written.
+            red_shape = [int(x) for x in sch.get(red).writes[0].source.shape]
+            epi_shape = [int(x) for x in sch.get(epilogue).writes[0].source.shape]
+            if red_shape != epi_shape:
+                return None
 
         loops = sch.get_loops(red)
         s_loops, r_loops = loops[:n_s], loops[n_s:]
@@ -283,7 +290,7 @@ def _vector_friendly(block: s_tir.SBlock) -> bool:
     (broadcast), and the body has no ``if_then_else`` (padding, concat): TVM would scalarise
     those into a per-work-item loop, which is worse than one element per work-item.
     """
-    if _has_if_then_else(block):
+    if _has_if_then_else(block) or not block.iter_vars:
         return False
     inner = block.iter_vars[-1].var
 
