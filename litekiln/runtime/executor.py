@@ -27,9 +27,16 @@ class ExecutorError(RuntimeError):
 
 
 # A driver that builds half code without claiming cl_khr_fp16 (NVIDIA) has no half overloads
-# of the built-ins, so `max(half, half)` is ambiguous between float and double. These
-# overloads compute in float and round back, the numerics of any half built-in.
-_HALF_OVERLOADS = "#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n" + "".join(
+# of the built-ins, so `max(half, half)` and `convert_float(half)` are ambiguous between the
+# float/double/integer versions (measured on the H100: 5443 such errors in one model). The
+# conversions become casts (same rounding: to nearest even float <-> half, and exact
+# half -> float); the overloads compute in float and round back, the numerics of any half
+# built-in.
+_HALF_OVERLOADS = (
+    "#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n"
+    "#define convert_float(x) ((float)(x))\n"
+    "#define convert_half(x) ((half)(x))\n"
+) + "".join(
     f"half __attribute__((overloadable)) {name}(half a, half b) {{ return (half){name}((float)a, (float)b); }}\n"
     for name in ("max", "min", "fmax", "fmin", "pow", "fmod")
 ) + "".join(
@@ -37,6 +44,25 @@ _HALF_OVERLOADS = "#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n" + "".join(
     for name in ("fabs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "floor", "ceil",
                  "round", "rint", "trunc", "sin", "cos", "erf")
 )
+
+
+def device_source(program: GpuProgram, device: cl.Device) -> tuple[str, list[str]]:
+    """The OpenCL C source and build options the executor builds ``program`` with on ``device``.
+
+    Half code on a device that does not list cl_khr_fp16: TVM guards it with
+    ``#ifdef cl_khr_fp16 ... #else #error``, and NVIDIA's OpenCL builds half arithmetic
+    without listing (or defining) the extension (GPU.md), so the macro is defined and the
+    built-ins it lacks for half are supplied (`_HALF_OVERLOADS`); a device that really lacks
+    half still fails to build.
+    """
+    options = program.build_options.split() if program.build_options else []
+    if not program.source:
+        # A partition without kernels (pure reshapes/aliases): an empty program keeps the
+        # rest of the code uniform.
+        return "__kernel void litekiln_empty(void) {}\n", options
+    if "cl_khr_fp16" in program.source and "cl_khr_fp16" not in device.extensions:
+        return _HALF_OVERLOADS + program.source, [*options, "-Dcl_khr_fp16=1"]
+    return program.source, options
 
 
 class PartitionExecutor:
@@ -161,20 +187,7 @@ class PartitionExecutor:
             except cl.Error as e:
                 raise ExecutorError(f"building from the cached device binary failed: {e}") from e
         uses_half = "cl_khr_fp16" in self.program.source
-        if uses_half and "cl_khr_fp16" not in self.device.extensions:
-            # TVM guards half code with `#ifdef cl_khr_fp16 ... #else #error`; NVIDIA's OpenCL
-            # builds half arithmetic without listing (or defining) the extension (GPU.md), so
-            # the macro is defined for it; a device that really lacks half still fails below.
-            options = [*options, "-Dcl_khr_fp16=1"]
-            half_prelude = _HALF_OVERLOADS
-        else:
-            half_prelude = ""
-        if not self.program.source:
-            # A partition without kernels (pure reshapes/aliases) still needs no program;
-            # keep an empty one so the rest of the code is uniform.
-            src = "__kernel void litekiln_empty(void) {}\n"
-        else:
-            src = half_prelude + self.program.source
+        src, options = device_source(self.program, self.device)
         try:
             return cl.Program(self.context, src).build(options=options, devices=[self.device])
         except cl.RuntimeError as e:

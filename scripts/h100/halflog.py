@@ -1,10 +1,16 @@
-"""Why a device's OpenCL compiler rejects a cached fp16 (half) program: print the build log.
+"""Why a device's OpenCL compiler rejects a cached fp16 (half) program: the distinct errors.
 
     python scripts/h100/halflog.py CACHE_DIR MODEL...
+
+Builds every partition of each model's fp16 (native half) compilation exactly as the
+executor would (`litekiln.runtime.executor.device_source`: the same prelude and options) and
+prints, per model, "built OK" or each distinct error message with its count and one example.
 """
 
 from __future__ import annotations
 
+import collections
+import re
 import sys
 
 import pyopencl as cl
@@ -12,25 +18,32 @@ import pyopencl as cl
 from litekiln.cache.models import ModelCache
 from litekiln.model import load_model
 from litekiln.runtime.artifact import CompileOptions
+from litekiln.runtime.executor import device_source
 
 
 def main() -> None:
     cache = ModelCache.open(sys.argv[1])
     ctx = cl.create_some_context(interactive=False)
+    dev = ctx.devices[0]
     for path in sys.argv[2:]:
         m = load_model(path)
         c = cache.load_model(m.token, CompileOptions(precision="fp16", schedules="fast"))
         if c is None:
+            print("==", m.name, "not in the cache (fp16, native)")
             continue
-        src = c.partitions[0].program.source
-        print("==", m.name, "source lines", src.count("\n"))
-        try:
-            cl.Program(ctx, src).build(options=["-Dcl_khr_fp16=1"])
-            print("built OK")
-        except cl.Error as e:
-            print(str(e)[:12000])
-        print(src[:3000])
-        return
+        for part in c.partitions:
+            src, options = device_source(part.program, dev)
+            try:
+                cl.Program(ctx, src).build(options=options, devices=[dev])
+                print("==", m.name, "partition", part.index, "built OK")
+            except cl.Error as e:
+                text = str(e)
+                errors = re.findall(r"error: (.*)", text)
+                counts = collections.Counter(re.sub(r"'[^']*'", "'X'", x) for x in errors)
+                print("==", m.name, "partition", part.index, f"FAILED: {len(errors)} errors")
+                for msg, n in counts.most_common(12):
+                    example = next(x for x in errors if re.sub(r"'[^']*'", "'X'", x) == msg)
+                    print(f"  {n:6d}x {example[:200]}")
 
 
 if __name__ == "__main__":
