@@ -164,6 +164,7 @@ def build_relax_pipeline(target: tvm.target.Target, schedule: SchedulePass | Non
         + [
             relax.transform.LegalizeOps(),
             relax.transform.AnnotateTIROpPattern(),
+            isolate_pools(),
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),
             relax.transform.FuseTIR(),
@@ -173,6 +174,31 @@ def build_relax_pipeline(target: tvm.target.Target, schedule: SchedulePass | Non
         + gpu_generic.finalize_passes(target)
     )
     return tvm.transform.Sequential(passes, name="litekiln_relax_gpu")
+
+
+#: PrimFuncs (by legalized name) that FuseOps must leave alone, see `isolate_pools`.
+_ISOLATED_PREFIXES = ("max_pool2d", "avg_pool2d")
+
+
+def isolate_pools() -> tvm.transform.Pass:
+    """Mark pooling PrimFuncs opaque, so that FuseOps fuses nothing into them.
+
+    FuseOps puts an injective consumer such as BlazeFace's channel pad (pool, then pad the
+    channels to add the block's wider output) into the pool's kernel. That kernel's epilogue
+    writes another shape than the pool, which our serial-reduction rule cannot tile, and
+    dlight's cross-thread reduction takes 0.25-0.55 ms for it on the H100 (the whole model
+    takes 0.7 ms). Alone, the pool is a few microseconds, and the pad fuses into the kernel
+    that reads it (the next block's residual add).
+    """
+
+    @tvm.transform.module_pass(opt_level=0, name="litekiln.IsolatePools")
+    def _pass(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
+        for gv, func in list(mod.functions.items()):
+            if isinstance(func, tirx.PrimFunc) and gv.name_hint.startswith(_ISOLATED_PREFIXES):
+                mod[gv] = func.with_attr("op_pattern", 8)
+        return mod
+
+    return _pass
 
 
 TargetLike = str | dict[str, Any] | tvm.target.Target
