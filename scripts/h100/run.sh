@@ -148,6 +148,13 @@ halflog() {  # why the device's OpenCL compiler rejects TVM's half kernels: the 
   head -c 2000 "$OUT/halflog.txt"
 }
 
+profilewarm() {  # cProfile of one warm start per model (after the steps above warmed the cache)
+  for p in "${PATHS[@]}"; do
+    "$PY" scripts/h100/profile_warm.py "$p" --cache-dir "$CACHE" --top 25 2>/dev/null
+  done > "$OUT/profile_warm.txt"
+  grep "^== " "$OUT/profile_warm.txt"
+}
+
 breakdown() {  # where a warm start's time goes, per model, each in a fresh process
   for p in "${PATHS[@]}"; do
     "$PY" scripts/h100/breakdown.py "$p" --cache-dir "$CACHE" 2>/dev/null | tail -1
@@ -172,6 +179,7 @@ step accuracy16 accuracy16
 step latency16 latency16
 step halflog halflog
 step breakdown breakdown
+step profilewarm profilewarm
 step latencyfast latencyfast
 echo "== results in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 exit $status
