@@ -28,6 +28,8 @@ import litekiln.ops  # noqa: E402,F401  (registers every op family)
 import litekiln.runtime.session  # noqa: E402,F401  (the session and the cache)
 import litekiln.runtime.executor  # noqa: E402,F401  (pyopencl: ~30 ms here, ~250 ms on the H100)
 import litekiln.cache.models  # noqa: E402,F401
+import litekiln.model.schema  # noqa: E402,F401  (op names and options, read while parsing)
+import litekiln.reference  # noqa: E402,F401  (CPU ops between partitions)
 from litekiln.runtime.device import DeviceOpener  # noqa: E402
 
 REFERENCE = "reference"
