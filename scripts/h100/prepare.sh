@@ -117,3 +117,18 @@ EOF
 echo "prepare: packing .devcache/kit.tar.xz" >&2
 tar cJf .devcache/kit.tar.xz -C "$KIT" models cache
 du -sh "$KIT/models" "$KIT/cache" .devcache/kit.tar.xz
+# A kit larger than one call may carry (64 MiB with the wheels) travels in parts: SPLIT_MB=N
+# cuts it into N-MiB pieces, one per folder .devkit1, .devkit2, ... (git-ignored). Carry
+# .whl/.gl/.devkit1 in a first call, each further .devkitK in the next calls while the machine
+# is still warm (ignored folders a call does not name stay on it), and .devcache with the last
+# one; run.sh joins the parts.
+rm -rf .devkit[0-9]*
+if [ -n "${SPLIT_MB:-}" ]; then
+  split -b "${SPLIT_MB}M" -d -a 2 .devcache/kit.tar.xz .devcache/kit.part-
+  rm .devcache/kit.tar.xz
+  k=0
+  for part in .devcache/kit.part-*; do
+    k=$((k + 1)); mkdir -p ".devkit$k"; mv "$part" ".devkit$k/"
+  done
+  du -sh .devkit[0-9]*
+fi

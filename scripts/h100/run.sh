@@ -63,8 +63,14 @@ unset LITEKILN_NO_CACHE LITEKILN_PRECISION LITEKILN_CACHE_DIR
 # refuses folders that others could write to.
 KIT=/tmp/litekiln-h100-kit
 rm -rf "$KIT" && mkdir -p "$KIT" && chmod 700 "$KIT"
+TARBALL=.devcache/kit.tar.xz
+if [ ! -f "$TARBALL" ]; then  # a kit carried in parts (prepare.sh SPLIT_MB)
+  TARBALL=/tmp/litekiln-kit.tar.xz
+  cat $(ls .devkit[0-9]*/kit.part-* | sort -t- -k2) > "$TARBALL" 2>/dev/null \
+    || { echo "run.sh: no .devcache/kit.tar.xz and no .devkit*/kit.part-* (run prepare.sh)"; exit 1; }
+fi
 "$PY" -c 'import sys, tarfile as t; t.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
-  .devcache/kit.tar.xz "$KIT" || { echo "run.sh: cannot unpack .devcache/kit.tar.xz (run prepare.sh)"; exit 1; }
+  "$TARBALL" "$KIT" || { echo "run.sh: cannot unpack the kit $TARBALL (run prepare.sh)"; exit 1; }
 chmod -R go-rwx "$KIT"
 CACHE=$KIT/cache
 cp .devcache/build.json "$OUT/build.json" 2>/dev/null
@@ -168,7 +174,7 @@ latencyfast() {  # the ctypes launch loop (LITEKILN_FAST_LAUNCH=1) against pyope
 }
 
 latency16() {
-  timeout "$T_LATENCY" "$PY" -m litekiln.bench --cache-dir "$CACHE" --runs "$RUNS" \
+  timeout "$T_LATENCY" "$PY" -m litekiln.bench --cache-dir "$CACHE" --runs "$RUNS" --profile \
     --precision fp16 --out "$OUT/latency_fp16.json" "${PATHS[@]}"
 }
 
