@@ -126,6 +126,14 @@ SCHEDULES: Setting[str] = Setting(
     "generic rules for the rest), `fast-cpu` (litekiln's rules tuned for CPU OpenCL such as "
     "PoCL: serial conv reductions with large tiles) or `default` (dlight's generic rules only).",
 )
+TUNE: Setting[bool] = Setting(
+    "LITEKILN_TUNE",
+    _bool,
+    True,
+    "Time the alternative schedules a model was compiled with (`fast` schedules) on the device "
+    "at its first load and keep the fastest; the choice is cached per device. Off: the "
+    "default schedules, nothing timed (runtime option `tune`).",
+)
 LOG_LEVEL: Setting[str] = Setting(
     "LITEKILN_LOG", _choice("debug", "info", "warning", "error"), "warning", "Log level."
 )
@@ -144,6 +152,7 @@ SETTINGS: tuple[Setting, ...] = (
     MAX_PARTITIONS,
     MIN_PARTITION_OPS,
     SCHEDULES,
+    TUNE,
     LOG_LEVEL,
     ZOO_DIR,
 )

@@ -81,19 +81,19 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
     """Counts compilations and device-binary cache hits, misses and stores."""
     c = Calls()
     real_compile = session.compile_for
-    real_load, real_save = ModelCache.load_binary, ModelCache.save_binary
+    real_load, real_save = ModelCache.load_program, ModelCache.save_binary
 
     def compile_for(*args, **kwargs):
         c.compiles += 1
         return real_compile(*args, **kwargs)
 
-    def load_binary(self, fields):
-        binary = real_load(self, fields)
+    def load_program(self, fields):
+        binary, choices = real_load(self, fields)
         if binary is None:
             c.binary_misses += 1
         else:
             c.binary_hits += 1
-        return binary
+        return binary, choices
 
     def save_binary(self, *args, **kwargs):
         stored = real_save(self, *args, **kwargs)
@@ -101,7 +101,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
         return stored
 
     monkeypatch.setattr(session, "compile_for", compile_for)
-    monkeypatch.setattr(ModelCache, "load_binary", load_binary)
+    monkeypatch.setattr(ModelCache, "load_program", load_program)
     monkeypatch.setattr(ModelCache, "save_binary", save_binary)
     return c
 

@@ -194,15 +194,15 @@ def _hit_only(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
         raise AssertionError("compile_for called: the compiled model should be a hit")
 
     hits: list[bool] = []
-    real_load = ModelCache.load_binary
+    real_load = ModelCache.load_program
 
-    def load_binary(self, fields):
-        binary = real_load(self, fields)
+    def load_program(self, fields):
+        binary, choices = real_load(self, fields)
         hits.append(binary is not None)
-        return binary
+        return binary, choices
 
     monkeypatch.setattr(session, "compile_for", no_compiler)
-    monkeypatch.setattr(ModelCache, "load_binary", load_binary)
+    monkeypatch.setattr(ModelCache, "load_program", load_program)
     return hits
 
 

@@ -96,15 +96,35 @@ class ModelCache:
     # -- device binaries ------------------------------------------------------------------
 
     def load_binary(self, fields: dict[str, Any]) -> bytes | None:
+        return self.load_program(fields)[0]
+
+    def load_program(self, fields: dict[str, Any]) -> tuple[bytes | None, list[int] | None]:
+        """A device program entry: its binary and, if it was tuned, the chosen variants."""
         entry = self.store.get(make_key(fields), kind="program")
         if entry is None:
-            return None
+            return None, None
         try:
-            return entry.part("binary")
+            binary = entry.part("binary")
         except (KeyError, ValueError):
-            return None
+            return None, None
+        choices = None
+        if "tuning" in entry.part_names:
+            try:
+                raw = json.loads(entry.part("tuning"))
+                if isinstance(raw, list) and all(isinstance(c, int) for c in raw):
+                    choices = raw
+            except (KeyError, ValueError):
+                choices = None  # retuned and stored again by the session
+        return binary, choices
 
-    def save_binary(self, fields: dict[str, Any], binary: bytes, identity: dict[str, str]) -> bool:
+    def save_binary(
+        self, fields: dict[str, Any], binary: bytes, identity: dict[str, str],
+        tuning: list[int] | None = None,
+    ) -> bool:
+        """Store a device binary (and the tuning choices made on that device with it)."""
+        parts: dict[str, Any] = {"binary": binary}
+        if tuning is not None:
+            parts["tuning"] = json.dumps(tuning).encode()
         return self.store.put(
-            make_key(fields), fields, {"binary": binary}, kind="program", meta={"device": identity}
+            make_key(fields), fields, parts, kind="program", meta={"device": identity}
         )

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 from tvm.ir.expr import GenericConst
 _tir_build = importlib.import_module("tvm.tirx.build")  # `tvm.tirx.build` the attribute is a function
@@ -51,6 +52,7 @@ from litekiln.runtime.program import (
     ScalarArg,
     StorageSpec,
     TensorSpec,
+    Variant,
 )
 
 #: Options handed to clBuildProgram.  TVM's OpenCL runtime passes none either; the generated
@@ -731,6 +733,7 @@ def compile_relax_full(
     schedule: SchedulePass | None = None,
     build_options: str = DEFAULT_BUILD_OPTIONS,
     schedules: str | None = None,
+    variant_rules: Sequence[Any] = (),
 ) -> CompileResult:
     """Compile a Relax module (one GPU partition) to a `GpuProgram`.
 
@@ -750,6 +753,10 @@ def compile_relax_full(
             ``LITEKILN_SCHEDULES``.
             Part of the compile options (cache key): callers holding `CompileOptions` pass
             ``options.schedules``.
+        variant_rules: Schedule rules to try, each on its own, on every called PrimFunc as it
+            was before scheduling; each one that applies and schedules the function
+            differently from the pipeline becomes a `Variant` option of that call, timed by
+            the runtime on the device (tuning). Empty: no variants.
 
     Returns:
         A `CompileResult` (program, constants, per-phase timings).
@@ -772,7 +779,16 @@ def compile_relax_full(
         relax_pass = pipeline
     else:
         relax_pass = pipeline(tgt)
-    with tgt:
+    captured: dict[str, tvm.IRModule] = {}
+
+    @tvm.ir.instrument.pass_instrument
+    class _CaptureFused:
+        def run_after_pass(self, m: tvm.IRModule, info: Any) -> None:
+            if info.name == "FuseTIR":
+                # A copy: the schedule pass updates the module in place.
+                captured["fused"] = tvm.IRModule(dict(m.functions.items()))
+
+    with tgt, tvm.transform.PassContext(instruments=[_CaptureFused()] if variant_rules else []):
         lowered = relax_pass(mod)
     t_relax = time.perf_counter()
 
@@ -792,49 +808,67 @@ def compile_relax_full(
     #    `reshape` PrimFunc replaced by vm.builtin.reshape).
     used = sorted({c.func for c in planner.calls})
     launches: list[Launch] = []
+    variants: list[Variant] = []
     source = ""
     t_tir = t_cg = time.perf_counter()
     if used:
         tir_mod = tvm.IRModule({gv: f for gv, f in lowered.functions.items() if gv.name_hint in used})
         host_funcs, kernel_funcs, source, t_tir = _lower_tir(tir_mod, tgt)
+        options_of: dict[str, list[str]] = {}
+        if variant_rules and "fused" in captured:
+            # Alternative schedules of the same PrimFuncs, lowered as `<name>__v<k>`.
+            alt = _schedule_variants(captured["fused"], lowered, used, variant_rules, tgt)
+            if alt:
+                v_host, v_kernels, v_source, _ = _lower_tir(tvm.IRModule(alt), tgt)
+                host_funcs.update(v_host)
+                kernel_funcs.update(v_kernels)
+                source = source + "\n" + v_source
+                for gv in alt:
+                    options_of.setdefault(gv.name_hint.rsplit("__v", 1)[0], []).append(gv.name_hint)
         t_cg = time.perf_counter()
         kernel_params = {name: _kernel_params(f, name) for name, f in kernel_funcs.items()}
-        for call in planner.calls:
-            # One reader per call: host code is evaluated for the call's static shapes.
-            arg_shapes = [planner.tensors[t].shape for t in call.args]
-            reader = _HostFuncReader(host_funcs[call.func], call.func, kernel_params, arg_shapes)
-            ws_tensors: dict[int, int] = {}
-            for kc in reader.calls:
-                args: list[KernelArg] = []
-                for kind, val in kc.args:
-                    if kind == "param":
-                        if val >= len(call.args):
-                            raise CodegenError(f"{call.func}: kernel {kc.kernel} uses parameter {val}, call has {len(call.args)}")
-                        args.append(BufferArg(call.args[val]))
-                    elif kind == "workspace":
-                        if val not in ws_tensors:
-                            shape, dtype = reader.workspaces[val]
-                            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-                            sid = planner.new_storage(nbytes, "workspace")
-                            ws_tensors[val] = planner.new_tensor(sid, 0, shape, dtype, f"{call.func}_workspace")
-                        args.append(BufferArg(ws_tensors[val]))
-                    else:
-                        value, ctype = val
-                        args.append(ScalarArg(value, ctype))
-                gsize, lsize = _ndrange(kc, f"{call.func}/{kc.kernel}")
-                launches.append(Launch(kc.kernel, tuple(args), gsize, lsize, call.func))
+        bodies = _kernel_bodies(source) if options_of else {}
 
-    source, launches = _shorten_kernel_names(source, launches)
+        def signature(ls: Sequence[Launch]) -> tuple[Any, ...]:
+            # What an option runs: kernel code (names blanked), NDRanges and arguments.
+            return tuple((bodies.get(l.kernel), l.global_size, l.local_size, l.args) for l in ls)
+
+        for call in planner.calls:
+            start = len(launches)
+            launches.extend(_call_launches(call, call.func, planner, host_funcs, kernel_params))
+            seen = {signature(launches[start:])}
+            options = []
+            for vname in options_of.get(call.func, []):
+                try:
+                    option = _call_launches(call, vname, planner, host_funcs, kernel_params,
+                                            workspaces=False)
+                except CodegenError:
+                    continue  # e.g. a variant that needs a workspace: keep the default only
+                if signature(option) not in seen:  # another rule, the same kernel
+                    seen.add(signature(option))
+                    options.append(tuple(option))
+            if options:
+                variants.append(Variant(start, len(launches), tuple(options), call.func))
+        launches_all = [*launches, *(l for v in variants for o in v.options for l in o)]
+        if options_of:  # variants no option kept (equal to the default) need not be built
+            source = _keep_kernels(source, {l.kernel for l in launches_all})
+        source, launches_all = _shorten_kernel_names(source, launches_all)
+        launches, rest = launches_all[: len(launches)], iter(launches_all[len(launches) :])
+        variants = [
+            dataclasses.replace(v, options=tuple(tuple(next(rest) for _ in o) for o in v.options))
+            for v in variants
+        ]
     program = GpuProgram(
         source=source,
         build_options=build_options,
-        kernels=sorted({l.kernel for l in launches}),
+        kernels=sorted({l.kernel for l in [*launches, *(x for v in variants for o in v.options for x in o)]}),
         storages=planner.storages,
         tensors=planner.tensors,
         constants=planner.constants,
         inputs=planner.inputs,
         outputs=outputs,
         launches=launches,
+        variants=variants,
         meta={"tvm_version": tvm.__version__, "target": str(tgt.kind.name), "target_full": tgt.export() if hasattr(tgt, "export") else str(tgt)},
         format_version=FORMAT_VERSION,
     )
@@ -848,6 +882,107 @@ def compile_relax_full(
         "total": t_end - t_start,
     }
     return CompileResult(program, planner.constant_arrays, timings, lowered)
+
+
+def _call_launches(
+    call: _Call,
+    func_name: str,
+    planner: _MainPlanner,
+    host_funcs: dict[str, Any],
+    kernel_params: dict[str, list[tuple[str, str]]],
+    *,
+    workspaces: bool = True,
+) -> list[Launch]:
+    """The launches of one PrimFunc call, read from the host function ``func_name``.
+
+    Raises:
+        CodegenError: the host code does something we cannot read, or (``workspaces=False``)
+            needs a workspace buffer.
+    """
+    # One reader per call: host code is evaluated for the call's static shapes.
+    arg_shapes = [planner.tensors[t].shape for t in call.args]
+    reader = _HostFuncReader(host_funcs[func_name], func_name, kernel_params, arg_shapes)
+    if reader.workspaces and not workspaces:
+        raise CodegenError(f"{func_name}: needs a workspace")
+    ws_tensors: dict[int, int] = {}
+    out: list[Launch] = []
+    for kc in reader.calls:
+        args: list[KernelArg] = []
+        for kind, val in kc.args:
+            if kind == "param":
+                if val >= len(call.args):
+                    raise CodegenError(f"{func_name}: kernel {kc.kernel} uses parameter {val}, call has {len(call.args)}")
+                args.append(BufferArg(call.args[val]))
+            elif kind == "workspace":
+                if val not in ws_tensors:
+                    shape, dtype = reader.workspaces[val]
+                    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                    sid = planner.new_storage(nbytes, "workspace")
+                    ws_tensors[val] = planner.new_tensor(sid, 0, shape, dtype, f"{func_name}_workspace")
+                args.append(BufferArg(ws_tensors[val]))
+            else:
+                value, ctype = val
+                args.append(ScalarArg(value, ctype))
+        gsize, lsize = _ndrange(kc, f"{func_name}/{kc.kernel}")
+        out.append(Launch(kc.kernel, tuple(args), gsize, lsize, call.func))
+    return out
+
+
+def _kernel_bodies(source: str) -> dict[str, str]:
+    """Kernel name -> its OpenCL C definition with the name blanked (to spot equal kernels).
+
+    TVM's OpenCL source is one chunk per kernel, each starting ``// Function: <name>``.
+    """
+    out = {}
+    for chunk in source.split("// Function: ")[1:]:
+        name = chunk.split("\n", 1)[0].strip()
+        body = chunk[chunk.rfind(f"__kernel void {name}("):]  # the definition, after all declarations
+        out[name] = body.replace(name, "K")
+    return out
+
+
+def _keep_kernels(source: str, names: set[str]) -> str:
+    """``source`` without the kernel chunks (``// Function: <name>``) not in ``names``."""
+    head, *chunks = source.split("// Function: ")
+    kept = [c for c in chunks if c.split("\n", 1)[0].strip() in names]
+    return head + "".join("// Function: " + c for c in kept)
+
+
+def _schedule_variants(
+    fused: tvm.IRModule,
+    lowered: tvm.IRModule,
+    used: Sequence[str],
+    rules: Sequence[Any],
+    target: tvm.target.Target,
+) -> dict[tvm.ir.GlobalVar, Any]:
+    """Each rule's schedule of each used PrimFunc, where it differs from the pipeline's.
+
+    Returns:
+        GlobalVar ``<name>__v<k>`` -> scheduled PrimFunc (global symbol set accordingly).
+    """
+    out: dict[tvm.ir.GlobalVar, Any] = {}
+    funcs = {gv.name_hint: f for gv, f in fused.functions.items() if isinstance(f, tirx.PrimFunc)}
+    chosen = {gv.name_hint: f for gv, f in lowered.functions.items() if isinstance(f, tirx.PrimFunc)}
+    for name in used:
+        func = funcs.get(name)
+        if func is None or name not in chosen:
+            continue
+        seen = [chosen[name]]
+        for k, rule in enumerate(rules, start=1):
+            try:
+                with target:
+                    sch = rule.apply(func, target, False)
+            except (RuntimeError, ValueError, TypeError):
+                sch = None
+            if sch is None:
+                continue
+            scheduled = sch.mod["main"]
+            if any(tvm_ffi.structural_equal(scheduled, f) for f in seen):
+                continue
+            seen.append(scheduled)
+            vname = f"{name}__v{k}"
+            out[tvm.ir.GlobalVar(vname)] = scheduled.with_attr("global_symbol", vname)
+    return out
 
 
 def compile_relax(

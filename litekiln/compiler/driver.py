@@ -76,7 +76,10 @@ def compile_model(
         mod = lower_partition(model.main, p, lower_opts)
         timings["lower"] = timings.get("lower", 0.0) + time.perf_counter() - t
         try:
-            result = compile_relax_full(mod, target=_target(options), schedules=options.schedules)
+            result = compile_relax_full(
+                mod, target=_target(options), schedules=options.schedules,
+                variant_rules=_variant_rules(options),
+            )
         except CodegenError as exc:
             raise CompileError(f"{model.name}: {label}: {exc}") from None
         for k, v in result.timings.items():
@@ -112,6 +115,15 @@ def compile_model(
             "kernels": sum(len(p.program.launches) for p in partitions),
         },
     )
+
+
+def _variant_rules(options: CompileOptions) -> list[object]:
+    """Alternative schedules to emit for on-device tuning (GPU profile only)."""
+    if not options.tuning or options.schedules != "fast":
+        return []
+    from litekiln.compiler.schedules import variant_rules
+
+    return variant_rules("gpu")
 
 
 def _target(options: CompileOptions) -> dict[str, object]:

@@ -55,7 +55,10 @@ from tvm.s_tir.dlight.base.utils import max_threads_per_block
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 from tvm.target import Target
 
-__all__ = ["PROFILES", "Injective", "SerialReduction", "fast_rules", "fast_schedule"]
+__all__ = [
+    "PROFILES", "ConfiguredMatmul", "Injective", "SerialReduction", "fast_rules", "fast_schedule",
+    "variant_rules",
+]
 
 #: Serial reductions are kept only when the work is output-parallel enough: at most this many
 #: reduction terms per work-item regardless of the output size ...
@@ -445,3 +448,44 @@ def describe_rules(
             else:
                 out[gv.name_hint] = "none"
     return out
+
+
+class ConfiguredMatmul(dl.gpu.Matmul):
+    """dlight's Matmul rule with a fixed tile configuration instead of its per-target one."""
+
+    def __init__(self, config: dl.gpu.Matmul.Config) -> None:
+        self.config = config
+
+    def get_configs(self, target: Target) -> dl.gpu.Matmul.Config:  # noqa: ARG002 - fixed
+        return self.config
+
+
+def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
+    """Alternative schedules the compiler emits for the runtime to time on the device.
+
+    Each rule is tried on its own on every kernel; where it applies and differs from the
+    profile's choice it becomes an option (`litekiln.runtime.program.Variant`). For the
+    ``gpu`` profile they target what dominates the H100 profiles: convolutions over input
+    channels (dlight's Matmul by default, 32x32 output tiles per 64-thread group, too few
+    groups for a 14x14x512 layer on 132 SMs):
+
+    * our serial-reduction rule over channels too, with the default tiles and with 4x1 tiles
+      (more work-items);
+    * dlight's Matmul with its CUDA configuration (8x16 threads, 4x4 micro tiles, 16-deep K
+      steps, 2-wide vectors) and with small tiles (16x16 threads, 2x2 micro tiles: 4x more
+      groups).
+
+    The ``cpu`` profile has none (PoCL is for correctness).
+    """
+    if profile != "gpu":
+        return []
+    cfg = dl.gpu.Matmul.Config
+    return [
+        SerialReduction(channel_reductions=True),
+        SerialReduction(tiles=((4, 1),), channel_reductions=True),
+        ConfiguredMatmul(cfg(block_size_x=8, block_size_y=16, micro_size_x=4, micro_size_y=4,
+                             micro_size_k=16, vector_size=2, unroll=256, use_shared=True,
+                             storage_align=True)),
+        ConfiguredMatmul(cfg(block_size_x=16, block_size_y=16, micro_size_x=2, micro_size_y=2,
+                             micro_size_k=8, vector_size=1, unroll=64, use_shared=True)),
+    ]

@@ -39,6 +39,8 @@ class CompileOptions:
         schedules: kernel schedules: "fast" (GPUs), "fast-cpu" (CPU OpenCL such as PoCL) or
             "default" (TVM dlight's generic rules); the runtime picks by device type unless
             set explicitly (argument or LITEKILN_SCHEDULES).
+        tuning: with "fast" schedules, also emit alternative schedules of the heavy kernels
+            (`GpuProgram.variants`) for the runtime to time on the device at first load.
     """
 
     precision: str = "fp32"
@@ -50,6 +52,7 @@ class CompileOptions:
     target: str = "opencl"
     half: str = "native"
     schedules: str = "fast"
+    tuning: bool = True
 
     def __post_init__(self) -> None:
         if self.precision not in ("fp32", "fp16"):

@@ -134,12 +134,12 @@ class PartitionExecutor:
         if missing:
             raise ExecutorError(f"kernels {missing} not found in the built OpenCL program")
         self._arg_slots: dict[int, list[tuple[cl.Kernel, int]]] = {}  # tensor id -> uses
-        self._launches: list[tuple[cl.Kernel, tuple[int, ...], tuple[int, ...]]] = []
+        prepared: list[tuple[cl.Kernel, tuple[int, ...], tuple[int, ...]]] = []
         max_wg = self.device.max_work_group_size
         max_items = self.device.max_work_item_sizes
         first_of: dict[str, cl.Kernel] = {}
         wg_limit: dict[str, int] = {}
-        for i, launch in enumerate(program.launches):
+        for i, launch in enumerate(program.all_launches()):
             # One kernel object per launch (each holds its own argument values); the work-group
             # limit is the same for every object of a kernel, so it is asked once per name.
             kernel = cl.Kernel(self._cl_program, launch.kernel)
@@ -167,8 +167,78 @@ class PartitionExecutor:
                     f"device limit {max_wg} / kernel limit {kernel_wg} / per-axis {list(max_items)} "
                     f"on {self.device.name}; compile with a smaller max_num_threads"
                 )
-            self._launches.append((kernel, launch.global_size, launch.local_size))
+            prepared.append((kernel, launch.global_size, launch.local_size))
+        # Option 0 of every variant is the default launches; the other options follow them.
+        n = len(program.launches)
+        self._default = prepared[:n]
+        rest = iter(prepared[n:])
+        self._options = [[[next(rest) for _ in o] for o in v.options] for v in program.variants]
+        self.choices: list[int] = [0] * len(program.variants)
+        self._launches = self._plan(self.choices)
         self._fast = self._make_fast_launcher()
+
+    # ------------------------------------------------------------------ tuning
+    def _plan(self, choices: list[int]) -> list[tuple[cl.Kernel, tuple[int, ...], tuple[int, ...]]]:
+        out = []
+        pos = 0
+        for v, opts, c in zip(self.program.variants, self._options, choices):
+            out.extend(self._default[pos : v.start])
+            out.extend(self._default[v.start : v.stop] if c == 0 else opts[c - 1])
+            pos = v.stop
+        out.extend(self._default[pos:])
+        return out
+
+    def select(self, choices: list[int]) -> None:
+        """Run option ``choices[i]`` of variant ``i`` from now on (0: the default schedule).
+
+        Raises:
+            ValueError: ``choices`` does not fit the program's variants.
+        """
+        self.program.plan(choices)  # validates
+        self.choices = list(choices)
+        self._launches = self._plan(self.choices)
+        self._fast = self._make_fast_launcher()
+
+    def tune(self, reps: int = 5) -> list[int]:
+        """Time every option of every variant on this device and select the fastest.
+
+        Each option runs ``reps`` times (after one warm-up) on a profiling queue, in the
+        program's order so that its inputs are the previous kernels' outputs (or whatever
+        the buffers hold: the schedules do not depend on values); the option with the
+        smallest median device time (OpenCL profiling events) wins. Costs a few milliseconds
+        per variant, once per device: the session stores the choices next to the binary.
+
+        Returns:
+            The chosen option per variant (also applied, see `select`).
+        """
+        if not self.program.variants:
+            return []
+        pq = self._profiling()
+        self.queue.finish()
+        choices = []
+        for v, opts in zip(self.program.variants, self._options):
+            timings = []
+            for launches in [self._default[v.start : v.stop], *opts]:
+                samples = []
+                for r in range(reps + 1):
+                    events = [cl.enqueue_nd_range_kernel(pq, k, g, l) for k, g, l in launches]
+                    pq.finish()
+                    if r:  # the first run is the warm-up
+                        samples.append(sum(e.profile.end - e.profile.start for e in events))
+                timings.append(float(np.median(samples)))
+            choices.append(int(np.argmin(timings)))
+        self.select(choices)
+        return choices
+
+    def _profiling(self) -> cl.CommandQueue:
+        """A second, profiling-enabled in-order queue on the same context (made once)."""
+        pq = getattr(self, "_profiling_queue", None)
+        if pq is None:
+            pq = cl.CommandQueue(
+                self.context, self.device, properties=cl.command_queue_properties.PROFILING_ENABLE
+            )
+            self._profiling_queue = pq
+        return pq
 
     @property
     def binary(self) -> bytes | None:
@@ -337,7 +407,7 @@ class PartitionExecutor:
 
     def launch_names(self) -> list[str]:
         """Kernel name of each launch, in launch order (for profiles)."""
-        return [launch.kernel for launch in self.program.launches]
+        return [launch.kernel for launch in self.program.plan(self.choices)]
 
     def profile(self) -> list[float]:
         """Run every launch once on a profiling queue and return each one's device time.
@@ -350,12 +420,7 @@ class PartitionExecutor:
         Returns:
             Seconds between each launch's CL_PROFILING_COMMAND_START and _END, in launch order.
         """
-        pq = getattr(self, "_profiling_queue", None)
-        if pq is None:
-            pq = cl.CommandQueue(
-                self.context, self.device, properties=cl.command_queue_properties.PROFILING_ENABLE
-            )
-            self._profiling_queue = pq
+        pq = self._profiling()
         self.queue.finish()
         events = [cl.enqueue_nd_range_kernel(pq, k, g, l) for k, g, l in self._launches]
         pq.finish()

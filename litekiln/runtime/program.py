@@ -34,7 +34,7 @@ import numpy as np
 
 #: Bump whenever the JSON layout or the meaning of a field changes; readers reject other
 #: versions (the cache treats that as a miss and recompiles).
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 StorageRole = Literal["input", "constant", "workspace"]
 _STORAGE_ROLES = ("input", "constant", "workspace")
@@ -142,6 +142,25 @@ class Launch:
     func: str = ""
 
 
+@dataclass(frozen=True)
+class Variant:
+    """Alternative schedules of one PrimFunc call, to be timed on the device (tuning).
+
+    Attributes:
+        start: Index of the call's first launch in `GpuProgram.launches` (the default
+            schedule, option 0).
+        stop: One past its last launch.
+        options: The other schedules' launches (options 1..n), each replacing
+            ``launches[start:stop]`` as a whole; they read and write the same tensors.
+        func: The PrimFunc (for reports).
+    """
+
+    start: int
+    stop: int
+    options: tuple[tuple[Launch, ...], ...]
+    func: str = ""
+
+
 @dataclass
 class GpuProgram:
     """Everything needed to run one GPU partition, as plain data.
@@ -156,7 +175,9 @@ class GpuProgram:
             (``dict[name, np.ndarray]``) so the cache can store them raw.
         inputs: Tensor ids of the partition's parameters, in order.
         outputs: Tensor ids of the partition's results, in order.
-        launches: Kernel launches in execution order.
+        launches: Kernel launches in execution order (every call's default schedule).
+        variants: Calls with alternative schedules, in launch order, non-overlapping; the
+            runtime times them on the device once and keeps the fastest (see `Variant`).
         meta: Free-form provenance (compiler versions, target string...), not used to run.
         format_version: Layout version, see `FORMAT_VERSION`.
     """
@@ -170,8 +191,34 @@ class GpuProgram:
     inputs: list[int]
     outputs: list[int]
     launches: list[Launch]
+    variants: list[Variant] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+
+    def plan(self, choices: list[int] | None = None) -> list[Launch]:
+        """The launches to run with option ``choices[i]`` for variant ``i`` (0: default).
+
+        Raises:
+            ValueError: ``choices`` does not fit `variants`.
+        """
+        if not choices or not any(choices):
+            return list(self.launches)
+        if len(choices) != len(self.variants):
+            raise ValueError(f"{len(choices)} choices for {len(self.variants)} variants")
+        out: list[Launch] = []
+        pos = 0
+        for v, c in zip(self.variants, choices):
+            if not 0 <= c <= len(v.options):
+                raise ValueError(f"choice {c} for {v.func}, which has {len(v.options) + 1} options")
+            out.extend(self.launches[pos : v.start])
+            out.extend(self.launches[v.start : v.stop] if c == 0 else v.options[c - 1])
+            pos = v.stop
+        out.extend(self.launches[pos:])
+        return out
+
+    def all_launches(self) -> list[Launch]:
+        """Every launch of every option (what the runtime prepares kernels for)."""
+        return [*self.launches, *(l for v in self.variants for o in v.options for l in o)]
 
     # ------------------------------------------------------------------ lookups
     def tensor(self, tensor_id: int) -> TensorSpec:
@@ -248,7 +295,12 @@ class GpuProgram:
             if storages[tensors[tid].storage].role != "input":
                 raise ProgramFormatError(f"input tensor {tid}: storage role is not 'input'")
         kernels = set(self.kernels)
-        for i, launch in enumerate(self.launches):
+        pos = 0
+        for v in self.variants:
+            if not pos <= v.start < v.stop <= len(self.launches) or not v.options:
+                raise ProgramFormatError(f"variant of {v.func}: bad launch range [{v.start}, {v.stop})")
+            pos = v.stop
+        for i, launch in enumerate(self.all_launches()):
             if launch.kernel not in kernels:
                 raise ProgramFormatError(f"launch {i}: kernel {launch.kernel!r} not listed")
             if len(launch.global_size) != len(launch.local_size) or not 1 <= len(launch.global_size) <= 3:
@@ -289,20 +341,11 @@ class GpuProgram:
             "constants": [[tid, name] for tid, name in self.constants.items()],
             "inputs": list(self.inputs),
             "outputs": list(self.outputs),
-            "launches": [
-                {
-                    "kernel": l.kernel,
-                    "func": l.func,
-                    "args": [
-                        {"buffer": a.tensor}
-                        if isinstance(a, BufferArg)
-                        else {"scalar": a.value, "type": a.ctype}
-                        for a in l.args
-                    ],
-                    "global_size": list(l.global_size),
-                    "local_size": list(l.local_size),
-                }
-                for l in self.launches
+            "launches": [_launch_to_dict(l) for l in self.launches],
+            "variants": [
+                {"start": v.start, "stop": v.stop, "func": v.func,
+                 "options": [[_launch_to_dict(l) for l in o] for o in v.options]}
+                for v in self.variants
             ],
             "meta": self.meta,
         }
@@ -329,23 +372,13 @@ class GpuProgram:
         if version != FORMAT_VERSION:
             raise ProgramFormatError(f"program format version {version!r}, this runtime reads {FORMAT_VERSION}")
         try:
-            launches = []
-            for l in d["launches"]:
-                args: list[KernelArg] = []
-                for a in l["args"]:
-                    if "buffer" in a:
-                        args.append(BufferArg(int(a["buffer"])))
-                    else:
-                        args.append(ScalarArg(a["scalar"], str(a["type"])))
-                launches.append(
-                    Launch(
-                        kernel=l["kernel"],
-                        args=tuple(args),
-                        global_size=tuple(int(x) for x in l["global_size"]),
-                        local_size=tuple(int(x) for x in l["local_size"]),
-                        func=l.get("func", ""),
-                    )
-                )
+            launches = [_launch_from_dict(l) for l in d["launches"]]
+            variants = [
+                Variant(int(v["start"]), int(v["stop"]),
+                        tuple(tuple(_launch_from_dict(l) for l in o) for o in v["options"]),
+                        str(v.get("func", "")))
+                for v in d.get("variants", [])
+            ]
             prog = cls(
                 source=d["source"],
                 build_options=d["build_options"],
@@ -366,6 +399,7 @@ class GpuProgram:
                 inputs=[int(x) for x in d["inputs"]],
                 outputs=[int(x) for x in d["outputs"]],
                 launches=launches,
+                variants=variants,
                 meta=dict(d.get("meta", {})),
                 format_version=int(version),
             )
@@ -394,3 +428,32 @@ class GpuProgram:
         if not isinstance(d, dict):
             raise ProgramFormatError("program JSON is not an object")
         return cls.from_dict(d)
+
+
+def _launch_to_dict(l: Launch) -> dict[str, Any]:
+    return {
+        "kernel": l.kernel,
+        "func": l.func,
+        "args": [
+            {"buffer": a.tensor} if isinstance(a, BufferArg) else {"scalar": a.value, "type": a.ctype}
+            for a in l.args
+        ],
+        "global_size": list(l.global_size),
+        "local_size": list(l.local_size),
+    }
+
+
+def _launch_from_dict(l: dict[str, Any]) -> Launch:
+    args: list[KernelArg] = []
+    for a in l["args"]:
+        if "buffer" in a:
+            args.append(BufferArg(int(a["buffer"])))
+        else:
+            args.append(ScalarArg(a["scalar"], str(a["type"])))
+    return Launch(
+        kernel=l["kernel"],
+        args=tuple(args),
+        global_size=tuple(int(x) for x in l["global_size"]),
+        local_size=tuple(int(x) for x in l["local_size"]),
+        func=l.get("func", ""),
+    )

@@ -66,11 +66,11 @@ def split_options(options: Mapping[str, Any], precision: str) -> tuple[CompileOp
     compile_kw.setdefault("max_partitions", config.MAX_PARTITIONS.get())
     compile_kw.setdefault("min_partition_ops", config.MIN_PARTITION_OPS.get())
     runtime_kw = {k: v for k, v in options.items() if k not in _OPTION_NAMES}
-    unknown = set(runtime_kw) - {"validate", "use_cache", "progress"}
+    unknown = set(runtime_kw) - {"validate", "use_cache", "progress", "tune"}
     if unknown:
         raise TypeError(
             f"unknown option(s) {sorted(unknown)}; compile options are "
-            f"{sorted(_OPTION_NAMES | {'precision'})}, runtime options are validate, use_cache"
+            f"{sorted(_OPTION_NAMES | {'precision'})}, runtime options are validate, use_cache, tune"
         )
     return CompileOptions(precision=precision, **compile_kw), runtime_kw
 
@@ -125,8 +125,10 @@ def open_session(
 
         store = ModelCache.open(cache_dir)
     validate = bool(rt.get("validate", False))
+    tune = config.TUNE.get(rt.get("tune"))
     try:
-        return Session(model, _load_or_compile(model, copts, store, rt), handle, store=store, validate=validate)
+        return Session(model, _load_or_compile(model, copts, store, rt), handle, store=store,
+                       validate=validate, tune=tune)
     except DeviceError as exc:
         if not (copts.precision == "fp16" and copts.half == "native" and "half-precision" in str(exc)):
             raise
@@ -134,7 +136,8 @@ def open_session(
         # TVM's half code): run the fp16-rounding fp32 kernels instead, and say so.
         log.warning("%s; using fp32 kernels that round every value to fp16", exc)
         copts = dataclasses.replace(copts, half="emulated")
-        return Session(model, _load_or_compile(model, copts, store, rt), handle, store=store, validate=validate)
+        return Session(model, _load_or_compile(model, copts, store, rt), handle, store=store,
+                       validate=validate, tune=tune)
 
 
 def _load_or_compile(model: Model, copts: CompileOptions, store: Any, rt: dict[str, Any]) -> CompiledModel:
@@ -198,6 +201,7 @@ class Session:
         *,
         store: Any = None,
         validate: bool = False,
+        tune: bool = True,
     ) -> None:
         from litekiln.runtime.executor import ExecutorError, PartitionExecutor
 
@@ -215,7 +219,7 @@ class Session:
             prog = part.program
             consts = {name: compiled.constants[name] for name in prog.constants.values()}
             bkey = _binary_key(prog.source, prog.build_options, identity)
-            binary = store.load_binary(bkey) if store is not None else None
+            binary, choices = store.load_program(bkey) if store is not None else (None, None)
             try:
                 ex = PartitionExecutor(prog, consts, handle.context, handle.queue, binary=binary)
             except ExecutorError as exc:
@@ -228,8 +232,23 @@ class Session:
                 except ExecutorError as exc2:
                     raise DeviceError(f"{model.name}: partition {part.index}: {exc2}") from None
                 binary = None
-            if binary is None and store is not None and ex.binary:
-                store.save_binary(bkey, ex.binary, identity)
+            save = binary is None
+            if prog.variants:
+                try:
+                    if choices is None:
+                        raise ValueError("not tuned on this device yet")
+                    ex.select(choices)
+                except ValueError:
+                    # First load on this device (or choices of another program): time the
+                    # variants once and store the choice with the binary.
+                    if tune:
+                        choices = ex.tune()
+                        log.info("%s: partition %d tuned: %d of %d kernels changed", model.name,
+                                 part.index, sum(1 for c in choices if c), len(choices))
+                        save = True
+            if save and store is not None and ex.binary:
+                store.save_binary(bkey, ex.binary, identity,
+                                  tuning=ex.choices if prog.variants and tune else None)
             self.executors.append(ex)
         self.load_seconds = time.perf_counter() - t0
 

@@ -1,0 +1,133 @@
+"""Per-device tuning: schedule variants emitted by the compiler, timed and chosen at first load.
+
+The GPU profile (``schedules="fast"``) emits alternative schedules of the heavy kernels
+(`litekiln.runtime.program.Variant`); the runtime times them on the device once, keeps the
+fastest and stores the choice beside the device binary. On PoCL the timings mean little, but
+everything else is checked: every option computes the same result as the numpy reference,
+the choice is stored and reused, ``tune=False`` skips it, and a bad stored choice is retuned.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tvm")
+
+import litekiln  # noqa: E402
+from litekiln.runtime.executor import PartitionExecutor  # noqa: E402
+from litekiln.runtime.program import GpuProgram  # noqa: E402
+
+pytestmark = pytest.mark.opencl
+
+TOL = 1e-4  # the GPU path's float32 bound (litekiln.check), relative to max(1, max|ref|)
+
+
+def _interp(path: Path, cache: Path, **kw: Any) -> litekiln.Interpreter:
+    return litekiln.Interpreter(model_path=path, cache_dir=cache, schedules="fast", **kw)
+
+
+def _err(ours: list[np.ndarray], ref: list[np.ndarray]) -> float:
+    return max(float(np.abs(o - r).max()) / max(1.0, float(np.abs(r).max())) for o, r in zip(ours, ref))
+
+
+@pytest.fixture
+def counted_tune(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts PartitionExecutor.tune calls."""
+    calls: list[int] = []
+    real = PartitionExecutor.tune
+
+    def tune(self: PartitionExecutor, reps: int = 5) -> list[int]:
+        calls.append(1)
+        return real(self, reps)
+
+    monkeypatch.setattr(PartitionExecutor, "tune", tune)
+    return calls
+
+
+def test_every_option_of_every_variant_matches_the_reference(smoke_path: Path, tmp_path: Path) -> None:
+    ref = litekiln.Interpreter(model_path=smoke_path, device="reference")
+    inputs = ref.random_inputs(0)
+    expected = ref.run(inputs)
+    interp = _interp(smoke_path, tmp_path, tune=False)
+    interp.allocate_tensors()
+    ex = interp._backend.executors[0]  # noqa: SLF001 - the test drives the executor's options
+    variants = ex.program.variants
+    assert variants, "the GPU profile emits variants for smoke's convolutions and FC"
+    assert any(len(v.options) >= 2 for v in variants)
+    checked = 0
+    for i, v in enumerate(variants):
+        for c in range(len(v.options) + 1):
+            choices = [0] * len(variants)
+            choices[i] = c
+            ex.select(choices)
+            assert _err(interp.run(inputs), expected) <= TOL, f"{v.func} option {c}"  # type: ignore[arg-type]
+            checked += 1
+    assert checked == sum(len(v.options) + 1 for v in variants)
+
+
+def test_choice_is_stored_with_the_binary_and_reused(
+    smoke_path: Path, tmp_path: Path, counted_tune: list[int]
+) -> None:
+    first = _interp(smoke_path, tmp_path)
+    first.allocate_tensors()
+    chosen = first._backend.executors[0].choices  # noqa: SLF001
+    assert counted_tune == [1]
+    second = _interp(smoke_path, tmp_path)
+    second.allocate_tensors()
+    assert counted_tune == [1], "the second load must reuse the stored choice"
+    assert second._backend.executors[0].choices == chosen  # noqa: SLF001
+    x = second.random_inputs(0)
+    ref = litekiln.Interpreter(model_path=smoke_path, device="reference").run(x)
+    assert _err(second.run(x), ref) <= TOL  # type: ignore[arg-type]
+
+
+def test_tune_false_runs_the_default_schedules(
+    smoke_path: Path, tmp_path: Path, counted_tune: list[int]
+) -> None:
+    interp = _interp(smoke_path, tmp_path, tune=False)
+    interp.allocate_tensors()
+    ex = interp._backend.executors[0]  # noqa: SLF001
+    assert counted_tune == []
+    assert ex.program.variants and ex.choices == [0] * len(ex.program.variants)
+    # Nothing was stored as a choice: a later load with tuning on tunes.
+    again = _interp(smoke_path, tmp_path)
+    again.allocate_tensors()
+    assert counted_tune == [1]
+
+
+def test_a_stored_choice_that_does_not_fit_is_retuned(
+    smoke_path: Path, tmp_path: Path, counted_tune: list[int]
+) -> None:
+    from litekiln.cache.models import ModelCache
+    from litekiln.runtime.session import _binary_key
+
+    interp = _interp(smoke_path, tmp_path)
+    interp.allocate_tensors()
+    sess = interp._backend  # noqa: SLF001
+    prog, ex = sess.compiled.partitions[0].program, sess.executors[0]
+    key = _binary_key(prog.source, prog.build_options, sess.handle.identity())
+    cache = ModelCache.open(tmp_path)
+    cache.save_binary(key, ex.binary, sess.handle.identity(), tuning=[7] * (len(prog.variants) + 1))
+    again = _interp(smoke_path, tmp_path)
+    again.allocate_tensors()
+    assert counted_tune == [1, 1]
+    assert ModelCache.open(tmp_path).load_program(key)[1] == again._backend.executors[0].choices  # noqa: SLF001
+
+
+def test_program_json_keeps_variants_and_plan_checks_choices(smoke_path: Path, tmp_path: Path) -> None:
+    interp = _interp(smoke_path, tmp_path, tune=False)
+    interp.allocate_tensors()
+    prog = interp._backend.compiled.partitions[0].program  # noqa: SLF001
+    back = GpuProgram.from_json(prog.to_json())
+    assert back.variants == prog.variants
+    assert back.plan() == prog.launches
+    last = [len(v.options) for v in prog.variants]
+    assert len(back.plan(last)) >= 1
+    with pytest.raises(ValueError):
+        back.plan([len(v.options) + 1 for v in prog.variants])
+    with pytest.raises(ValueError):
+        back.plan([1] * (len(prog.variants) + 1))  # one choice too many
