@@ -124,10 +124,14 @@ du -sh "$KIT/models" "$KIT/cache" .devcache/kit.tar.xz
 # one; run.sh joins the parts.
 rm -rf .devkit[0-9]*
 if [ -n "${SPLIT_MB:-}" ]; then
-  split -b "${SPLIT_MB}M" -d -a 2 .devcache/kit.tar.xz .devcache/kit.part-
+  # The parts carry the kit's id, so that parts of an earlier kit still on the warm machine
+  # are never joined in.
+  id=$(sha256sum .devcache/kit.tar.xz | cut -c1-12)
+  echo "$id" > .devcache/kit.id
+  split -b "${SPLIT_MB}M" -d -a 2 .devcache/kit.tar.xz ".devcache/kit-$id.part-"
   rm .devcache/kit.tar.xz
   k=0
-  for part in .devcache/kit.part-*; do
+  for part in .devcache/kit-"$id".part-*; do
     k=$((k + 1)); mkdir -p ".devkit$k"; mv "$part" ".devkit$k/"
   done
   du -sh .devkit[0-9]*

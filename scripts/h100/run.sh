@@ -66,8 +66,11 @@ rm -rf "$KIT" && mkdir -p "$KIT" && chmod 700 "$KIT"
 TARBALL=.devcache/kit.tar.xz
 if [ ! -f "$TARBALL" ]; then  # a kit carried in parts (prepare.sh SPLIT_MB)
   TARBALL=/tmp/litekiln-kit.tar.xz
-  cat $(ls .devkit[0-9]*/kit.part-* | sort -t- -k2) > "$TARBALL" 2>/dev/null \
-    || { echo "run.sh: no .devcache/kit.tar.xz and no .devkit*/kit.part-* (run prepare.sh)"; exit 1; }
+  id=$(cat .devcache/kit.id 2>/dev/null)
+  parts=$(ls .devkit[0-9]*/kit-"$id".part-* 2>/dev/null | sort -t. -k3)
+  [ -n "$id" ] && [ -n "$parts" ] && cat $parts > "$TARBALL" \
+    || { echo "run.sh: no .devcache/kit.tar.xz and no .devkit*/kit-ID.part-* (run prepare.sh)"; exit 1; }
+  echo "kit $id joined from $(echo $parts | wc -w) parts"
 fi
 "$PY" -c 'import sys, tarfile as t; t.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
   "$TARBALL" "$KIT" || { echo "run.sh: cannot unpack the kit $TARBALL (run prepare.sh)"; exit 1; }
