@@ -19,6 +19,8 @@ EXPAND_DIMS, RELU_N1_TO_1) are tested by letting the partitioner delegate them
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pytest
 from gpu_helper import Batch, Case, G
@@ -372,7 +374,29 @@ def _transpose(shape, perm):
     return lambda g: g.op("TRANSPOSE", [g.x(shape), g.ints(perm)], out)
 
 
+def _tconv_bias(shape, cout, k, stride, padding):
+    # MediaPipe's custom op: raw TfLiteTransposeConvParams (padding 1 SAME / 2 VALID, stride_w,
+    # stride_h); its output size as ops.conv.Convolution2DTransposeBias derives it. LiteRT has
+    # no kernel for it: the reference (checked against LiteRT's TRANSPOSE_CONV in
+    # test_ops_conv_pool) is the oracle.
+    n, h, w, c = shape
+    tot = [max(0, k - (d - 1) % stride - 1) if padding == 1 else 0 for d in (h, w)]
+    out = [n, *(stride * (d - 1) + k - t for d, t in zip((h, w), tot)), cout]
+
+    def build(g: G):
+        return g.b.custom_op("Convolution2DTransposeBias",
+                             [g.x(shape), g.w([cout, k, k, c]), g.w([cout])], out_shape=out,
+                             custom_options=struct.pack("<3i", padding, stride, stride))
+
+    return build
+
+
 EXTENDED = Batch("extended", [
+    Case("tconv_bias_k2_s2_same", _tconv_bias([1, 5, 6, 3], 4, 2, 2, 1), litert=False),
+    Case("tconv_bias_k3_s2_same", _tconv_bias([1, 5, 6, 3], 4, 3, 2, 1), litert=False),
+    Case("tconv_bias_k3_s2_valid", _tconv_bias([2, 4, 3, 2], 3, 3, 2, 2), litert=False),
+    Case("tconv_bias_k4_s3_same", _tconv_bias([1, 4, 5, 2], 2, 4, 3, 1), litert=False),
+    Case("tconv_bias_k3_s1_same", _tconv_bias([1, 6, 6, 4], 5, 3, 1, 1), litert=False),
     Case("mean_hw_keep", _mean([1, 5, 6, 4], [1, 2], True)),
     Case("mean_hw_nokeep", _mean([2, 5, 6, 4], [1, 2], False)),
     Case("mean_last", _mean([2, 3, 7], [-1], False)),

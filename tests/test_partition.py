@@ -431,7 +431,8 @@ def test_custom_ops_are_named_by_custom_code() -> None:
     check_plan(g, plan)
     assert plan.warning_lines() == [
         "WARNING: op code #32 cannot be handled by this delegate.",
-        "  custom code Convolution2DTransposeBias (1x: ops #1): not in the GPU op table",
+        "  custom code Convolution2DTransposeBias (1x: ops #1): not in the GPU op table"
+        " (it is in the extended table: op_table='extended')",
         "  custom code MyUnknownOp (1x: ops #2): not supported by litekiln",
         "litekiln: 2 ops run on the GPU in 2 partitions, 2 ops on the CPU.",
     ]

@@ -24,6 +24,7 @@ from litekiln.compiler.partition import Partition
 from litekiln.errors import CompileError
 from litekiln.model.ir import Op, Subgraph, Tensor
 from litekiln.ops.base import dequantize, is_quantized
+from litekiln.ops.conv import C_PADDING_SAME, Convolution2DTransposeBias
 
 Expr = Any  # relax.Expr; kept loose because TVM's Python typing is dynamic
 
@@ -372,24 +373,24 @@ def _dwconv(ctx: _Ctx) -> list[Expr]:
     return _epilogue(ctx, y, 2)
 
 
-@emitter("TRANSPOSE_CONV")
-def _transpose_conv(ctx: _Ctx) -> list[Expr]:
+def _conv_transpose(
+    ctx: _Ctx, data: int, w: np.ndarray, strides: tuple[int, int], pad_before: tuple[int, int],
+    bias: int,
+) -> list[Expr]:
+    """Transposed conv of operand ``data`` with OHWI weights ``w``: the full scatter
+    ``(in - 1) * stride + k`` is cropped by ``pad_before`` at the top/left and to the output
+    tensor's size at the bottom/right (negative crops become output padding)."""
     out_shape = ctx.out().shape
-    w = ctx.const(1)  # O, KH, KW, I
-    _, h, wd, _ = ctx.tensor(2).shape
+    _, h, wd, _ = ctx.tensor(data).shape
     o, kh, kw, i = w.shape
-    sh, sw = int(ctx.options.get("stride_h", 1)), int(ctx.options.get("stride_w", 1))
+    sh, sw = strides
     oh, ow = out_shape[1], out_shape[2]
-    if int(ctx.options.get("padding", 0)) == 1:
-        pt = pl = 0
-    else:
-        pt = max(((h - 1) * sh + kh - oh) // 2, 0)
-        pl = max(((wd - 1) * sw + kw - ow) // 2, 0)
+    pt, pl = pad_before
     full_h, full_w = (h - 1) * sh + kh, (wd - 1) * sw + kw
     pb, pr = full_h - oh - pt, full_w - ow - pl
     out_pad = (max(-pb, 0), max(-pr, 0))
     wt = np.ascontiguousarray(w.transpose(3, 0, 1, 2))  # I, O, KH, KW  (IOHW)
-    x, wc = _data_and_weights(ctx, 2, wt)
+    x, wc = _data_and_weights(ctx, data, wt)
     xn = ctx.emit(relax.op.permute_dims(x, [0, 3, 1, 2]))
     y = ctx.emit(
         relax.op.nn.conv2d_transpose(
@@ -398,7 +399,37 @@ def _transpose_conv(ctx: _Ctx) -> list[Expr]:
         )
     )
     y = ctx.emit(relax.op.permute_dims(y, [0, 2, 3, 1]))
-    return _epilogue(ctx, y, 3)
+    return _epilogue(ctx, y, bias)
+
+
+@emitter("TRANSPOSE_CONV")
+def _transpose_conv(ctx: _Ctx) -> list[Expr]:
+    w = ctx.const(1)  # O, KH, KW, I
+    _, h, wd, _ = ctx.tensor(2).shape
+    _, kh, kw, _ = w.shape
+    sh, sw = int(ctx.options.get("stride_h", 1)), int(ctx.options.get("stride_w", 1))
+    oh, ow = ctx.out().shape[1], ctx.out().shape[2]
+    if int(ctx.options.get("padding", 0)) == 1:
+        pt = pl = 0
+    else:
+        pt = max(((h - 1) * sh + kh - oh) // 2, 0)
+        pl = max(((wd - 1) * sw + kw - ow) // 2, 0)
+    return _conv_transpose(ctx, 2, w, (sh, sw), (pt, pl), 3)
+
+
+@emitter("Convolution2DTransposeBias")
+def _transpose_conv_bias(ctx: _Ctx) -> list[Expr]:
+    # Geometry as in ops.conv.Convolution2DTransposeBias: the output tensor's shape already
+    # holds ``stride * (in - 1) + k - pad_total``; the scatter starts ``pad_total // 2`` in.
+    padding, stride_w, stride_h = Convolution2DTransposeBias.params(ctx.op)
+    w = ctx.const(1)  # O, KH, KW, I
+    _, h, wd, _ = ctx.tensor(0).shape
+    _, kh, kw, _ = w.shape
+    tot_h = tot_w = 0
+    if padding == C_PADDING_SAME:
+        tot_h = max(0, kh - (h - 1) % stride_h - 1)
+        tot_w = max(0, kw - (wd - 1) % stride_w - 1)
+    return _conv_transpose(ctx, 0, w, (stride_h, stride_w), (tot_h // 2, tot_w // 2), 2)
 
 
 @emitter("FULLY_CONNECTED")

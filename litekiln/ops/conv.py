@@ -453,25 +453,44 @@ def c_struct_ints(ctx: OpContext, count: int) -> tuple[int, ...]:
 
 
 @register
-class Convolution2DTransposeBias(OpDef):
+class Convolution2DTransposeBias(_ConvLike):
     """MediaPipe's transposed conv with bias (mediapipe/util/tflite/operations/
     transpose_conv_bias.cc): inputs (input NHWC, filter OHWI, bias [O]); custom options are a
     raw ``TfLiteTransposeConvParams``: int32 padding (1 SAME, 2 VALID), stride_width,
     stride_height. Output ``stride * (in - 1) + filter - pad_total`` with
     ``pad_total = max(0, filter - (in - 1) % stride - 1)`` for SAME (0 for VALID), and the
     scatter offset ``pad_total // 2``.
+
+    Not in the documented GPU table (a custom op); the TFLite GPU delegate runs it
+    (MediaPipe registers its GPU kernel), so the extended table does too.
     """
 
     name = "Convolution2DTransposeBias"
-    gpu = False  # custom op: not in the GPU op table
+    gpu_extended = True
+
+    @staticmethod
+    def params(op: Op) -> tuple[int, int, int]:
+        """(padding code, stride_w, stride_h) from the raw custom options.
+
+        Raises:
+            ValueError: Options too short, a non-positive stride or an unknown padding code.
+        """
+        raw = op.custom_options or b""
+        if len(raw) < 12:
+            raise ValueError(f"custom options of {len(raw)} bytes, expected at least 12")
+        padding, stride_w, stride_h = struct.unpack_from("<3i", raw, 0)
+        if stride_w <= 0 or stride_h <= 0:
+            raise ValueError(f"strides {stride_h}x{stride_w} must be positive")
+        if padding not in (C_PADDING_SAME, C_PADDING_VALID):
+            raise ValueError(f"padding code {padding} is neither SAME (1) nor VALID (2)")
+        return padding, stride_w, stride_h
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
-        padding, stride_w, stride_h = c_struct_ints(ctx, 3)
-        if stride_w <= 0 or stride_h <= 0:
-            raise ctx.fail(f"strides {stride_h}x{stride_w} must be positive")
-        if padding not in (C_PADDING_SAME, C_PADDING_VALID):
-            raise ctx.fail(f"padding code {padding} is neither SAME (1) nor VALID (2)")
+        try:
+            padding, stride_w, stride_h = cls.params(ctx.op)
+        except ValueError as e:
+            raise ctx.fail(str(e)) from None
         x, w, b = (required(ctx, inputs, i) for i in range(3))
         if x.ndim != 4 or w.ndim != 4 or b.ndim != 1:
             raise ctx.fail(
@@ -487,6 +506,19 @@ class Convolution2DTransposeBias(OpDef):
         ow = stride_w * (wd - 1) + kw - tot_w
         y = transpose_conv_nhwc(x, w, (oh, ow), (stride_h, stride_w), (tot_h // 2, tot_w // 2))
         return [y + _f32(b)]
+
+    @classmethod
+    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
+        reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
+        if reason:
+            return reason
+        try:
+            cls.params(op)
+        except ValueError as e:
+            return str(e)
+        if len(op.inputs) != 3 or op.inputs[2] < 0:
+            return "expects input, filter and bias"
+        return None
 
 
 # -- integer and hybrid semantics -------------------------------------------------------------

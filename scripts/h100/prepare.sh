@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Build machine side of the H100 kit: compile the chosen models ahead of time (fp32, default
-# options, the same ones run.sh uses), so that the GPU machine, which has no TVM, only loads
-# them.
+# options but the op table, the same ones run.sh uses), so that the GPU machine, which has no
+# TVM, only loads them. OP_TABLE (default extended: the ops LiteRT's GPU delegate, the peer
+# of the benchmark, runs too, such as HARD_SWISH and MediaPipe's transposed conv) is recorded
+# in build.json and run.sh opens the models with it.
 #
 #   scripts/h100/prepare.sh                      # the default MediaPipe models
 #   scripts/h100/prepare.sh face_landmark /path/to/model.tflite ...
@@ -19,7 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
-DEFAULT_MODELS=(face_detection_short_range face_landmark hand_landmark_full
+DEFAULT_MODELS=(face_detection_short_range face_detection_full_range_sparse face_landmark hand_landmark_lite
                 selfie_segmentation palm_detection_lite pose_landmark_full)
 MODELS=("$@")
 [ ${#MODELS[@]} -gt 0 ] || MODELS=("${DEFAULT_MODELS[@]}")
@@ -51,6 +53,7 @@ done
 # time is a cold one; the driver's kernel cache is off for the same reason.
 export CUDA_CACHE_DISABLE=1 POCL_KERNEL_CACHE=0
 unset LITEKILN_NO_CACHE LITEKILN_PRECISION
+export LITEKILN_OP_TABLE=${OP_TABLE:-extended}
 : > .devcache/compile.jsonl
 while read -r name; do
   echo "prepare: compiling $name" >&2
@@ -99,6 +102,8 @@ build = {
     "binaries_dropped": dropped,
     # Part of every compiled-model cache key: run.sh refuses a kit made from other sources.
     "compiler_hash": compiler_hash(),
+    # Part of the key too: run.sh opens the models with this table.
+    "op_table": os.environ["LITEKILN_OP_TABLE"],
     "note": "compile_s: the compiler's own timing (partition, lower, codegen), TVM import "
             "excluded (tvm_import_s); compile_process_s: the whole `litekiln compile` process "
             "here: Python start, TVM import, compile, and the program build on this machine's "

@@ -57,7 +57,7 @@ mkdir -p /tmp/notvm
 printf 'import sys\nsys.modules["tvm"] = None  # runtime-only run: importing TVM fails\n' \
   > /tmp/notvm/sitecustomize.py
 export PYTHONPATH=/tmp/notvm${SITE:+:$SITE}:$REPO
-unset LITEKILN_NO_CACHE LITEKILN_PRECISION LITEKILN_CACHE_DIR
+unset LITEKILN_NO_CACHE LITEKILN_PRECISION LITEKILN_CACHE_DIR LITEKILN_OP_TABLE
 
 # Unpack the kit (models + compiled cache) into a private, writable folder: the cache store
 # refuses folders that others could write to.
@@ -88,6 +88,9 @@ if want != have:
              f"tree {have[:12]}): run scripts/h100/prepare.sh on this tree, then call again")
 print(f"kit matches this tree's compiler sources ({have[:12]})")
 EOF
+# The kit's models were compiled with this op table (prepare.sh OP_TABLE): open them with it.
+export LITEKILN_OP_TABLE=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1])).get("op_table", "documented"))' .devcache/build.json)
+echo "op table: $LITEKILN_OP_TABLE"
 read -r -a NAMES <<< "${MODELS:-$(tr '\n' ' ' < .devcache/models.txt)}"
 PATHS=()
 for n in "${NAMES[@]}"; do PATHS+=("$KIT/models/$n.tflite"); done
