@@ -131,3 +131,30 @@ def test_program_json_keeps_variants_and_plan_checks_choices(smoke_path: Path, t
         back.plan([len(v.options) + 1 for v in prog.variants])
     with pytest.raises(ValueError):
         back.plan([1] * (len(prog.variants) + 1))  # one choice too many
+
+
+@pytest.mark.parametrize("mode", ["on", "off", "auto"])
+def test_launch_loops_agree_with_the_reference(
+    smoke_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    # The ctypes launch loop (LITEKILN_FAST_LAUNCH=on; the default off PoCL) and pyopencl's
+    # enqueue (off; auto on PoCL) run the same launches: both match the reference.
+    monkeypatch.setenv("LITEKILN_FAST_LAUNCH", mode)
+    ref = litekiln.Interpreter(model_path=smoke_path, device="reference")
+    inputs = ref.random_inputs(1)
+    expected = ref.run(inputs)
+    interp = _interp(smoke_path, tmp_path, tune=False)
+    interp.allocate_tensors()
+    ex = interp._backend.executors[0]  # noqa: SLF001 - which loop runs
+    pocl = "portable computing language" in ex._platform_name().lower()  # noqa: SLF001
+    assert (ex._fast is not None) == (mode == "on" or (mode == "auto" and not pocl))  # noqa: SLF001
+    for _ in range(2):  # a second run reuses the converted launch arguments
+        assert _err(interp.run(inputs), expected) <= TOL
+
+
+def test_a_bad_launch_mode_is_a_clear_error(smoke_path: Path, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LITEKILN_FAST_LAUNCH", "fastest")
+    interp = _interp(smoke_path, tmp_path, tune=False)
+    with pytest.raises(Exception, match="LITEKILN_FAST_LAUNCH.*auto, on, off"):
+        interp.allocate_tensors()

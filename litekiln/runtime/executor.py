@@ -27,6 +27,36 @@ from litekiln.runtime.program import SCALAR_TYPES, BufferArg, GpuProgram, Tensor
 _MIN_BUFFER_BYTES = 4
 
 
+_ENQUEUE: tuple[Any, Any] | None = None
+
+
+def _cl_enqueue() -> tuple[Any, Any]:
+    """(libOpenCL, its clEnqueueNDRangeKernel with argtypes set), or (None, None); loaded once
+    per process (ctypes.util.find_library runs ldconfig: only tried when the plain soname
+    does not load)."""
+    global _ENQUEUE
+    if _ENQUEUE is None:
+        import ctypes
+        import ctypes.util
+
+        _ENQUEUE = (None, None)
+        for find in (lambda: "libOpenCL.so.1", lambda: ctypes.util.find_library("OpenCL")):
+            name = find()
+            if not name:
+                continue
+            try:
+                lib = ctypes.CDLL(name)
+                fn = lib.clEnqueueNDRangeKernel
+            except (OSError, AttributeError):
+                continue
+            vp, u32, sz_p = ctypes.c_void_p, ctypes.c_uint32, ctypes.POINTER(ctypes.c_size_t)
+            fn.argtypes = [vp, vp, u32, sz_p, sz_p, sz_p, u32, vp, vp]
+            fn.restype = ctypes.c_int32
+            _ENQUEUE = (lib, fn)
+            break
+    return _ENQUEUE
+
+
 class ExecutorError(RuntimeError):
     """The program cannot be loaded or run on this device (message says why)."""
 
@@ -360,28 +390,27 @@ class PartitionExecutor:
     def _make_fast_launcher(self) -> Any:
         """A launch loop that calls clEnqueueNDRangeKernel through ctypes.
 
-        pyopencl's enqueue_nd_range_kernel costs ~13-16 us of host time per launch (argument
-        conversion, event object); with the sizes converted once at load and the C function
-        called directly, the host work per launch drops to the driver's own cost plus ~1 us.
-        Opt-in with ``LITEKILN_FAST_LAUNCH=1`` (measured on PoCL: 5.0 us vs pyopencl's 3.9 us
-        per launch, PoCL's own enqueue dominating); returns None (pyopencl loop) otherwise or
-        if libOpenCL cannot be loaded.
+        pyopencl's enqueue_nd_range_kernel converts its arguments and makes an event object on
+        every call; with the sizes converted once at load and the C function called directly,
+        the host work per launch drops to the driver's own cost plus ~1 us (H100: 6.0-7.4 us
+        per launch against pyopencl's 7.2-10.8; the driver's bare enqueue is 5.2 us). On PoCL
+        it is slower (5.0 us vs 3.9 us, PoCL's own enqueue dominating). ``LITEKILN_FAST_LAUNCH``
+        (config.FAST_LAUNCH): ``auto`` (default) uses it except on PoCL, ``on``/``off`` force.
+        Returns None (the pyopencl loop) when not used or libOpenCL cannot be loaded.
         """
-        import os
+        from litekiln import config
 
-        if os.environ.get("LITEKILN_FAST_LAUNCH", "0") != "1":
+        mode = config.FAST_LAUNCH.get()
+        if mode == "off":
+            return None
+        if mode == "auto" and "portable computing language" in self._platform_name().lower():
             return None
         import ctypes
-        import ctypes.util
 
-        try:
-            lib = ctypes.CDLL(ctypes.util.find_library("OpenCL") or "libOpenCL.so.1")
-            fn = lib.clEnqueueNDRangeKernel
-        except (OSError, AttributeError):
+        lib, fn = _cl_enqueue()
+        if fn is None:
             return None
-        vp, u32, sz_p = ctypes.c_void_p, ctypes.c_uint32, ctypes.POINTER(ctypes.c_size_t)
-        fn.argtypes = [vp, vp, u32, sz_p, sz_p, sz_p, u32, vp, vp]
-        fn.restype = ctypes.c_int32
+        vp, u32 = ctypes.c_void_p, ctypes.c_uint32
         queue = vp(self.queue.int_ptr)
         calls = []
         for kernel, gsize, lsize in self._launches:
@@ -399,6 +428,12 @@ class PartitionExecutor:
 
         launch_all.keep = keep  # type: ignore[attr-defined]
         return launch_all
+
+    def _platform_name(self) -> str:
+        try:
+            return str(self.queue.device.platform.name)
+        except cl.Error:
+            return ""
 
     @property
     def num_launches(self) -> int:
