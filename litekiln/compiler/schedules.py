@@ -56,8 +56,8 @@ from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 from tvm.target import Target
 
 __all__ = [
-    "PROFILES", "ConfiguredMatmul", "Injective", "SerialReduction", "fast_rules", "fast_schedule",
-    "variant_rules",
+    "PROFILES", "ConfiguredMatmul", "Injective", "SerialReduction", "WindowReduction", "fast_rules",
+    "fast_schedule", "variant_rules",
 ]
 
 #: Serial reductions are kept only when the work is output-parallel enough: at most this many
@@ -282,6 +282,120 @@ class SerialReduction(GPUScheduleRule):
         return math.prod(e for e in r_ext if e <= _UNROLL_EXTENT) <= _UNROLL_TOTAL or ext <= 3
 
 
+#: Slices a long window is cut into by `WindowReduction`'s first stage.
+_SLICES = 256
+
+
+class WindowReduction(GPUScheduleRule):
+    """A large window over few outputs (global pooling) in two stages, two kernels.
+
+    `SerialReduction` refuses these (a 128x128 window for 16 channels: 16 work-items, each
+    summing 16384 terms), and dlight's reduction rules give each output one group that reads
+    with a stride of the channel count (0.15 ms for selfie's 128x128x16 pool on the H100).
+    Stage 1 cuts the window into up to `_SLICES` slices (``rfactor``) and sums each slice of
+    each output in its own work-item (consecutive work-items take consecutive channels:
+    coalesced reads; the slice loop unrolled by 8 for loads in flight); stage 2 gives each
+    output a group whose threads add the slices' partial sums (a cross-thread reduction) and
+    applies the epilogue (the average's division). Only window-only reductions (pooling)
+    qualify: a reduction over the innermost (channel) axis is a matmul.
+
+    Args:
+        threads: Work-items per group, at most (the target's limit applies too).
+    """
+
+    def __init__(self, threads: int = 256) -> None:
+        self.threads = threads
+
+    def apply(  # type: ignore[override]
+        self, func: tirx.PrimFunc, target: Target, _tunable: bool
+    ) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        try:
+            return self._apply(func, target)
+        except (RuntimeError, ValueError):  # ScheduleError and tvm_ffi errors
+            return None
+
+    def _apply(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+        sch = s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        if infos is None:
+            return None
+        reductions = [b for b in infos if b.is_reduction()]
+        if len(reductions) != 1 or any(not b.is_injective() for b in infos if not b.is_reduction()):
+            return None
+        red_info = reductions[0]
+        kinds = red_info.dom_kind()
+        n_s = kinds.count("S")
+        if set(kinds) - {"S", "R"} or kinds != "S" * n_s + "R" * (len(kinds) - n_s) or n_s < 1:
+            return None
+        dom = [int(d) if isinstance(d, (int, tirx.IntImm)) else None for d in red_info.dom()]
+        if any(d is None for d in dom):
+            return None
+        s_ext, r_ext = dom[:n_s], dom[n_s:]
+        outputs = math.prod(s_ext)  # type: ignore[arg-type]
+        terms = math.prod(r_ext)  # type: ignore[arg-type]
+        # Exactly what SerialReduction leaves: long reductions over few outputs.
+        if terms <= _SHORT_REDUCTION or outputs >= _OUTPUTS_PER_TERM * terms:
+            return None
+        red_name = red_info.name
+        if _reduces_innermost_axis(sch.get(red_info.block_rv)) != 1:
+            return None
+        remaining = try_inline(sch, [b for b in infos if b.name != red_name])
+        red = sch.get_sblock(red_name)
+        if len(remaining) > 1:
+            return None
+        epilogue = remaining[0].block_rv if remaining else None
+        if epilogue is not None:
+            consumers = sch.get_consumers(red)
+            if len(consumers) != 1 or sch.get(consumers[0]).name_hint != sch.get(epilogue).name_hint:
+                return None
+            red_shape = [int(x) for x in sch.get(red).writes[0].source.shape]
+            epi_shape = [int(x) for x in sch.get(epilogue).writes[0].source.shape]
+            if red_shape != epi_shape:
+                return None
+
+        cap = min(self.threads, int(max_threads_per_block(target)))
+        channels = int(s_ext[-1])  # type: ignore[arg-type]
+        # Slices divide the window exactly (rfactor over an inexact split sums wrongly in TVM
+        # 0.27): the most slices, at most _SLICES, of at least 8 terms each.
+        slices = max(
+            (d for d in range(1, _SLICES + 1) if terms % d == 0 and terms // d >= 8), default=1
+        )
+        if slices < 16:
+            return None
+        loops = sch.get_loops(red)
+        s_loops, r_loops = loops[:n_s], loops[n_s:]
+        r = sch.fuse(*r_loops)
+        r_s, r_i = sch.split(r, factors=[slices, None])
+        # Stage 1 (its own kernel): partial sums of each slice of the window, one work-item
+        # per (slice, output); consecutive work-items take consecutive channels.
+        rf = sch.rfactor(r_s, factor_axis=0)
+        rf_loops = sch.get_loops(rf)
+        # rf loops: the spatial loops, then the slice loop (now spatial), then r_i.
+        *sp, k, ri = rf_loops
+        sch.reorder(k, *sp, ri)
+        fused = sch.fuse(k, *sp)
+        bx, tx = sch.split(fused, factors=[None, cap])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        unroll = _largest_divisor(terms // slices, [8, 4, 2])
+        ri_o, ri_i = sch.split(ri, factors=[None, unroll])
+        sch.unroll(ri_i)
+        sch.reverse_compute_at(sch.cache_write(rf, 0, "local"), tx, preserve_unit_loops=False)
+        # Stage 2: one group per output, the slices summed across its threads.
+        loops = sch.get_loops(red)
+        *sp2, k2 = loops
+        out = sch.fuse(*sp2)
+        sch.bind(out, "blockIdx.x")
+        k_o, k_i = sch.split(k2, factors=[None, min(cap, slices)])
+        sch.bind(k_i, "threadIdx.x")
+        if epilogue is not None:
+            sch.set_scope(red, 0, "local")
+            sch.reverse_compute_at(epilogue, out, preserve_unit_loops=False)
+        return sch
+
+
 _has_if_then_else = tvm.get_global_func("s_tir.schedule.HasIfThenElse")
 
 
@@ -365,7 +479,9 @@ class Injective(GPUScheduleRule):
 PROFILES: dict[str, dict[str, object]] = {
     # Large GPU (H100): our rules where they beat dlight there (depthwise, pooling: 10-40x);
     # channel reductions and elementwise kernels stay with dlight (measured faster there).
-    "gpu": {"min_work_items": _ENOUGH_WORK_ITEMS, "channel_reductions": False, "injective": False},
+    # Global pooling (selfie's 128x128 squeeze-and-excite pools): `WindowReduction`.
+    "gpu": {"min_work_items": _ENOUGH_WORK_ITEMS, "channel_reductions": False, "injective": False,
+            "window_reduction": True},
     # CPU OpenCL (PoCL): serial reductions everywhere with the largest tiles, vectorised
     # elementwise kernels.
     "cpu": {"min_work_items": 0, "channel_reductions": True, "injective": True},
@@ -408,6 +524,8 @@ def fast_rules(
             channel_reductions=bool(cfg["channel_reductions"]),
         )
     ]
+    if cfg.get("window_reduction"):
+        rules.append(WindowReduction())
     if cfg["injective"]:
         rules.append(Injective())
     return rules + [
