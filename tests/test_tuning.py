@@ -158,3 +158,23 @@ def test_a_bad_launch_mode_is_a_clear_error(smoke_path: Path, tmp_path: Path,
     interp = _interp(smoke_path, tmp_path, tune=False)
     with pytest.raises(Exception, match="LITEKILN_FAST_LAUNCH.*auto, on, off"):
         interp.allocate_tensors()
+
+
+def test_native_half_programs_have_no_half_vectors(smoke_path: Path) -> None:
+    # NVIDIA's OpenCL builds scalar half arithmetic but rejects half2 vectors (and one such
+    # kernel fails the whole program): the vectorised matmul variant is dropped from native
+    # fp16 programs, while fp32 programs keep it (float2 loads).
+    import re
+
+    from litekiln.compiler.driver import compile_model
+    from litekiln.model import load_model
+    from litekiln.runtime.artifact import CompileOptions
+
+    model = load_model(smoke_path.read_bytes())
+    half = compile_model(model, CompileOptions(precision="fp16", half="native", schedules="fast"),
+                         warn=False).partitions[0].program
+    assert half.variants, "fp16 programs are tuned too"
+    assert "half" in half.source
+    assert not re.search(r"\bhalf(2|3|4|8|16)\b", half.source)
+    full = compile_model(model, CompileOptions(schedules="fast"), warn=False).partitions[0].program
+    assert re.search(r"\bfloat2\b", full.source), "the fp32 program keeps the vectorised variant"

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 
 import importlib
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -844,6 +845,11 @@ def compile_relax_full(
                                             workspaces=False)
                 except CodegenError:
                     continue  # e.g. a variant that needs a workspace: keep the default only
+                if any(_HALF_VECTOR.search(bodies.get(l.kernel) or "") for l in option):
+                    # Vector half code (half2 loads of a vectorised matmul variant): NVIDIA's
+                    # OpenCL builds scalar half but rejects half vectors and their conversions,
+                    # and one such kernel fails the whole program's build.
+                    continue
                 if signature(option) not in seen:  # another rule, the same kernel
                     seen.add(signature(option))
                     options.append(tuple(option))
@@ -946,6 +952,9 @@ def _keep_kernels(source: str, names: set[str]) -> str:
     head, *chunks = source.split("// Function: ")
     kept = [c for c in chunks if c.split("\n", 1)[0].strip() in names]
     return head + "".join("// Function: " + c for c in kept)
+
+
+_HALF_VECTOR = re.compile(r"\bhalf(2|3|4|8|16)\b")
 
 
 def _schedule_variants(
