@@ -22,6 +22,7 @@ import pytest
 from oplib import Spec, check_op
 from tflite_builder import single_op_model
 
+from litekiln.compiler.partition import gpu_reason
 from litekiln.errors import ModelError
 from litekiln.model import load_model
 from litekiln.ops import lookup, run_op
@@ -473,7 +474,17 @@ def test_gpu_support_reasons() -> None:
                              consts={1: _const([1, 2, 2, 1]), 2: _const([1])},
                              custom_options=struct.pack("<3i", 1, 2, 2), out_shape=[1, 4, 4, 1])
     g, op = _graph(custom)
-    assert lookup(op).gpu_support(op, g) == "not in the GPU op table"
+    # In the extended table only: supported by the op, refused by the documented table.
+    assert lookup(op).gpu_support(op, g) is None
+    assert gpu_reason(op, g) == (
+        "not in the GPU op table (it is in the extended table: op_table='extended')"
+    )
+    assert gpu_reason(op, g, extended_table=True) is None
+    bad = single_op_model("CUSTOM:Convolution2DTransposeBias", [Spec([1, 2, 2, 1])],
+                          consts={1: _const([1, 2, 2, 1]), 2: _const([1])},
+                          custom_options=struct.pack("<3i", 3, 2, 2), out_shape=[1, 4, 4, 1])
+    g, op = _graph(bad)
+    assert gpu_reason(op, g, extended_table=True) == "padding code 3 is neither SAME (1) nor VALID (2)"
 
 
 # -- whole MediaPipe models -------------------------------------------------------------------
