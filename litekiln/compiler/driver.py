@@ -61,12 +61,32 @@ def compile_model(
     plan = plan_partitions(model, options)
     if warn:
         plan.print_warnings()
+    timings: dict[str, float] = {"partition": time.perf_counter() - t0}
+    fp16_plan = None
+    fp32_tensors: frozenset[int] = frozenset()
+    if options.precision == "fp16" and options.fp16_budget is not None and plan.partitions:
+        from litekiln.compiler.precision import plan_fp16_storage
+
+        t = time.perf_counter()
+        fp16_plan = plan_fp16_storage(
+            model.main, plan.partitions, budget=float(options.fp16_budget),
+            log=(lambda m: print(f"litekiln: {m}", file=sys.stderr)) if warn else None,
+        )
+        fp32_tensors = fp16_plan.fp32_tensors
+        timings["fp16_guard"] = time.perf_counter() - t
+        if warn and fp32_tensors:
+            print(
+                f"litekiln: fp16: {len(fp32_tensors)} of {fp16_plan.candidates} tensors kept in "
+                f"float32 storage (simulated error {fp16_plan.error_all_half:.2e} all-half, "
+                f"{fp16_plan.error:.2e} now; budget {fp16_plan.budget:.1e})",
+                file=sys.stderr,
+            )
     lower_opts = LowerOptions(
-        precision=options.precision, quant_simulation=options.quant_simulation, half=options.half
+        precision=options.precision, quant_simulation=options.quant_simulation, half=options.half,
+        fp32_tensors=fp32_tensors,
     )
     partitions: list[PartitionArtifact] = []
     constants = {}
-    timings: dict[str, float] = {"partition": time.perf_counter() - t0}
     total = len(plan.partitions)
     for p in plan.partitions:
         label = f"partition {p.index + 1}/{total} ({len(p.ops)} ops)"
@@ -113,6 +133,7 @@ def compile_model(
             "gpu_ops": plan.gpu_op_count,
             "cpu_ops": plan.cpu_op_count,
             "kernels": sum(len(p.program.launches) for p in partitions),
+            **({"fp16": fp16_plan.summary()} if fp16_plan is not None else {}),
         },
     )
 

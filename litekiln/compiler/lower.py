@@ -48,6 +48,9 @@ class LowerOptions:
     # round every constant and every op output to the nearest fp16 value (the same numerics,
     # without the memory saving).
     half: str = "native"  # "native" or "emulated"
+    # fp16: tensors kept in float32 storage (the fp16 error guard, compiler/precision.py).
+    # Partition inputs and outputs are float32 storage under fp16 in any case.
+    fp32_tensors: frozenset[int] = frozenset()
 
 
 class _Ctx:
@@ -125,8 +128,15 @@ class _Lowering:
         self.dtype = ACC_DTYPE  # what ops compute in
         self.storage = "float16" if fp16 and options.half == "native" else "float32"
         self.emulate_half = fp16 and options.half == "emulated"
+        self.fp16 = fp16
+        self.float_storage = set(options.fp32_tensors) | set(part.inputs) | set(part.outputs)
         self.bb = relax.BlockBuilder()
         self.env: dict[int, Expr] = {}  # tensor -> its value in the storage dtype
+
+    def half_stored(self, t: int) -> bool:
+        """Whether op result / partition input ``t`` is stored as fp16 (half storage under
+        native fp16, rounded float32 under emulated): not a boundary or guarded tensor."""
+        return self.fp16 and t not in self.float_storage
 
     def const_array(self, data: np.ndarray, dtype: str) -> Expr:
         """A Relax constant; floats rounded to fp16 first under either fp16 mode."""
@@ -167,7 +177,7 @@ class _Lowering:
                     f"partition {self.part.index}: input tensor {t} ({tensor.name!r}) is "
                     f"{tensor.dtype.name}; GPU partitions take float (or bool) tensors"
                 )
-            v = relax.Var(f"t{t}", relax.TensorType(shape=tuple(tensor.shape), dtype=self.storage))
+            v = relax.Var(f"t{t}", relax.TensorType(shape=tuple(tensor.shape), dtype=ACC_DTYPE))
             params.append(v)
             self.env[t] = v
         with self.bb.function("main", params):
@@ -183,10 +193,11 @@ class _Lowering:
                         expr = self._fix_shape(op, expr, tensor)
                         if self.options.quant_simulation and is_quantized(tensor):
                             expr = self._fake_quant(expr, tensor)
-                        elif self.emulate_half:
+                        elif self.emulate_half and self.half_stored(t):
                             expr = self._round_to_half(expr)
-                        if self.storage == "float16" and _dtype(expr) == "float32":
-                            expr = self.bb.emit(relax.op.astype(expr, "float16"))
+                        want = "float16" if self.storage == "float16" and self.half_stored(t) else ACC_DTYPE
+                        if _dtype(expr) in ("float16", "float32") and _dtype(expr) != want:
+                            expr = self.bb.emit(relax.op.astype(expr, want))
                         # No `v2 = v1` alias bindings: FuseOps treats them as opaque nodes
                         # and stops fusing there (a conv's bias, residual add and ReLU ended
                         # up in three kernels).
@@ -324,10 +335,13 @@ def _bias(ctx: _Ctx, y: Expr, i: int) -> Expr:
 def _data_and_weights(ctx: _Ctx, i: int, w: np.ndarray) -> tuple[Expr, Expr]:
     """Operand ``i`` and the weights, both as stored (half under native fp16: the kernel
     converts each product's factors and accumulates in float32, ``out_dtype``)."""
+    t = ctx.op.inputs[i]
     x = ctx.arg_stored(i)
-    if _dtype(x) == ctx.lw.storage:
+    if ctx.tensor(i).data is None and ctx.lw.half_stored(t):
         return x, ctx.wconst(w)
-    return ctx.arg(i), ctx.fconst(w)  # a constant operand: both float32
+    # Float32 data (a partition input, a tensor the fp16 guard keeps in float32, a constant
+    # operand, or an fp32 program): float32 weights, unrounded.
+    return ctx.arg(i), ctx.fconst(w)
 
 
 def _epilogue(ctx: _Ctx, y: Expr, bias: int) -> list[Expr]:

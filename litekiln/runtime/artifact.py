@@ -41,6 +41,10 @@ class CompileOptions:
             set explicitly (argument or LITEKILN_SCHEDULES).
         tuning: with "fast" schedules, also emit alternative schedules of the heavy kernels
             (`GpuProgram.variants`) for the runtime to time on the device at first load.
+        fp16_budget: fp16 only: the largest error (relative to max(1, max|output|)) that the
+            compiler's simulation of half storage may show on its calibration inputs; tensors
+            whose rounding costs most are kept in float32 until it holds
+            (litekiln/compiler/precision.py). ``None``: every tensor in half, unchecked.
     """
 
     precision: str = "fp32"
@@ -53,8 +57,11 @@ class CompileOptions:
     half: str = "native"
     schedules: str = "fast"
     tuning: bool = True
+    fp16_budget: float | None = 2.5e-3
 
     def __post_init__(self) -> None:
+        if self.fp16_budget is not None and not (0.0 < float(self.fp16_budget) < 1.0):
+            raise ValueError(f"fp16_budget must be in (0, 1) or None, got {self.fp16_budget!r}")
         if self.precision not in ("fp32", "fp16"):
             raise ValueError(f"precision must be 'fp32' or 'fp16', got {self.precision!r}")
         if self.schedules not in ("fast", "fast-cpu", "default"):
