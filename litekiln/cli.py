@@ -48,6 +48,25 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-partitions", type=int, help="most GPU partitions to delegate")
     p.add_argument("--no-quantized", action="store_true", help="run quantized op versions on the CPU")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the cache")
+    p.add_argument(
+        "--fp16-budget", type=_budget, metavar="ERR|off",
+        help="with --precision fp16: the largest simulated error (relative to max(1, "
+        "max|output|)) the compiler accepts before it keeps the most sensitive tensors in "
+        "float32 (default 2.5e-3; 'off': every tensor in half, unchecked; see docs/precision.md). "
+        "Part of the cache key: give the app the same value",
+    )
+
+
+def _budget(text: str) -> float | str:
+    if text.lower() in ("off", "none"):
+        return "off"
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1) or 'off', got {text!r}") from None
+    if not 0.0 < v < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1) or 'off', got {text!r}")
+    return v
 
 
 def _interpreter_kwargs(a: argparse.Namespace) -> dict[str, Any]:
@@ -65,6 +84,9 @@ def _interpreter_kwargs(a: argparse.Namespace) -> dict[str, Any]:
         kw["allow_quantized"] = False
     if getattr(a, "no_cache", False):
         kw["use_cache"] = False
+    budget = getattr(a, "fp16_budget", None)
+    if budget is not None:
+        kw["fp16_budget"] = None if budget == "off" else budget
     return kw
 
 

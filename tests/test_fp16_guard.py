@@ -123,3 +123,29 @@ def test_fp16_program_on_device(budget: float | None, tmp_path) -> None:
         assert err <= 1e-3, err
     else:
         assert err > 1e-2, err  # what the guard prevents
+
+
+def test_cli_fp16_budget(tmp_path, capsys) -> None:
+    """`litekiln compile --fp16-budget`: the value reaches the compiler (and the cache key:
+    the same model under another budget is another entry); a bad value is a usage error."""
+    pytest.importorskip("tvm")
+    import json
+
+    from litekiln.cli import main
+
+    model = tmp_path / "cancel.tflite"
+    model.write_bytes(_cancelling_model())
+    cache = tmp_path / "cache"
+    base = ["compile", str(model), "--precision", "fp16", "--cache-dir", str(cache), "--json"]
+    assert main(base) == 0
+    assert main([*base, "--fp16-budget", "off"]) == 0
+    capsys.readouterr()
+    assert main(["cache", "--cache-dir", str(cache), "ls", "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    entries = listing["entries"] if isinstance(listing, dict) else listing
+    budgets = sorted(str(e["options"].get("fp16_budget")) for e in entries if e.get("options"))
+    assert budgets == ["0.0025", "None"], entries
+    with pytest.raises(SystemExit) as exc:
+        main([*base, "--fp16-budget", "1.5"])
+    assert exc.value.code == 2
+    assert "expected a number in (0, 1) or 'off'" in capsys.readouterr().err
