@@ -829,6 +829,7 @@ def compile_relax_full(
         t_cg = time.perf_counter()
         kernel_params = {name: _kernel_params(f, name) for name, f in kernel_funcs.items()}
         bodies = _kernel_bodies(source) if options_of else {}
+        vector_check = _HALF_PROGRAM_VECTOR if "cl_khr_fp16" in source else _HALF_VECTOR
 
         def signature(ls: Sequence[Launch]) -> tuple[Any, ...]:
             # What an option runs: kernel code (names blanked), NDRanges and arguments.
@@ -845,10 +846,13 @@ def compile_relax_full(
                                             workspaces=False)
                 except CodegenError:
                     continue  # e.g. a variant that needs a workspace: keep the default only
-                if any(_HALF_VECTOR.search(bodies.get(l.kernel) or "") for l in option):
+                if any(vector_check.search(bodies.get(l.kernel) or "") for l in option):
                     # Vector half code (half2 loads of a vectorised matmul variant): NVIDIA's
                     # OpenCL builds scalar half but rejects half vectors and their conversions,
-                    # and one such kernel fails the whole program's build.
+                    # and one such kernel fails the whole program's build. In a program with
+                    # half code, float vectors go too: the executor's `half max(half, half)`
+                    # (and co.) overloads capture `max(float2, float2)` (clang: "passing
+                    # float2 to parameter of incompatible type half").
                     continue
                 if signature(option) not in seen:  # another rule, the same kernel
                     seen.add(signature(option))
@@ -954,7 +958,9 @@ def _keep_kernels(source: str, names: set[str]) -> str:
     return head + "".join("// Function: " + c for c in kept)
 
 
-_HALF_VECTOR = re.compile(r"\bhalf(2|3|4|8|16)\b")
+# half2 x, and convert_half2(y) (a float-input kernel storing half pairs)
+_HALF_VECTOR = re.compile(r"(?<![A-Za-z0-9])half(2|3|4|8|16)\b")
+_HALF_PROGRAM_VECTOR = re.compile(r"(?<![A-Za-z0-9])(half|float)(2|3|4|8|16)\b")
 
 
 def _schedule_variants(
