@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import tvm
 import tvm_ffi
@@ -129,7 +130,43 @@ def _largest_divisor(n: int, options: Sequence[int]) -> int:
     return 1
 
 
-class SerialReduction(GPUScheduleRule):
+class _SingleReductionRule(GPUScheduleRule):
+    """Shared entry of the rules for one static reduction block (spatial axes, then reduction
+    axes) with only injective blocks around it: subclasses implement `_schedule`."""
+
+    def apply(  # type: ignore[override]
+        self, func: tirx.PrimFunc, target: Target, _tunable: bool
+    ) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        try:
+            sch = s_tir.Schedule(func)
+            infos = normalize_prim_func(sch)
+            if infos is None:
+                return None
+            reductions = [b for b in infos if b.is_reduction()]
+            if len(reductions) != 1 or any(not b.is_injective() for b in infos if not b.is_reduction()):
+                return None
+            red_info = reductions[0]
+            kinds = red_info.dom_kind()
+            n_s = kinds.count("S")
+            if set(kinds) - {"S", "R"} or kinds != "S" * n_s + "R" * (len(kinds) - n_s) or n_s == 0:
+                return None
+            dom = [int(d) if isinstance(d, (int, tirx.IntImm)) else None for d in red_info.dom()]
+            if any(d is None for d in dom):
+                return None  # dynamic shapes
+            return self._schedule(sch, target, infos, red_info, dom[:n_s], dom[n_s:])  # type: ignore[arg-type]
+        except (RuntimeError, ValueError):  # ScheduleError and tvm_ffi errors
+            # TVM refused a step (an epilogue that does not compute_at, an exotic producer):
+            # leave the function to the next rule.
+            return None
+
+    def _schedule(self, sch: s_tir.Schedule, target: Target, infos: list[Any], red_info: Any,
+                  s_ext: list[int], r_ext: list[int]) -> s_tir.Schedule | None:
+        raise NotImplementedError
+
+
+class SerialReduction(_SingleReductionRule):
     """One work-item per small output tile, serial reduction (conv2d, depthwise, pooling).
 
     Args:
@@ -171,35 +208,9 @@ class SerialReduction(GPUScheduleRule):
                 break
         return chosen
 
-    def apply(  # type: ignore[override]
-        self, func: tirx.PrimFunc, target: Target, _tunable: bool
-    ) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-            return None
-        try:
-            return self._apply(func, target)
-        except (RuntimeError, ValueError):  # ScheduleError and tvm_ffi errors
-            # TVM refused a step (an epilogue that does not compute_at, an exotic producer):
-            # leave the function to the next rule.
-            return None
-
-    def _apply(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
-        sch = s_tir.Schedule(func)
-        infos = normalize_prim_func(sch)
-        if infos is None:
-            return None
-        reductions = [b for b in infos if b.is_reduction()]
-        if len(reductions) != 1 or any(not b.is_injective() for b in infos if not b.is_reduction()):
-            return None
-        red_info = reductions[0]
-        kinds = red_info.dom_kind()
-        n_s = kinds.count("S")
-        if set(kinds) - {"S", "R"} or kinds != "S" * n_s + "R" * (len(kinds) - n_s) or n_s == 0:
-            return None
-        dom = [int(d) if isinstance(d, (int, tirx.IntImm)) else None for d in red_info.dom()]
-        if any(d is None for d in dom):
-            return None  # dynamic shapes
-        s_ext, r_ext = dom[:n_s], dom[n_s:]
+    def _schedule(self, sch: s_tir.Schedule, target: Target, infos: list[Any], red_info: Any,
+                  s_ext: list[int], r_ext: list[int]) -> s_tir.Schedule | None:
+        n_s = len(s_ext)
         outputs = math.prod(s_ext)  # type: ignore[arg-type]
         terms = math.prod(r_ext)  # type: ignore[arg-type]
         if terms > _SHORT_REDUCTION and outputs < _OUTPUTS_PER_TERM * terms:
@@ -290,7 +301,7 @@ _WINDOW_TERMS = 64
 _FEW_OUTPUTS = 4096
 
 
-class WindowReduction(GPUScheduleRule):
+class WindowReduction(_SingleReductionRule):
     """A large window over few outputs (global pooling) in two stages, two kernels.
 
     `SerialReduction` refuses these (a 128x128 window for 16 channels: 16 work-items, each
@@ -310,33 +321,9 @@ class WindowReduction(GPUScheduleRule):
     def __init__(self, threads: int = 256) -> None:
         self.threads = threads
 
-    def apply(  # type: ignore[override]
-        self, func: tirx.PrimFunc, target: Target, _tunable: bool
-    ) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-            return None
-        try:
-            return self._apply(func, target)
-        except (RuntimeError, ValueError):  # ScheduleError and tvm_ffi errors
-            return None
-
-    def _apply(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
-        sch = s_tir.Schedule(func)
-        infos = normalize_prim_func(sch)
-        if infos is None:
-            return None
-        reductions = [b for b in infos if b.is_reduction()]
-        if len(reductions) != 1 or any(not b.is_injective() for b in infos if not b.is_reduction()):
-            return None
-        red_info = reductions[0]
-        kinds = red_info.dom_kind()
-        n_s = kinds.count("S")
-        if set(kinds) - {"S", "R"} or kinds != "S" * n_s + "R" * (len(kinds) - n_s) or n_s < 1:
-            return None
-        dom = [int(d) if isinstance(d, (int, tirx.IntImm)) else None for d in red_info.dom()]
-        if any(d is None for d in dom):
-            return None
-        s_ext, r_ext = dom[:n_s], dom[n_s:]
+    def _schedule(self, sch: s_tir.Schedule, target: Target, infos: list[Any], red_info: Any,
+                  s_ext: list[int], r_ext: list[int]) -> s_tir.Schedule | None:
+        n_s = len(s_ext)
         outputs = math.prod(s_ext)  # type: ignore[arg-type]
         terms = math.prod(r_ext)  # type: ignore[arg-type]
         # Long reductions over few outputs: what SerialReduction leaves (more than 512 terms)
