@@ -123,13 +123,12 @@ def calibration_inputs(graph: Subgraph) -> list[dict[int, np.ndarray]]:
 class _Simulator:
     """fp32 reference values and fp16 simulations of one graph on one input set."""
 
-    def __init__(self, graph: Subgraph, gpu_ops: set[int], candidates: set[int],
-                 inputs: dict[int, np.ndarray], run: Callable[..., list[np.ndarray]]) -> None:
+    def __init__(self, graph: Subgraph, gpu_ops: set[int], inputs: dict[int, np.ndarray],
+                 run: Callable[..., list[np.ndarray]]) -> None:
         self.graph = graph
         self.run = run
         self.ops: list[tuple[int, Op]] = [(i, op) for i, op in enumerate(graph.ops) if not op.folded]
         self.gpu = gpu_ops
-        self.candidates = candidates
         self.inputs = inputs
         self.exact: dict[int, np.ndarray] = dict(inputs)
         for _, op in self.ops:
@@ -213,7 +212,7 @@ def plan_fp16_storage(graph: Subgraph, partitions: Sequence[object], *, budget: 
     plan = Fp16Plan(candidates=len(candidates), budget=budget)
     if not candidates:
         return plan
-    sims = [_Simulator(graph, gpu_ops, candidates, x, run) for x in calibration_inputs(graph)]
+    sims = [_Simulator(graph, gpu_ops, x, run) for x in calibration_inputs(graph)]
 
     def err(half: set[int]) -> float:
         return max(s.simulate(half) for s in sims)
@@ -230,7 +229,7 @@ def plan_fp16_storage(graph: Subgraph, partitions: Sequence[object], *, budget: 
     ranked = sorted(candidates, key=lambda t: (-share[t], t))
     # Smallest k such that keeping the k most sensitive tensors in float32 meets the budget.
     lo, hi = 0, len(ranked)
-    errors = {len(ranked): err(set())}
+    errors: dict[int, float] = {}
     while lo < hi:
         mid = (lo + hi) // 2
         errors[mid] = err(set(ranked[mid:]))
@@ -239,7 +238,7 @@ def plan_fp16_storage(graph: Subgraph, partitions: Sequence[object], *, budget: 
         else:
             lo = mid + 1
     plan.fp32_tensors = frozenset(ranked[:lo])
-    plan.error = errors[lo]
+    plan.error = errors[lo] if lo in errors else err(set(ranked[lo:]))
     if plan.error > budget:
         plan.notes.append(f"even all-float32 storage leaves {plan.error:.2e} (rounded constants)")
     plan.seconds = time.perf_counter() - t0

@@ -130,9 +130,9 @@ def _largest_divisor(n: int, options: Sequence[int]) -> int:
     return 1
 
 
-class _SingleReductionRule(GPUScheduleRule):
-    """Shared entry of the rules for one static reduction block (spatial axes, then reduction
-    axes) with only injective blocks around it: subclasses implement `_schedule`."""
+class _GuardedRule(GPUScheduleRule):
+    """A rule that declines (returns None) where TVM refuses one of its steps: subclasses
+    implement `_apply`."""
 
     def apply(  # type: ignore[override]
         self, func: tirx.PrimFunc, target: Target, _tunable: bool
@@ -140,26 +140,37 @@ class _SingleReductionRule(GPUScheduleRule):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
         try:
-            sch = s_tir.Schedule(func)
-            infos = normalize_prim_func(sch)
-            if infos is None:
-                return None
-            reductions = [b for b in infos if b.is_reduction()]
-            if len(reductions) != 1 or any(not b.is_injective() for b in infos if not b.is_reduction()):
-                return None
-            red_info = reductions[0]
-            kinds = red_info.dom_kind()
-            n_s = kinds.count("S")
-            if set(kinds) - {"S", "R"} or kinds != "S" * n_s + "R" * (len(kinds) - n_s) or n_s == 0:
-                return None
-            dom = [int(d) if isinstance(d, (int, tirx.IntImm)) else None for d in red_info.dom()]
-            if any(d is None for d in dom):
-                return None  # dynamic shapes
-            return self._schedule(sch, target, infos, red_info, dom[:n_s], dom[n_s:])  # type: ignore[arg-type]
+            return self._apply(func, target)
         except (RuntimeError, ValueError):  # ScheduleError and tvm_ffi errors
             # TVM refused a step (an epilogue that does not compute_at, an exotic producer):
             # leave the function to the next rule.
             return None
+
+    def _apply(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+        raise NotImplementedError
+
+
+class _SingleReductionRule(_GuardedRule):
+    """Shared entry of the rules for one static reduction block (spatial axes, then reduction
+    axes) with only injective blocks around it: subclasses implement `_schedule`."""
+
+    def _apply(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+        sch = s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        if infos is None:
+            return None
+        reductions = [b for b in infos if b.is_reduction()]
+        if len(reductions) != 1 or any(not b.is_injective() for b in infos if not b.is_reduction()):
+            return None
+        red_info = reductions[0]
+        kinds = red_info.dom_kind()
+        n_s = kinds.count("S")
+        if set(kinds) - {"S", "R"} or kinds != "S" * n_s + "R" * (len(kinds) - n_s) or n_s == 0:
+            return None
+        dom = [int(d) if isinstance(d, (int, tirx.IntImm)) else None for d in red_info.dom()]
+        if any(d is None for d in dom):
+            return None  # dynamic shapes
+        return self._schedule(sch, target, infos, red_info, dom[:n_s], dom[n_s:])  # type: ignore[arg-type]
 
     def _schedule(self, sch: s_tir.Schedule, target: Target, infos: list[Any], red_info: Any,
                   s_ext: list[int], r_ext: list[int]) -> s_tir.Schedule | None:
@@ -416,7 +427,7 @@ def _vector_friendly(block: s_tir.SBlock) -> bool:
     return True
 
 
-class Injective(GPUScheduleRule):
+class Injective(_GuardedRule):
     """One work-item per output element (per ``vector`` elements when the innermost axis allows).
 
     Args:
@@ -426,16 +437,6 @@ class Injective(GPUScheduleRule):
 
     def __init__(self, vector: int = 4) -> None:
         self.vector = vector
-
-    def apply(  # type: ignore[override]
-        self, func: tirx.PrimFunc, target: Target, _tunable: bool
-    ) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-            return None
-        try:
-            return self._apply(func, target)
-        except (RuntimeError, ValueError):  # ScheduleError and tvm_ffi errors
-            return None
 
     def _apply(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
         sch = s_tir.Schedule(func)
