@@ -364,20 +364,22 @@ def _launch_overhead(sess: Any, reps: int = 50) -> dict[str, Any] | None:
     launches = sum(ex.num_launches for ex in executors)
     if not launches:
         return {"launches": 0}
-    queue = sess.handle.queue
     total = 0.0
     for _ in range(reps):
-        queue.finish()
+        for ex in executors:
+            ex.finish()
         t0 = time.perf_counter()
         for ex in executors:
             ex.run()
         total += time.perf_counter() - t0
-        queue.finish()
+        for ex in executors:
+            ex.finish()
     per_inference = total / reps
     return {
         "launches": launches,
         "enqueue_ms_per_inference": round(per_inference * 1e3, 4),
         "enqueue_us_per_launch": round(per_inference / launches * 1e6, 3),
+        "launch_path": sorted({type(ex).__name__ for ex in executors}),
     }
 
 
@@ -498,6 +500,11 @@ def latency_model(path: str, kwargs: dict[str, Any], *, runs: int, profile: bool
         "partitions": len(getattr(sess, "executors", []) or []),
         "launch_overhead": _launch_overhead(sess),
     }
+    graph_times = [ex.graph_time() for ex in getattr(sess, "executors", []) or [] if hasattr(ex, "graph_time")]
+    if graph_times:
+        # Device time of the CUDA graphs alone (copies and kernels, CUDA events): the rest of
+        # litekiln_ms is host work, CPU ops and synchronisation.
+        rec["graph_device_ms"] = round(sum(graph_times) * 1e3, 4)
     if profile:
         rec["profile"] = _kernel_profile(sess)
     try:

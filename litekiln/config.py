@@ -143,6 +143,16 @@ FAST_LAUNCH: Setting[str] = Setting(
     "pyopencl's 7.2-10.8, and 12-26% lower latency), `off` uses pyopencl's enqueue (faster on "
     "PoCL, whose own enqueue dominates), `auto` (default) is `on` except on PoCL.",
 )
+CUDA_GRAPH: Setting[str] = Setting(
+    "LITEKILN_CUDA_GRAPH",
+    _choice("auto", "on", "off"),
+    "auto",
+    "NVIDIA GPUs: replay each partition's driver-built program (PTX) as one CUDA graph "
+    "(input copies, every kernel, output copies in one `cuGraphLaunch`) instead of one "
+    "clEnqueueNDRangeKernel per kernel. `auto` (default): on NVIDIA's OpenCL when libcuda "
+    "loads, the PTX passes the checks and one inference matches the OpenCL path; `on`: the "
+    "same, but a refusal is an error; `off`: always OpenCL launches.",
+)
 LOG_LEVEL: Setting[str] = Setting(
     "LITEKILN_LOG", _choice("debug", "info", "warning", "error"), "warning", "Log level."
 )
@@ -163,6 +173,7 @@ SETTINGS: tuple[Setting, ...] = (
     SCHEDULES,
     TUNE,
     FAST_LAUNCH,
+    CUDA_GRAPH,
     LOG_LEVEL,
     ZOO_DIR,
 )

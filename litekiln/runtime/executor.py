@@ -387,6 +387,10 @@ class PartitionExecutor:
         if wait:
             self.queue.finish()
 
+    def finish(self) -> None:
+        """Wait until everything enqueued (the last `run`) is done."""
+        self.queue.finish()
+
     def _make_fast_launcher(self) -> Any:
         """A launch loop that calls clEnqueueNDRangeKernel through ctypes.
 

@@ -249,8 +249,39 @@ class Session:
             if save and store is not None and ex.binary:
                 store.save_binary(bkey, ex.binary, identity,
                                   tuning=ex.choices if prog.variants and tune else None)
-            self.executors.append(ex)
+            self.executors.append(self._graph_path(ex, consts, part.index))
         self.load_seconds = time.perf_counter() - t0
+
+    def _graph_path(self, ex: Any, consts: Mapping[str, np.ndarray], index: int) -> Any:
+        """The CUDA graph executor of ``ex``'s program on NVIDIA GPUs, else ``ex`` itself.
+
+        `litekiln.runtime.cuda` says why: NVIDIA's OpenCL spends ~5 us of host time per
+        kernel launch, a graph replays the partition in one call. Before it replaces the
+        OpenCL executor, one inference on seeded inputs must give the same outputs on both
+        (the same PTX runs in both, so they agree to the bit unless something is wrong).
+        """
+        from litekiln import config
+
+        mode = config.CUDA_GRAPH.get()
+        if mode == "off" or not ex.program.launches or not ex.binary:
+            return ex
+        from litekiln.runtime.cuda import CudaGraphExecutor, CudaUnsupported, cuda_device_for
+
+        try:
+            cu = CudaGraphExecutor(ex.program, consts, ex.binary, cuda_device_for(self.handle.device),
+                                   choices=ex.choices)
+            mismatch = _compare_paths(ex, cu)
+            if mismatch:
+                raise CudaUnsupported(f"one inference differs from the OpenCL path: {mismatch}")
+        except CudaUnsupported as exc:
+            if mode == "on":
+                raise DeviceError(f"{self.model.name}: partition {index}: CUDA graph path: {exc}") from None
+            if "not an NVIDIA OpenCL device" not in str(exc):
+                log.info("%s: partition %d stays on OpenCL launches: %s", self.model.name, index, exc)
+            return ex
+        log.info("%s: partition %d runs as one CUDA graph (%d kernels)", self.model.name, index,
+                 cu.num_launches)
+        return cu
 
     def run(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
         """Run one inference.
@@ -319,6 +350,38 @@ class Session:
                     report.tensor, report.name, report.op = t, g.tensors[t].name, i
                     report.max_abs_error, report.tolerance = err, tol
                     return
+
+
+def _compare_paths(a: Any, b: Any, seed: int = 0) -> str:
+    """Run executors ``a`` and ``b`` on the same seeded inputs; '' if their outputs agree.
+
+    Floating inputs are uniform in [-1, 1); integer inputs are zeros (random indices could
+    point outside a table). Agreement: the same non-finite values and
+    ``max|a - b| <= 1e-6 * max(1, max|a|)`` (the same program, so in practice bitwise).
+    """
+    rng = np.random.default_rng(seed)
+    for i in range(a.num_inputs):
+        spec = a.input_spec(i)
+        dt = np.dtype(spec.dtype)
+        x = rng.uniform(-1, 1, spec.shape).astype(dt) if dt.kind == "f" else np.zeros(spec.shape, dt)
+        a.set_input(i, x)
+        b.set_input(i, x)
+    a.run(wait=True)
+    b.run(wait=True)
+    for i in range(a.num_outputs):
+        ya = a.get_output(i).astype(np.float64)
+        yb = b.get_output(i).astype(np.float64)
+        if ya.shape != yb.shape:
+            return f"output {i}: shape {yb.shape} vs {ya.shape}"
+        fa, fb = np.isfinite(ya), np.isfinite(yb)
+        if not np.array_equal(fa, fb) or not np.array_equal(ya[~fa], yb[~fb], equal_nan=True):
+            return f"output {i}: non-finite values differ"
+        if fa.any():
+            err = float(np.abs(ya[fa] - yb[fb]).max())
+            tol = 1e-6 * max(1.0, float(np.abs(ya[fa]).max()))
+            if err > tol:
+                return f"output {i}: max |diff| {err:.3g} > {tol:.3g}"
+    return ""
 
 
 def _binary_key(source: str, build_options: str, identity: dict[str, str]) -> dict[str, Any]:

@@ -179,11 +179,29 @@ latencypy() {  # pyopencl's enqueue loop (LITEKILN_FAST_LAUNCH=off) against the 
     --runs "$RUNS" --out "$OUT/latency_pyopencl.json" "${PATHS[@]}"
 }
 
+graphprobe() {  # which launch path each partition takes (CUDA graph or OpenCL) and why; PTX of each
+  local rc=0 p
+  : > "$OUT/graph_probe.jsonl"
+  for p in "${PATHS[@]}"; do  # one process per model: a hang costs one model's limit only
+    timeout "${T_PROBE:-90}" "$PY" scripts/h100/graph_probe.py "$p" --cache-dir "$CACHE" \
+      --ptx-out /tmp/ptx >> "$OUT/graph_probe.jsonl" || { rc=1; echo "{\"model\": \"$p\", \"exit\": $?}" >> "$OUT/graph_probe.jsonl"; }
+  done
+  cat "$OUT/graph_probe.jsonl"
+  (cd /tmp && tar czf "$OUT/ptx.tar.gz" ptx 2>/dev/null)
+  return $rc
+}
+
+latencycl() {  # the OpenCL launch loop (LITEKILN_CUDA_GRAPH=off), for comparison with the graphs
+  LITEKILN_CUDA_GRAPH=off timeout "$T_LATENCY" "$PY" -m litekiln.bench --cache-dir "$CACHE" \
+    --runs "$RUNS" --out "$OUT/latency_opencl.json" "${PATHS[@]}"
+}
+
 latency16() {
   timeout "$T_LATENCY" "$PY" -m litekiln.bench --cache-dir "$CACHE" --runs "$RUNS" --profile \
     --precision fp16 --out "$OUT/latency_fp16.json" "${PATHS[@]}"
 }
 
+step graphprobe graphprobe
 step accuracy accuracy
 step startup startup
 step latency latency
@@ -193,5 +211,6 @@ step halflog halflog
 step breakdown breakdown
 step profilewarm profilewarm
 step latencypy latencypy
+step latencycl latencycl
 echo "== results in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 exit $status

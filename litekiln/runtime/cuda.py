@@ -1,0 +1,572 @@
+"""NVIDIA launch path: a partition's driver-built program replayed as one CUDA graph.
+
+NO TVM IMPORT here. Why this exists: on NVIDIA's OpenCL every ``clEnqueueNDRangeKernel`` costs
+~5.2 us of host time (measured on the H100, docs/results/h100/probe.json) and the in-order
+queue has no command buffers (no ``cl_khr_command_buffer``), so models of 40-100 small
+kernels were bound by the host's launch loop, not by the GPU. NVIDIA's OpenCL compiler turns
+our OpenCL C into PTX (the device binary that the binary cache already stores); the CUDA
+driver loads that same PTX, and a CUDA graph replays a whole partition -- input copies,
+every kernel, output copies -- with one ``cuGraphLaunch``.
+
+What is run is exactly what the OpenCL path runs: the same PTX, the same launch plan
+(grid = global size / local size, block = local size), the same memory plan (one device
+arena, each storage at an aligned offset, tensors at their byte offsets). The checks that
+make this safe are explicit and refuse rather than guess (`CudaUnsupported`):
+
+* every kernel's PTX parameter list matches the launch's arguments (pointers are ``.u64``,
+  scalars the size of their OpenCL type), so the driver gets exactly what the OpenCL ABI
+  passed;
+* the PTX reads no driver environment registers (``%envreg``), which NVIDIA's OpenCL uses
+  for OpenCL-only state (global work offsets) that a CUDA launch does not set;
+* the caller (`litekiln.runtime.session`) compares one inference against the OpenCL path
+  before the graph path is used, the first time a program runs on a device.
+
+Only ctypes and numpy: libcuda.so.1 is part of every NVIDIA driver install that has OpenCL.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import threading
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from litekiln.runtime.program import SCALAR_TYPES, BufferArg, GpuProgram, Launch, TensorSpec
+
+_NOT_READY = 600  # CUDA_ERROR_NOT_READY from cuStreamQuery
+#: The load-time replay (one inference) must finish within this, else the path is refused.
+_LOAD_CHECK_SECONDS = 10.0
+#: Byte alignment of storages in the device arena (cudaMalloc's own is 256).
+_ALIGN = 256
+_MIN_BYTES = 4
+
+_CTYPES: dict[str, Any] = {
+    "char": ctypes.c_int8,
+    "uchar": ctypes.c_uint8,
+    "short": ctypes.c_int16,
+    "ushort": ctypes.c_uint16,
+    "int": ctypes.c_int32,
+    "uint": ctypes.c_uint32,
+    "long": ctypes.c_int64,
+    "ulong": ctypes.c_uint64,
+    "half": ctypes.c_uint16,  # the bits of a float16
+    "float": ctypes.c_float,
+    "double": ctypes.c_double,
+}
+_PTX_SIZES = {"u8": 1, "s8": 1, "b8": 1, "u16": 2, "s16": 2, "b16": 2, "f16": 2, "u32": 4,
+              "s32": 4, "b32": 4, "f32": 4, "u64": 8, "s64": 8, "b64": 8, "f64": 8}
+
+
+class CudaUnsupported(RuntimeError):
+    """The CUDA graph path cannot run this program here (message says why); the caller keeps
+    the OpenCL path."""
+
+
+class _Driver:
+    """The few CUDA driver API entry points the executor needs, loaded once per process."""
+
+    def __init__(self) -> None:
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as exc:
+            raise CudaUnsupported(f"no CUDA driver library (libcuda.so.1: {exc})") from None
+        vp, u32, i32, sz = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_size_t
+        pvp = ctypes.POINTER(ctypes.c_void_p)
+        sigs: dict[str, tuple[str, list[Any]]] = {
+            "cuInit": ("cuInit", [u32]),
+            "cuDeviceGetCount": ("cuDeviceGetCount", [ctypes.POINTER(i32)]),
+            "cuDeviceGet": ("cuDeviceGet", [ctypes.POINTER(i32), i32]),
+            "cuDeviceGetAttribute": ("cuDeviceGetAttribute", [ctypes.POINTER(i32), i32, i32]),
+            "cuDeviceGetName": ("cuDeviceGetName", [ctypes.c_char_p, i32, i32]),
+            "cuDevicePrimaryCtxRetain": ("cuDevicePrimaryCtxRetain", [pvp, i32]),
+            "cuCtxSetCurrent": ("cuCtxSetCurrent", [vp]),
+            "cuStreamCreate": ("cuStreamCreate", [pvp, u32]),
+            "cuModuleLoadData": ("cuModuleLoadData", [pvp, ctypes.c_char_p]),
+            "cuModuleUnload": ("cuModuleUnload", [vp]),
+            "cuModuleGetFunction": ("cuModuleGetFunction", [pvp, vp, ctypes.c_char_p]),
+            "cuMemAlloc": ("cuMemAlloc_v2", [ctypes.POINTER(ctypes.c_uint64), sz]),
+            "cuMemFree": ("cuMemFree_v2", [ctypes.c_uint64]),
+            "cuMemHostAlloc": ("cuMemHostAlloc", [pvp, sz, u32]),
+            "cuMemFreeHost": ("cuMemFreeHost", [vp]),
+            "cuMemcpyHtoD": ("cuMemcpyHtoD_v2", [ctypes.c_uint64, vp, sz]),
+            "cuMemcpyHtoDAsync": ("cuMemcpyHtoDAsync_v2", [ctypes.c_uint64, vp, sz, vp]),
+            "cuMemcpyDtoHAsync": ("cuMemcpyDtoHAsync_v2", [vp, ctypes.c_uint64, sz, vp]),
+            "cuLaunchKernel": ("cuLaunchKernel", [vp, u32, u32, u32, u32, u32, u32, u32, vp, vp, vp]),
+            "cuStreamBeginCapture": ("cuStreamBeginCapture_v2", [vp, i32]),
+            "cuStreamEndCapture": ("cuStreamEndCapture", [vp, pvp]),
+            "cuGraphInstantiateWithFlags": ("cuGraphInstantiateWithFlags", [pvp, vp, ctypes.c_uint64]),
+            "cuGraphLaunch": ("cuGraphLaunch", [vp, vp]),
+            "cuGraphDestroy": ("cuGraphDestroy", [vp]),
+            "cuGraphExecDestroy": ("cuGraphExecDestroy", [vp]),
+            "cuStreamSynchronize": ("cuStreamSynchronize", [vp]),
+            "cuStreamQuery": ("cuStreamQuery", [vp]),
+            "cuEventCreate": ("cuEventCreate", [pvp, u32]),
+            "cuEventRecord": ("cuEventRecord", [vp, vp]),
+            "cuEventSynchronize": ("cuEventSynchronize", [vp]),
+            "cuEventElapsedTime": ("cuEventElapsedTime", [ctypes.POINTER(ctypes.c_float), vp, vp]),
+            "cuEventDestroy": ("cuEventDestroy_v2", [vp]),
+            "cuGetErrorName": ("cuGetErrorName", [i32, ctypes.POINTER(ctypes.c_char_p)]),
+        }
+        for attr, (symbol, argtypes) in sigs.items():
+            try:
+                fn = getattr(lib, symbol)
+            except AttributeError:
+                raise CudaUnsupported(f"the CUDA driver lacks {symbol} (too old)") from None
+            fn.argtypes = argtypes
+            fn.restype = ctypes.c_int
+            setattr(self, attr, fn)
+        self.lib = lib
+        self.check("cuInit", self.cuInit(0))  # type: ignore[attr-defined]
+
+    def check(self, what: str, err: int) -> None:
+        if err:
+            name = ctypes.c_char_p()
+            self.cuGetErrorName(err, ctypes.byref(name))  # type: ignore[attr-defined]
+            label = name.value.decode() if name.value else f"error {err}"
+            raise CudaUnsupported(f"{what} failed: {label}")
+
+
+_DRIVER: _Driver | None = None
+_DRIVER_ERROR: str | None = None
+_LOCK = threading.RLock()  # cuda_device_for holds it while CudaDevice calls driver()
+
+
+def driver() -> _Driver:
+    """The CUDA driver, loaded and initialised once per process.
+
+    Raises:
+        CudaUnsupported: libcuda.so.1 is missing, too old, or cuInit fails (no NVIDIA GPU).
+    """
+    global _DRIVER, _DRIVER_ERROR
+    with _LOCK:
+        if _DRIVER is None:
+            if _DRIVER_ERROR is not None:
+                raise CudaUnsupported(_DRIVER_ERROR)
+            try:
+                _DRIVER = _Driver()
+            except CudaUnsupported as exc:
+                _DRIVER_ERROR = str(exc)
+                raise
+        return _DRIVER
+
+
+class CudaDevice:
+    """A CUDA device's primary context and one non-blocking stream (one per device and process)."""
+
+    def __init__(self, ordinal: int) -> None:
+        drv = driver()
+        dev = ctypes.c_int()
+        drv.check("cuDeviceGet", drv.cuDeviceGet(ctypes.byref(dev), ordinal))  # type: ignore[attr-defined]
+        self.ordinal = ordinal
+        self.context = ctypes.c_void_p()
+        drv.check("cuDevicePrimaryCtxRetain",
+                  drv.cuDevicePrimaryCtxRetain(ctypes.byref(self.context), dev))  # type: ignore[attr-defined]
+        self.make_current()
+        self.stream = ctypes.c_void_p()
+        drv.check("cuStreamCreate", drv.cuStreamCreate(ctypes.byref(self.stream), 1))  # type: ignore[attr-defined]
+        name = ctypes.create_string_buffer(256)
+        drv.cuDeviceGetName(name, 256, dev)  # type: ignore[attr-defined]
+        self.name = name.value.decode(errors="replace")
+
+    def make_current(self) -> None:
+        drv = driver()
+        drv.check("cuCtxSetCurrent", drv.cuCtxSetCurrent(self.context))  # type: ignore[attr-defined]
+
+
+_DEVICES: dict[int, CudaDevice] = {}
+
+# CUdevice_attribute values (cuda.h).
+_ATTR_PCI_BUS_ID, _ATTR_PCI_DEVICE_ID, _ATTR_PCI_DOMAIN_ID = 33, 34, 50
+
+
+def cuda_device_for(cl_device: Any) -> CudaDevice:
+    """The CUDA device that is the same GPU as an OpenCL device of NVIDIA's platform.
+
+    Matched by PCI bus and device id (OpenCL's ``cl_nv_device_attribute_query``); with that
+    query unavailable, only a single-GPU machine is matched.
+
+    Raises:
+        CudaUnsupported: not an NVIDIA OpenCL device, no CUDA driver, or no unambiguous match.
+    """
+    try:
+        platform = str(cl_device.platform.name)
+    except Exception:  # noqa: BLE001 - any pyopencl failure means "not NVIDIA's OpenCL"
+        platform = ""
+    if "nvidia" not in platform.lower():
+        raise CudaUnsupported(f"not an NVIDIA OpenCL device (platform {platform!r})")
+    drv = driver()
+    count = ctypes.c_int()
+    drv.check("cuDeviceGetCount", drv.cuDeviceGetCount(ctypes.byref(count)))  # type: ignore[attr-defined]
+    ordinals = list(range(count.value))
+    try:
+        want = (int(cl_device.pci_bus_id_nv), int(cl_device.pci_slot_id_nv))
+    except Exception:  # noqa: BLE001 - attribute query not supported by this driver/pyopencl
+        want = None
+    pick = None
+    if want is not None:
+        for o in ordinals:
+            dev = ctypes.c_int()
+            drv.check("cuDeviceGet", drv.cuDeviceGet(ctypes.byref(dev), o))  # type: ignore[attr-defined]
+            bus, slot = ctypes.c_int(), ctypes.c_int()
+            drv.cuDeviceGetAttribute(ctypes.byref(bus), _ATTR_PCI_BUS_ID, dev)  # type: ignore[attr-defined]
+            drv.cuDeviceGetAttribute(ctypes.byref(slot), _ATTR_PCI_DEVICE_ID, dev)  # type: ignore[attr-defined]
+            if (bus.value, slot.value) == want:
+                pick = o
+                break
+    elif len(ordinals) == 1:
+        pick = 0
+    if pick is None:
+        raise CudaUnsupported(f"no CUDA device matches the OpenCL device (PCI {want}, {len(ordinals)} CUDA devices)")
+    with _LOCK:
+        if pick not in _DEVICES:
+            _DEVICES[pick] = CudaDevice(pick)
+        return _DEVICES[pick]
+
+
+_ENTRY = re.compile(r"\.entry\s+([A-Za-z_$][\w$]*)\s*\(([^)]*)\)", re.S)
+_PARAM = re.compile(r"\.param\s+\.(\w+)")
+
+
+def ptx_entries(ptx: str) -> dict[str, list[str]]:
+    """Kernel name -> the PTX type of each parameter (``u64``, ``u32``, ...)."""
+    return {m.group(1): _PARAM.findall(m.group(2)) for m in _ENTRY.finditer(ptx)}
+
+
+def check_ptx(ptx: str, program: GpuProgram, launches: list[Launch]) -> None:
+    """Refuse PTX that a CUDA launch would not run as the OpenCL launch does.
+
+    Raises:
+        CudaUnsupported: not PTX, a kernel is missing, reads OpenCL-only driver state, or its
+            parameters do not match the launch's arguments.
+    """
+    if ".entry" not in ptx or ".target" not in ptx:
+        raise CudaUnsupported("the device binary is not PTX")
+    if "%envreg" in ptx:
+        raise CudaUnsupported("the PTX reads OpenCL driver environment registers (%envreg)")
+    entries = ptx_entries(ptx)
+    specs = {t.id: t for t in program.tensors}
+    for launch in launches:
+        params = entries.get(launch.kernel)
+        if params is None:
+            raise CudaUnsupported(f"kernel {launch.kernel} not found in the PTX")
+        if len(params) != len(launch.args):
+            raise CudaUnsupported(
+                f"kernel {launch.kernel}: {len(params)} PTX parameters for {len(launch.args)} arguments"
+            )
+        for j, (ptype, arg) in enumerate(zip(params, launch.args)):
+            want = 8 if isinstance(arg, BufferArg) else ctypes.sizeof(_CTYPES[arg.ctype])
+            if _PTX_SIZES.get(ptype) != want:
+                what = f"buffer {specs[arg.tensor].name or arg.tensor}" if isinstance(arg, BufferArg) else arg.ctype
+                raise CudaUnsupported(f"kernel {launch.kernel} parameter {j}: PTX .{ptype} for {what}")
+        if len(launch.local_size) > 3 or len(launch.global_size) != len(launch.local_size):
+            raise CudaUnsupported(f"kernel {launch.kernel}: {len(launch.global_size)}-d launch")
+        if any(g % max(1, l) for g, l in zip(launch.global_size, launch.local_size)):
+            raise CudaUnsupported(f"kernel {launch.kernel}: global size not a multiple of the local size")
+
+
+class CudaGraphExecutor:
+    """Runs a `GpuProgram`'s PTX through one CUDA graph per inference.
+
+    The same interface as `litekiln.runtime.executor.PartitionExecutor` for what a session
+    needs (set_input, run, get_output, finish, profile, launch_names, num_launches). Inputs
+    are staged in pinned host memory; the graph copies them in, runs every kernel and copies
+    the outputs to pinned host memory, so one inference is one ``cuGraphLaunch`` and one
+    ``cuStreamSynchronize``.
+
+    Attributes:
+        program: The program being run.
+        choices: The tuning choice per variant (from the OpenCL path's tuning).
+        binary: The PTX.
+    """
+
+    def __init__(
+        self,
+        program: GpuProgram,
+        constants: Mapping[str, np.ndarray],
+        ptx: bytes,
+        device: CudaDevice,
+        choices: list[int] | None = None,
+    ) -> None:
+        """Load the PTX, allocate the arena, upload constants and capture the graph.
+
+        Raises:
+            CudaUnsupported: the PTX or the launches cannot be run through CUDA (see
+                `check_ptx`), or a CUDA call fails.
+        """
+        program.validate()
+        self.program = program
+        self.binary = ptx
+        self.device = device
+        self.choices = list(choices) if choices else [0] * len(program.variants)
+        self._launches = program.plan(self.choices)
+        text = ptx.rstrip(b"\0").decode("latin-1")
+        check_ptx(text, program, self._launches)
+        drv = self._drv = driver()
+        device.make_current()
+        self._specs: dict[int, TensorSpec] = {t.id: t for t in program.tensors}
+        self._res: dict[str, Any] = {"module": None, "arena": None, "host": None, "graph": None, "exec": None}
+        weakref.finalize(self, _release, drv, device, self._res)
+
+        module = ctypes.c_void_p()
+        drv.check("cuModuleLoadData (PTX)",
+                  drv.cuModuleLoadData(ctypes.byref(module), text.encode("latin-1") + b"\0"))  # type: ignore[attr-defined]
+        self._res["module"] = module
+
+        # One arena for every storage.
+        offsets: dict[int, int] = {}
+        total = 0
+        for s in program.storages:
+            offsets[s.id] = total
+            total += -(-max(s.nbytes, _MIN_BYTES) // _ALIGN) * _ALIGN
+        arena = ctypes.c_uint64()
+        drv.check("cuMemAlloc", drv.cuMemAlloc(ctypes.byref(arena), max(total, _ALIGN)))  # type: ignore[attr-defined]
+        self._res["arena"] = arena
+        self._ptr = {t.id: arena.value + offsets[t.storage] + t.offset for t in program.tensors}
+
+        for tid, name in program.constants.items():
+            if name not in constants:
+                raise CudaUnsupported(f"constant {name!r} (tensor {tid}) missing")
+            spec = self._specs[tid]
+            arr = np.ascontiguousarray(constants[name], dtype=spec.dtype)
+            if arr.shape != spec.shape:
+                raise CudaUnsupported(f"constant {name!r}: shape {arr.shape}, program expects {spec.shape}")
+            if arr.nbytes:
+                drv.check("cuMemcpyHtoD", drv.cuMemcpyHtoD(self._ptr[tid], arr.ctypes.data, arr.nbytes))  # type: ignore[attr-defined]
+
+        # Pinned host staging: inputs then outputs, each aligned.
+        io = [self._specs[t] for t in (*program.inputs, *program.outputs)]
+        host_off, pos = [], 0
+        for spec in io:
+            host_off.append(pos)
+            pos += -(-max(spec.nbytes, _MIN_BYTES) // _ALIGN) * _ALIGN
+        host = ctypes.c_void_p()
+        drv.check("cuMemHostAlloc", drv.cuMemHostAlloc(ctypes.byref(host), max(pos, _ALIGN), 0))  # type: ignore[attr-defined]
+        self._res["host"] = host
+        raw = (ctypes.c_uint8 * max(pos, _ALIGN)).from_address(host.value)
+        whole = np.frombuffer(raw, dtype=np.uint8)
+        self._staging: list[np.ndarray] = []
+        for spec, off in zip(io, host_off):
+            view = whole[off : off + spec.nbytes].view(spec.dtype).reshape(spec.shape)
+            self._staging.append(view)
+        n_in = len(program.inputs)
+        self._in_stage, self._out_stage = self._staging[:n_in], self._staging[n_in:]
+
+        self._functions: dict[str, ctypes.c_void_p] = {}
+        self._calls = [self._prepare(launch) for launch in self._launches]
+        self._capture()
+        self._pending = False
+        # Surface launch failures (resources, illegal addresses) now, not at the first run,
+        # and never wait forever on a kernel that would not finish here.
+        self.run()
+        self._wait_at_most(_LOAD_CHECK_SECONDS)
+
+    # ------------------------------------------------------------------ set-up helpers
+    def _function(self, name: str) -> ctypes.c_void_p:
+        fn = self._functions.get(name)
+        if fn is None:
+            fn = ctypes.c_void_p()
+            self._drv.check(f"cuModuleGetFunction({name})",
+                            self._drv.cuModuleGetFunction(ctypes.byref(fn), self._res["module"], name.encode()))  # type: ignore[attr-defined]
+            self._functions[name] = fn
+        return fn
+
+    def _prepare(self, launch: Launch) -> tuple[Any, ...]:
+        values: list[Any] = []
+        for arg in launch.args:
+            if isinstance(arg, BufferArg):
+                values.append(ctypes.c_uint64(self._ptr[arg.tensor]))
+            elif arg.ctype == "half":
+                values.append(ctypes.c_uint16(int(np.float16(arg.value).view(np.uint16))))
+            else:
+                values.append(_CTYPES[arg.ctype](np.array(arg.value, dtype=SCALAR_TYPES[arg.ctype]).item()))
+        params = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
+        block = [*launch.local_size, 1, 1, 1][:3]
+        grid = [g // max(1, l) for g, l in zip(launch.global_size, launch.local_size)]
+        grid = [*grid, 1, 1, 1][:3]
+        return (self._function(launch.kernel), grid, block, params, values)
+
+    def _enqueue_kernels(self) -> None:
+        drv, stream = self._drv, self.device.stream
+        for fn, grid, block, params, _ in self._calls:
+            drv.check("cuLaunchKernel", drv.cuLaunchKernel(fn, *grid, *block, 0, stream, params, None))  # type: ignore[attr-defined]
+
+    def _capture(self) -> None:
+        drv, stream = self._drv, self.device.stream
+        drv.check("cuStreamBeginCapture", drv.cuStreamBeginCapture(stream, 1))  # type: ignore[attr-defined]
+        try:
+            for tid, stage in zip(self.program.inputs, self._in_stage):
+                if stage.nbytes:
+                    drv.check("cuMemcpyHtoDAsync", drv.cuMemcpyHtoDAsync(self._ptr[tid], stage.ctypes.data, stage.nbytes, stream))  # type: ignore[attr-defined]
+            self._enqueue_kernels()
+            for tid, stage in zip(self.program.outputs, self._out_stage):
+                if stage.nbytes:
+                    drv.check("cuMemcpyDtoHAsync", drv.cuMemcpyDtoHAsync(stage.ctypes.data, self._ptr[tid], stage.nbytes, stream))  # type: ignore[attr-defined]
+        finally:
+            graph = ctypes.c_void_p()
+            err = drv.cuStreamEndCapture(stream, ctypes.byref(graph))  # type: ignore[attr-defined]
+        drv.check("cuStreamEndCapture", err)
+        self._res["graph"] = graph
+        exe = ctypes.c_void_p()
+        drv.check("cuGraphInstantiateWithFlags", drv.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, 0))  # type: ignore[attr-defined]
+        self._res["exec"] = exe
+        self._exec = exe
+
+    # ------------------------------------------------------------------ interface
+    @property
+    def num_inputs(self) -> int:
+        return len(self.program.inputs)
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.program.outputs)
+
+    def input_spec(self, i: int) -> TensorSpec:
+        """Shape/dtype of input ``i``."""
+        return self._specs[self.program.inputs[i]]
+
+    def output_spec(self, i: int) -> TensorSpec:
+        """Shape/dtype of output ``i``."""
+        return self._specs[self.program.outputs[i]]
+
+    @property
+    def num_launches(self) -> int:
+        """Kernel launches per `run` (all inside one graph)."""
+        return len(self._launches)
+
+    def launch_names(self) -> list[str]:
+        """Kernel name of each launch, in launch order."""
+        return [launch.kernel for launch in self._launches]
+
+    def set_input(self, i: int, array: np.ndarray, *, blocking: bool = True) -> None:
+        """Stage ``array`` as input ``i`` (copied to the device by the next `run`).
+
+        Raises:
+            ValueError: Shape mismatch.
+        """
+        spec = self.input_spec(i)
+        arr = np.asarray(array)
+        if arr.shape != spec.shape:
+            raise ValueError(f"input {i} ({spec.name}): shape {arr.shape}, expected {spec.shape}")
+        if self._pending:
+            self.finish()  # the staging buffer may still be read by the previous run
+        np.copyto(self._in_stage[i], arr, casting="unsafe")
+
+    def run(self, *, wait: bool = False) -> None:
+        """Launch the graph (input copies, kernels, output copies)."""
+        self.device.make_current()
+        self._drv.check("cuGraphLaunch", self._drv.cuGraphLaunch(self._exec, self.device.stream))  # type: ignore[attr-defined]
+        self._pending = True
+        if wait:
+            self.finish()
+
+    def _wait_at_most(self, seconds: float) -> None:
+        import time
+
+        deadline = time.monotonic() + seconds
+        while True:
+            err = self._drv.cuStreamQuery(self.device.stream)  # type: ignore[attr-defined]
+            if err != _NOT_READY:
+                self._drv.check("graph replay", err)
+                self._pending = False
+                return
+            if time.monotonic() > deadline:
+                raise CudaUnsupported(f"the graph did not finish within {seconds:g} s")
+            time.sleep(0.0005)
+
+    def finish(self) -> None:
+        """Wait until the last `run` is done."""
+        self._drv.check("cuStreamSynchronize", self._drv.cuStreamSynchronize(self.device.stream))  # type: ignore[attr-defined]
+        self._pending = False
+
+    def get_output(self, i: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Output ``i`` of the last `run` (waits for it).
+
+        Raises:
+            ValueError: ``out`` has the wrong shape, dtype or layout.
+        """
+        if self._pending:
+            self.finish()
+        stage = self._out_stage[i]
+        if out is None:
+            return stage.copy()
+        spec = self.output_spec(i)
+        if out.shape != spec.shape or out.dtype != np.dtype(spec.dtype) or not out.flags.c_contiguous:
+            raise ValueError(f"output {i} ({spec.name}): out must be C-contiguous {spec.dtype}{list(spec.shape)}")
+        np.copyto(out, stage)
+        return out
+
+    def profile(self) -> list[float]:
+        """Each launch's device time (CUDA events around each kernel, launched one by one).
+
+        Returns:
+            Seconds per launch, in launch order.
+        """
+        drv, stream = self._drv, self.device.stream
+        self.device.make_current()
+        self.finish()
+        events = []
+        for _ in range(len(self._calls) + 1):
+            ev = ctypes.c_void_p()
+            drv.check("cuEventCreate", drv.cuEventCreate(ctypes.byref(ev), 0))  # type: ignore[attr-defined]
+            events.append(ev)
+        try:
+            drv.cuEventRecord(events[0], stream)  # type: ignore[attr-defined]
+            for k, (fn, grid, block, params, _) in enumerate(self._calls):
+                drv.check("cuLaunchKernel", drv.cuLaunchKernel(fn, *grid, *block, 0, stream, params, None))  # type: ignore[attr-defined]
+                drv.cuEventRecord(events[k + 1], stream)  # type: ignore[attr-defined]
+            drv.check("cuEventSynchronize", drv.cuEventSynchronize(events[-1]))  # type: ignore[attr-defined]
+            out = []
+            ms = ctypes.c_float()
+            for a, b in zip(events, events[1:]):
+                drv.cuEventElapsedTime(ctypes.byref(ms), a, b)  # type: ignore[attr-defined]
+                out.append(ms.value * 1e-3)
+            return out
+        finally:
+            for ev in events:
+                drv.cuEventDestroy(ev)  # type: ignore[attr-defined]
+
+    def graph_time(self, reps: int = 20) -> float:
+        """Median device time of one whole graph replay (CUDA events), in seconds."""
+        drv, stream = self._drv, self.device.stream
+        self.device.make_current()
+        self.finish()
+        a, b = ctypes.c_void_p(), ctypes.c_void_p()
+        drv.check("cuEventCreate", drv.cuEventCreate(ctypes.byref(a), 0))  # type: ignore[attr-defined]
+        drv.check("cuEventCreate", drv.cuEventCreate(ctypes.byref(b), 0))  # type: ignore[attr-defined]
+        try:
+            times = []
+            ms = ctypes.c_float()
+            for _ in range(reps):
+                drv.cuEventRecord(a, stream)  # type: ignore[attr-defined]
+                drv.cuGraphLaunch(self._exec, stream)  # type: ignore[attr-defined]
+                drv.cuEventRecord(b, stream)  # type: ignore[attr-defined]
+                drv.check("cuEventSynchronize", drv.cuEventSynchronize(b))  # type: ignore[attr-defined]
+                drv.cuEventElapsedTime(ctypes.byref(ms), a, b)  # type: ignore[attr-defined]
+                times.append(ms.value * 1e-3)
+            return float(np.median(times))
+        finally:
+            drv.cuEventDestroy(a)  # type: ignore[attr-defined]
+            drv.cuEventDestroy(b)  # type: ignore[attr-defined]
+
+
+def _release(drv: _Driver, device: CudaDevice, res: dict[str, Any]) -> None:
+    """Free what an executor holds (its finalizer; tolerant of a half-built executor)."""
+    try:
+        device.make_current()
+        drv.cuStreamSynchronize(device.stream)  # type: ignore[attr-defined]
+        if res.get("exec") is not None:
+            drv.cuGraphExecDestroy(res["exec"])  # type: ignore[attr-defined]
+        if res.get("graph") is not None:
+            drv.cuGraphDestroy(res["graph"])  # type: ignore[attr-defined]
+        if res.get("host") is not None:
+            drv.cuMemFreeHost(res["host"])  # type: ignore[attr-defined]
+        if res.get("arena") is not None:
+            drv.cuMemFree(res["arena"])  # type: ignore[attr-defined]
+        if res.get("module") is not None:
+            drv.cuModuleUnload(res["module"])  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - at interpreter exit the driver may already be gone
+        pass

@@ -1,0 +1,306 @@
+"""The CUDA graph launch path (litekiln.runtime.cuda) against a fake CUDA driver.
+
+No NVIDIA GPU here: a fake driver implements the driver entry points the executor uses over
+host memory (allocations are ctypes buffers, copies are memmoves, a graph is the list of
+captured calls, replayed by cuGraphLaunch) and runs each kernel through a Python stand-in
+registered by the test. What this checks is everything but the GPU: PTX checks, the arena
+and pointer arithmetic, parameter packing (read back through the PTX signature), grid and
+block sizes, input/output staging, graph capture and replay, the session's comparison with
+the OpenCL path and its fallback. The H100 runs the real thing (scripts/h100/run.sh).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+
+import numpy as np
+import pytest
+
+from litekiln.runtime import cuda
+from litekiln.runtime.program import BufferArg, GpuProgram, Launch, ScalarArg, StorageSpec, TensorSpec
+
+_FMT = {"u64": "<Q", "u32": "<I", "s32": "<i", "f32": "<f", "u16": "<H"}
+
+
+class FakeDriver:
+    """Enough of libcuda for `CudaGraphExecutor`, over host memory."""
+
+    def __init__(self, kernels: dict) -> None:
+        self.kernels = kernels  # name -> fn(grid, block, params)
+        self.keep: list = []
+        self.functions: dict[int, str] = {}
+        self.ptx = ""
+        self.capturing: list | None = None
+        self.graphs: dict[int, list] = {}
+        self.launched: list[tuple] = []
+        self.graph_launches = 0
+
+    # helpers
+    def check(self, what: str, err: int) -> None:
+        cuda._Driver.check(self, what, err)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _set(p, value) -> None:
+        p._obj.value = value
+
+    def _alloc(self, p, size: int) -> int:
+        buf = ctypes.create_string_buffer(size)
+        self.keep.append(buf)
+        self._set(p, ctypes.addressof(buf))
+        return 0
+
+    # entry points
+    def cuInit(self, flags): return 0
+    def cuDeviceGetCount(self, p): self._set(p, 1); return 0
+    def cuDeviceGet(self, p, o): self._set(p, o); return 0
+    def cuDeviceGetAttribute(self, p, attr, dev): self._set(p, 0); return 0
+    def cuDeviceGetName(self, buf, n, dev): buf.value = b"Fake GPU"; return 0
+    def cuDevicePrimaryCtxRetain(self, p, dev): self._set(p, 1); return 0
+    def cuCtxSetCurrent(self, ctx): return 0
+    def cuStreamCreate(self, p, flags): self._set(p, 2); return 0
+    def cuModuleLoadData(self, p, data): self.ptx = data.decode(); self._set(p, 3); return 0
+    def cuModuleUnload(self, m): return 0
+    def cuModuleGetFunction(self, p, mod, name):
+        fid = 100 + len(self.functions)
+        self.functions[fid] = name.decode()
+        self._set(p, fid)
+        return 0
+    def cuMemAlloc(self, p, size): return self._alloc(p, size)
+    def cuMemFree(self, ptr): return 0
+    def cuMemHostAlloc(self, p, size, flags): return self._alloc(p, size)
+    def cuMemFreeHost(self, ptr): return 0
+    def cuMemcpyHtoD(self, dst, src, n): ctypes.memmove(dst, src, n); return 0
+    def _copy(self, dst, src, n):
+        if self.capturing is not None:
+            self.capturing.append(("copy", dst, src, n))
+        else:
+            ctypes.memmove(dst, src, n)
+        return 0
+    def cuMemcpyHtoDAsync(self, dst, src, n, stream): return self._copy(dst, src, n)
+    def cuMemcpyDtoHAsync(self, dst, src, n, stream): return self._copy(dst, src, n)
+    def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shm, stream, params, extra):
+        name = self.functions[fn.value]
+        types = cuda.ptx_entries(self.ptx)[name]
+        addrs = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+        values = [struct.unpack(_FMT[t], ctypes.string_at(addrs[i], struct.calcsize(_FMT[t])))[0]
+                  for i, t in enumerate(types)]
+        call = ("kernel", name, (gx, gy, gz), (bx, by, bz), values)
+        if self.capturing is not None:
+            self.capturing.append(call)
+        else:
+            self._run(call)
+        return 0
+    def _run(self, call) -> None:
+        if call[0] == "copy":
+            ctypes.memmove(call[1], call[2], call[3])
+            return
+        self.launched.append(call)
+        if call[1] in self.kernels:
+            self.kernels[call[1]](*call[2:])
+    def cuStreamBeginCapture(self, stream, mode): self.capturing = []; return 0
+    def cuStreamEndCapture(self, stream, p):
+        gid = 500 + len(self.graphs)
+        self.graphs[gid] = self.capturing
+        self.capturing = None
+        self._set(p, gid)
+        return 0
+    def cuGraphInstantiateWithFlags(self, p, graph, flags): self._set(p, graph.value); return 0
+    def cuGraphLaunch(self, exe, stream):
+        self.graph_launches += 1
+        for call in self.graphs[exe.value]:
+            self._run(call)
+        return 0
+    def cuGraphDestroy(self, g): return 0
+    def cuGraphExecDestroy(self, g): return 0
+    def cuStreamSynchronize(self, s): return 0
+    def cuStreamQuery(self, s): return 0
+    def cuEventCreate(self, p, flags): self._set(p, 7); return 0
+    def cuEventRecord(self, ev, s): return 0
+    def cuEventSynchronize(self, ev): return 0
+    def cuEventElapsedTime(self, p, a, b): self._set(p, 0.5); return 0
+    def cuEventDestroy(self, ev): return 0
+    def cuGetErrorName(self, err, p): self._set(p, b"CUDA_ERROR_FAKE"); return 0
+
+
+def _axpb_program() -> GpuProgram:
+    """y = a * x + b over 1000 floats (x an input, b a constant, a a scalar), then z = y + 1
+    in a second kernel through a workspace at an offset: two launches, one scalar."""
+    n = 1000
+    return GpuProgram(
+        source="(not used by the fake driver)",
+        build_options="",
+        kernels=["axpb", "plus_one"],
+        storages=[StorageSpec(0, 4 * n, "input"), StorageSpec(1, 4 * n, "constant"),
+                  StorageSpec(2, 4 * n + 512, "workspace"), StorageSpec(3, 4 * n, "workspace")],
+        tensors=[TensorSpec(0, 0, 0, (10, 100), "float32", "x"),
+                 TensorSpec(1, 1, 0, (10, 100), "float32", "b"),
+                 TensorSpec(2, 2, 512, (10, 100), "float32", "y"),
+                 TensorSpec(3, 3, 0, (10, 100), "float32", "z")],
+        constants={1: "b"},
+        inputs=[0],
+        outputs=[3],
+        launches=[Launch("axpb", (BufferArg(0), BufferArg(1), BufferArg(2), ScalarArg(2.5, "float"),
+                                  ScalarArg(n, "int")), (1024,), (256,)),
+                  Launch("plus_one", (BufferArg(2), BufferArg(3)), (500, 2), (100, 2))],
+    )
+
+
+_PTX = """
+.version 8.0
+.target sm_90, texmode_independent
+.address_size 64
+.entry axpb(
+    .param .u64 .ptr .global .align 4 axpb_param_0,
+    .param .u64 .ptr .global .align 4 axpb_param_1,
+    .param .u64 .ptr .global .align 4 axpb_param_2,
+    .param .f32 axpb_param_3,
+    .param .u32 axpb_param_4
+)
+{ ret; }
+.entry plus_one(
+    .param .u64 .ptr .global .align 4 plus_one_param_0,
+    .param .u64 .ptr .global .align 4 plus_one_param_1
+)
+{ ret; }
+"""
+
+
+def _view(addr: int, n: int) -> np.ndarray:
+    return np.frombuffer((ctypes.c_float * n).from_address(addr), dtype=np.float32)
+
+
+def _kernels(seen: list) -> dict:
+    def axpb(grid, block, values):
+        x, b, y, a, n = values
+        assert grid == (4, 1, 1) and block == (256, 1, 1)
+        seen.append(("axpb", x, b, y, a, n))
+        _view(y, n)[:] = a * _view(x, n) + _view(b, n)
+
+    def plus_one(grid, block, values):
+        y, z = values
+        assert grid == (5, 1, 1) and block == (100, 2, 1)
+        _view(z, 1000)[:] = _view(y, 1000) + 1
+
+    return {"axpb": axpb, "plus_one": plus_one}
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    seen: list = []
+    drv = FakeDriver(_kernels(seen))
+    monkeypatch.setattr(cuda, "_DRIVER", drv)
+    monkeypatch.setattr(cuda, "_DEVICES", {})
+    drv.seen = seen
+    return drv
+
+
+def test_graph_executor_runs_the_plan(fake):
+    prog = _axpb_program()
+    b = np.linspace(-1, 1, 1000, dtype=np.float32).reshape(10, 100)
+    ex = cuda.CudaGraphExecutor(prog, {"b": b}, _PTX.encode() + b"\0", cuda.CudaDevice(0))
+    x = np.random.default_rng(0).standard_normal((10, 100)).astype(np.float32)
+    ex.set_input(0, x)
+    ex.run()
+    np.testing.assert_allclose(ex.get_output(0), 2.5 * x + b + 1, rtol=1e-6)
+    # Pointers: every tensor in the arena at its storage's aligned offset plus its own offset.
+    _, px, pb, py, a, n = fake.seen[-1]
+    assert (a, n) == (2.5, 1000)
+    assert pb - px == 4096 and py - px == 4096 + 4096 + 512  # 4000 bytes round up to 4096
+    assert len({px, pb, py}) == 3
+    # One graph launch per run (plus the load-time check run): copies and kernels inside it.
+    before = fake.graph_launches
+    x2 = -x
+    ex.set_input(0, x2)
+    ex.run()
+    out = np.empty((10, 100), np.float32)
+    ex.get_output(0, out=out)
+    np.testing.assert_allclose(out, -2.5 * x + b + 1, rtol=1e-6)
+    assert fake.graph_launches == before + 1
+    assert ex.num_launches == 2 and ex.launch_names() == ["axpb", "plus_one"]
+    assert len(ex.profile()) == 2
+    with pytest.raises(ValueError, match="shape"):
+        ex.set_input(0, np.zeros((100, 10), np.float32))
+
+
+def test_ptx_checks_refuse_what_cuda_would_run_differently():
+    prog = _axpb_program()
+    launches = prog.plan()
+    cuda.check_ptx(_PTX, prog, launches)  # matches
+    with pytest.raises(cuda.CudaUnsupported, match="not PTX"):
+        cuda.check_ptx("\x7fELF...", prog, launches)
+    with pytest.raises(cuda.CudaUnsupported, match="envreg"):
+        cuda.check_ptx(_PTX.replace("{ ret; }", "{ mov.u32 %r1, %envreg3; ret; }", 1), prog, launches)
+    with pytest.raises(cuda.CudaUnsupported, match="2 PTX parameters for 5"):
+        cuda.check_ptx(_PTX.replace(".entry axpb(", ".entry gone(").replace(".entry plus_one(", ".entry axpb("),
+                       prog, launches)
+    with pytest.raises(cuda.CudaUnsupported, match=r"parameter 4: PTX \.u64 for int"):
+        cuda.check_ptx(_PTX.replace(".param .u32 axpb_param_4", ".param .u64 axpb_param_4"), prog, launches)
+    with pytest.raises(cuda.CudaUnsupported, match="plus_one not found"):
+        cuda.check_ptx(_PTX.replace(".entry plus_one(", ".entry other("), prog, launches)
+
+
+def test_no_cuda_driver_is_a_clear_refusal(monkeypatch):
+    monkeypatch.setattr(cuda, "_DRIVER", None)
+    monkeypatch.setattr(cuda, "_DRIVER_ERROR", "no CUDA driver library (libcuda.so.1: not found)")
+    with pytest.raises(cuda.CudaUnsupported, match="libcuda"):
+        cuda.driver()
+
+
+class _FakeClDevice:
+    class platform:  # noqa: N801 - mimics pyopencl's attribute
+        name = "Portable Computing Language"
+
+
+def test_only_nvidia_opencl_devices_are_matched(fake):
+    with pytest.raises(cuda.CudaUnsupported, match="not an NVIDIA OpenCL device"):
+        cuda.cuda_device_for(_FakeClDevice())
+    nv = type("Dev", (), {"platform": type("P", (), {"name": "NVIDIA CUDA"}),
+                          "pci_bus_id_nv": 0, "pci_slot_id_nv": 0})()
+    assert cuda.cuda_device_for(nv).name == "Fake GPU"
+    assert cuda.cuda_device_for(nv) is cuda.cuda_device_for(nv)  # one per device and process
+
+
+@pytest.mark.opencl
+def test_session_compares_paths_and_falls_back(fake, monkeypatch, tmp_path):
+    """On a device that passes every check but computes something else (here: the fake's
+    kernels are not the program's), the session keeps OpenCL under `auto` and fails under
+    `on`; with matching kernels it takes the graph."""
+    from litekiln.errors import DeviceError
+    from litekiln.interpreter import Interpreter
+    from litekiln.runtime import executor as cl_executor
+    from litekiln.runtime import session as session_mod
+
+    real_binary = cl_executor.PartitionExecutor.binary
+    ptx_for: dict = {}
+
+    def fake_ptx(self):  # the program's signature as PTX, what NVIDIA's compiler would give
+        if id(self.program) not in ptx_for:
+            lines = [".version 8.0", ".target sm_90", ".address_size 64"]
+            for launch in self.program.all_launches():
+                params = [".param .u64 p" if isinstance(a, BufferArg) else
+                          f".param .{ {'float': 'f32', 'int': 'u32'}[a.ctype]} p" for a in launch.args]
+                lines.append(f".entry {launch.kernel}({', '.join(params)})" + " { ret; }")
+            ptx_for[id(self.program)] = "\n".join(dict.fromkeys(lines)).encode()
+        return ptx_for[id(self.program)]
+
+    monkeypatch.setattr(cl_executor.PartitionExecutor, "binary", property(fake_ptx))
+    monkeypatch.setattr(session_mod, "_binary_key", lambda *a: {"kind": "binary", "test": "no-store"})
+    monkeypatch.setattr(cuda, "cuda_device_for", lambda dev: cuda.CudaDevice(0))
+    model = "tests/data/smoke.tflite"
+
+    monkeypatch.setenv("LITEKILN_CUDA_GRAPH", "auto")
+    interp = Interpreter(model_path=model, cache_dir=str(tmp_path))
+    interp.allocate_tensors()
+    assert [type(e).__name__ for e in interp._backend.executors] == ["PartitionExecutor"]  # noqa: SLF001
+    assert fake.launched, "the graph path was tried"
+
+    monkeypatch.setenv("LITEKILN_CUDA_GRAPH", "on")
+    with pytest.raises(DeviceError, match="differs from the OpenCL path"):
+        Interpreter(model_path=model, cache_dir=str(tmp_path)).allocate_tensors()
+
+    monkeypatch.setenv("LITEKILN_CUDA_GRAPH", "off")
+    n = len(fake.launched)
+    Interpreter(model_path=model, cache_dir=str(tmp_path)).allocate_tensors()
+    assert len(fake.launched) == n, "off never touches CUDA"
+    assert real_binary is not None
