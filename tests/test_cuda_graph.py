@@ -304,3 +304,18 @@ def test_session_compares_paths_and_falls_back(fake, monkeypatch, tmp_path):
     Interpreter(model_path=model, cache_dir=str(tmp_path)).allocate_tensors()
     assert len(fake.launched) == n, "off never touches CUDA"
     assert real_binary is not None
+
+
+def test_group_offset_registers_become_zero():
+    """NVIDIA's OpenCL PTX reads get_group_id(d) as %envreg<d> + %ctaid.<d> (seen in every
+    H100 program); the offsets are 0 for litekiln's launches, other registers are refused."""
+    body = ("mov.b32 \t%r7, %envreg0;\n\tmov.u32 \t%r8, %ctaid.x;\n\tadd.s32 \t%r9, %r7, %r8;\n"
+            "\tmov.b32 \t%r34, %envreg1;\n\tmov.b32 %r40, %envreg2;")
+    out = cuda.ptx_for_cuda(body)
+    assert "%envreg" not in out
+    assert "mov.b32 %r7, 0;" in out and "mov.b32 %r34, 0;" in out and "mov.b32 %r40, 0;" in out
+    assert "%ctaid.x" in out
+    prog = _axpb_program()
+    other = cuda.ptx_for_cuda(_PTX.replace("{ ret; }", "{ mov.b32 %r1, %envreg3; ret; }", 1))
+    with pytest.raises(cuda.CudaUnsupported, match="envreg"):
+        cuda.check_ptx(other, prog, prog.plan())

@@ -227,6 +227,19 @@ def cuda_device_for(cl_device: Any) -> CudaDevice:
         return _DEVICES[pick]
 
 
+# NVIDIA's OpenCL computes get_group_id(d) as %envreg<d> + %ctaid.<d>: the environment
+# registers 0-2 hold the work-group offset of the launch (the global work offset divided by the
+# local size), which is zero for every launch litekiln makes (it passes no global offset).
+# CUDA leaves those registers undefined, so the offsets are written as the constant 0; any
+# other environment register is OpenCL-only state and makes check_ptx refuse the program.
+_GROUP_OFFSET = re.compile(r"mov\.b32\s+(%r\d+),\s*%envreg[012];")
+
+
+def ptx_for_cuda(ptx: str) -> str:
+    """``ptx`` with NVIDIA OpenCL's work-group offset registers replaced by 0 (see above)."""
+    return _GROUP_OFFSET.sub(r"mov.b32 \1, 0;", ptx)
+
+
 _ENTRY = re.compile(r"\.entry\s+([A-Za-z_$][\w$]*)\s*\(([^)]*)\)", re.S)
 _PARAM = re.compile(r"\.param\s+\.(\w+)")
 
@@ -246,7 +259,8 @@ def check_ptx(ptx: str, program: GpuProgram, launches: list[Launch]) -> None:
     if ".entry" not in ptx or ".target" not in ptx:
         raise CudaUnsupported("the device binary is not PTX")
     if "%envreg" in ptx:
-        raise CudaUnsupported("the PTX reads OpenCL driver environment registers (%envreg)")
+        raise CudaUnsupported("the PTX reads OpenCL driver environment registers (%envreg) "
+                              "other than the work-group offsets")
     entries = ptx_entries(ptx)
     specs = {t.id: t for t in program.tensors}
     for launch in launches:
@@ -303,7 +317,7 @@ class CudaGraphExecutor:
         self.device = device
         self.choices = list(choices) if choices else [0] * len(program.variants)
         self._launches = program.plan(self.choices)
-        text = ptx.rstrip(b"\0").decode("latin-1")
+        text = ptx_for_cuda(ptx.rstrip(b"\0").decode("latin-1"))
         check_ptx(text, program, self._launches)
         drv = self._drv = driver()
         device.make_current()
