@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import types
 
 import numpy as np
 import pytest
@@ -24,7 +25,13 @@ _FMT = {"u64": "<Q", "u32": "<I", "s32": "<i", "f32": "<f", "u16": "<H"}
 
 
 class FakeDriver:
-    """Enough of libcuda for `CudaGraphExecutor`, over host memory."""
+    """Enough of libcuda for `CudaGraphExecutor`, over host memory.
+
+    Each entry point is a C function pointer (ctypes.CFUNCTYPE) with the argument types
+    `litekiln.runtime.cuda` declares, so every call goes through the same ctypes conversions
+    as a call into the real libcuda.so.1 (a wrong argument type fails here too); the
+    implementations see C values: addresses as ints, out-parameters as pointers.
+    """
 
     def __init__(self, kernels: dict) -> None:
         self.kernels = kernels  # name -> fn(grid, block, params)
@@ -35,62 +42,68 @@ class FakeDriver:
         self.graphs: dict[int, list] = {}
         self.launched: list[tuple] = []
         self.graph_launches = 0
+        self.errors: list[BaseException] = []
+        lib = types.SimpleNamespace()
+        for attr, (symbol, argtypes) in cuda._signatures().items():
+            impl = getattr(self, attr)
+            setattr(lib, symbol, ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)(self._guard(impl)))
+        self.lib = lib
 
-    # helpers
-    def check(self, what: str, err: int) -> None:
-        cuda._Driver.check(self, what, err)  # type: ignore[arg-type]
+    def _guard(self, impl):
+        def call(*args):
+            try:
+                return impl(*args) or 0
+            except BaseException as exc:  # noqa: BLE001 - a callback cannot raise into ctypes
+                self.errors.append(exc)
+                return 999
+        return call
 
-    @staticmethod
-    def _set(p, value) -> None:
-        p._obj.value = value
-
-    def _alloc(self, p, size: int) -> int:
+    def _alloc(self, p, size: int) -> None:
         buf = ctypes.create_string_buffer(size)
         self.keep.append(buf)
-        self._set(p, ctypes.addressof(buf))
-        return 0
+        p[0] = ctypes.addressof(buf)
 
-    # entry points
-    def cuInit(self, flags): return 0
-    def cuDeviceGetCount(self, p): self._set(p, 1); return 0
-    def cuDeviceGet(self, p, o): self._set(p, o); return 0
-    def cuDeviceGetAttribute(self, p, attr, dev): self._set(p, 0); return 0
-    def cuDeviceGetName(self, buf, n, dev): buf.value = b"Fake GPU"; return 0
-    def cuDevicePrimaryCtxRetain(self, p, dev): self._set(p, 1); return 0
-    def cuCtxSetCurrent(self, ctx): return 0
-    def cuStreamCreate(self, p, flags): self._set(p, 2); return 0
-    def cuModuleLoadData(self, p, data): self.ptx = data.decode(); self._set(p, 3); return 0
-    def cuModuleUnload(self, m): return 0
+    # entry points, at the C level
+    def cuInit(self, flags): pass
+    def cuDeviceGetCount(self, p): p[0] = 1
+    def cuDeviceGet(self, p, o): p[0] = o
+    def cuDeviceGetAttribute(self, p, attr, dev): p[0] = 0
+    def cuDeviceGetName(self, buf, n, dev): ctypes.memmove(buf, b"Fake GPU\0", 9)
+    def cuDevicePrimaryCtxRetain(self, p, dev): p[0] = 11
+    def cuCtxSetCurrent(self, ctx): assert ctx == 11
+    def cuStreamCreate(self, p, flags): p[0] = 12
+    def cuModuleLoadData(self, p, data): self.ptx = data.decode(); p[0] = 13
+    def cuModuleUnload(self, m): pass
     def cuModuleGetFunction(self, p, mod, name):
+        assert mod == 13
         fid = 100 + len(self.functions)
         self.functions[fid] = name.decode()
-        self._set(p, fid)
-        return 0
-    def cuMemAlloc(self, p, size): return self._alloc(p, size)
-    def cuMemFree(self, ptr): return 0
-    def cuMemHostAlloc(self, p, size, flags): return self._alloc(p, size)
-    def cuMemFreeHost(self, ptr): return 0
-    def cuMemcpyHtoD(self, dst, src, n): ctypes.memmove(dst, src, n); return 0
-    def _copy(self, dst, src, n):
+        p[0] = fid
+    def cuMemAlloc(self, p, size): self._alloc(p, size)
+    def cuMemFree(self, ptr): pass
+    def cuMemHostAlloc(self, p, size, flags): self._alloc(p, size)
+    def cuMemFreeHost(self, ptr): pass
+    def cuMemcpyHtoD(self, dst, src, n): ctypes.memmove(dst, src, n)
+    def _copy(self, dst, src, n, stream):
+        assert stream == 12
         if self.capturing is not None:
             self.capturing.append(("copy", dst, src, n))
         else:
             ctypes.memmove(dst, src, n)
-        return 0
-    def cuMemcpyHtoDAsync(self, dst, src, n, stream): return self._copy(dst, src, n)
-    def cuMemcpyDtoHAsync(self, dst, src, n, stream): return self._copy(dst, src, n)
+    def cuMemcpyHtoDAsync(self, dst, src, n, stream): self._copy(dst, src, n, stream)
+    def cuMemcpyDtoHAsync(self, dst, src, n, stream): self._copy(dst, src, n, stream)
     def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shm, stream, params, extra):
-        name = self.functions[fn.value]
-        types = cuda.ptx_entries(self.ptx)[name]
-        addrs = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+        assert stream == 12 and extra is None and shm == 0
+        name = self.functions[fn]
+        ptypes = cuda.ptx_entries(self.ptx)[name]
+        addrs = (ctypes.c_void_p * len(ptypes)).from_address(params)
         values = [struct.unpack(_FMT[t], ctypes.string_at(addrs[i], struct.calcsize(_FMT[t])))[0]
-                  for i, t in enumerate(types)]
+                  for i, t in enumerate(ptypes)]
         call = ("kernel", name, (gx, gy, gz), (bx, by, bz), values)
         if self.capturing is not None:
             self.capturing.append(call)
         else:
             self._run(call)
-        return 0
     def _run(self, call) -> None:
         if call[0] == "copy":
             ctypes.memmove(call[1], call[2], call[3])
@@ -98,29 +111,30 @@ class FakeDriver:
         self.launched.append(call)
         if call[1] in self.kernels:
             self.kernels[call[1]](*call[2:])
-    def cuStreamBeginCapture(self, stream, mode): self.capturing = []; return 0
+    def cuStreamBeginCapture(self, stream, mode): self.capturing = []
     def cuStreamEndCapture(self, stream, p):
         gid = 500 + len(self.graphs)
         self.graphs[gid] = self.capturing
         self.capturing = None
-        self._set(p, gid)
-        return 0
-    def cuGraphInstantiateWithFlags(self, p, graph, flags): self._set(p, graph.value); return 0
+        p[0] = gid
+    def cuGraphInstantiateWithFlags(self, p, graph, flags): p[0] = graph
     def cuGraphLaunch(self, exe, stream):
         self.graph_launches += 1
-        for call in self.graphs[exe.value]:
+        for call in self.graphs[exe]:
             self._run(call)
-        return 0
-    def cuGraphDestroy(self, g): return 0
-    def cuGraphExecDestroy(self, g): return 0
-    def cuStreamSynchronize(self, s): return 0
-    def cuStreamQuery(self, s): return 0
-    def cuEventCreate(self, p, flags): self._set(p, 7); return 0
-    def cuEventRecord(self, ev, s): return 0
-    def cuEventSynchronize(self, ev): return 0
-    def cuEventElapsedTime(self, p, a, b): self._set(p, 0.5); return 0
-    def cuEventDestroy(self, ev): return 0
-    def cuGetErrorName(self, err, p): self._set(p, b"CUDA_ERROR_FAKE"); return 0
+    def cuGraphDestroy(self, g): pass
+    def cuGraphExecDestroy(self, g): pass
+    def cuStreamSynchronize(self, s): pass
+    def cuStreamQuery(self, s): pass
+    def cuEventCreate(self, p, flags): p[0] = 77
+    def cuEventRecord(self, ev, s): pass
+    def cuEventSynchronize(self, ev): pass
+    def cuEventElapsedTime(self, p, a, b): p[0] = 0.5
+    def cuEventDestroy(self, ev): pass
+    def cuGetErrorName(self, err, p):
+        name = ctypes.c_char_p(b"CUDA_ERROR_FAKE")
+        self.keep.append(name)
+        p[0] = name.value
 
 
 def _axpb_program() -> GpuProgram:
@@ -188,11 +202,12 @@ def _kernels(seen: list) -> dict:
 @pytest.fixture
 def fake(monkeypatch):
     seen: list = []
-    drv = FakeDriver(_kernels(seen))
-    monkeypatch.setattr(cuda, "_DRIVER", drv)
+    fake = FakeDriver(_kernels(seen))
+    monkeypatch.setattr(cuda, "_DRIVER", cuda._Driver(lib=fake.lib))
     monkeypatch.setattr(cuda, "_DEVICES", {})
-    drv.seen = seen
-    return drv
+    fake.seen = seen
+    yield fake
+    assert not fake.errors, fake.errors
 
 
 def test_graph_executor_runs_the_plan(fake):

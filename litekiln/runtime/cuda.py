@@ -66,52 +66,58 @@ class CudaUnsupported(RuntimeError):
     the OpenCL path."""
 
 
+def _signatures() -> dict[str, tuple[str, list[Any]]]:
+    """Entry point -> (symbol in libcuda.so.1, ctypes argument types); all return CUresult."""
+    vp, u32, i32, sz, u64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint64
+    pvp, pi32 = ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int)
+    return {
+        "cuInit": ("cuInit", [u32]),
+        "cuDeviceGetCount": ("cuDeviceGetCount", [pi32]),
+        "cuDeviceGet": ("cuDeviceGet", [pi32, i32]),
+        "cuDeviceGetAttribute": ("cuDeviceGetAttribute", [pi32, i32, i32]),
+        "cuDeviceGetName": ("cuDeviceGetName", [vp, i32, i32]),
+        "cuDevicePrimaryCtxRetain": ("cuDevicePrimaryCtxRetain", [pvp, i32]),
+        "cuCtxSetCurrent": ("cuCtxSetCurrent", [vp]),
+        "cuStreamCreate": ("cuStreamCreate", [pvp, u32]),
+        "cuModuleLoadData": ("cuModuleLoadData", [pvp, ctypes.c_char_p]),
+        "cuModuleUnload": ("cuModuleUnload", [vp]),
+        "cuModuleGetFunction": ("cuModuleGetFunction", [pvp, vp, ctypes.c_char_p]),
+        "cuMemAlloc": ("cuMemAlloc_v2", [ctypes.POINTER(u64), sz]),
+        "cuMemFree": ("cuMemFree_v2", [u64]),
+        "cuMemHostAlloc": ("cuMemHostAlloc", [pvp, sz, u32]),
+        "cuMemFreeHost": ("cuMemFreeHost", [vp]),
+        "cuMemcpyHtoD": ("cuMemcpyHtoD_v2", [u64, vp, sz]),
+        "cuMemcpyHtoDAsync": ("cuMemcpyHtoDAsync_v2", [u64, vp, sz, vp]),
+        "cuMemcpyDtoHAsync": ("cuMemcpyDtoHAsync_v2", [vp, u64, sz, vp]),
+        "cuLaunchKernel": ("cuLaunchKernel", [vp, u32, u32, u32, u32, u32, u32, u32, vp, vp, vp]),
+        "cuStreamBeginCapture": ("cuStreamBeginCapture_v2", [vp, i32]),
+        "cuStreamEndCapture": ("cuStreamEndCapture", [vp, pvp]),
+        "cuGraphInstantiateWithFlags": ("cuGraphInstantiateWithFlags", [pvp, vp, u64]),
+        "cuGraphLaunch": ("cuGraphLaunch", [vp, vp]),
+        "cuGraphDestroy": ("cuGraphDestroy", [vp]),
+        "cuGraphExecDestroy": ("cuGraphExecDestroy", [vp]),
+        "cuStreamSynchronize": ("cuStreamSynchronize", [vp]),
+        "cuStreamQuery": ("cuStreamQuery", [vp]),
+        "cuEventCreate": ("cuEventCreate", [pvp, u32]),
+        "cuEventRecord": ("cuEventRecord", [vp, vp]),
+        "cuEventSynchronize": ("cuEventSynchronize", [vp]),
+        "cuEventElapsedTime": ("cuEventElapsedTime", [ctypes.POINTER(ctypes.c_float), vp, vp]),
+        "cuEventDestroy": ("cuEventDestroy_v2", [vp]),
+        "cuGetErrorName": ("cuGetErrorName", [i32, ctypes.POINTER(ctypes.c_char_p)]),
+    }
+
+
 class _Driver:
     """The few CUDA driver API entry points the executor needs, loaded once per process."""
 
-    def __init__(self) -> None:
-        try:
-            lib = ctypes.CDLL("libcuda.so.1")
-        except OSError as exc:
-            raise CudaUnsupported(f"no CUDA driver library (libcuda.so.1: {exc})") from None
-        vp, u32, i32, sz = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_size_t
-        pvp = ctypes.POINTER(ctypes.c_void_p)
-        sigs: dict[str, tuple[str, list[Any]]] = {
-            "cuInit": ("cuInit", [u32]),
-            "cuDeviceGetCount": ("cuDeviceGetCount", [ctypes.POINTER(i32)]),
-            "cuDeviceGet": ("cuDeviceGet", [ctypes.POINTER(i32), i32]),
-            "cuDeviceGetAttribute": ("cuDeviceGetAttribute", [ctypes.POINTER(i32), i32, i32]),
-            "cuDeviceGetName": ("cuDeviceGetName", [ctypes.c_char_p, i32, i32]),
-            "cuDevicePrimaryCtxRetain": ("cuDevicePrimaryCtxRetain", [pvp, i32]),
-            "cuCtxSetCurrent": ("cuCtxSetCurrent", [vp]),
-            "cuStreamCreate": ("cuStreamCreate", [pvp, u32]),
-            "cuModuleLoadData": ("cuModuleLoadData", [pvp, ctypes.c_char_p]),
-            "cuModuleUnload": ("cuModuleUnload", [vp]),
-            "cuModuleGetFunction": ("cuModuleGetFunction", [pvp, vp, ctypes.c_char_p]),
-            "cuMemAlloc": ("cuMemAlloc_v2", [ctypes.POINTER(ctypes.c_uint64), sz]),
-            "cuMemFree": ("cuMemFree_v2", [ctypes.c_uint64]),
-            "cuMemHostAlloc": ("cuMemHostAlloc", [pvp, sz, u32]),
-            "cuMemFreeHost": ("cuMemFreeHost", [vp]),
-            "cuMemcpyHtoD": ("cuMemcpyHtoD_v2", [ctypes.c_uint64, vp, sz]),
-            "cuMemcpyHtoDAsync": ("cuMemcpyHtoDAsync_v2", [ctypes.c_uint64, vp, sz, vp]),
-            "cuMemcpyDtoHAsync": ("cuMemcpyDtoHAsync_v2", [vp, ctypes.c_uint64, sz, vp]),
-            "cuLaunchKernel": ("cuLaunchKernel", [vp, u32, u32, u32, u32, u32, u32, u32, vp, vp, vp]),
-            "cuStreamBeginCapture": ("cuStreamBeginCapture_v2", [vp, i32]),
-            "cuStreamEndCapture": ("cuStreamEndCapture", [vp, pvp]),
-            "cuGraphInstantiateWithFlags": ("cuGraphInstantiateWithFlags", [pvp, vp, ctypes.c_uint64]),
-            "cuGraphLaunch": ("cuGraphLaunch", [vp, vp]),
-            "cuGraphDestroy": ("cuGraphDestroy", [vp]),
-            "cuGraphExecDestroy": ("cuGraphExecDestroy", [vp]),
-            "cuStreamSynchronize": ("cuStreamSynchronize", [vp]),
-            "cuStreamQuery": ("cuStreamQuery", [vp]),
-            "cuEventCreate": ("cuEventCreate", [pvp, u32]),
-            "cuEventRecord": ("cuEventRecord", [vp, vp]),
-            "cuEventSynchronize": ("cuEventSynchronize", [vp]),
-            "cuEventElapsedTime": ("cuEventElapsedTime", [ctypes.POINTER(ctypes.c_float), vp, vp]),
-            "cuEventDestroy": ("cuEventDestroy_v2", [vp]),
-            "cuGetErrorName": ("cuGetErrorName", [i32, ctypes.POINTER(ctypes.c_char_p)]),
-        }
-        for attr, (symbol, argtypes) in sigs.items():
+    def __init__(self, lib: Any = None) -> None:
+        """Args: lib: the loaded library (default: libcuda.so.1; tests pass a stand-in)."""
+        if lib is None:
+            try:
+                lib = ctypes.CDLL("libcuda.so.1")
+            except OSError as exc:
+                raise CudaUnsupported(f"no CUDA driver library (libcuda.so.1: {exc})") from None
+        for attr, (symbol, argtypes) in _signatures().items():
             try:
                 fn = getattr(lib, symbol)
             except AttributeError:
