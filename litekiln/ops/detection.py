@@ -38,11 +38,18 @@ def decode_boxes(enc: np.ndarray, anchors: np.ndarray, scales: tuple[float, ...]
     return np.stack([yc - hh, xc - hw, yc + hh, xc + hw], axis=1).astype(np.float32)
 
 
-def _iou(boxes: np.ndarray, i: int, js: np.ndarray) -> np.ndarray:
-    """ComputeIntersectionOverUnion(i, j) for many j, in float32; 0 if either area <= 0."""
+def _areas(boxes: np.ndarray) -> np.ndarray:
+    """Box areas in float32, as ComputeIntersectionOverUnion computes them."""
+    return (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+
+
+def _iou(boxes: np.ndarray, areas: np.ndarray, i: int, js: np.ndarray) -> np.ndarray:
+    """ComputeIntersectionOverUnion(i, j) for many j, in float32; 0 if either area <= 0.
+
+    ``boxes``/``areas`` are the candidates (rows), ``i`` and ``js`` row indices.
+    """
     bi, bj = boxes[i], boxes[js]
-    area_i = (bi[2] - bi[0]) * (bi[3] - bi[1])
-    area_j = (bj[:, 2] - bj[:, 0]) * (bj[:, 3] - bj[:, 1])
+    area_i, area_j = areas[i], areas[js]
     ih = np.maximum(np.minimum(bi[2], bj[:, 2]) - np.maximum(bi[0], bj[:, 0]), np.float32(0))
     iw = np.maximum(np.minimum(bi[3], bj[:, 3]) - np.maximum(bi[1], bj[:, 1]), np.float32(0))
     inter = ih * iw
@@ -58,18 +65,18 @@ def nms_single_class(
     keep = np.nonzero(scores >= np.float32(score_th))[0]
     order = keep[np.argsort(-scores[keep], kind="stable")]
     output_size = min(len(order), max_detections)
-    active = np.ones(len(order), bool)
+    # The candidates in rank order, gathered once; `alive` holds the rows not yet selected or
+    # suppressed, in rank order, and shrinks as boxes are suppressed.
+    cand = np.ascontiguousarray(boxes[order], dtype=np.float32)
+    areas = _areas(cand)
+    iou_th32 = np.float32(iou_th)
+    alive = np.arange(len(order))
     selected: list[int] = []
-    for i in range(len(order)):
-        if not active.any() or len(selected) >= output_size:
-            break
-        if not active[i]:
-            continue
+    while alive.size and len(selected) < output_size:
+        i, alive = alive[0], alive[1:]
         selected.append(int(order[i]))
-        active[i] = False
-        rest = np.nonzero(active[i + 1 :])[0] + i + 1
-        if rest.size:
-            active[rest[_iou(boxes, int(order[i]), order[rest]) > np.float32(iou_th)]] = False
+        if alive.size:
+            alive = alive[~(_iou(cand, areas, i, alive) > iou_th32)]
     return selected
 
 

@@ -22,20 +22,32 @@ from litekiln.ops.base import OpContext, OpDef, register, required
 _F = np.float32
 
 
+_FLEX_CACHE: dict[bytes, dict[str, Any]] = {}
+
+
 def flex_options(ctx: OpContext) -> dict[str, Any]:
-    """The op's custom options decoded as a flexbuffer map (empty if absent)."""
+    """The op's custom options decoded as a flexbuffer map (empty if absent).
+
+    Decoded once per distinct options blob (the pure-Python flexbuffer decoder took 0.3 ms
+    per call for TFLite_Detection_PostProcess, a third of the op's time): a copy is returned.
+    """
     raw = ctx.op.custom_options
     if not raw:
         return {}
-    from flatbuffers import flexbuffers
+    key = bytes(raw)
+    value = _FLEX_CACHE.get(key)
+    if value is None:
+        from flatbuffers import flexbuffers
 
-    try:
-        value = flexbuffers.Loads(bytes(raw))
-    except Exception as exc:  # the flexbuffer decoder raises assorted errors on bad bytes
-        raise ctx.fail(f"custom options are not a valid flexbuffer: {exc}") from None
-    if not isinstance(value, dict):
-        raise ctx.fail(f"custom options decode to {type(value).__name__}, expected a map")
-    return value
+        try:
+            value = flexbuffers.Loads(key)
+        except Exception as exc:  # the flexbuffer decoder raises assorted errors on bad bytes
+            raise ctx.fail(f"custom options are not a valid flexbuffer: {exc}") from None
+        if not isinstance(value, dict):
+            raise ctx.fail(f"custom options decode to {type(value).__name__}, expected a map")
+        if len(_FLEX_CACHE) < 1024:
+            _FLEX_CACHE[key] = value
+    return dict(value)
 
 
 def _matrix(ctx: OpContext, m: np.ndarray) -> np.ndarray:
