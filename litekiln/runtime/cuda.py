@@ -499,6 +499,7 @@ class CudaGraphExecutor:
 
     def finish(self) -> None:
         """Wait until the last `run` is done."""
+        self.device.make_current()
         self._drv.check("cuStreamSynchronize", self._drv.cuStreamSynchronize(self.device.stream))  # type: ignore[attr-defined]
         self._pending = False
 
