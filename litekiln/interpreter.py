@@ -260,7 +260,8 @@ class Interpreter:
             self.set_tensor(t, v)
         self.invoke()
         if intermediates:
-            return dict(self._values)
+            # Copies: the GPU session reuses its output buffers on the next inference.
+            return {t: np.array(v, copy=True) for t, v in self._values.items()}
         return [self.get_tensor(t) for t in self._graph.outputs]
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:

@@ -97,3 +97,25 @@ def test_split_model_runs_cpu_ops_between_partitions(smoke_path: Path) -> None:
     ref = litekiln.Interpreter(model_path=smoke_path, device="reference")
     x = a.random_inputs(1)
     np.testing.assert_allclose(a.run(x)[0], ref.run(x)[0], rtol=0, atol=1e-4)
+
+
+def test_outputs_are_read_into_the_same_host_arrays(smoke_path: Path, tmp_path: Path) -> None:
+    """No per-inference allocation for partition outputs: the session reads each into one host
+    array; results handed to the user (get_tensor, run, run(intermediates=True)) are copies
+    that the next inference does not overwrite."""
+    interp = litekiln.Interpreter(model_path=smoke_path, cache_dir=tmp_path / "cache")
+    ref = litekiln.Interpreter(model_path=smoke_path, device="reference")
+    interp.allocate_tensors()
+    sess = interp._backend  # noqa: SLF001 - the test looks at the session's buffers
+    x1, x2 = interp.random_inputs(1), interp.random_inputs(2)
+    y1 = interp.run(x1)[0]
+    inter1 = interp.run(x1, intermediates=True)
+    out_id = interp.get_output_details()[0]["index"]
+    held = sess.run(dict(zip(interp.model.main.inputs, x1)))[out_id]
+    y2 = interp.run(x2)[0]
+    again = sess.run(dict(zip(interp.model.main.inputs, x2)))[out_id]
+    assert again is held, "the session allocated a new output array"
+    np.testing.assert_allclose(y1, ref.run(x1)[0], rtol=0, atol=1e-4)
+    np.testing.assert_allclose(y2, ref.run(x2)[0], rtol=0, atol=1e-4)
+    np.testing.assert_array_equal(inter1[out_id], y1)  # not overwritten by the later runs
+    assert not np.array_equal(y1, y2)

@@ -250,6 +250,12 @@ class Session:
                 store.save_binary(bkey, ex.binary, identity,
                                   tuning=ex.choices if prog.variants and tune else None)
             self.executors.append(self._graph_path(ex, consts, part.index))
+        # Each partition output is read into the same host array on every inference (no
+        # per-inference allocation); values returned by `run` are valid until the next run.
+        self._outputs = [
+            [np.empty(ex.output_spec(i).shape, ex.output_spec(i).dtype) for i in range(ex.num_outputs)]
+            for ex in self.executors
+        ]
         self.load_seconds = time.perf_counter() - t0
 
     def _graph_path(self, ex: Any, consts: Mapping[str, np.ndarray], index: int) -> Any:
@@ -263,13 +269,16 @@ class Session:
         from litekiln import config
 
         mode = config.CUDA_GRAPH.get()
-        if mode == "off" or not ex.program.launches or not ex.binary:
+        if mode == "off" or not ex.program.launches:
             return ex
         from litekiln.runtime.cuda import CudaGraphExecutor, CudaUnsupported, cuda_device_for
 
         try:
-            cu = CudaGraphExecutor(ex.program, consts, ex.binary, cuda_device_for(self.handle.device),
-                                   choices=ex.choices)
+            device = cuda_device_for(self.handle.device)  # first: refuses non-NVIDIA at once
+            binary = ex.binary  # (copied out of the driver when it was built from source)
+            if not binary:
+                raise CudaUnsupported("the OpenCL driver reports no program binary")
+            cu = CudaGraphExecutor(ex.program, consts, binary, device, choices=ex.choices)
             mismatch = _compare_paths(ex, cu)
             if mismatch:
                 raise CudaUnsupported(f"one inference differs from the OpenCL path: {mismatch}")
@@ -291,7 +300,8 @@ class Session:
 
         Returns:
             tensor index -> value for the graph outputs and every tensor crossing a
-            partition boundary.
+            partition boundary. GPU outputs live in host arrays that the next `run`
+            overwrites: copy what must outlive it.
         """
         from litekiln.reference import run_ops
 
@@ -312,7 +322,7 @@ class Session:
                 ex.set_input(i, np.require(x, ex.input_spec(i).dtype, "C"), blocking=False)
             ex.run()
             for i, t in enumerate(part.outputs):
-                y = ex.get_output(i)
+                y = ex.get_output(i, out=self._outputs[idx][i])
                 tensor = g.tensors[t]
                 if is_quantized(tensor):
                     y = quantize(y.astype(np.float32), tensor)

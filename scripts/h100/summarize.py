@@ -58,14 +58,18 @@ def main() -> None:
                 into[r["model"]] = r
 
     print("### Latency, fp32 (ms, median)\n")
-    print("| model | litekiln | LiteRT CPU | LiteRT GPU | x CPU | x GPU | launches | kernel time | rel err |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| model | litekiln | LiteRT CPU | LiteRT GPU | x CPU | x GPU | launches | launch path | "
+          "host us/launch | kernel time | graph device time | rel err |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    paths = {"PartitionExecutor": "OpenCL", "CudaGraphExecutor": "CUDA graph"}
     for m in lat.values():
         lo, pr = m.get("launch_overhead") or {}, m.get("profile") or {}
+        path = " + ".join(paths.get(p, p) for p in lo.get("launch_path", ["PartitionExecutor"]))
         print(f"| {m['model']} | {_f(m['litekiln_ms'])} | {_f(m['litert_cpu_ms'])} | "
               f"{_f(m.get('litert_gpu_ms'))} | {_f(m['speedup_vs_litert_cpu'], '.2f')} | "
-              f"{_f(m.get('speedup_vs_litert_gpu'), '.2f')} | {lo.get('launches', '')} | "
-              f"{_f(pr.get('kernel_sum_ms'))} | {_f(m.get('max_rel_err_vs_litert_cpu'), '.1e')} |")
+              f"{_f(m.get('speedup_vs_litert_gpu'), '.2f')} | {lo.get('launches', '')} | {path} | "
+              f"{_f(lo.get('enqueue_us_per_launch'), '.2f')} | {_f(pr.get('kernel_sum_ms'))} | "
+              f"{_f(m.get('graph_device_ms'))} | {_f(m.get('max_rel_err_vs_litert_cpu'), '.1e')} |")
     g_cpu = _geomean([m["speedup_vs_litert_cpu"] for m in lat.values()])
     g_gpu = _geomean([m.get("speedup_vs_litert_gpu") or 0 for m in lat.values()])
     wins = sum(1 for m in lat.values() if (m.get("speedup_vs_litert_gpu") or 0) >= 1)
