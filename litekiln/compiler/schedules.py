@@ -585,7 +585,11 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
       (more work-items);
     * dlight's Matmul with its CUDA configuration (8x16 threads, 4x4 micro tiles, 16-deep K
       steps, 2-wide vectors) and with small tiles (16x16 threads, 2x2 micro tiles: 4x more
-      groups).
+      groups);
+    * dlight's Matmul with 16x16 output tiles, as 8x8 threads of 2x2 or 16x16 threads of one
+      output each: for the late 14x14 and 7x7 layers (MobileNet's 7x7x1024 1x1 convolutions
+      make 32 groups of the CUDA configuration's 32x64 tiles for 132 SMs; 256 groups here).
+      Chosen only where the device times them faster (the H100 had only the others so far).
 
     The ``cpu`` profile has none (PoCL is for correctness).
     """
@@ -600,4 +604,8 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
                              storage_align=True)),
         ConfiguredMatmul(cfg(block_size_x=16, block_size_y=16, micro_size_x=2, micro_size_y=2,
                              micro_size_k=8, vector_size=1, unroll=64, use_shared=True)),
+        ConfiguredMatmul(cfg(block_size_x=8, block_size_y=8, micro_size_x=2, micro_size_y=2,
+                             micro_size_k=16, vector_size=1, unroll=64, use_shared=True)),
+        ConfiguredMatmul(cfg(block_size_x=16, block_size_y=16, micro_size_x=1, micro_size_y=1,
+                             micro_size_k=16, vector_size=1, unroll=64, use_shared=True)),
     ]
