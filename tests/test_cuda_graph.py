@@ -19,7 +19,14 @@ import numpy as np
 import pytest
 
 from litekiln.runtime import cuda
-from litekiln.runtime.program import BufferArg, GpuProgram, Launch, ScalarArg, StorageSpec, TensorSpec
+from litekiln.runtime.program import (
+    BufferArg,
+    GpuProgram,
+    Launch,
+    ScalarArg,
+    StorageSpec,
+    TensorSpec,
+)
 
 _FMT = {"u64": "<Q", "u32": "<I", "s32": "<i", "f32": "<f", "u16": "<H"}
 
@@ -56,6 +63,7 @@ class FakeDriver:
             except BaseException as exc:  # noqa: BLE001 - a callback cannot raise into ctypes
                 self.errors.append(exc)
                 return 999
+
         return call
 
     def _alloc(self, p, size: int) -> None:
@@ -64,46 +72,86 @@ class FakeDriver:
         p[0] = ctypes.addressof(buf)
 
     # entry points, at the C level
-    def cuInit(self, flags): pass
-    def cuDeviceGetCount(self, p): p[0] = 1
-    def cuDeviceGet(self, p, o): p[0] = o
-    def cuDeviceGetAttribute(self, p, attr, dev): p[0] = 0
-    def cuDeviceGetName(self, buf, n, dev): ctypes.memmove(buf, b"Fake GPU\0", 9)
-    def cuDevicePrimaryCtxRetain(self, p, dev): p[0] = 11
-    def cuCtxSetCurrent(self, ctx): assert ctx == 11
-    def cuStreamCreate(self, p, flags): p[0] = 12
-    def cuModuleLoadData(self, p, data): self.ptx = data.decode(); p[0] = 13
-    def cuModuleUnload(self, m): pass
+    def cuInit(self, flags):
+        pass
+
+    def cuDeviceGetCount(self, p):
+        p[0] = 1
+
+    def cuDeviceGet(self, p, o):
+        p[0] = o
+
+    def cuDeviceGetAttribute(self, p, attr, dev):
+        p[0] = 0
+
+    def cuDeviceGetName(self, buf, n, dev):
+        ctypes.memmove(buf, b"Fake GPU\0", 9)
+
+    def cuDevicePrimaryCtxRetain(self, p, dev):
+        p[0] = 11
+
+    def cuCtxSetCurrent(self, ctx):
+        assert ctx == 11
+
+    def cuStreamCreate(self, p, flags):
+        p[0] = 12
+
+    def cuModuleLoadData(self, p, data):
+        self.ptx = data.decode()
+        p[0] = 13
+
+    def cuModuleUnload(self, m):
+        pass
+
     def cuModuleGetFunction(self, p, mod, name):
         assert mod == 13
         fid = 100 + len(self.functions)
         self.functions[fid] = name.decode()
         p[0] = fid
-    def cuMemAlloc(self, p, size): self._alloc(p, size)
-    def cuMemFree(self, ptr): pass
-    def cuMemHostAlloc(self, p, size, flags): self._alloc(p, size)
-    def cuMemFreeHost(self, ptr): pass
-    def cuMemcpyHtoD(self, dst, src, n): ctypes.memmove(dst, src, n)
+
+    def cuMemAlloc(self, p, size):
+        self._alloc(p, size)
+
+    def cuMemFree(self, ptr):
+        pass
+
+    def cuMemHostAlloc(self, p, size, flags):
+        self._alloc(p, size)
+
+    def cuMemFreeHost(self, ptr):
+        pass
+
+    def cuMemcpyHtoD(self, dst, src, n):
+        ctypes.memmove(dst, src, n)
+
     def _copy(self, dst, src, n, stream):
         assert stream == 12
         if self.capturing is not None:
             self.capturing.append(("copy", dst, src, n))
         else:
             ctypes.memmove(dst, src, n)
-    def cuMemcpyHtoDAsync(self, dst, src, n, stream): self._copy(dst, src, n, stream)
-    def cuMemcpyDtoHAsync(self, dst, src, n, stream): self._copy(dst, src, n, stream)
+
+    def cuMemcpyHtoDAsync(self, dst, src, n, stream):
+        self._copy(dst, src, n, stream)
+
+    def cuMemcpyDtoHAsync(self, dst, src, n, stream):
+        self._copy(dst, src, n, stream)
+
     def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shm, stream, params, extra):
         assert stream == 12 and extra is None and shm == 0
         name = self.functions[fn]
         ptypes = cuda.ptx_entries(self.ptx)[name]
         addrs = (ctypes.c_void_p * len(ptypes)).from_address(params)
-        values = [struct.unpack(_FMT[t], ctypes.string_at(addrs[i], struct.calcsize(_FMT[t])))[0]
-                  for i, t in enumerate(ptypes)]
+        values = [
+            struct.unpack(_FMT[t], ctypes.string_at(addrs[i], struct.calcsize(_FMT[t])))[0]
+            for i, t in enumerate(ptypes)
+        ]
         call = ("kernel", name, (gx, gy, gz), (bx, by, bz), values)
         if self.capturing is not None:
             self.capturing.append(call)
         else:
             self._run(call)
+
     def _run(self, call) -> None:
         if call[0] == "copy":
             ctypes.memmove(call[1], call[2], call[3])
@@ -111,26 +159,51 @@ class FakeDriver:
         self.launched.append(call)
         if call[1] in self.kernels:
             self.kernels[call[1]](*call[2:])
-    def cuStreamBeginCapture(self, stream, mode): self.capturing = []
+
+    def cuStreamBeginCapture(self, stream, mode):
+        self.capturing = []
+
     def cuStreamEndCapture(self, stream, p):
         gid = 500 + len(self.graphs)
         self.graphs[gid] = self.capturing
         self.capturing = None
         p[0] = gid
-    def cuGraphInstantiateWithFlags(self, p, graph, flags): p[0] = graph
+
+    def cuGraphInstantiateWithFlags(self, p, graph, flags):
+        p[0] = graph
+
     def cuGraphLaunch(self, exe, stream):
         self.graph_launches += 1
         for call in self.graphs[exe]:
             self._run(call)
-    def cuGraphDestroy(self, g): pass
-    def cuGraphExecDestroy(self, g): pass
-    def cuStreamSynchronize(self, s): pass
-    def cuStreamQuery(self, s): pass
-    def cuEventCreate(self, p, flags): p[0] = 77
-    def cuEventRecord(self, ev, s): pass
-    def cuEventSynchronize(self, ev): pass
-    def cuEventElapsedTime(self, p, a, b): p[0] = 0.5
-    def cuEventDestroy(self, ev): pass
+
+    def cuGraphDestroy(self, g):
+        pass
+
+    def cuGraphExecDestroy(self, g):
+        pass
+
+    def cuStreamSynchronize(self, s):
+        pass
+
+    def cuStreamQuery(self, s):
+        pass
+
+    def cuEventCreate(self, p, flags):
+        p[0] = 77
+
+    def cuEventRecord(self, ev, s):
+        pass
+
+    def cuEventSynchronize(self, ev):
+        pass
+
+    def cuEventElapsedTime(self, p, a, b):
+        p[0] = 0.5
+
+    def cuEventDestroy(self, ev):
+        pass
+
     def cuGetErrorName(self, err, p):
         name = ctypes.c_char_p(b"CUDA_ERROR_FAKE")
         self.keep.append(name)
@@ -145,18 +218,36 @@ def _axpb_program() -> GpuProgram:
         source="(not used by the fake driver)",
         build_options="",
         kernels=["axpb", "plus_one"],
-        storages=[StorageSpec(0, 4 * n, "input"), StorageSpec(1, 4 * n, "constant"),
-                  StorageSpec(2, 4 * n + 512, "workspace"), StorageSpec(3, 4 * n, "workspace")],
-        tensors=[TensorSpec(0, 0, 0, (10, 100), "float32", "x"),
-                 TensorSpec(1, 1, 0, (10, 100), "float32", "b"),
-                 TensorSpec(2, 2, 512, (10, 100), "float32", "y"),
-                 TensorSpec(3, 3, 0, (10, 100), "float32", "z")],
+        storages=[
+            StorageSpec(0, 4 * n, "input"),
+            StorageSpec(1, 4 * n, "constant"),
+            StorageSpec(2, 4 * n + 512, "workspace"),
+            StorageSpec(3, 4 * n, "workspace"),
+        ],
+        tensors=[
+            TensorSpec(0, 0, 0, (10, 100), "float32", "x"),
+            TensorSpec(1, 1, 0, (10, 100), "float32", "b"),
+            TensorSpec(2, 2, 512, (10, 100), "float32", "y"),
+            TensorSpec(3, 3, 0, (10, 100), "float32", "z"),
+        ],
         constants={1: "b"},
         inputs=[0],
         outputs=[3],
-        launches=[Launch("axpb", (BufferArg(0), BufferArg(1), BufferArg(2), ScalarArg(2.5, "float"),
-                                  ScalarArg(n, "int")), (1024,), (256,)),
-                  Launch("plus_one", (BufferArg(2), BufferArg(3)), (500, 2), (100, 2))],
+        launches=[
+            Launch(
+                "axpb",
+                (
+                    BufferArg(0),
+                    BufferArg(1),
+                    BufferArg(2),
+                    ScalarArg(2.5, "float"),
+                    ScalarArg(n, "int"),
+                ),
+                (1024,),
+                (256,),
+            ),
+            Launch("plus_one", (BufferArg(2), BufferArg(3)), (500, 2), (100, 2)),
+        ],
     )
 
 
@@ -245,12 +336,21 @@ def test_ptx_checks_refuse_what_cuda_would_run_differently():
     with pytest.raises(cuda.CudaUnsupported, match="not PTX"):
         cuda.check_ptx("\x7fELF...", prog, launches)
     with pytest.raises(cuda.CudaUnsupported, match="envreg"):
-        cuda.check_ptx(_PTX.replace("{ ret; }", "{ mov.u32 %r1, %envreg3; ret; }", 1), prog, launches)
+        cuda.check_ptx(
+            _PTX.replace("{ ret; }", "{ mov.u32 %r1, %envreg3; ret; }", 1), prog, launches
+        )
     with pytest.raises(cuda.CudaUnsupported, match="2 PTX parameters for 5"):
-        cuda.check_ptx(_PTX.replace(".entry axpb(", ".entry gone(").replace(".entry plus_one(", ".entry axpb("),
-                       prog, launches)
+        cuda.check_ptx(
+            _PTX.replace(".entry axpb(", ".entry gone(").replace(
+                ".entry plus_one(", ".entry axpb("
+            ),
+            prog,
+            launches,
+        )
     with pytest.raises(cuda.CudaUnsupported, match=r"parameter 4: PTX \.u64 for int"):
-        cuda.check_ptx(_PTX.replace(".param .u32 axpb_param_4", ".param .u64 axpb_param_4"), prog, launches)
+        cuda.check_ptx(
+            _PTX.replace(".param .u32 axpb_param_4", ".param .u64 axpb_param_4"), prog, launches
+        )
     with pytest.raises(cuda.CudaUnsupported, match="plus_one not found"):
         cuda.check_ptx(_PTX.replace(".entry plus_one(", ".entry other("), prog, launches)
 
@@ -270,8 +370,15 @@ class _FakeClDevice:
 def test_only_nvidia_opencl_devices_are_matched(fake):
     with pytest.raises(cuda.CudaUnsupported, match="not an NVIDIA OpenCL device"):
         cuda.cuda_device_for(_FakeClDevice())
-    nv = type("Dev", (), {"platform": type("P", (), {"name": "NVIDIA CUDA"}),
-                          "pci_bus_id_nv": 0, "pci_slot_id_nv": 0})()
+    nv = type(
+        "Dev",
+        (),
+        {
+            "platform": type("P", (), {"name": "NVIDIA CUDA"}),
+            "pci_bus_id_nv": 0,
+            "pci_slot_id_nv": 0,
+        },
+    )()
     assert cuda.cuda_device_for(nv).name == "Fake GPU"
     assert cuda.cuda_device_for(nv) is cuda.cuda_device_for(nv)  # one per device and process
 
@@ -293,14 +400,20 @@ def test_session_compares_paths_and_falls_back(fake, monkeypatch, tmp_path):
         if id(self.program) not in ptx_for:
             lines = [".version 8.0", ".target sm_90", ".address_size 64"]
             for launch in self.program.all_launches():
-                params = [".param .u64 p" if isinstance(a, BufferArg) else
-                          f".param .{ {'float': 'f32', 'int': 'u32'}[a.ctype]} p" for a in launch.args]
+                params = [
+                    ".param .u64 p"
+                    if isinstance(a, BufferArg)
+                    else f".param .{ {'float': 'f32', 'int': 'u32'}[a.ctype] } p"
+                    for a in launch.args
+                ]
                 lines.append(f".entry {launch.kernel}({', '.join(params)})" + " { ret; }")
             ptx_for[id(self.program)] = "\n".join(dict.fromkeys(lines)).encode()
         return ptx_for[id(self.program)]
 
     monkeypatch.setattr(cl_executor.PartitionExecutor, "binary", property(fake_ptx))
-    monkeypatch.setattr(session_mod, "_binary_key", lambda *a: {"kind": "binary", "test": "no-store"})
+    monkeypatch.setattr(
+        session_mod, "_binary_key", lambda *a: {"kind": "binary", "test": "no-store"}
+    )
     monkeypatch.setattr(cuda, "cuda_device_for", lambda dev: cuda.CudaDevice(0))
     model = "tests/data/smoke.tflite"
 
@@ -324,8 +437,10 @@ def test_session_compares_paths_and_falls_back(fake, monkeypatch, tmp_path):
 def test_group_offset_registers_become_zero():
     """NVIDIA's OpenCL PTX reads get_group_id(d) as %envreg<d> + %ctaid.<d> (seen in every
     H100 program); the offsets are 0 for litekiln's launches, other registers are refused."""
-    body = ("mov.b32 \t%r7, %envreg0;\n\tmov.u32 \t%r8, %ctaid.x;\n\tadd.s32 \t%r9, %r7, %r8;\n"
-            "\tmov.b32 \t%r34, %envreg1;\n\tmov.b32 %r40, %envreg2;")
+    body = (
+        "mov.b32 \t%r7, %envreg0;\n\tmov.u32 \t%r8, %ctaid.x;\n\tadd.s32 \t%r9, %r7, %r8;\n"
+        "\tmov.b32 \t%r34, %envreg1;\n\tmov.b32 %r40, %envreg2;"
+    )
     out = cuda.ptx_for_cuda(body)
     assert "%envreg" not in out
     assert "mov.b32 %r7, 0;" in out and "mov.b32 %r34, 0;" in out and "mov.b32 %r40, 0;" in out

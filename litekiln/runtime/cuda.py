@@ -57,8 +57,23 @@ _CTYPES: dict[str, Any] = {
     "float": ctypes.c_float,
     "double": ctypes.c_double,
 }
-_PTX_SIZES = {"u8": 1, "s8": 1, "b8": 1, "u16": 2, "s16": 2, "b16": 2, "f16": 2, "u32": 4,
-              "s32": 4, "b32": 4, "f32": 4, "u64": 8, "s64": 8, "b64": 8, "f64": 8}
+_PTX_SIZES = {
+    "u8": 1,
+    "s8": 1,
+    "b8": 1,
+    "u16": 2,
+    "s16": 2,
+    "b16": 2,
+    "f16": 2,
+    "u32": 4,
+    "s32": 4,
+    "b32": 4,
+    "f32": 4,
+    "u64": 8,
+    "s64": 8,
+    "b64": 8,
+    "f64": 8,
+}
 
 
 class CudaUnsupported(RuntimeError):
@@ -68,7 +83,13 @@ class CudaUnsupported(RuntimeError):
 
 def _signatures() -> dict[str, tuple[str, list[Any]]]:
     """Entry point -> (symbol in libcuda.so.1, ctypes argument types); all return CUresult."""
-    vp, u32, i32, sz, u64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint64
+    vp, u32, i32, sz, u64 = (
+        ctypes.c_void_p,
+        ctypes.c_uint32,
+        ctypes.c_int,
+        ctypes.c_size_t,
+        ctypes.c_uint64,
+    )
     pvp, pi32 = ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int)
     return {
         "cuInit": ("cuInit", [u32]),
@@ -108,7 +129,44 @@ def _signatures() -> dict[str, tuple[str, list[Any]]]:
 
 
 class _Driver:
-    """The few CUDA driver API entry points the executor needs, loaded once per process."""
+    """The few CUDA driver API entry points the executor needs, loaded once per process.
+
+    Each attribute is the library's function with the argument types of `_signatures`.
+    """
+
+    cuInit: Any
+    cuDeviceGetCount: Any
+    cuDeviceGet: Any
+    cuDeviceGetAttribute: Any
+    cuDeviceGetName: Any
+    cuDevicePrimaryCtxRetain: Any
+    cuCtxSetCurrent: Any
+    cuStreamCreate: Any
+    cuModuleLoadData: Any
+    cuModuleUnload: Any
+    cuModuleGetFunction: Any
+    cuMemAlloc: Any
+    cuMemFree: Any
+    cuMemHostAlloc: Any
+    cuMemFreeHost: Any
+    cuMemcpyHtoD: Any
+    cuMemcpyHtoDAsync: Any
+    cuMemcpyDtoHAsync: Any
+    cuLaunchKernel: Any
+    cuStreamBeginCapture: Any
+    cuStreamEndCapture: Any
+    cuGraphInstantiateWithFlags: Any
+    cuGraphLaunch: Any
+    cuGraphDestroy: Any
+    cuGraphExecDestroy: Any
+    cuStreamSynchronize: Any
+    cuStreamQuery: Any
+    cuEventCreate: Any
+    cuEventRecord: Any
+    cuEventSynchronize: Any
+    cuEventElapsedTime: Any
+    cuEventDestroy: Any
+    cuGetErrorName: Any
 
     def __init__(self, lib: Any = None) -> None:
         """Args: lib: the loaded library (default: libcuda.so.1; tests pass a stand-in)."""
@@ -126,12 +184,12 @@ class _Driver:
             fn.restype = ctypes.c_int
             setattr(self, attr, fn)
         self.lib = lib
-        self.check("cuInit", self.cuInit(0))  # type: ignore[attr-defined]
+        self.check("cuInit", self.cuInit(0))
 
     def check(self, what: str, err: int) -> None:
         if err:
             name = ctypes.c_char_p()
-            self.cuGetErrorName(err, ctypes.byref(name))  # type: ignore[attr-defined]
+            self.cuGetErrorName(err, ctypes.byref(name))
             label = name.value.decode() if name.value else f"error {err}"
             raise CudaUnsupported(f"{what} failed: {label}")
 
@@ -166,21 +224,23 @@ class CudaDevice:
     def __init__(self, ordinal: int) -> None:
         drv = driver()
         dev = ctypes.c_int()
-        drv.check("cuDeviceGet", drv.cuDeviceGet(ctypes.byref(dev), ordinal))  # type: ignore[attr-defined]
+        drv.check("cuDeviceGet", drv.cuDeviceGet(ctypes.byref(dev), ordinal))
         self.ordinal = ordinal
         self.context = ctypes.c_void_p()
-        drv.check("cuDevicePrimaryCtxRetain",
-                  drv.cuDevicePrimaryCtxRetain(ctypes.byref(self.context), dev))  # type: ignore[attr-defined]
+        drv.check(
+            "cuDevicePrimaryCtxRetain",
+            drv.cuDevicePrimaryCtxRetain(ctypes.byref(self.context), dev),
+        )
         self.make_current()
         self.stream = ctypes.c_void_p()
-        drv.check("cuStreamCreate", drv.cuStreamCreate(ctypes.byref(self.stream), 1))  # type: ignore[attr-defined]
+        drv.check("cuStreamCreate", drv.cuStreamCreate(ctypes.byref(self.stream), 1))
         name = ctypes.create_string_buffer(256)
-        drv.cuDeviceGetName(name, 256, dev)  # type: ignore[attr-defined]
+        drv.cuDeviceGetName(name, 256, dev)
         self.name = name.value.decode(errors="replace")
 
     def make_current(self) -> None:
         drv = driver()
-        drv.check("cuCtxSetCurrent", drv.cuCtxSetCurrent(self.context))  # type: ignore[attr-defined]
+        drv.check("cuCtxSetCurrent", drv.cuCtxSetCurrent(self.context))
 
 
 _DEVICES: dict[int, CudaDevice] = {}
@@ -206,7 +266,7 @@ def cuda_device_for(cl_device: Any) -> CudaDevice:
         raise CudaUnsupported(f"not an NVIDIA OpenCL device (platform {platform!r})")
     drv = driver()
     count = ctypes.c_int()
-    drv.check("cuDeviceGetCount", drv.cuDeviceGetCount(ctypes.byref(count)))  # type: ignore[attr-defined]
+    drv.check("cuDeviceGetCount", drv.cuDeviceGetCount(ctypes.byref(count)))
     ordinals = list(range(count.value))
     try:
         want = (int(cl_device.pci_bus_id_nv), int(cl_device.pci_slot_id_nv))
@@ -216,17 +276,19 @@ def cuda_device_for(cl_device: Any) -> CudaDevice:
     if want is not None:
         for o in ordinals:
             dev = ctypes.c_int()
-            drv.check("cuDeviceGet", drv.cuDeviceGet(ctypes.byref(dev), o))  # type: ignore[attr-defined]
+            drv.check("cuDeviceGet", drv.cuDeviceGet(ctypes.byref(dev), o))
             bus, slot = ctypes.c_int(), ctypes.c_int()
-            drv.cuDeviceGetAttribute(ctypes.byref(bus), _ATTR_PCI_BUS_ID, dev)  # type: ignore[attr-defined]
-            drv.cuDeviceGetAttribute(ctypes.byref(slot), _ATTR_PCI_DEVICE_ID, dev)  # type: ignore[attr-defined]
+            drv.cuDeviceGetAttribute(ctypes.byref(bus), _ATTR_PCI_BUS_ID, dev)
+            drv.cuDeviceGetAttribute(ctypes.byref(slot), _ATTR_PCI_DEVICE_ID, dev)
             if (bus.value, slot.value) == want:
                 pick = o
                 break
     elif len(ordinals) == 1:
         pick = 0
     if pick is None:
-        raise CudaUnsupported(f"no CUDA device matches the OpenCL device (PCI {want}, {len(ordinals)} CUDA devices)")
+        raise CudaUnsupported(
+            f"no CUDA device matches the OpenCL device (PCI {want}, {len(ordinals)} CUDA devices)"
+        )
     with _LOCK:
         if pick not in _DEVICES:
             _DEVICES[pick] = CudaDevice(pick)
@@ -265,8 +327,10 @@ def check_ptx(ptx: str, program: GpuProgram, launches: list[Launch]) -> None:
     if ".entry" not in ptx or ".target" not in ptx:
         raise CudaUnsupported("the device binary is not PTX")
     if "%envreg" in ptx:
-        raise CudaUnsupported("the PTX reads OpenCL driver environment registers (%envreg) "
-                              "other than the work-group offsets")
+        raise CudaUnsupported(
+            "the PTX reads OpenCL driver environment registers (%envreg) "
+            "other than the work-group offsets"
+        )
     entries = ptx_entries(ptx)
     specs = {t.id: t for t in program.tensors}
     for launch in launches:
@@ -275,17 +339,26 @@ def check_ptx(ptx: str, program: GpuProgram, launches: list[Launch]) -> None:
             raise CudaUnsupported(f"kernel {launch.kernel} not found in the PTX")
         if len(params) != len(launch.args):
             raise CudaUnsupported(
-                f"kernel {launch.kernel}: {len(params)} PTX parameters for {len(launch.args)} arguments"
+                f"kernel {launch.kernel}: {len(params)} PTX parameters "
+                f"for {len(launch.args)} arguments"
             )
         for j, (ptype, arg) in enumerate(zip(params, launch.args)):
             want = 8 if isinstance(arg, BufferArg) else ctypes.sizeof(_CTYPES[arg.ctype])
             if _PTX_SIZES.get(ptype) != want:
-                what = f"buffer {specs[arg.tensor].name or arg.tensor}" if isinstance(arg, BufferArg) else arg.ctype
-                raise CudaUnsupported(f"kernel {launch.kernel} parameter {j}: PTX .{ptype} for {what}")
+                what = (
+                    f"buffer {specs[arg.tensor].name or arg.tensor}"
+                    if isinstance(arg, BufferArg)
+                    else arg.ctype
+                )
+                raise CudaUnsupported(
+                    f"kernel {launch.kernel} parameter {j}: PTX .{ptype} for {what}"
+                )
         if len(launch.local_size) > 3 or len(launch.global_size) != len(launch.local_size):
             raise CudaUnsupported(f"kernel {launch.kernel}: {len(launch.global_size)}-d launch")
-        if any(g % max(1, l) for g, l in zip(launch.global_size, launch.local_size)):
-            raise CudaUnsupported(f"kernel {launch.kernel}: global size not a multiple of the local size")
+        if any(g % max(1, n) for g, n in zip(launch.global_size, launch.local_size)):
+            raise CudaUnsupported(
+                f"kernel {launch.kernel}: global size not a multiple of the local size"
+            )
 
 
 class CudaGraphExecutor:
@@ -328,12 +401,20 @@ class CudaGraphExecutor:
         drv = self._drv = driver()
         device.make_current()
         self._specs: dict[int, TensorSpec] = {t.id: t for t in program.tensors}
-        self._res: dict[str, Any] = {"module": None, "arena": None, "host": None, "graph": None, "exec": None}
+        self._res: dict[str, Any] = {
+            "module": None,
+            "arena": None,
+            "host": None,
+            "graph": None,
+            "exec": None,
+        }
         weakref.finalize(self, _release, drv, device, self._res)
 
         module = ctypes.c_void_p()
-        drv.check("cuModuleLoadData (PTX)",
-                  drv.cuModuleLoadData(ctypes.byref(module), text.encode("latin-1") + b"\0"))  # type: ignore[attr-defined]
+        drv.check(
+            "cuModuleLoadData (PTX)",
+            drv.cuModuleLoadData(ctypes.byref(module), text.encode("latin-1") + b"\0"),
+        )
         self._res["module"] = module
 
         # One arena for every storage.
@@ -343,7 +424,7 @@ class CudaGraphExecutor:
             offsets[s.id] = total
             total += -(-max(s.nbytes, _MIN_BYTES) // _ALIGN) * _ALIGN
         arena = ctypes.c_uint64()
-        drv.check("cuMemAlloc", drv.cuMemAlloc(ctypes.byref(arena), max(total, _ALIGN)))  # type: ignore[attr-defined]
+        drv.check("cuMemAlloc", drv.cuMemAlloc(ctypes.byref(arena), max(total, _ALIGN)))
         self._res["arena"] = arena
         self._ptr = {t.id: arena.value + offsets[t.storage] + t.offset for t in program.tensors}
 
@@ -353,9 +434,13 @@ class CudaGraphExecutor:
             spec = self._specs[tid]
             arr = np.ascontiguousarray(constants[name], dtype=spec.dtype)
             if arr.shape != spec.shape:
-                raise CudaUnsupported(f"constant {name!r}: shape {arr.shape}, program expects {spec.shape}")
+                raise CudaUnsupported(
+                    f"constant {name!r}: shape {arr.shape}, program expects {spec.shape}"
+                )
             if arr.nbytes:
-                drv.check("cuMemcpyHtoD", drv.cuMemcpyHtoD(self._ptr[tid], arr.ctypes.data, arr.nbytes))  # type: ignore[attr-defined]
+                drv.check(
+                    "cuMemcpyHtoD", drv.cuMemcpyHtoD(self._ptr[tid], arr.ctypes.data, arr.nbytes)
+                )
 
         # Pinned host staging: inputs then outputs, each aligned.
         io = [self._specs[t] for t in (*program.inputs, *program.outputs)]
@@ -364,10 +449,11 @@ class CudaGraphExecutor:
             host_off.append(pos)
             pos += -(-max(spec.nbytes, _MIN_BYTES) // _ALIGN) * _ALIGN
         host = ctypes.c_void_p()
-        drv.check("cuMemHostAlloc", drv.cuMemHostAlloc(ctypes.byref(host), max(pos, _ALIGN), 0))  # type: ignore[attr-defined]
+        drv.check("cuMemHostAlloc", drv.cuMemHostAlloc(ctypes.byref(host), max(pos, _ALIGN), 0))
         self._res["host"] = host
-        raw = (ctypes.c_uint8 * max(pos, _ALIGN)).from_address(host.value)
-        whole = np.frombuffer(raw, dtype=np.uint8)
+        if not host.value:
+            raise CudaUnsupported("cuMemHostAlloc returned no memory")
+        whole = np.ctypeslib.as_array((ctypes.c_uint8 * max(pos, _ALIGN)).from_address(host.value))
         self._staging: list[np.ndarray] = []
         for spec, off in zip(io, host_off):
             view = whole[off : off + spec.nbytes].view(spec.dtype).reshape(spec.shape)
@@ -389,8 +475,10 @@ class CudaGraphExecutor:
         fn = self._functions.get(name)
         if fn is None:
             fn = ctypes.c_void_p()
-            self._drv.check(f"cuModuleGetFunction({name})",
-                            self._drv.cuModuleGetFunction(ctypes.byref(fn), self._res["module"], name.encode()))  # type: ignore[attr-defined]
+            self._drv.check(
+                f"cuModuleGetFunction({name})",
+                self._drv.cuModuleGetFunction(ctypes.byref(fn), self._res["module"], name.encode()),
+            )
             self._functions[name] = fn
         return fn
 
@@ -402,36 +490,53 @@ class CudaGraphExecutor:
             elif arg.ctype == "half":
                 values.append(ctypes.c_uint16(int(np.float16(arg.value).view(np.uint16))))
             else:
-                values.append(_CTYPES[arg.ctype](np.array(arg.value, dtype=SCALAR_TYPES[arg.ctype]).item()))
+                values.append(
+                    _CTYPES[arg.ctype](np.array(arg.value, dtype=SCALAR_TYPES[arg.ctype]).item())
+                )
         params = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
         block = [*launch.local_size, 1, 1, 1][:3]
-        grid = [g // max(1, l) for g, l in zip(launch.global_size, launch.local_size)]
+        grid = [g // max(1, n) for g, n in zip(launch.global_size, launch.local_size)]
         grid = [*grid, 1, 1, 1][:3]
         return (self._function(launch.kernel), grid, block, params, values)
 
     def _enqueue_kernels(self) -> None:
         drv, stream = self._drv, self.device.stream
         for fn, grid, block, params, _ in self._calls:
-            drv.check("cuLaunchKernel", drv.cuLaunchKernel(fn, *grid, *block, 0, stream, params, None))  # type: ignore[attr-defined]
+            drv.check(
+                "cuLaunchKernel", drv.cuLaunchKernel(fn, *grid, *block, 0, stream, params, None)
+            )
 
     def _capture(self) -> None:
         drv, stream = self._drv, self.device.stream
-        drv.check("cuStreamBeginCapture", drv.cuStreamBeginCapture(stream, 1))  # type: ignore[attr-defined]
+        drv.check("cuStreamBeginCapture", drv.cuStreamBeginCapture(stream, 1))
         try:
             for tid, stage in zip(self.program.inputs, self._in_stage):
                 if stage.nbytes:
-                    drv.check("cuMemcpyHtoDAsync", drv.cuMemcpyHtoDAsync(self._ptr[tid], stage.ctypes.data, stage.nbytes, stream))  # type: ignore[attr-defined]
+                    drv.check(
+                        "cuMemcpyHtoDAsync",
+                        drv.cuMemcpyHtoDAsync(
+                            self._ptr[tid], stage.ctypes.data, stage.nbytes, stream
+                        ),
+                    )
             self._enqueue_kernels()
             for tid, stage in zip(self.program.outputs, self._out_stage):
                 if stage.nbytes:
-                    drv.check("cuMemcpyDtoHAsync", drv.cuMemcpyDtoHAsync(stage.ctypes.data, self._ptr[tid], stage.nbytes, stream))  # type: ignore[attr-defined]
+                    drv.check(
+                        "cuMemcpyDtoHAsync",
+                        drv.cuMemcpyDtoHAsync(
+                            stage.ctypes.data, self._ptr[tid], stage.nbytes, stream
+                        ),
+                    )
         finally:
             graph = ctypes.c_void_p()
-            err = drv.cuStreamEndCapture(stream, ctypes.byref(graph))  # type: ignore[attr-defined]
+            err = drv.cuStreamEndCapture(stream, ctypes.byref(graph))
         drv.check("cuStreamEndCapture", err)
         self._res["graph"] = graph
         exe = ctypes.c_void_p()
-        drv.check("cuGraphInstantiateWithFlags", drv.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, 0))  # type: ignore[attr-defined]
+        drv.check(
+            "cuGraphInstantiateWithFlags",
+            drv.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, 0),
+        )
         self._res["exec"] = exe
         self._exec = exe
 
@@ -478,7 +583,7 @@ class CudaGraphExecutor:
     def run(self, *, wait: bool = False) -> None:
         """Launch the graph (input copies, kernels, output copies)."""
         self.device.make_current()
-        self._drv.check("cuGraphLaunch", self._drv.cuGraphLaunch(self._exec, self.device.stream))  # type: ignore[attr-defined]
+        self._drv.check("cuGraphLaunch", self._drv.cuGraphLaunch(self._exec, self.device.stream))
         self._pending = True
         if wait:
             self.finish()
@@ -488,7 +593,7 @@ class CudaGraphExecutor:
 
         deadline = time.monotonic() + seconds
         while True:
-            err = self._drv.cuStreamQuery(self.device.stream)  # type: ignore[attr-defined]
+            err = self._drv.cuStreamQuery(self.device.stream)
             if err != _NOT_READY:
                 self._drv.check("graph replay", err)
                 self._pending = False
@@ -500,7 +605,7 @@ class CudaGraphExecutor:
     def finish(self) -> None:
         """Wait until the last `run` is done."""
         self.device.make_current()
-        self._drv.check("cuStreamSynchronize", self._drv.cuStreamSynchronize(self.device.stream))  # type: ignore[attr-defined]
+        self._drv.check("cuStreamSynchronize", self._drv.cuStreamSynchronize(self.device.stream))
         self._pending = False
 
     def get_output(self, i: int, out: np.ndarray | None = None) -> np.ndarray:
@@ -515,8 +620,14 @@ class CudaGraphExecutor:
         if out is None:
             return stage.copy()
         spec = self.output_spec(i)
-        if out.shape != spec.shape or out.dtype != np.dtype(spec.dtype) or not out.flags.c_contiguous:
-            raise ValueError(f"output {i} ({spec.name}): out must be C-contiguous {spec.dtype}{list(spec.shape)}")
+        if (
+            out.shape != spec.shape
+            or out.dtype != np.dtype(spec.dtype)
+            or not out.flags.c_contiguous
+        ):
+            raise ValueError(
+                f"output {i} ({spec.name}): out must be C-contiguous {spec.dtype}{list(spec.shape)}"
+            )
         np.copyto(out, stage)
         return out
 
@@ -532,23 +643,25 @@ class CudaGraphExecutor:
         events = []
         for _ in range(len(self._calls) + 1):
             ev = ctypes.c_void_p()
-            drv.check("cuEventCreate", drv.cuEventCreate(ctypes.byref(ev), 0))  # type: ignore[attr-defined]
+            drv.check("cuEventCreate", drv.cuEventCreate(ctypes.byref(ev), 0))
             events.append(ev)
         try:
-            drv.cuEventRecord(events[0], stream)  # type: ignore[attr-defined]
+            drv.cuEventRecord(events[0], stream)
             for k, (fn, grid, block, params, _) in enumerate(self._calls):
-                drv.check("cuLaunchKernel", drv.cuLaunchKernel(fn, *grid, *block, 0, stream, params, None))  # type: ignore[attr-defined]
-                drv.cuEventRecord(events[k + 1], stream)  # type: ignore[attr-defined]
-            drv.check("cuEventSynchronize", drv.cuEventSynchronize(events[-1]))  # type: ignore[attr-defined]
+                drv.check(
+                    "cuLaunchKernel", drv.cuLaunchKernel(fn, *grid, *block, 0, stream, params, None)
+                )
+                drv.cuEventRecord(events[k + 1], stream)
+            drv.check("cuEventSynchronize", drv.cuEventSynchronize(events[-1]))
             out = []
             ms = ctypes.c_float()
             for a, b in zip(events, events[1:]):
-                drv.cuEventElapsedTime(ctypes.byref(ms), a, b)  # type: ignore[attr-defined]
+                drv.cuEventElapsedTime(ctypes.byref(ms), a, b)
                 out.append(ms.value * 1e-3)
             return out
         finally:
             for ev in events:
-                drv.cuEventDestroy(ev)  # type: ignore[attr-defined]
+                drv.cuEventDestroy(ev)
 
     def graph_time(self, reps: int = 20) -> float:
         """Median device time of one whole graph replay (CUDA events), in seconds."""
@@ -556,38 +669,38 @@ class CudaGraphExecutor:
         self.device.make_current()
         self.finish()
         a, b = ctypes.c_void_p(), ctypes.c_void_p()
-        drv.check("cuEventCreate", drv.cuEventCreate(ctypes.byref(a), 0))  # type: ignore[attr-defined]
-        drv.check("cuEventCreate", drv.cuEventCreate(ctypes.byref(b), 0))  # type: ignore[attr-defined]
+        drv.check("cuEventCreate", drv.cuEventCreate(ctypes.byref(a), 0))
+        drv.check("cuEventCreate", drv.cuEventCreate(ctypes.byref(b), 0))
         try:
             times = []
             ms = ctypes.c_float()
             for _ in range(reps):
-                drv.cuEventRecord(a, stream)  # type: ignore[attr-defined]
-                drv.cuGraphLaunch(self._exec, stream)  # type: ignore[attr-defined]
-                drv.cuEventRecord(b, stream)  # type: ignore[attr-defined]
-                drv.check("cuEventSynchronize", drv.cuEventSynchronize(b))  # type: ignore[attr-defined]
-                drv.cuEventElapsedTime(ctypes.byref(ms), a, b)  # type: ignore[attr-defined]
+                drv.cuEventRecord(a, stream)
+                drv.cuGraphLaunch(self._exec, stream)
+                drv.cuEventRecord(b, stream)
+                drv.check("cuEventSynchronize", drv.cuEventSynchronize(b))
+                drv.cuEventElapsedTime(ctypes.byref(ms), a, b)
                 times.append(ms.value * 1e-3)
             return float(np.median(times))
         finally:
-            drv.cuEventDestroy(a)  # type: ignore[attr-defined]
-            drv.cuEventDestroy(b)  # type: ignore[attr-defined]
+            drv.cuEventDestroy(a)
+            drv.cuEventDestroy(b)
 
 
 def _release(drv: _Driver, device: CudaDevice, res: dict[str, Any]) -> None:
     """Free what an executor holds (its finalizer; tolerant of a half-built executor)."""
     try:
         device.make_current()
-        drv.cuStreamSynchronize(device.stream)  # type: ignore[attr-defined]
+        drv.cuStreamSynchronize(device.stream)
         if res.get("exec") is not None:
-            drv.cuGraphExecDestroy(res["exec"])  # type: ignore[attr-defined]
+            drv.cuGraphExecDestroy(res["exec"])
         if res.get("graph") is not None:
-            drv.cuGraphDestroy(res["graph"])  # type: ignore[attr-defined]
+            drv.cuGraphDestroy(res["graph"])
         if res.get("host") is not None:
-            drv.cuMemFreeHost(res["host"])  # type: ignore[attr-defined]
+            drv.cuMemFreeHost(res["host"])
         if res.get("arena") is not None:
-            drv.cuMemFree(res["arena"])  # type: ignore[attr-defined]
+            drv.cuMemFree(res["arena"])
         if res.get("module") is not None:
-            drv.cuModuleUnload(res["module"])  # type: ignore[attr-defined]
+            drv.cuModuleUnload(res["module"])
     except Exception:  # noqa: BLE001 - at interpreter exit the driver may already be gone
         pass
