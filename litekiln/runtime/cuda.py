@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from litekiln.runtime.partition_io import PartitionIO, constant_arrays
 from litekiln.runtime.program import SCALAR_TYPES, BufferArg, GpuProgram, Launch, TensorSpec
 
 _NOT_READY = 600  # CUDA_ERROR_NOT_READY from cuStreamQuery
@@ -361,7 +362,7 @@ def check_ptx(ptx: str, program: GpuProgram, launches: list[Launch]) -> None:
             )
 
 
-class CudaGraphExecutor:
+class CudaGraphExecutor(PartitionIO):
     """Runs a `GpuProgram`'s PTX through one CUDA graph per inference.
 
     The same interface as `litekiln.runtime.executor.PartitionExecutor` for what a session
@@ -400,7 +401,7 @@ class CudaGraphExecutor:
         check_ptx(text, program, self._launches)
         drv = self._drv = driver()
         device.make_current()
-        self._specs: dict[int, TensorSpec] = {t.id: t for t in program.tensors}
+        self._tensor_specs: dict[int, TensorSpec] = {t.id: t for t in program.tensors}
         self._res: dict[str, Any] = {
             "module": None,
             "arena": None,
@@ -428,22 +429,14 @@ class CudaGraphExecutor:
         self._res["arena"] = arena
         self._ptr = {t.id: arena.value + offsets[t.storage] + t.offset for t in program.tensors}
 
-        for tid, name in program.constants.items():
-            if name not in constants:
-                raise CudaUnsupported(f"constant {name!r} (tensor {tid}) missing")
-            spec = self._specs[tid]
-            arr = np.ascontiguousarray(constants[name], dtype=spec.dtype)
-            if arr.shape != spec.shape:
-                raise CudaUnsupported(
-                    f"constant {name!r}: shape {arr.shape}, program expects {spec.shape}"
-                )
+        for tid, arr in constant_arrays(program, constants, self._tensor_specs, CudaUnsupported):
             if arr.nbytes:
                 drv.check(
                     "cuMemcpyHtoD", drv.cuMemcpyHtoD(self._ptr[tid], arr.ctypes.data, arr.nbytes)
                 )
 
         # Pinned host staging: inputs then outputs, each aligned.
-        io = [self._specs[t] for t in (*program.inputs, *program.outputs)]
+        io = [self._tensor_specs[t] for t in (*program.inputs, *program.outputs)]
         host_off, pos = [], 0
         for spec in io:
             host_off.append(pos)
@@ -541,22 +534,6 @@ class CudaGraphExecutor:
         self._exec = exe
 
     # ------------------------------------------------------------------ interface
-    @property
-    def num_inputs(self) -> int:
-        return len(self.program.inputs)
-
-    @property
-    def num_outputs(self) -> int:
-        return len(self.program.outputs)
-
-    def input_spec(self, i: int) -> TensorSpec:
-        """Shape/dtype of input ``i``."""
-        return self._specs[self.program.inputs[i]]
-
-    def output_spec(self, i: int) -> TensorSpec:
-        """Shape/dtype of output ``i``."""
-        return self._specs[self.program.outputs[i]]
-
     @property
     def num_launches(self) -> int:
         """Kernel launches per `run` (all inside one graph)."""

@@ -21,6 +21,7 @@ import pyopencl as cl
 import pyopencl.characterize  # noqa: F401
 import pyopencl.invoker  # noqa: F401
 
+from litekiln.runtime.partition_io import PartitionIO, constant_arrays
 from litekiln.runtime.program import SCALAR_TYPES, BufferArg, GpuProgram, TensorSpec
 
 # clCreateBuffer rejects size 0; empty tensors still need a valid handle to bind.
@@ -100,7 +101,7 @@ def device_source(program: GpuProgram, device: cl.Device) -> tuple[str, list[str
     return program.source, options
 
 
-class PartitionExecutor:
+class PartitionExecutor(PartitionIO):
     """Loads a `GpuProgram` onto an OpenCL device and runs it.
 
     Attributes:
@@ -321,36 +322,12 @@ class PartitionExecutor:
         return base.get_sub_region(t.offset, max(t.nbytes, _MIN_BUFFER_BYTES))
 
     def _upload_constants(self, constants: Mapping[str, np.ndarray]) -> None:
-        for tid, name in self.program.constants.items():
-            if name not in constants:
-                raise ExecutorError(f"constant {name!r} (tensor {tid}) missing")
-            spec = self._tensor_specs[tid]
-            arr = np.ascontiguousarray(constants[name], dtype=spec.dtype)
-            if arr.shape != spec.shape:
-                raise ExecutorError(f"constant {name!r}: shape {arr.shape}, program expects {spec.shape}")
+        for tid, arr in constant_arrays(self.program, constants, self._tensor_specs, ExecutorError):
             if arr.nbytes:
                 cl.enqueue_copy(self.queue, self._tensor_buffers[tid], arr, is_blocking=False)
         self.queue.finish()
 
     # ------------------------------------------------------------------ I/O
-    @property
-    def num_inputs(self) -> int:
-        """Number of partition inputs."""
-        return len(self.program.inputs)
-
-    @property
-    def num_outputs(self) -> int:
-        """Number of partition outputs."""
-        return len(self.program.outputs)
-
-    def input_spec(self, i: int) -> TensorSpec:
-        """Shape/dtype of input ``i``."""
-        return self._tensor_specs[self.program.inputs[i]]
-
-    def output_spec(self, i: int) -> TensorSpec:
-        """Shape/dtype of output ``i``."""
-        return self._tensor_specs[self.program.outputs[i]]
-
     def set_input(self, i: int, array: np.ndarray, *, blocking: bool = True) -> None:
         """Copy ``array`` into input ``i``'s device buffer.
 

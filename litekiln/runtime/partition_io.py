@@ -1,0 +1,58 @@
+"""What both executors (OpenCL launches, CUDA graph) need to know of a partition's tensors.
+
+No TVM, no pyopencl, no CUDA: plain `GpuProgram` lookups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+
+from litekiln.runtime.program import GpuProgram, TensorSpec
+
+
+class PartitionIO:
+    """Input/output shapes of the program an executor runs (``self.program``)."""
+
+    program: GpuProgram
+    _tensor_specs: dict[int, TensorSpec]
+
+    @property
+    def num_inputs(self) -> int:
+        """Number of partition inputs."""
+        return len(self.program.inputs)
+
+    @property
+    def num_outputs(self) -> int:
+        """Number of partition outputs."""
+        return len(self.program.outputs)
+
+    def input_spec(self, i: int) -> TensorSpec:
+        """Shape/dtype of input ``i``."""
+        return self._tensor_specs[self.program.inputs[i]]
+
+    def output_spec(self, i: int) -> TensorSpec:
+        """Shape/dtype of output ``i``."""
+        return self._tensor_specs[self.program.outputs[i]]
+
+
+def constant_arrays(
+    program: GpuProgram,
+    constants: Mapping[str, np.ndarray],
+    specs: Mapping[int, TensorSpec],
+    error: type[Exception],
+) -> Iterator[tuple[int, np.ndarray]]:
+    """(tensor id, C-contiguous array of the program's dtype) for each of its constants.
+
+    Raises:
+        error: a constant is missing or has another shape than the program expects.
+    """
+    for tid, name in program.constants.items():
+        if name not in constants:
+            raise error(f"constant {name!r} (tensor {tid}) missing")
+        spec = specs[tid]
+        arr = np.ascontiguousarray(constants[name], dtype=spec.dtype)
+        if arr.shape != spec.shape:
+            raise error(f"constant {name!r}: shape {arr.shape}, program expects {spec.shape}")
+        yield tid, arr
