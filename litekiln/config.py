@@ -153,6 +153,15 @@ CUDA_GRAPH: Setting[str] = Setting(
     "loads, the PTX passes the checks and one inference matches the OpenCL path; `on`: the "
     "same, but a refusal is an error; `off`: always OpenCL launches.",
 )
+CUDA_STREAMS: Setting[int] = Setting(
+    "LITEKILN_CUDA_STREAMS",
+    int,
+    4,
+    "CUDA graph path: most streams a partition's graph is captured on, so that calls that "
+    "neither read what another writes nor overwrite what it uses (branches such as detection "
+    "heads) run concurrently; the dependencies come from the memory plan's byte ranges. "
+    "1: every kernel after the previous one.",
+)
 LOG_LEVEL: Setting[str] = Setting(
     "LITEKILN_LOG", _choice("debug", "info", "warning", "error"), "warning", "Log level."
 )
@@ -174,6 +183,7 @@ SETTINGS: tuple[Setting, ...] = (
     TUNE,
     FAST_LAUNCH,
     CUDA_GRAPH,
+    CUDA_STREAMS,
     LOG_LEVEL,
     ZOO_DIR,
 )

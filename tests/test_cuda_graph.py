@@ -45,11 +45,17 @@ class FakeDriver:
         self.keep: list = []
         self.functions: dict[int, str] = {}
         self.ptx = ""
-        self.capturing: list | None = None
+        self.capturing: list | None = None  # (call, dependencies) nodes while capturing
         self.graphs: dict[int, list] = {}
         self.launched: list[tuple] = []
         self.graph_launches = 0
         self.errors: list[BaseException] = []
+        self.streams = 11
+        self.n_events = 0
+        self.tails: dict[int, set[int]] = {}
+        self.events: dict[int, set[int]] = {}
+        self.rng = np.random.default_rng(0)
+        self.shuffle = True
         lib = types.SimpleNamespace()
         for attr, (symbol, argtypes) in cuda._signatures().items():
             impl = getattr(self, attr)
@@ -94,7 +100,8 @@ class FakeDriver:
         assert ctx == 11
 
     def cuStreamCreate(self, p, flags):
-        p[0] = 12
+        self.streams += 1
+        p[0] = self.streams  # the device's main stream is 12, side streams 13, 14, ...
 
     def cuModuleLoadData(self, p, data):
         self.ptx = data.decode()
@@ -125,11 +132,20 @@ class FakeDriver:
         ctypes.memmove(dst, src, n)
 
     def _copy(self, dst, src, n, stream):
-        assert stream == 12
-        if self.capturing is not None:
-            self.capturing.append(("copy", dst, src, n))
-        else:
-            ctypes.memmove(dst, src, n)
+        assert self.capturing is None or stream == self.origin, "copies go on the origin stream"
+        self._op(("copy", dst, src, n), stream)
+
+    def _op(self, call, stream) -> None:
+        """Capture ``call`` as a node after the stream's current tail, or run it now."""
+        if self.capturing is None:
+            self._run(call)
+            return
+        if stream not in self.tails:
+            raise AssertionError(
+                f"stream {stream} is not part of the capture (it would run eagerly)"
+            )
+        self.capturing.append((call, frozenset(self.tails[stream])))
+        self.tails[stream] = {len(self.capturing) - 1}
 
     def cuMemcpyHtoDAsync(self, dst, src, n, stream):
         self._copy(dst, src, n, stream)
@@ -138,7 +154,7 @@ class FakeDriver:
         self._copy(dst, src, n, stream)
 
     def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shm, stream, params, extra):
-        assert stream == 12 and extra is None and shm == 0
+        assert extra is None and shm == 0
         name = self.functions[fn]
         ptypes = cuda.ptx_entries(self.ptx)[name]
         addrs = (ctypes.c_void_p * len(ptypes)).from_address(params)
@@ -146,11 +162,7 @@ class FakeDriver:
             struct.unpack(_FMT[t], ctypes.string_at(addrs[i], struct.calcsize(_FMT[t])))[0]
             for i, t in enumerate(ptypes)
         ]
-        call = ("kernel", name, (gx, gy, gz), (bx, by, bz), values)
-        if self.capturing is not None:
-            self.capturing.append(call)
-        else:
-            self._run(call)
+        self._op(("kernel", name, (gx, gy, gz), (bx, by, bz), values), stream)
 
     def _run(self, call) -> None:
         if call[0] == "copy":
@@ -161,21 +173,38 @@ class FakeDriver:
             self.kernels[call[1]](*call[2:])
 
     def cuStreamBeginCapture(self, stream, mode):
-        self.capturing = []
+        self.capturing, self.tails, self.events = [], {stream: set()}, {}
+        self.origin = stream
 
     def cuStreamEndCapture(self, stream, p):
+        nodes, self.capturing = self.capturing, None
+        # CUDA refuses a capture whose forked streams did not join back into the origin.
+        seen, todo = set(), list(self.tails[stream])
+        while todo:
+            n = todo.pop()
+            if n not in seen:
+                seen.add(n)
+                todo.extend(nodes[n][1])
+        if len(seen) != len(nodes):
+            return 901  # CUDA_ERROR_STREAM_CAPTURE_UNJOINED
         gid = 500 + len(self.graphs)
-        self.graphs[gid] = self.capturing
-        self.capturing = None
+        self.graphs[gid] = nodes
         p[0] = gid
 
     def cuGraphInstantiateWithFlags(self, p, graph, flags):
         p[0] = graph
 
     def cuGraphLaunch(self, exe, stream):
+        """Replay in a random order that respects the captured dependencies (a GPU may run
+        independent nodes in any order): a missing dependency shows as a wrong result."""
         self.graph_launches += 1
-        for call in self.graphs[exe]:
-            self._run(call)
+        nodes = self.graphs[exe]
+        done: set[int] = set()
+        while len(done) < len(nodes):
+            ready = [i for i, (_, deps) in enumerate(nodes) if i not in done and deps <= done]
+            i = ready[self.rng.integers(len(ready))] if self.shuffle else ready[0]
+            self._run(nodes[i][0])
+            done.add(i)
 
     def cuGraphDestroy(self, g):
         pass
@@ -190,10 +219,16 @@ class FakeDriver:
         pass
 
     def cuEventCreate(self, p, flags):
-        p[0] = 77
+        self.n_events += 1
+        p[0] = 1000 + self.n_events
 
     def cuEventRecord(self, ev, s):
-        pass
+        if self.capturing is not None:
+            self.events[ev] = set(self.tails[s])
+
+    def cuStreamWaitEvent(self, s, ev, flags):
+        assert self.capturing is not None, "waits are only used while capturing"
+        self.tails[s] = self.tails.get(s, set()) | self.events[ev]
 
     def cuEventSynchronize(self, ev):
         pass
@@ -449,3 +484,171 @@ def test_group_offset_registers_become_zero():
     other = cuda.ptx_for_cuda(_PTX.replace("{ ret; }", "{ mov.b32 %r1, %envreg3; ret; }", 1))
     with pytest.raises(cuda.CudaUnsupported, match="envreg"):
         cuda.check_ptx(other, prog, prog.plan())
+
+
+def _branchy_program() -> GpuProgram:
+    """a = 2x; b = a + 1 and c = 3a (independent); e = c - 1 written where `a` lived (the
+    memory plan's reuse: e must wait for b's read of a); out = b + e = 8x."""
+    n = 256
+    nb = 4 * n
+    storages = [StorageSpec(0, nb, "input")] + [StorageSpec(i, nb) for i in (1, 2, 3, 4)]
+    tensors = [
+        TensorSpec(0, 0, 0, (n,), "float32", "x"),
+        TensorSpec(1, 1, 0, (n,), "float32", "a"),
+        TensorSpec(2, 2, 0, (n,), "float32", "b"),
+        TensorSpec(3, 3, 0, (n,), "float32", "c"),
+        TensorSpec(4, 1, 0, (n,), "float32", "e"),
+        TensorSpec(5, 4, 0, (n,), "float32", "out"),
+    ]
+
+    def launch(kernel, *tids):
+        return Launch(kernel, tuple(BufferArg(t) for t in tids), (n,), (64,), func=kernel)
+
+    return GpuProgram(
+        source="",
+        build_options="",
+        kernels=["scale2", "plus1", "times3", "minus1", "add"],
+        storages=storages,
+        tensors=tensors,
+        constants={},
+        inputs=[0],
+        outputs=[5],
+        launches=[
+            launch("scale2", 0, 1),
+            launch("plus1", 1, 2),
+            launch("times3", 1, 3),
+            launch("minus1", 3, 4),
+            launch("add", 2, 4, 5),
+        ],
+    )
+
+
+_BRANCHY_PTX = "\n".join(
+    [".version 8.0", ".target sm_90", ".address_size 64"]
+    + [
+        f".entry {k}(" + ", ".join([".param .u64 p"] * n) + ") { ret; }"
+        for k, n in (("scale2", 2), ("plus1", 2), ("times3", 2), ("minus1", 2), ("add", 3))
+    ]
+)
+
+
+def _branchy_kernels() -> dict:
+    n = 256
+
+    def unary(f):
+        return lambda grid, block, v: _view(v[1], n).__setitem__(slice(None), f(_view(v[0], n)))
+
+    return {
+        "scale2": unary(lambda a: 2 * a),
+        "plus1": unary(lambda a: a + 1),
+        "times3": unary(lambda a: 3 * a),
+        "minus1": unary(lambda a: a - 1),
+        "add": lambda grid, block, v: _view(v[2], n).__setitem__(
+            slice(None), _view(v[0], n) + _view(v[1], n)
+        ),
+    }
+
+
+def test_branch_plan_orders_by_the_memory_plan():
+    prog = _branchy_program()
+    plan = cuda.branch_plan(prog, prog.plan(), streams=4)
+    # scale2 | plus1 after it on stream 0 | times3 on a second stream, after scale2 |
+    # minus1 after times3, and after plus1 (it overwrites the `a` plus1 reads) | add last.
+    # Waits implied by stream order or by another wait are left out.
+    assert [(b.start, b.stream, b.waits) for b in plan] == [
+        (0, 0, ()),
+        (1, 0, ()),
+        (2, 1, (0,)),
+        (3, 1, (1,)),
+        (4, 1, ()),
+    ]
+    assert {b.stream for b in cuda.branch_plan(prog, prog.plan(), streams=1)} == {0}
+
+
+def test_concurrent_branches_give_the_same_result_in_any_order(fake):
+    fake.kernels = _branchy_kernels()
+    prog = _branchy_program()
+    ex = cuda.CudaGraphExecutor(prog, {}, _BRANCHY_PTX.encode(), cuda.CudaDevice(0), streams=4)
+    assert ex.branches == 2
+    x = np.random.default_rng(1).standard_normal(256).astype(np.float32)
+    for _ in range(30):  # each replay in another random order the dependencies allow
+        ex.set_input(0, x)
+        ex.run()
+        np.testing.assert_allclose(ex.get_output(0), 8 * x, rtol=1e-6, atol=1e-5)
+
+
+def test_a_missing_dependency_is_caught_by_the_shuffled_replay(fake, monkeypatch):
+    """The check above can fail: drop minus1's wait for plus1 (the write-after-read on the
+    reused storage) and some order overwrites `a` before plus1 reads it."""
+    real = cuda.branch_plan
+
+    def without_war(program, launches, streams):
+        plan = real(program, launches, streams)
+        return [
+            cuda.Branch(b.start, b.stop, b.stream, tuple(h for h in b.waits if h != 1))
+            if b.start == 3
+            else b
+            for b in plan
+        ]
+
+    monkeypatch.setattr(cuda, "branch_plan", without_war)
+    fake.kernels = _branchy_kernels()
+    prog = _branchy_program()
+    ex = cuda.CudaGraphExecutor(prog, {}, _BRANCHY_PTX.encode(), cuda.CudaDevice(0), streams=4)
+    x = np.random.default_rng(1).standard_normal(256).astype(np.float32)
+    wrong = 0
+    for _ in range(30):
+        ex.set_input(0, x)
+        ex.run()
+        wrong += not np.allclose(ex.get_output(0), 8 * x, rtol=1e-6, atol=1e-5)
+    assert wrong > 0
+
+
+@pytest.mark.opencl
+@pytest.mark.zoo
+@pytest.mark.parametrize(
+    ("model", "branches"),
+    [("smoke", False), ("face_detection_short_range", True), ("palm_detection_lite", True)],
+)
+def test_branch_plan_of_real_programs_holds_in_any_order(model, branches, tmp_path):
+    """The dependencies `branch_plan` derives from TVM's memory plans are enough: the real
+    kernels (PoCL), run call by call in random orders that respect only the plan's stream
+    order and waits, give exactly the outputs of the launch order. A missing dependency
+    (a reused storage overwritten early, a read before its write) changes them."""
+    from conftest import zoo_model
+
+    from litekiln.interpreter import Interpreter
+
+    interp = Interpreter(model_path=zoo_model(model), cache_dir=str(tmp_path), op_table="extended")
+    interp.allocate_tensors()
+    rng = np.random.default_rng(0)
+    for ex in interp._backend.executors:  # noqa: SLF001 - drives each partition's kernels
+        plan = cuda.branch_plan(ex.program, ex.program.plan(ex.choices), streams=4)
+        assert (len({b.stream for b in plan}) > 1) == branches  # smoke is one chain
+        for i in range(ex.num_inputs):
+            spec = ex.input_spec(i)
+            ex.set_input(i, rng.uniform(-1, 1, spec.shape).astype(spec.dtype))
+        ex.run(wait=True)
+        want = [ex.get_output(i) for i in range(ex.num_outputs)]
+        after: list[set[int]] = []  # per call: the calls it must follow
+        last: dict[int, int] = {}
+        for g, b in enumerate(plan):
+            after.append(set(b.waits) | ({last[b.stream]} if b.stream in last else set()))
+            last[b.stream] = g
+        for _ in range(8):
+            done: list[int] = []
+            while len(done) < len(plan):
+                ready = [g for g in range(len(plan)) if g not in done and after[g] <= set(done)]
+                g = ready[rng.integers(len(ready))]
+                for kernel, gsize, lsize in ex._launches[plan[g].start : plan[g].stop]:  # noqa: SLF001
+                    cl_enqueue(ex.queue, kernel, gsize, lsize)
+                done.append(g)
+            ex.finish()
+            for i, w in enumerate(want):
+                np.testing.assert_array_equal(ex.get_output(i), w)
+
+
+def cl_enqueue(queue, kernel, gsize, lsize):
+    import pyopencl as cl
+
+    cl.enqueue_nd_range_kernel(queue, kernel, gsize, lsize)

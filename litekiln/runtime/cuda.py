@@ -31,6 +31,7 @@ import re
 import threading
 import weakref
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,7 @@ from litekiln.runtime.partition_io import PartitionIO, constant_arrays
 from litekiln.runtime.program import SCALAR_TYPES, BufferArg, GpuProgram, Launch, TensorSpec
 
 _NOT_READY = 600  # CUDA_ERROR_NOT_READY from cuStreamQuery
+_EVENT_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING
 #: The load-time replay (one inference) must finish within this, else the path is refused.
 _LOAD_CHECK_SECONDS = 10.0
 #: Byte alignment of storages in the device arena (cudaMalloc's own is 256).
@@ -122,6 +124,7 @@ def _signatures() -> dict[str, tuple[str, list[Any]]]:
         "cuStreamQuery": ("cuStreamQuery", [vp]),
         "cuEventCreate": ("cuEventCreate", [pvp, u32]),
         "cuEventRecord": ("cuEventRecord", [vp, vp]),
+        "cuStreamWaitEvent": ("cuStreamWaitEvent", [vp, vp, u32]),
         "cuEventSynchronize": ("cuEventSynchronize", [vp]),
         "cuEventElapsedTime": ("cuEventElapsedTime", [ctypes.POINTER(ctypes.c_float), vp, vp]),
         "cuEventDestroy": ("cuEventDestroy_v2", [vp]),
@@ -164,6 +167,7 @@ class _Driver:
     cuStreamQuery: Any
     cuEventCreate: Any
     cuEventRecord: Any
+    cuStreamWaitEvent: Any
     cuEventSynchronize: Any
     cuEventElapsedTime: Any
     cuEventDestroy: Any
@@ -242,6 +246,16 @@ class CudaDevice:
     def make_current(self) -> None:
         drv = driver()
         drv.check("cuCtxSetCurrent", drv.cuCtxSetCurrent(self.context))
+
+    def side_streams(self, n: int) -> list[ctypes.c_void_p]:
+        """``n`` more non-blocking streams for capturing branches (made once, kept)."""
+        drv = driver()
+        streams: list[ctypes.c_void_p] = self.__dict__.setdefault("_side", [])
+        while len(streams) < n:
+            st = ctypes.c_void_p()
+            drv.check("cuStreamCreate", drv.cuStreamCreate(ctypes.byref(st), 1))
+            streams.append(st)
+        return streams[:n]
 
 
 _DEVICES: dict[int, CudaDevice] = {}
@@ -362,6 +376,101 @@ def check_ptx(ptx: str, program: GpuProgram, launches: list[Launch]) -> None:
             )
 
 
+@dataclass(frozen=True)
+class Branch:
+    """Consecutive launches of one PrimFunc call, placed on a capture stream.
+
+    Attributes:
+        start: First launch (index into the plan).
+        stop: One past the last launch.
+        stream: Capture stream index (0: the stream the graph is captured on).
+        waits: Earlier branches on other streams that must finish first.
+    """
+
+    start: int
+    stop: int
+    stream: int
+    waits: tuple[int, ...]
+
+
+def branch_plan(program: GpuProgram, launches: list[Launch], streams: int) -> list[Branch]:
+    """Which launches may run concurrently in the graph, and on which stream to capture them.
+
+    A *call* is a run of consecutive launches of one PrimFunc (``Launch.func``); its launches
+    stay in order. What a call writes: the tensors it is the first to touch, other than the
+    partition's inputs and constants (every PrimFunc call writes fresh tensors; a view first
+    touched by its reader counts as written, which only adds ordering). What it reads: the
+    other tensors it touches. Call B follows call A when their byte ranges in a storage
+    overlap and one of them writes: read-after-write, and also write-after-read and
+    write-after-write, because the memory plan reuses storage. Calls go on the stream of the
+    latest call they follow when that call is still its tail, else on a free stream (or the
+    least recently used one); every other call they follow becomes a wait. With
+    ``streams == 1`` this is the launch order on one stream.
+    """
+    specs = {t.id: t for t in program.tensors}
+    fixed = set(program.inputs) | set(program.constants)
+    calls: list[tuple[int, int]] = []
+    for i, launch in enumerate(launches):
+        if calls and launches[calls[-1][0]].func == launch.func and launch.func:
+            calls[-1] = (calls[-1][0], i + 1)
+        else:
+            calls.append((i, i + 1))
+    touched: set[int] = set()
+    ranges: list[tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]] = []
+    for start, stop in calls:
+        writes, reads = [], []
+        for launch in launches[start:stop]:
+            for arg in launch.args:
+                if not isinstance(arg, BufferArg):
+                    continue
+                t = specs[arg.tensor]
+                span = (t.storage, t.offset, t.offset + max(t.nbytes, 1))
+                if arg.tensor in fixed or arg.tensor in touched:
+                    reads.append(span)
+                else:
+                    writes.append(span)
+            touched.update(a.tensor for a in launch.args if isinstance(a, BufferArg))
+        # A tensor this call both first touches and reads again stays a write.
+        ranges.append((writes, [r for r in reads if r not in writes]))
+
+    plan: list[Branch] = []
+    tail: list[int] = []  # per stream: its last call
+    before: list[set[int]] = []  # per call: every call that has finished when it starts
+    # storage -> (call, lo, hi, whether the call writes that range)
+    by_storage: dict[int, list[tuple[int, int, int, bool]]] = {}
+    for g, ((start, stop), (w, r)) in enumerate(zip(calls, ranges)):
+        found: set[int] = set()
+        for spans, is_write in ((w, True), (r, False)):
+            for storage, lo, hi in spans:
+                for h, lo2, hi2, other_writes in by_storage.get(storage, ()):
+                    if (is_write or other_writes) and lo < hi2 and lo2 < hi:
+                        found.add(h)
+        for spans, is_write in ((w, True), (r, False)):
+            for storage, lo, hi in spans:
+                by_storage.setdefault(storage, []).append((g, lo, hi, is_write))
+        deps = sorted(found)
+        on = [k for k, last in enumerate(tail) if last in deps]
+        if on:
+            k = max(on, key=lambda k: tail[k])
+        elif len(tail) < streams:
+            k = len(tail)
+            tail.append(-1)
+        else:
+            k = min(range(len(tail)), key=lambda k: tail[k])
+        prev = tail[k]
+        tail[k] = g
+        # Wait only for what stream order and the other waits do not already imply.
+        covered = {prev, *before[prev]} if prev >= 0 else set()
+        waits = []
+        for h in reversed(deps):
+            if h not in covered:
+                waits.append(h)
+                covered |= {h, *before[h]}
+        before.append(covered)
+        plan.append(Branch(start, stop, k, tuple(sorted(waits))))
+    return plan
+
+
 class CudaGraphExecutor(PartitionIO):
     """Runs a `GpuProgram`'s PTX through one CUDA graph per inference.
 
@@ -384,8 +493,18 @@ class CudaGraphExecutor(PartitionIO):
         ptx: bytes,
         device: CudaDevice,
         choices: list[int] | None = None,
+        streams: int = 1,
     ) -> None:
         """Load the PTX, allocate the arena, upload constants and capture the graph.
+
+        Args:
+            program: The program.
+            constants: Constant name -> array.
+            ptx: The PTX NVIDIA's OpenCL built from the program's source.
+            device: The CUDA device (`cuda_device_for`).
+            choices: Tuning choice per variant (default: the default schedules).
+            streams: Most capture streams, so that independent calls run concurrently
+                (`branch_plan`); 1 captures the launch order on one stream.
 
         Raises:
             CudaUnsupported: the PTX or the launches cannot be run through CUDA (see
@@ -408,7 +527,10 @@ class CudaGraphExecutor(PartitionIO):
             "host": None,
             "graph": None,
             "exec": None,
+            "events": [],
         }
+        self._streams = max(1, int(streams))
+        self.branches = 1
         weakref.finalize(self, _release, drv, device, self._res)
 
         module = ctypes.c_void_p()
@@ -492,12 +614,44 @@ class CudaGraphExecutor(PartitionIO):
         grid = [*grid, 1, 1, 1][:3]
         return (self._function(launch.kernel), grid, block, params, values)
 
-    def _enqueue_kernels(self) -> None:
-        drv, stream = self._drv, self.device.stream
-        for fn, grid, block, params, _ in self._calls:
-            drv.check(
-                "cuLaunchKernel", drv.cuLaunchKernel(fn, *grid, *block, 0, stream, params, None)
-            )
+    def _enqueue_kernels(self, stream0: ctypes.c_void_p) -> None:
+        """Capture every launch: on one stream, or branches on several (`branch_plan`)."""
+        drv = self._drv
+        plan = branch_plan(self.program, self._launches, self._streams)
+        used = 1 + max((b.stream for b in plan), default=0)
+        streams = [stream0, *self.device.side_streams(used - 1)]
+        events: list[ctypes.c_void_p] = self._res["events"]
+
+        def event() -> ctypes.c_void_p:
+            ev = ctypes.c_void_p()
+            drv.check("cuEventCreate", drv.cuEventCreate(ctypes.byref(ev), _EVENT_DISABLE_TIMING))
+            events.append(ev)
+            return ev
+
+        done: list[ctypes.c_void_p | None] = []
+        if used > 1:  # fork: the side streams join the capture after the input copies
+            fork = event()
+            drv.check("cuEventRecord", drv.cuEventRecord(fork, stream0))
+            for st in streams[1:]:
+                drv.check("cuStreamWaitEvent", drv.cuStreamWaitEvent(st, fork, 0))
+        for b in plan:
+            st = streams[b.stream]
+            for h in b.waits:
+                drv.check("cuStreamWaitEvent", drv.cuStreamWaitEvent(st, done[h], 0))
+            for fn, grid, block, params, _ in self._calls[b.start : b.stop]:
+                drv.check(
+                    "cuLaunchKernel", drv.cuLaunchKernel(fn, *grid, *block, 0, st, params, None)
+                )
+            ev = None
+            if used > 1:
+                ev = event()
+                drv.check("cuEventRecord", drv.cuEventRecord(ev, st))
+            done.append(ev)
+        for st in streams[1:]:  # join: the output copies follow every branch
+            ev = event()
+            drv.check("cuEventRecord", drv.cuEventRecord(ev, st))
+            drv.check("cuStreamWaitEvent", drv.cuStreamWaitEvent(stream0, ev, 0))
+        self.branches = used
 
     def _capture(self) -> None:
         drv, stream = self._drv, self.device.stream
@@ -511,7 +665,7 @@ class CudaGraphExecutor(PartitionIO):
                             self._ptr[tid], stage.ctypes.data, stage.nbytes, stream
                         ),
                     )
-            self._enqueue_kernels()
+            self._enqueue_kernels(stream)
             for tid, stage in zip(self.program.outputs, self._out_stage):
                 if stage.nbytes:
                     drv.check(
@@ -679,5 +833,7 @@ def _release(drv: _Driver, device: CudaDevice, res: dict[str, Any]) -> None:
             drv.cuMemFree(res["arena"])
         if res.get("module") is not None:
             drv.cuModuleUnload(res["module"])
+        for ev in res.get("events", []):
+            drv.cuEventDestroy(ev)
     except Exception:  # noqa: BLE001 - at interpreter exit the driver may already be gone
         pass

@@ -278,7 +278,8 @@ class Session:
             binary = ex.binary  # (copied out of the driver when it was built from source)
             if not binary:
                 raise CudaUnsupported("the OpenCL driver reports no program binary")
-            cu = CudaGraphExecutor(ex.program, consts, binary, device, choices=ex.choices)
+            cu = CudaGraphExecutor(ex.program, consts, binary, device, choices=ex.choices,
+                                   streams=config.CUDA_STREAMS.get())
             mismatch = _compare_paths(ex, cu)
             if mismatch:
                 raise CudaUnsupported(f"one inference differs from the OpenCL path: {mismatch}")
@@ -288,8 +289,8 @@ class Session:
             if "not an NVIDIA OpenCL device" not in str(exc):
                 log.info("%s: partition %d stays on OpenCL launches: %s", self.model.name, index, exc)
             return ex
-        log.info("%s: partition %d runs as one CUDA graph (%d kernels)", self.model.name, index,
-                 cu.num_launches)
+        log.info("%s: partition %d runs as one CUDA graph (%d kernels, %d concurrent branches "
+                 "at most)", self.model.name, index, cu.num_launches, cu.branches)
         return cu
 
     def run(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
