@@ -614,47 +614,54 @@ class CudaGraphExecutor(PartitionIO):
         grid = [*grid, 1, 1, 1][:3]
         return (self._function(launch.kernel), grid, block, params, values)
 
-    def _enqueue_kernels(self, stream0: ctypes.c_void_p) -> None:
-        """Capture every launch: on one stream, or branches on several (`branch_plan`)."""
+    def _branches(self) -> tuple[list[Branch], list[ctypes.c_void_p], list[ctypes.c_void_p]]:
+        """The branch plan, its side streams and the events it needs, all made before the
+        capture starts (nothing but stream work happens while capturing)."""
         drv = self._drv
         plan = branch_plan(self.program, self._launches, self._streams)
         used = 1 + max((b.stream for b in plan), default=0)
-        streams = [stream0, *self.device.side_streams(used - 1)]
+        side = self.device.side_streams(used - 1)
         events: list[ctypes.c_void_p] = self._res["events"]
-
-        def event() -> ctypes.c_void_p:
+        need = 0 if used == 1 else 1 + len(plan) + len(side)  # fork, one per call, joins
+        while len(events) < need:
             ev = ctypes.c_void_p()
             drv.check("cuEventCreate", drv.cuEventCreate(ctypes.byref(ev), _EVENT_DISABLE_TIMING))
             events.append(ev)
-            return ev
+        self.branches = used
+        return plan, side, events[:need]
 
-        done: list[ctypes.c_void_p | None] = []
-        if used > 1:  # fork: the side streams join the capture after the input copies
-            fork = event()
+    def _enqueue_kernels(
+        self,
+        stream0: ctypes.c_void_p,
+        plan: list[Branch],
+        side: list[ctypes.c_void_p],
+        events: list[ctypes.c_void_p],
+    ) -> None:
+        """Capture every launch: on one stream, or branches on several (`branch_plan`)."""
+        drv = self._drv
+        streams = [stream0, *side]
+        if side:  # fork: the side streams join the capture after the input copies
+            fork, events = events[0], events[1:]
             drv.check("cuEventRecord", drv.cuEventRecord(fork, stream0))
-            for st in streams[1:]:
+            for st in side:
                 drv.check("cuStreamWaitEvent", drv.cuStreamWaitEvent(st, fork, 0))
-        for b in plan:
+        for g, b in enumerate(plan):
             st = streams[b.stream]
             for h in b.waits:
-                drv.check("cuStreamWaitEvent", drv.cuStreamWaitEvent(st, done[h], 0))
+                drv.check("cuStreamWaitEvent", drv.cuStreamWaitEvent(st, events[h], 0))
             for fn, grid, block, params, _ in self._calls[b.start : b.stop]:
                 drv.check(
                     "cuLaunchKernel", drv.cuLaunchKernel(fn, *grid, *block, 0, st, params, None)
                 )
-            ev = None
-            if used > 1:
-                ev = event()
-                drv.check("cuEventRecord", drv.cuEventRecord(ev, st))
-            done.append(ev)
-        for st in streams[1:]:  # join: the output copies follow every branch
-            ev = event()
+            if side:
+                drv.check("cuEventRecord", drv.cuEventRecord(events[g], st))
+        for st, ev in zip(side, events[len(plan) :]):  # join: the output copies follow all
             drv.check("cuEventRecord", drv.cuEventRecord(ev, st))
             drv.check("cuStreamWaitEvent", drv.cuStreamWaitEvent(stream0, ev, 0))
-        self.branches = used
 
     def _capture(self) -> None:
         drv, stream = self._drv, self.device.stream
+        plan, side, events = self._branches()
         drv.check("cuStreamBeginCapture", drv.cuStreamBeginCapture(stream, 1))
         try:
             for tid, stage in zip(self.program.inputs, self._in_stage):
@@ -665,7 +672,7 @@ class CudaGraphExecutor(PartitionIO):
                             self._ptr[tid], stage.ctypes.data, stage.nbytes, stream
                         ),
                     )
-            self._enqueue_kernels(stream)
+            self._enqueue_kernels(stream, plan, side, events)
             for tid, stage in zip(self.program.outputs, self._out_stage):
                 if stage.nbytes:
                     drv.check(
