@@ -403,7 +403,7 @@ class _FakeClDevice:
 
 
 def test_only_nvidia_opencl_devices_are_matched(fake):
-    with pytest.raises(cuda.CudaUnsupported, match="not an NVIDIA OpenCL device"):
+    with pytest.raises(cuda.NotNvidiaDevice, match="not an NVIDIA OpenCL device"):
         cuda.cuda_device_for(_FakeClDevice())
     nv = type(
         "Dev",

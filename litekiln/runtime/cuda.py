@@ -84,6 +84,10 @@ class CudaUnsupported(RuntimeError):
     the OpenCL path."""
 
 
+class NotNvidiaDevice(CudaUnsupported):
+    """The OpenCL device is not on NVIDIA's platform: the path does not apply (no news)."""
+
+
 def _signatures() -> dict[str, tuple[str, list[Any]]]:
     """Entry point -> (symbol in libcuda.so.1, ctypes argument types); all return CUresult."""
     vp, u32, i32, sz, u64 = (
@@ -278,7 +282,7 @@ def cuda_device_for(cl_device: Any) -> CudaDevice:
     except Exception:  # noqa: BLE001 - any pyopencl failure means "not NVIDIA's OpenCL"
         platform = ""
     if "nvidia" not in platform.lower():
-        raise CudaUnsupported(f"not an NVIDIA OpenCL device (platform {platform!r})")
+        raise NotNvidiaDevice(f"not an NVIDIA OpenCL device (platform {platform!r})")
     drv = driver()
     count = ctypes.c_int()
     drv.check("cuDeviceGetCount", drv.cuDeviceGetCount(ctypes.byref(count)))

@@ -220,15 +220,10 @@ def _cuda_init(handle: DeviceHandle) -> None:
 
     if config.CUDA_GRAPH.get() == "off":
         return
-    try:
-        platform = str(handle.device.platform.name)  # type: ignore[attr-defined]
-    except Exception:  # noqa: BLE001 - no platform info: not NVIDIA's OpenCL
-        return
-    if "nvidia" not in platform.lower():
-        return
     from litekiln.runtime.cuda import CudaUnsupported, cuda_device_for
 
-    with contextlib.suppress(CudaUnsupported):  # the session says why when it matters
+    # Refuses anything but NVIDIA's OpenCL at once; the session says why when it matters.
+    with contextlib.suppress(CudaUnsupported):
         cuda_device_for(handle.device)
 
 

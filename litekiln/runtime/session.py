@@ -271,7 +271,12 @@ class Session:
         mode = config.CUDA_GRAPH.get()
         if mode == "off" or not ex.program.launches:
             return ex
-        from litekiln.runtime.cuda import CudaGraphExecutor, CudaUnsupported, cuda_device_for
+        from litekiln.runtime.cuda import (
+            CudaGraphExecutor,
+            CudaUnsupported,
+            NotNvidiaDevice,
+            cuda_device_for,
+        )
 
         try:
             device = cuda_device_for(self.handle.device)  # first: refuses non-NVIDIA at once
@@ -286,7 +291,7 @@ class Session:
         except CudaUnsupported as exc:
             if mode == "on":
                 raise DeviceError(f"{self.model.name}: partition {index}: CUDA graph path: {exc}") from None
-            if "not an NVIDIA OpenCL device" not in str(exc):
+            if not isinstance(exc, NotNvidiaDevice):
                 log.info("%s: partition %d stays on OpenCL launches: %s", self.model.name, index, exc)
             return ex
         log.info("%s: partition %d runs as one CUDA graph (%d kernels, %d concurrent branches "
