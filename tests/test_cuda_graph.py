@@ -359,7 +359,9 @@ def test_graph_executor_runs_the_plan(fake):
     np.testing.assert_allclose(out, -2.5 * x + b + 1, rtol=1e-6)
     assert fake.graph_launches == before + 1
     assert ex.num_launches == 2 and ex.launch_names() == ["axpb", "plus_one"]
-    assert len(ex.profile()) == 2
+    assert ex.profile() == [0.5e-3, 0.5e-3]  # the fake's event clock: 0.5 ms between events
+    before = fake.graph_launches
+    assert ex.graph_time(reps=3) == 0.5e-3 and fake.graph_launches == before + 3
     with pytest.raises(ValueError, match="shape"):
         ex.set_input(0, np.zeros((100, 10), np.float32))
 

@@ -227,6 +227,13 @@ def driver() -> _Driver:
         return _DRIVER
 
 
+def _new_event(drv: _Driver, flags: int = 0) -> ctypes.c_void_p:
+    """A CUDA event (flags 0: with timing); the caller destroys it."""
+    ev = ctypes.c_void_p()
+    drv.check("cuEventCreate", drv.cuEventCreate(ctypes.byref(ev), flags))
+    return ev
+
+
 class CudaDevice:
     """A CUDA device's primary context and one non-blocking stream (one per device and process)."""
 
@@ -246,6 +253,7 @@ class CudaDevice:
         name = ctypes.create_string_buffer(256)
         drv.cuDeviceGetName(name, 256, dev)
         self.name = name.value.decode(errors="replace")
+        self._side: list[ctypes.c_void_p] = []
 
     def make_current(self) -> None:
         drv = driver()
@@ -254,18 +262,17 @@ class CudaDevice:
     def side_streams(self, n: int) -> list[ctypes.c_void_p]:
         """``n`` more non-blocking streams for capturing branches (made once, kept)."""
         drv = driver()
-        streams: list[ctypes.c_void_p] = self.__dict__.setdefault("_side", [])
-        while len(streams) < n:
+        while len(self._side) < n:
             st = ctypes.c_void_p()
             drv.check("cuStreamCreate", drv.cuStreamCreate(ctypes.byref(st), 1))
-            streams.append(st)
-        return streams[:n]
+            self._side.append(st)
+        return self._side[:n]
 
 
 _DEVICES: dict[int, CudaDevice] = {}
 
 # CUdevice_attribute values (cuda.h).
-_ATTR_PCI_BUS_ID, _ATTR_PCI_DEVICE_ID, _ATTR_PCI_DOMAIN_ID = 33, 34, 50
+_ATTR_PCI_BUS_ID, _ATTR_PCI_DEVICE_ID = 33, 34
 
 
 def cuda_device_for(cl_device: Any) -> CudaDevice:
@@ -573,12 +580,12 @@ class CudaGraphExecutor(PartitionIO):
         if not host.value:
             raise CudaUnsupported("cuMemHostAlloc returned no memory")
         whole = np.ctypeslib.as_array((ctypes.c_uint8 * max(pos, _ALIGN)).from_address(host.value))
-        self._staging: list[np.ndarray] = []
-        for spec, off in zip(io, host_off):
-            view = whole[off : off + spec.nbytes].view(spec.dtype).reshape(spec.shape)
-            self._staging.append(view)
+        staging = [
+            whole[off : off + spec.nbytes].view(spec.dtype).reshape(spec.shape)
+            for spec, off in zip(io, host_off)
+        ]
         n_in = len(program.inputs)
-        self._in_stage, self._out_stage = self._staging[:n_in], self._staging[n_in:]
+        self._in_stage, self._out_stage = staging[:n_in], staging[n_in:]
 
         self._functions: dict[str, ctypes.c_void_p] = {}
         self._calls = [self._prepare(launch) for launch in self._launches]
@@ -628,9 +635,7 @@ class CudaGraphExecutor(PartitionIO):
         events: list[ctypes.c_void_p] = self._res["events"]
         need = 0 if used == 1 else 1 + len(plan) + len(side)  # fork, one per call, joins
         while len(events) < need:
-            ev = ctypes.c_void_p()
-            drv.check("cuEventCreate", drv.cuEventCreate(ctypes.byref(ev), _EVENT_DISABLE_TIMING))
-            events.append(ev)
+            events.append(_new_event(drv, _EVENT_DISABLE_TIMING))
         self.branches = used
         return plan, side, events[:need]
 
@@ -780,13 +785,8 @@ class CudaGraphExecutor(PartitionIO):
             Seconds per launch, in launch order.
         """
         drv, stream = self._drv, self.device.stream
-        self.device.make_current()
-        self.finish()
-        events = []
-        for _ in range(len(self._calls) + 1):
-            ev = ctypes.c_void_p()
-            drv.check("cuEventCreate", drv.cuEventCreate(ctypes.byref(ev), 0))
-            events.append(ev)
+        self.finish()  # (makes the context current)
+        events = [_new_event(drv) for _ in range(len(self._calls) + 1)]
         try:
             drv.cuEventRecord(events[0], stream)
             for k, (fn, grid, block, params, _) in enumerate(self._calls):
@@ -808,11 +808,8 @@ class CudaGraphExecutor(PartitionIO):
     def graph_time(self, reps: int = 20) -> float:
         """Median device time of one whole graph replay (CUDA events), in seconds."""
         drv, stream = self._drv, self.device.stream
-        self.device.make_current()
-        self.finish()
-        a, b = ctypes.c_void_p(), ctypes.c_void_p()
-        drv.check("cuEventCreate", drv.cuEventCreate(ctypes.byref(a), 0))
-        drv.check("cuEventCreate", drv.cuEventCreate(ctypes.byref(b), 0))
+        self.finish()  # (makes the context current)
+        a, b = _new_event(drv), _new_event(drv)
         try:
             times = []
             ms = ctypes.c_float()
