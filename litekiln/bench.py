@@ -383,6 +383,34 @@ def _launch_overhead(sess: Any, reps: int = 50) -> dict[str, Any] | None:
     }
 
 
+def _host_breakdown(interp: Any, inputs: dict[int, np.ndarray], reps: int = 50) -> dict[str, Any] | None:
+    """Where one warm inference's time goes (medians over ``reps`` runs, ms): the GPU
+    partitions' inputs staged, launches, wait and outputs read back; the ops on the CPU; the
+    rest of `Interpreter.run` (input checks, the copies `get_tensor` returns)."""
+    sess = getattr(interp, "_backend", None)
+    if sess is None or not hasattr(sess, "step_times"):
+        return None
+    kinds = ("gpu_inputs", "gpu_launch", "gpu_outputs", "cpu")
+    per: dict[str, list[float]] = {k: [] for k in (*kinds, "other")}
+    try:
+        for _ in range(reps):
+            sess.step_times = []
+            t0 = time.perf_counter()
+            interp.run(inputs)
+            total = time.perf_counter() - t0
+            sums = dict.fromkeys(kinds, 0.0)
+            for kind, _, t in sess.step_times:
+                sums[kind] += t
+            for k in kinds:
+                per[k].append(sums[k])
+            per["other"].append(total - sum(sums.values()))
+    finally:
+        sess.step_times = None
+    names = {"gpu_inputs": "inputs_ms", "gpu_launch": "launch_ms", "gpu_outputs": "wait_outputs_ms",
+             "cpu": "cpu_ops_ms", "other": "other_ms"}
+    return {names[k]: round(statistics.median(v) * 1e3, 4) for k, v in per.items()}
+
+
 def _kernel_profile(sess: Any, reps: int = 10) -> dict[str, Any] | None:
     """Median device time of each launch, from OpenCL profiling events."""
     executors = getattr(sess, "executors", None)
@@ -499,6 +527,7 @@ def latency_model(path: str, kwargs: dict[str, Any], *, runs: int, profile: bool
         "cpu_ops": (getattr(sess, "compiled", None) and sess.compiled.stats.get("cpu_ops")),
         "partitions": len(getattr(sess, "executors", []) or []),
         "launch_overhead": _launch_overhead(sess),
+        "host_breakdown": _host_breakdown(interp, inputs),
     }
     graph_times = [ex.graph_time() for ex in getattr(sess, "executors", []) or [] if hasattr(ex, "graph_time")]
     if graph_times:

@@ -33,6 +33,7 @@ def test_latency_record_on_reference(smoke_path: Path) -> None:
     assert rec["litekiln_ms"] > 0 and rec["litert_cpu_ms"] > 0
     assert rec["max_rel_err_vs_litert_cpu"] < 1e-4
     assert rec["launch_overhead"] is None and rec["profile"] is None  # no OpenCL executors
+    assert rec["host_breakdown"] is None
     json.dumps(rec)
 
 
@@ -57,3 +58,7 @@ def test_startup_warm_only_and_profile(smoke_path: Path, tmp_path: Path) -> None
                         litert_gpu=False)
     assert lat["launch_overhead"]["launches"] == len(lat["profile"]["launches"]) > 0
     assert lat["profile"]["kernel_sum_ms"] > 0
+    hb = lat["host_breakdown"]  # one GPU partition, no CPU ops: its steps carry the time
+    assert set(hb) == {"inputs_ms", "launch_ms", "wait_outputs_ms", "cpu_ops_ms", "other_ms"}
+    assert hb["cpu_ops_ms"] == 0 and hb["launch_ms"] > 0 and hb["wait_outputs_ms"] > 0
+    assert hb["inputs_ms"] + hb["launch_ms"] + hb["wait_outputs_ms"] < 2 * lat["litekiln_p90_ms"]

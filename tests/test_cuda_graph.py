@@ -50,6 +50,7 @@ class FakeDriver:
         self.launched: list[tuple] = []
         self.graph_launches = 0
         self.errors: list[BaseException] = []
+        self.freed_host: list[int] = []
         self.streams = 11
         self.n_events = 0
         self.tails: dict[int, set[int]] = {}
@@ -126,7 +127,7 @@ class FakeDriver:
         self._alloc(p, size)
 
     def cuMemFreeHost(self, ptr):
-        pass
+        self.freed_host.append(ptr.value if hasattr(ptr, "value") else ptr)
 
     def cuMemcpyHtoD(self, dst, src, n):
         ctypes.memmove(dst, src, n)
@@ -364,6 +365,28 @@ def test_graph_executor_runs_the_plan(fake):
     assert ex.graph_time(reps=3) == 0.5e-3 and fake.graph_launches == before + 3
     with pytest.raises(ValueError, match="shape"):
         ex.set_input(0, np.zeros((100, 10), np.float32))
+
+
+def test_output_buffers_are_read_in_place_and_outlive_the_executor(fake):
+    prog = _axpb_program()
+    b = np.ones((10, 100), np.float32)
+    ex = cuda.CudaGraphExecutor(prog, {"b": b}, _PTX.encode() + b"\0", cuda.CudaDevice(0))
+    (buf,) = ex.output_buffers()
+    for k in (1.0, 3.0):
+        ex.set_input(0, np.full((10, 100), k, np.float32))
+        ex.run()
+        assert ex.get_output(0, out=buf) is buf  # no copy: the graph's own pinned output
+        np.testing.assert_array_equal(buf, np.full((10, 100), 2.5 * k + 2, np.float32))
+    # The pinned block is freed when the last view of it goes, not with the executor.
+    import gc
+
+    del ex
+    gc.collect()
+    assert fake.freed_host == []
+    assert float(buf[0, 0]) == 2.5 * 3 + 2
+    del buf
+    gc.collect()
+    assert len(fake.freed_host) == 1
 
 
 def test_ptx_checks_refuse_what_cuda_would_run_differently():

@@ -576,10 +576,13 @@ class CudaGraphExecutor(PartitionIO):
             pos += -(-max(spec.nbytes, _MIN_BYTES) // _ALIGN) * _ALIGN
         host = ctypes.c_void_p()
         drv.check("cuMemHostAlloc", drv.cuMemHostAlloc(ctypes.byref(host), max(pos, _ALIGN), 0))
-        self._res["host"] = host
         if not host.value:
             raise CudaUnsupported("cuMemHostAlloc returned no memory")
-        whole = np.ctypeslib.as_array((ctypes.c_uint8 * max(pos, _ALIGN)).from_address(host.value))
+        # The pinned block lives as long as the last array viewing it (`output_buffers` hands
+        # them out), not just as long as the executor: its own finalizer frees it.
+        block = (ctypes.c_uint8 * max(pos, _ALIGN)).from_address(host.value)
+        weakref.finalize(block, _free_host, drv, device, host)
+        whole = np.ctypeslib.as_array(block)
         staging = [
             whole[off : off + spec.nbytes].view(spec.dtype).reshape(spec.shape)
             for spec, off in zip(io, host_off)
@@ -766,6 +769,8 @@ class CudaGraphExecutor(PartitionIO):
         stage = self._out_stage[i]
         if out is None:
             return stage.copy()
+        if out is stage:  # the caller reads the staging buffer itself (`output_buffers`)
+            return out
         spec = self.output_spec(i)
         if (
             out.shape != spec.shape
@@ -777,6 +782,15 @@ class CudaGraphExecutor(PartitionIO):
             )
         np.copyto(out, stage)
         return out
+
+    def output_buffers(self) -> list[np.ndarray]:
+        """The pinned host arrays the graph copies the outputs into, one per output.
+
+        Every `run` overwrites them; `get_output(i, out=output_buffers()[i])` only waits for
+        the run to finish. For a caller that would copy each output into an array of its own
+        on every inference anyway (the session): one host copy fewer.
+        """
+        return list(self._out_stage)
 
     def profile(self) -> list[float]:
         """Each launch's device time (CUDA events around each kernel, launched one by one).
@@ -826,6 +840,16 @@ class CudaGraphExecutor(PartitionIO):
             drv.cuEventDestroy(b)
 
 
+def _free_host(drv: _Driver, device: CudaDevice, host: ctypes.c_void_p) -> None:
+    """Free a pinned staging block (the finalizer of the ctypes array over it)."""
+    try:
+        device.make_current()
+        drv.cuStreamSynchronize(device.stream)  # (a graph may still be copying into it)
+        drv.cuMemFreeHost(host)
+    except Exception:  # noqa: BLE001 - at interpreter exit the driver may already be gone
+        pass
+
+
 def _release(drv: _Driver, device: CudaDevice, res: dict[str, Any]) -> None:
     """Free what an executor holds (its finalizer; tolerant of a half-built executor)."""
     try:
@@ -835,8 +859,6 @@ def _release(drv: _Driver, device: CudaDevice, res: dict[str, Any]) -> None:
             drv.cuGraphExecDestroy(res["exec"])
         if res.get("graph") is not None:
             drv.cuGraphDestroy(res["graph"])
-        if res.get("host") is not None:
-            drv.cuMemFreeHost(res["host"])
         if res.get("arena") is not None:
             drv.cuMemFree(res["arena"])
         if res.get("module") is not None:

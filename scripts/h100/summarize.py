@@ -76,6 +76,16 @@ def main() -> None:
     print(f"\nGeometric mean over {len(lat)} models: {_f(g_cpu, '.2f')}x LiteRT CPU, "
           f"{_f(g_gpu, '.2f')}x LiteRT GPU; at least as fast as LiteRT GPU on {wins} of {len(lat)}.")
 
+    if any(m.get("host_breakdown") for m in lat.values()):
+        print("\n### Where one inference's time goes, fp32 (ms, medians; litekiln bench's host_breakdown)\n")
+        print("| model | litekiln | inputs staged | launch | wait + outputs | CPU ops | rest of run() | graph device time |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for m in lat.values():
+            b = m.get("host_breakdown") or {}
+            print(f"| {m['model']} | {_f(m['litekiln_ms'])} | {_f(b.get('inputs_ms'))} | "
+                  f"{_f(b.get('launch_ms'))} | {_f(b.get('wait_outputs_ms'))} | {_f(b.get('cpu_ops_ms'))} | "
+                  f"{_f(b.get('other_ms'))} | {_f(m.get('graph_device_ms'))} |")
+
     if lat16:
         print("\n### Latency, fp16 against fp32 (ms, median)\n")
         print("| model | litekiln fp16 | litekiln fp32 | fp16/fp32 | LiteRT CPU | x CPU |")
