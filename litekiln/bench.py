@@ -637,22 +637,27 @@ def _print_latency_notes(results: dict[str, Any]) -> None:
 
 
 def plot_latency(results: dict[str, Any], png: str) -> bool:
-    """Bar chart of the latencies (log scale). Returns False when matplotlib is missing."""
+    """Latencies per model (log scale) beside litekiln's speed-ups over LiteRT CPU and GPU
+    (with their geometric means). Returns False when matplotlib is missing."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker  # noqa: F401 - (matplotlib.ticker below)
     except ImportError:
         print(f"--plot {png}: matplotlib is not installed here; the JSON (--out) holds every "
               "figure: plot it elsewhere with `python -m litekiln.bench plot RESULTS.json "
               "OUT.png` (pip install matplotlib)", file=sys.stderr)
         return False
+    import math
+
     models = results["models"]
     names = [m["model"] for m in models]
     series = [("litekiln", "litekiln_ms"), ("LiteRT CPU", "litert_cpu_ms"),
               ("LiteRT GPU", "litert_gpu_ms")]
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(names) + 2), 4.5))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(max(10, 1.0 * len(names) + 6), 5.5),
+                                  gridspec_kw={"width_ratios": [3, 2]})
     width = 0.8 / len(series)
     for i, (label, key) in enumerate(series):
         xs = [j + (i - 1) * width for j in range(len(names))]
@@ -661,13 +666,39 @@ def plot_latency(results: dict[str, Any], png: str) -> bool:
         for b, y in zip(bars, ys):
             ax.annotate("n/a" if not y else f"{y:.2f}",
                         (b.get_x() + b.get_width() / 2, max(y, 1e-3)),
-                        ha="center", va="bottom", fontsize=7)
+                        ha="center", va="bottom", fontsize=6)
     ax.set_xticks(range(len(names)))
-    ax.set_xticklabels(names, rotation=20, ha="right", fontsize=8)
+    ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
     ax.set_yscale("log")
+    fmt = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+    ax.yaxis.set_major_formatter(fmt)
+    ax.yaxis.set_minor_formatter(fmt)
     ax.set_ylabel("warm latency, ms (median, lower is better)")
-    ax.set_title(f"{results.get('device')}")
-    ax.legend()
+    ax.set_title(f"{results.get('device')}", fontsize=9)
+    ax.legend(fontsize=8)
+
+    # Speed-ups (peer time / litekiln time), with their geometric means.
+    ys_pos = list(range(len(names)))[::-1]
+    for k, (label, key) in enumerate((("vs LiteRT CPU", "speedup_vs_litert_cpu"),
+                                      ("vs LiteRT GPU", "speedup_vs_litert_gpu"))):
+        vals = [m.get(key) or 0 for m in models]
+        ok = [v for v in vals if v > 0]
+        gm = math.exp(sum(math.log(v) for v in ok) / len(ok)) if ok else 0
+        ax2.barh([y + (0.2 if k == 0 else -0.2) for y in ys_pos], vals, 0.4,
+                 label=f"{label} (geomean {gm:.2f}x)", color=f"C{k + 1}")
+        for y, v in zip(ys_pos, vals):
+            if v:
+                ax2.annotate(f"{v:.2f}x", (v, y + (0.2 if k == 0 else -0.2)), va="center",
+                             fontsize=6)
+    ax2.axvline(1, color="k", lw=0.8)
+    ax2.axvline(3, color="grey", lw=0.8, ls="--")
+    ax2.set_xscale("log")
+    ax2.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+    ax2.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax2.set_yticks(ys_pos)
+    ax2.set_yticklabels(names, fontsize=8)
+    ax2.set_xlabel("litekiln speed-up (peer ms / litekiln ms; right of 1 = faster)")
+    ax2.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(png, dpi=120)
     print(f"plot written to {png}", file=sys.stderr)
