@@ -62,3 +62,18 @@ def test_startup_warm_only_and_profile(smoke_path: Path, tmp_path: Path) -> None
     assert set(hb) == {"inputs_ms", "launch_ms", "wait_outputs_ms", "cpu_ops_ms", "other_ms"}
     assert hb["cpu_ops_ms"] == 0 and hb["launch_ms"] > 0 and hb["wait_outputs_ms"] > 0
     assert hb["inputs_ms"] + hb["launch_ms"] + hb["wait_outputs_ms"] < 2 * lat["litekiln_p90_ms"]
+
+
+def test_plot_draws_latencies_and_speedups(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from litekiln.bench import plot_latency
+
+    results = {"device": "test", "models": [
+        {"model": "a", "litekiln_ms": 0.5, "litert_cpu_ms": 1.5, "litert_gpu_ms": None,
+         "speedup_vs_litert_cpu": 3.0, "speedup_vs_litert_gpu": None},
+        {"model": "b", "litekiln_ms": 2.0, "litert_cpu_ms": 1.0, "litert_gpu_ms": 4.0,
+         "speedup_vs_litert_cpu": 0.5, "speedup_vs_litert_gpu": 2.0},
+    ]}
+    png = tmp_path / "p.png"
+    assert plot_latency(results, str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
