@@ -201,6 +201,11 @@ graphprobe() {  # which launch path each partition takes (CUDA graph or OpenCL) 
   return $rc
 }
 
+probeinit() {  # the device opening's parts on NVIDIA (OpenCL, CUDA, both), fresh processes
+  "$PY" scripts/h100/probe_init.py > "$OUT/probe_init.jsonl"
+  cat "$OUT/probe_init.jsonl"
+}
+
 latencycl() {  # the OpenCL launch loop (LITEKILN_CUDA_GRAPH=off), for comparison with the graphs
   LITEKILN_CUDA_GRAPH=off timeout "$T_LATENCY" "$PY" -m litekiln.bench --cache-dir "$CACHE" \
     --runs "$RUNS" --out "$OUT/latency_opencl.json" "${PATHS[@]}"
@@ -222,5 +227,6 @@ step breakdown breakdown
 step profilewarm profilewarm
 step latencypy latencypy
 step latencycl latencycl
+step probeinit probeinit
 echo "== results in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 exit $status
