@@ -150,8 +150,10 @@ CUDA_GRAPH: Setting[str] = Setting(
     "NVIDIA GPUs: replay each partition's driver-built program (PTX) as one CUDA graph "
     "(input copies, every kernel, output copies in one `cuGraphLaunch`) instead of one "
     "clEnqueueNDRangeKernel per kernel. `auto` (default): on NVIDIA's OpenCL when libcuda "
-    "loads, the PTX passes the checks and one inference matches the OpenCL path; `on`: the "
-    "same, but a refusal is an error; `off`: always OpenCL launches.",
+    "loads, the PTX passes the checks and one inference matches the OpenCL path; the model "
+    "is ready at once on OpenCL and moves to the graph in a background thread (the first "
+    "inferences of a fresh process may run on OpenCL); `on`: the graph is made while the "
+    "model loads and a refusal is an error; `off`: always OpenCL launches.",
 )
 CUDA_STREAMS: Setting[int] = Setting(
     "LITEKILN_CUDA_STREAMS",

@@ -443,17 +443,12 @@ def test_only_nvidia_opencl_devices_are_matched(fake):
     assert cuda.cuda_device_for(nv) is cuda.cuda_device_for(nv)  # one per device and process
 
 
-@pytest.mark.opencl
-def test_session_compares_paths_and_falls_back(fake, monkeypatch, tmp_path):
-    """On a device that passes every check but computes something else (here: the fake's
-    kernels are not the program's), the session keeps OpenCL under `auto` and fails under
-    `on`; with matching kernels it takes the graph."""
-    from litekiln.errors import DeviceError
-    from litekiln.interpreter import Interpreter
+def _ptx_like_nvidia(monkeypatch) -> None:
+    """PoCL's executors report, as their binary, the program's signature as PTX (what NVIDIA's
+    OpenCL would give), so that the session's CUDA graph path runs against the fake driver."""
     from litekiln.runtime import executor as cl_executor
     from litekiln.runtime import session as session_mod
 
-    real_binary = cl_executor.PartitionExecutor.binary
     ptx_for: dict = {}
 
     def fake_ptx(self):  # the program's signature as PTX, what NVIDIA's compiler would give
@@ -474,12 +469,26 @@ def test_session_compares_paths_and_falls_back(fake, monkeypatch, tmp_path):
     monkeypatch.setattr(
         session_mod, "_binary_key", lambda *a: {"kind": "binary", "test": "no-store"}
     )
+
+
+@pytest.mark.opencl
+def test_session_compares_paths_and_falls_back(fake, monkeypatch, tmp_path):
+    """On a device that passes every check but computes something else (here: the fake's
+    kernels are not the program's), the session keeps OpenCL under `auto` and fails under
+    `on`; with matching kernels it takes the graph."""
+    from litekiln.errors import DeviceError
+    from litekiln.interpreter import Interpreter
+    from litekiln.runtime import executor as cl_executor
+
+    real_binary = cl_executor.PartitionExecutor.binary
+    _ptx_like_nvidia(monkeypatch)
     monkeypatch.setattr(cuda, "cuda_device_for", lambda dev: cuda.CudaDevice(0))
     model = "tests/data/smoke.tflite"
 
     monkeypatch.setenv("LITEKILN_CUDA_GRAPH", "auto")
     interp = Interpreter(model_path=model, cache_dir=str(tmp_path))
     interp.allocate_tensors()
+    interp._backend.wait_for_graph()  # noqa: SLF001 - auto: the upgrade runs in the background
     assert [type(e).__name__ for e in interp._backend.executors] == ["PartitionExecutor"]  # noqa: SLF001
     assert fake.launched, "the graph path was tried"
 
@@ -492,6 +501,44 @@ def test_session_compares_paths_and_falls_back(fake, monkeypatch, tmp_path):
     Interpreter(model_path=model, cache_dir=str(tmp_path)).allocate_tensors()
     assert len(fake.launched) == n, "off never touches CUDA"
     assert real_binary is not None
+
+
+@pytest.mark.opencl
+def test_session_starts_on_opencl_and_moves_to_the_graph_in_the_background(fake, monkeypatch, tmp_path):
+    """`auto`: the session is ready at once on OpenCL; the CUDA graph (driver start, capture,
+    check) is made in a background thread and swapped in between two inferences."""
+    import threading
+
+    from litekiln.interpreter import Interpreter
+    from litekiln.runtime import session as session_mod
+
+    _ptx_like_nvidia(monkeypatch)
+    monkeypatch.setattr(cuda, "cuda_device_for", lambda dev: cuda.CudaDevice(0))
+    monkeypatch.setattr(session_mod, "_compare_paths", lambda a, b: "")  # the fake computes nothing
+    gate = threading.Event()
+
+    class Gated(cuda.CudaGraphExecutor):
+        def __init__(self, *args, **kwargs):
+            assert gate.wait(60)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(cuda, "CudaGraphExecutor", Gated)
+    monkeypatch.setenv("LITEKILN_CUDA_GRAPH", "auto")
+    interp = Interpreter(model_path="tests/data/smoke.tflite", cache_dir=str(tmp_path))
+    interp.allocate_tensors()
+    sess = interp._backend  # noqa: SLF001
+    x = interp.random_inputs(0)
+    ref = Interpreter(model_path="tests/data/smoke.tflite", device="reference").run(x)
+    for _ in range(2):  # while the graph is being made: OpenCL, right outputs
+        for got, want in zip(interp.run(x), ref):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert [type(e) for e in sess.executors] != [Gated] and fake.graph_launches == 0
+    gate.set()
+    sess.wait_for_graph(60)
+    assert [type(e) for e in sess.executors] == [Gated]
+    before = fake.graph_launches
+    interp.run(x)
+    assert fake.graph_launches == before + 1  # later inferences replay the graph
 
 
 def test_group_offset_registers_become_zero():

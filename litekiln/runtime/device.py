@@ -153,7 +153,6 @@ class DeviceOpener:
         try:
             _driver_init()
             self._handle = select_device(choice)
-            _cuda_init(self._handle)
         except BaseException as exc:  # re-raised in the caller's thread by result()
             self._error = exc
 
@@ -211,20 +210,6 @@ def _driver_init() -> None:
     if lib is not None:
         n = ctypes.c_uint32(0)
         lib.clGetPlatformIDs(0, None, ctypes.byref(n))
-
-
-def _cuda_init(handle: DeviceHandle) -> None:
-    """On NVIDIA, start the CUDA driver for the CUDA graph launch path here too (in the
-    opener's thread, overlapping the model's parsing; ctypes releases the GIL)."""
-    from litekiln import config
-
-    if config.CUDA_GRAPH.get() == "off":
-        return
-    from litekiln.runtime.cuda import CudaUnsupported, cuda_device_for
-
-    # Refuses anything but NVIDIA's OpenCL at once; the session says why when it matters.
-    with contextlib.suppress(CudaUnsupported):
-        cuda_device_for(handle.device)
 
 
 def _create_context(device: Any) -> Any:

@@ -8,10 +8,12 @@ pre-bound launches, runs CPU ops in between and copies outputs out.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import hashlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -254,19 +256,64 @@ class Session:
             if save and store is not None and ex.binary:
                 store.save_binary(bkey, ex.binary, identity,
                                   tuning=ex.choices if prog.variants and tune else None)
-            self.executors.append(self._graph_path(ex, consts, part.index))
-        # Each partition output is read into the same host array on every inference (no
-        # per-inference allocation); values returned by `run` are valid until the next run.
-        # A CUDA graph copies its outputs into pinned host buffers of its own: those are the
-        # arrays (no second host copy; 5.5 MB per inference for DeepLab's output).
-        self._outputs = [
-            ex.output_buffers() if hasattr(ex, "output_buffers") else
-            [np.empty(ex.output_spec(i).shape, ex.output_spec(i).dtype) for i in range(ex.num_outputs)]
-            for ex in self.executors
-        ]
+            self.executors.append(ex)
+        self._outputs = [_output_arrays(ex) for ex in self.executors]
+        # `run` holds the lock; the CUDA graph upgrade takes it to check a graph against the
+        # OpenCL executor and to swap it in, so an inference never sees a half-made switch.
+        self._lock = threading.Lock()
+        self._graph_thread: threading.Thread | None = None
+        self._start_graph_upgrade()
         self.load_seconds = time.perf_counter() - t0
 
-    def _graph_path(self, ex: Any, consts: Mapping[str, np.ndarray], index: int) -> Any:
+    def _start_graph_upgrade(self) -> None:
+        """Move the partitions onto CUDA graphs (NVIDIA; `_graph_path`).
+
+        Under ``LITEKILN_CUDA_GRAPH=auto`` this happens in a background thread: the session is
+        ready on the OpenCL executors at once (starting the CUDA driver and a context costs
+        another ~100-200 ms on the H100, after OpenCL's own start), the first inferences run
+        there, and each partition switches to its graph between two inferences once the graph
+        is built and checked. `wait_for_graph` waits for that. ``on`` does it here, now, and
+        fails if any partition cannot take the graph path; ``off`` never touches CUDA.
+        """
+        from litekiln import config
+
+        mode = config.CUDA_GRAPH.get()
+        todo = [(slot, ex) for slot, ex in enumerate(self.executors) if ex.program.launches]
+        if mode == "off" or not todo:
+            return
+        if mode == "on":
+            self._upgrade(todo)
+            return
+        self._graph_thread = threading.Thread(
+            target=self._upgrade, args=(todo,), daemon=True, name="litekiln-cuda-graph"
+        )
+        _UPGRADES.add(self._graph_thread)
+        self._graph_thread.start()
+
+    def _upgrade(self, todo: list[tuple[int, Any]]) -> None:
+        try:
+            for slot, ex in todo:
+                cu = self._graph_path(ex, slot)
+                if cu is ex:
+                    continue
+                with self._lock:
+                    self.executors[slot] = cu
+                    self._outputs[slot] = _output_arrays(cu)
+        except Exception as exc:  # noqa: BLE001 - never let the background upgrade break a session
+            if threading.current_thread() is not self._graph_thread:
+                raise  # (``on``: here, now, errors included)
+            log.warning("%s: CUDA graph path abandoned: %s: %s", self.model.name, type(exc).__name__, exc)
+        finally:
+            _UPGRADES.discard(threading.current_thread())
+
+    def wait_for_graph(self, timeout: float | None = None) -> None:
+        """Wait until the background CUDA graph upgrade (if any) has finished: from then on
+        `executors` holds the launch path every later inference takes."""
+        t = self._graph_thread
+        if t is not None:
+            t.join(timeout)
+
+    def _graph_path(self, ex: Any, slot: int) -> Any:
         """The CUDA graph executor of ``ex``'s program on NVIDIA GPUs, else ``ex`` itself.
 
         `litekiln.runtime.cuda` says why: NVIDIA's OpenCL spends ~5 us of host time per
@@ -275,10 +322,6 @@ class Session:
         (the same PTX runs in both, so they agree to the bit unless something is wrong).
         """
         from litekiln import config
-
-        mode = config.CUDA_GRAPH.get()
-        if mode == "off" or not ex.program.launches:
-            return ex
         from litekiln.runtime.cuda import (
             CudaGraphExecutor,
             CudaUnsupported,
@@ -286,24 +329,30 @@ class Session:
             cuda_device_for,
         )
 
+        part = self.compiled.partitions[slot]
         try:
             device = cuda_device_for(self.handle.device)  # first: refuses non-NVIDIA at once
             binary = ex.binary  # (copied out of the driver when it was built from source)
             if not binary:
                 raise CudaUnsupported("the OpenCL driver reports no program binary")
+            consts = {name: self.compiled.constants[name] for name in part.program.constants.values()}
             cu = CudaGraphExecutor(ex.program, consts, binary, device, choices=ex.choices,
                                    streams=config.CUDA_STREAMS.get())
-            mismatch = _compare_paths(ex, cu)
+            with self._lock:  # (the OpenCL executor is idle meanwhile)
+                mismatch = _compare_paths(ex, cu)
             if mismatch:
                 raise CudaUnsupported(f"one inference differs from the OpenCL path: {mismatch}")
         except CudaUnsupported as exc:
-            if mode == "on":
-                raise DeviceError(f"{self.model.name}: partition {index}: CUDA graph path: {exc}") from None
+            if config.CUDA_GRAPH.get() == "on":
+                raise DeviceError(
+                    f"{self.model.name}: partition {part.index}: CUDA graph path: {exc}"
+                ) from None
             if not isinstance(exc, NotNvidiaDevice):
-                log.info("%s: partition %d stays on OpenCL launches: %s", self.model.name, index, exc)
+                log.info("%s: partition %d stays on OpenCL launches: %s", self.model.name,
+                         part.index, exc)
             return ex
         log.info("%s: partition %d runs as one CUDA graph (%d kernels, %d concurrent branches "
-                 "at most)", self.model.name, index, cu.num_launches, cu.branches)
+                 "at most)", self.model.name, part.index, cu.num_launches, cu.branches)
         return cu
 
     def run(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
@@ -317,6 +366,10 @@ class Session:
             partition boundary. GPU outputs live in host arrays that the next `run`
             overwrites: copy what must outlive it.
         """
+        with self._lock:
+            return self._run(inputs)
+
+    def _run(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
         from litekiln.reference import run_ops
 
         g = self.graph
@@ -388,6 +441,27 @@ class Session:
                     report.tensor, report.name, report.op = t, g.tensors[t].name, i
                     report.max_abs_error, report.tolerance = err, tol
                     return
+
+
+def _output_arrays(ex: Any) -> list[np.ndarray]:
+    """The host arrays partition outputs are read into on every inference (no per-inference
+    allocation; values returned by `Session.run` are valid until the next run). A CUDA graph
+    copies its outputs into pinned buffers of its own: those are the arrays (no second host
+    copy; 5.5 MB per inference for DeepLab's output)."""
+    if hasattr(ex, "output_buffers"):
+        return ex.output_buffers()  # type: ignore[no-any-return]
+    return [np.empty(ex.output_spec(i).shape, ex.output_spec(i).dtype) for i in range(ex.num_outputs)]
+
+
+#: Background CUDA graph upgrades still running; joined at exit, so that no thread is inside
+#: the CUDA driver while the process tears it down.
+_UPGRADES: set[threading.Thread] = set()
+
+
+@atexit.register
+def _join_upgrades() -> None:
+    for t in list(_UPGRADES):
+        t.join(timeout=15)
 
 
 def _compare_paths(a: Any, b: Any, seed: int = 0) -> str:

@@ -20,14 +20,14 @@ CASES = {
     "cuda_init": "from litekiln.runtime import cuda; cuda.driver()",
     "cuda_context": "from litekiln.runtime import cuda; cuda.driver(); cuda.CudaDevice(0)",
     "opencl_then_cuda": (
-        "from litekiln.runtime.device import select_device, _cuda_init; "
-        "_cuda_init(select_device(None))"
+        "from litekiln.runtime.device import select_device; from litekiln.runtime import cuda; "
+        "cuda.cuda_device_for(select_device(None).device)"
     ),
     "opencl_and_cuda_threads": (
         "import threading; from litekiln.runtime import cuda; "
-        "from litekiln.runtime.device import select_device, _cuda_init; "
+        "from litekiln.runtime.device import select_device; "
         "t = threading.Thread(target=lambda: cuda.CudaDevice(0)); t.start(); "
-        "h = select_device(None); t.join(); _cuda_init(h)"
+        "h = select_device(None); t.join(); cuda.cuda_device_for(h.device)"
     ),
     "opener": "from litekiln.runtime.device import DeviceOpener; DeviceOpener(None).result()",
 }
