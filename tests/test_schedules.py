@@ -322,6 +322,41 @@ def test_conv1x1_7x7_pixel_tile_tail(cl_env: Any, min_work_items: int) -> None:
     check(cl_env, mod, [x], [ref], schedule=fast_schedule("cpu", min_work_items=min_work_items))
 
 
+def _fused_prim_funcs(mod: Any) -> dict[str, Any]:
+    target = tvm.target.Target("opencl", host="llvm")
+    seq = tvm.transform.Sequential([
+        relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(),
+    ])
+    with target:
+        fused = seq(mod)
+    return {gv.name_hint: f for gv, f in fused.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+
+
+def test_few_outputs_reduction_variant(cl_env: Any) -> None:
+    # hand_landmark_lite's late projection: 7x7x672 -> 112, bias, residual add (5488 outputs
+    # of 672 terms): one work-group per output. MobileNet-sized outputs are declined.
+    from tvm.s_tir import dlight as dl
+
+    from litekiln.compiler.schedules import FewOutputsReduction
+
+    target = tvm.target.Target("opencl", host="llvm")
+    x, w, b, r = _rand(1, 7, 7, 672), _rand(112, 1, 1, 672) * 0.1, _rand(112), _rand(1, 7, 7, 112)
+    mod = _conv_module(x.shape, w, 1, (0, 0, 0, 0), bias=b, residual=r.shape)
+    convs = [f for n, f in _fused_prim_funcs(mod).items() if "conv2d" in n]
+    assert len(convs) == 1
+    with target:
+        assert FewOutputsReduction().apply(convs[0], target, False) is not None
+    big = _conv_module((1, 56, 56, 64), _rand(128, 1, 1, 64), 1, (0, 0, 0, 0))
+    (big_conv,) = [f for n, f in _fused_prim_funcs(big).items() if "conv2d" in n]
+    with target:
+        assert FewOutputsReduction().apply(big_conv, target, False) is None  # 401K outputs
+    ref = conv_ref(x, w) + b + r
+    res = check(cl_env, mod, [x, r], [ref], rule=None,
+                schedule=dl.ApplyDefaultSchedule(FewOutputsReduction(), dl.gpu.Fallback()))
+    assert "barrier(" in res.program.source  # the threads of a group share each sum
+
+
 @pytest.mark.parametrize("k,stride,dilation", [(3, 2, 1), (5, 1, 1), (3, 1, 2)])
 def test_conv_large_tiles_odd_sizes(cl_env: Any, k: int, stride: int, dilation: int) -> None:
     # Largest tiles on sizes that none of them divide (13 wide, 12 output channels: fv = 4).

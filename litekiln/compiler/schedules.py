@@ -57,7 +57,8 @@ from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 from tvm.target import Target
 
 __all__ = [
-    "PROFILES", "ConfiguredMatmul", "Injective", "SerialReduction", "WindowReduction", "fast_rules",
+    "PROFILES", "ConfiguredMatmul", "FewOutputsReduction", "Injective", "SerialReduction",
+    "WindowReduction", "fast_rules",
     "fast_schedule", "variant_rules",
 ]
 
@@ -562,6 +563,37 @@ def describe_rules(
     return out
 
 
+class FewOutputsReduction(_SingleReductionRule):
+    """dlight's cross-thread reduction (`GeneralReduction`: one work-group per output, its
+    threads sharing the reduction) for reductions with few outputs and many terms.
+
+    The late 1x1 convolutions of the MediaPipe models (hand_landmark_lite's 7x7 layers: 5488
+    outputs of 672 terms) give dlight's Matmul 28 groups of 64 threads, each looping over all
+    672 input channels: ~39 us per launch on the H100, latency-bound. One group per output
+    spreads the same sum over 256 threads. Large outputs (MobileNet's 14x14x512, 100K) would
+    make as many groups and lose, hence the limits.
+
+    Args:
+        max_outputs: Most outputs a kernel may have.
+        min_terms: Fewest terms per output.
+    """
+
+    def __init__(self, max_outputs: int = 16384, min_terms: int = 256) -> None:
+        self.max_outputs = max_outputs
+        self.min_terms = min_terms
+
+    def _apply(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+        if super()._apply(func, target) is None:  # (the shape checks, in `_schedule`)
+            return None
+        return dl.gpu.GeneralReduction().apply(func, target, False)  # type: ignore[no-any-return]
+
+    def _schedule(self, sch: s_tir.Schedule, target: Target, infos: list[Any], red_info: Any,
+                  s_ext: list[int], r_ext: list[int]) -> s_tir.Schedule | None:
+        if math.prod(s_ext) > self.max_outputs or math.prod(r_ext) < self.min_terms:
+            return None
+        return sch
+
+
 class ConfiguredMatmul(dl.gpu.Matmul):
     """dlight's Matmul rule with a fixed tile configuration instead of its per-target one."""
 
@@ -590,6 +622,8 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
       output each: for the late 14x14 and 7x7 layers (MobileNet's 7x7x1024 1x1 convolutions
       make 32 groups of the CUDA configuration's 32x64 tiles for 132 SMs; 256 groups here).
       Chosen only where the device times them faster (the H100 had only the others so far).
+    * `FewOutputsReduction`: one work-group per output for few outputs of long reductions
+      (the late 1x1 convolutions of the landmark models).
 
     The ``cpu`` profile has none (PoCL is for correctness).
     """
@@ -608,4 +642,5 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
                              micro_size_k=16, vector_size=1, unroll=64, use_shared=True)),
         ConfiguredMatmul(cfg(block_size_x=16, block_size_y=16, micro_size_x=1, micro_size_y=1,
                              micro_size_k=16, vector_size=1, unroll=64, use_shared=True)),
+        FewOutputsReduction(),
     ]
