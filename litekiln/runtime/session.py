@@ -224,7 +224,7 @@ class Session:
         self.executors: list[Any] = []
         for part in compiled.partitions:
             prog = part.program
-            consts = {name: compiled.constants[name] for name in prog.constants.values()}
+            consts = _partition_constants(compiled, part)
             bkey = _binary_key(prog.source, prog.build_options, identity)
             binary, choices = store.load_program(bkey) if store is not None else (None, None)
             try:
@@ -335,7 +335,7 @@ class Session:
             binary = ex.binary  # (copied out of the driver when it was built from source)
             if not binary:
                 raise CudaUnsupported("the OpenCL driver reports no program binary")
-            consts = {name: self.compiled.constants[name] for name in part.program.constants.values()}
+            consts = _partition_constants(self.compiled, part)
             cu = CudaGraphExecutor(ex.program, consts, binary, device, choices=ex.choices,
                                    streams=config.CUDA_STREAMS.get())
             with self._lock:  # (the OpenCL executor is idle meanwhile)
@@ -441,6 +441,11 @@ class Session:
                     report.tensor, report.name, report.op = t, g.tensors[t].name, i
                     report.max_abs_error, report.tolerance = err, tol
                     return
+
+
+def _partition_constants(compiled: CompiledModel, part: Any) -> dict[str, np.ndarray]:
+    """The constant arrays one partition's program uploads, by name."""
+    return {name: compiled.constants[name] for name in part.program.constants.values()}
 
 
 def _output_arrays(ex: Any) -> list[np.ndarray]:
