@@ -155,14 +155,18 @@ def _spawn(
     t0 = time.perf_counter()
     p = subprocess.run(
         [sys.executable, "-m", "litekiln.bench", _CHILD, json.dumps(spec)],
-        env=env, capture_output=True, text=True, timeout=_CHILD_TIMEOUT_S, check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=_CHILD_TIMEOUT_S,
+        check=False,
     )
     wall = time.perf_counter() - t0
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith(_MARK)]
     if p.returncode != 0 or not lines:
         tail = "\n".join((p.stderr or p.stdout).strip().splitlines()[-15:])
         raise LitekilnError(f"start-up child for {model} failed (exit {p.returncode}):\n{tail}")
-    r: dict[str, Any] = json.loads(lines[-1][len(_MARK):])
+    r: dict[str, Any] = json.loads(lines[-1][len(_MARK) :])
     r["process_s"] = wall
     return r
 
@@ -185,8 +189,15 @@ def _summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return {k.replace("_s", "_ms"): _ms(_median([s[k] for s in samples])) for k in keys}
 
 
-def startup_model(path: str, kwargs: dict[str, Any], *, repeat: int, warm_only: bool,
-                  cache_dir: str | None, progress: bool = True) -> dict[str, Any]:
+def startup_model(
+    path: str,
+    kwargs: dict[str, Any],
+    *,
+    repeat: int,
+    warm_only: bool,
+    cache_dir: str | None,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Cold, shipped and warm start-up of one model (see the module docstring).
 
     Args:
@@ -286,8 +297,14 @@ def startup_main(a: Any) -> int:
         "models": [],
     }
     for path in a.models:
-        rec = startup_model(path, kwargs, repeat=a.repeat, warm_only=warm_only,
-                            cache_dir=getattr(a, "cache_dir", None), progress=not a.json)
+        rec = startup_model(
+            path,
+            kwargs,
+            repeat=a.repeat,
+            warm_only=warm_only,
+            cache_dir=getattr(a, "cache_dir", None),
+            progress=not a.json,
+        )
         results["device"] = results["device"] or rec["device"]
         results["models"].append(rec)
         if getattr(a, "out", None):
@@ -306,8 +323,10 @@ def argparse_like(**kw: Any) -> Any:
 
 def _print_startup(results: dict[str, Any]) -> None:
     warm_only = results["mode"] == "warm-only"
-    print(f"start-up on {results['device']} ({results['mode']}, "
-          f"median of {results['repeat']} processes)")
+    print(
+        f"start-up on {results['device']} ({results['mode']}, "
+        f"median of {results['repeat']} processes)"
+    )
     head = f"{'model':32s} {'cold ms':>9s} {'shipped ms':>10s} {'warm ms':>8s} {'warm/cold':>9s}"
     if warm_only:
         head += f" {'+compile ms':>11s} {'warm/est':>8s}"
@@ -315,26 +334,36 @@ def _print_startup(results: dict[str, Any]) -> None:
     print(head)
     for m in results["models"]:
         w = m["warm_breakdown"]
-        line = (f"{m['model']:32s} {_fmt(m['cold_ms'], '9.1f')} {_fmt(m['shipped_ms'], '10.1f')} "
-                f"{_fmt(m['warm_ms'], '8.1f')} {_fmt(m['warm_vs_cold_pct'], '8.2f')}%")
+        line = (
+            f"{m['model']:32s} {_fmt(m['cold_ms'], '9.1f')} {_fmt(m['shipped_ms'], '10.1f')} "
+            f"{_fmt(m['warm_ms'], '8.1f')} {_fmt(m['warm_vs_cold_pct'], '8.2f')}%"
+        )
         if warm_only:
-            line += (f" {_fmt(m.get('cold_estimate_ms'), '11.1f')} "
-                     f"{_fmt(m.get('warm_vs_cold_estimate_pct'), '7.2f')}%")
-        line += (f" |       {_fmt(w['construct_ms'], '6.1f')} {_fmt(w['open_ms'], '6.1f')} "
-                 f"{_fmt(w['load_ms'], '6.1f')} {_fmt(w['first_run_ms'], '6.1f')}")
+            line += (
+                f" {_fmt(m.get('cold_estimate_ms'), '11.1f')} "
+                f"{_fmt(m.get('warm_vs_cold_estimate_pct'), '7.2f')}%"
+            )
+        line += (
+            f" |       {_fmt(w['construct_ms'], '6.1f')} {_fmt(w['open_ms'], '6.1f')} "
+            f"{_fmt(w['load_ms'], '6.1f')} {_fmt(w['first_run_ms'], '6.1f')}"
+        )
         print(line)
         if m["warm_imported_tvm"]:
             print(f"  WARNING: a warm start of {m['model']} imported TVM")
         if not m["outputs_agree"]:
             print(f"  WARNING: {m['model']}: outputs differ between processes")
-    print("warm/cold: warm start-up as a percentage of the cold one (cold: empty cache, "
-          "driver cache off; shipped: litekiln cache hit, driver cache off; warm: both caches "
-          "hot). "
-          "parse/open/load/run1: model file, device + cache lookup, program build + upload, "
-          "first inference.")
+    print(
+        "warm/cold: warm start-up as a percentage of the cold one (cold: empty cache, "
+        "driver cache off; shipped: litekiln cache hit, driver cache off; warm: both caches "
+        "hot). "
+        "parse/open/load/run1: model file, device + cache lookup, program build + upload, "
+        "first inference."
+    )
     if warm_only:
-        print("warm-only: cold = device part only (no compiler here); +compile adds the compile "
-              "time recorded on the build machine.")
+        print(
+            "warm-only: cold = device part only (no compiler here); +compile adds the compile "
+            "time recorded on the build machine."
+        )
 
 
 # ---------------------------------------------------------------------------------- latency
@@ -408,8 +437,13 @@ def _host_breakdown(
             per["other"].append(total - sum(sums.values()))
     finally:
         sess.step_times = None
-    names = {"gpu_inputs": "inputs_ms", "gpu_launch": "launch_ms", "gpu_outputs": "wait_outputs_ms",
-             "cpu": "cpu_ops_ms", "other": "other_ms"}
+    names = {
+        "gpu_inputs": "inputs_ms",
+        "gpu_launch": "launch_ms",
+        "gpu_outputs": "wait_outputs_ms",
+        "cpu": "cpu_ops_ms",
+        "other": "other_ms",
+    }
     return {names[k]: round(statistics.median(v) * 1e3, 4) for k, v in per.items()}
 
 
@@ -436,8 +470,9 @@ def _kernel_profile(sess: Any, reps: int = 10) -> dict[str, Any] | None:
     return {
         "kernel_sum_ms": round(sum(r["ms"] for r in rows), 4),
         "launches": rows,
-        "top": sorted(({"kernel": k, "ms": round(v, 5)} for k, v in by_kernel.items()),
-                      key=lambda d: -d["ms"])[:15],
+        "top": sorted(
+            ({"kernel": k, "ms": round(v, 5)} for k, v in by_kernel.items()), key=lambda d: -d["ms"]
+        )[:15],
     }
 
 
@@ -499,8 +534,9 @@ def _litert_gpu(
     return timing, [got[t] for t in g.outputs]
 
 
-def latency_model(path: str, kwargs: dict[str, Any], *, runs: int, profile: bool,
-                  litert_gpu: bool = True) -> dict[str, Any]:
+def latency_model(
+    path: str, kwargs: dict[str, Any], *, runs: int, profile: bool, litert_gpu: bool = True
+) -> dict[str, Any]:
     """Warm latency of litekiln and LiteRT CPU/GPU on one model, same process, same inputs."""
     from litekiln.check import relative_error
     from litekiln.interpreter import Interpreter
@@ -534,7 +570,9 @@ def latency_model(path: str, kwargs: dict[str, Any], *, runs: int, profile: bool
         "launch_overhead": _launch_overhead(sess),
         "host_breakdown": _host_breakdown(interp, inputs),
     }
-    graph_times = [ex.graph_time() for ex in getattr(sess, "executors", []) or [] if hasattr(ex, "graph_time")]
+    graph_times = [
+        ex.graph_time() for ex in getattr(sess, "executors", []) or [] if hasattr(ex, "graph_time")
+    ]
     if graph_times:
         # Device time of the CUDA graphs alone (copies and kernels, CUDA events): the rest of
         # litekiln_ms is host work, CPU ops and synchronisation.
@@ -610,17 +648,21 @@ def _litert_version() -> str | None:
 def _print_latency_row(rec: dict[str, Any], *, header: bool, device: str) -> None:
     if header:
         print(f"warm latency on {device} (median ms)")
-        print(f"{'model':32s} {'litekiln':>9s} {'LiteRT CPU':>10s} {'LiteRT GPU':>10s} "
-              f"{'x CPU':>7s} "
-              f"{'x GPU':>7s} {'rel err':>9s} {'launches':>8s} {'us/launch':>9s}")
+        print(
+            f"{'model':32s} {'litekiln':>9s} {'LiteRT CPU':>10s} {'LiteRT GPU':>10s} "
+            f"{'x CPU':>7s} "
+            f"{'x GPU':>7s} {'rel err':>9s} {'launches':>8s} {'us/launch':>9s}"
+        )
     lo = rec.get("launch_overhead") or {}
     err = rec["max_rel_err_vs_litert_cpu"]
-    print(f"{rec['model']:32s} {_fmt(rec['litekiln_ms'], '9.3f')} "
-          f"{_fmt(rec['litert_cpu_ms'], '10.3f')} "
-          f"{_fmt(rec['litert_gpu_ms'], '10.3f')} {_fmt(rec['speedup_vs_litert_cpu'], '7.3g')} "
-          f"{_fmt(rec['speedup_vs_litert_gpu'], '7.3g')} "
-          f"{(format(err, '9.1e') if err is not None else 'n/a'.rjust(9))} "
-          f"{lo.get('launches', 0):8d} {_fmt(lo.get('enqueue_us_per_launch'), '9.2f')}")
+    print(
+        f"{rec['model']:32s} {_fmt(rec['litekiln_ms'], '9.3f')} "
+        f"{_fmt(rec['litert_cpu_ms'], '10.3f')} "
+        f"{_fmt(rec['litert_gpu_ms'], '10.3f')} {_fmt(rec['speedup_vs_litert_cpu'], '7.3g')} "
+        f"{_fmt(rec['speedup_vs_litert_gpu'], '7.3g')} "
+        f"{(format(err, '9.1e') if err is not None else 'n/a'.rjust(9))} "
+        f"{lo.get('launches', 0):8d} {_fmt(lo.get('enqueue_us_per_launch'), '9.2f')}"
+    )
     for k in ("litert_cpu_error", "litert_gpu_error"):
         if rec.get(k):
             print(f"  {k.replace('_error', '').replace('_', ' ')}: n/a ({rec[k][:160]})")
@@ -628,17 +670,21 @@ def _print_latency_row(rec: dict[str, Any], *, header: bool, device: str) -> Non
 
 def _print_profile(rec: dict[str, Any]) -> None:
     p = rec["profile"]
-    print(f"  kernels: {len(p['launches'])} launches, {p['kernel_sum_ms']:.3f} ms device time "
-          "in all "
-          f"(litekiln end-to-end {rec['litekiln_ms']:.3f} ms)")
+    print(
+        f"  kernels: {len(p['launches'])} launches, {p['kernel_sum_ms']:.3f} ms device time "
+        "in all "
+        f"(litekiln end-to-end {rec['litekiln_ms']:.3f} ms)"
+    )
     for t in p["top"][:10]:
         print(f"    {t['ms']:9.4f} ms  {t['kernel']}")
 
 
 def _print_latency_notes(results: dict[str, Any]) -> None:
-    print("x CPU / x GPU: LiteRT's time over litekiln's (above 1: litekiln faster). rel err: "
-          "max|litekiln - LiteRT CPU| / max(1, max|LiteRT CPU|). us/launch: host time of the "
-          "enqueue loop per kernel launch.")
+    print(
+        "x CPU / x GPU: LiteRT's time over litekiln's (above 1: litekiln faster). rel err: "
+        "max|litekiln - LiteRT CPU| / max(1, max|LiteRT CPU|). us/launch: host time of the "
+        "enqueue loop per kernel launch."
+    )
 
 
 def plot_latency(results: dict[str, Any], png: str) -> bool:
@@ -651,27 +697,38 @@ def plot_latency(results: dict[str, Any], png: str) -> bool:
         import matplotlib.pyplot as plt
         import matplotlib.ticker  # noqa: F401 - (matplotlib.ticker below)
     except ImportError:
-        print(f"--plot {png}: matplotlib is not installed here; the JSON (--out) holds every "
-              "figure: plot it elsewhere with `python -m litekiln.bench plot RESULTS.json "
-              "OUT.png` (pip install matplotlib)", file=sys.stderr)
+        print(
+            f"--plot {png}: matplotlib is not installed here; the JSON (--out) holds every "
+            "figure: plot it elsewhere with `python -m litekiln.bench plot RESULTS.json "
+            "OUT.png` (pip install matplotlib)",
+            file=sys.stderr,
+        )
         return False
     import math
 
     models = results["models"]
     names = [m["model"] for m in models]
-    series = [("litekiln", "litekiln_ms"), ("LiteRT CPU", "litert_cpu_ms"),
-              ("LiteRT GPU", "litert_gpu_ms")]
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(max(10, 1.0 * len(names) + 6), 5.5),
-                                  gridspec_kw={"width_ratios": [3, 2]})
+    series = [
+        ("litekiln", "litekiln_ms"),
+        ("LiteRT CPU", "litert_cpu_ms"),
+        ("LiteRT GPU", "litert_gpu_ms"),
+    ]
+    fig, (ax, ax2) = plt.subplots(
+        1, 2, figsize=(max(10, 1.0 * len(names) + 6), 5.5), gridspec_kw={"width_ratios": [3, 2]}
+    )
     width = 0.8 / len(series)
     for i, (label, key) in enumerate(series):
         xs = [j + (i - 1) * width for j in range(len(names))]
         ys = [m.get(key) or 0 for m in models]
         bars = ax.bar(xs, ys, width, label=label)
         for b, y in zip(bars, ys):
-            ax.annotate("n/a" if not y else f"{y:.2f}",
-                        (b.get_x() + b.get_width() / 2, max(y, 1e-3)),
-                        ha="center", va="bottom", fontsize=6)
+            ax.annotate(
+                "n/a" if not y else f"{y:.2f}",
+                (b.get_x() + b.get_width() / 2, max(y, 1e-3)),
+                ha="center",
+                va="bottom",
+                fontsize=6,
+            )
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
     ax.set_yscale("log")
@@ -684,17 +741,24 @@ def plot_latency(results: dict[str, Any], png: str) -> bool:
 
     # Speed-ups (peer time / litekiln time), with their geometric means.
     ys_pos = list(range(len(names)))[::-1]
-    for k, (label, key) in enumerate((("vs LiteRT CPU", "speedup_vs_litert_cpu"),
-                                      ("vs LiteRT GPU", "speedup_vs_litert_gpu"))):
+    for k, (label, key) in enumerate(
+        (("vs LiteRT CPU", "speedup_vs_litert_cpu"), ("vs LiteRT GPU", "speedup_vs_litert_gpu"))
+    ):
         vals = [m.get(key) or 0 for m in models]
         ok = [v for v in vals if v > 0]
         gm = math.exp(sum(math.log(v) for v in ok) / len(ok)) if ok else 0
-        ax2.barh([y + (0.2 if k == 0 else -0.2) for y in ys_pos], vals, 0.4,
-                 label=f"{label} (geomean {gm:.2f}x)", color=f"C{k + 1}")
+        ax2.barh(
+            [y + (0.2 if k == 0 else -0.2) for y in ys_pos],
+            vals,
+            0.4,
+            label=f"{label} (geomean {gm:.2f}x)",
+            color=f"C{k + 1}",
+        )
         for y, v in zip(ys_pos, vals):
             if v:
-                ax2.annotate(f"{v:.2f}x", (v, y + (0.2 if k == 0 else -0.2)), va="center",
-                             fontsize=6)
+                ax2.annotate(
+                    f"{v:.2f}x", (v, y + (0.2 if k == 0 else -0.2)), va="center", fontsize=6
+                )
     ax2.axvline(1, color="k", lw=0.8)
     ax2.axvline(3, color="grey", lw=0.8, ls="--")
     ax2.set_xscale("log")

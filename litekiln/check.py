@@ -69,7 +69,10 @@ def tolerance_for(name: str, precision: str = "fp32") -> float:
 
 
 def litert_outputs(
-    model_path: str, inputs: list[np.ndarray], *, builtin: bool = False,
+    model_path: str,
+    inputs: list[np.ndarray],
+    *,
+    builtin: bool = False,
     extra: tuple[int, ...] = (),
 ) -> list[np.ndarray]:
     """Run LiteRT's CPU interpreter on the inputs (XNNPACK, or its builtin kernels).
@@ -92,7 +95,9 @@ def litert_outputs(
     for d, x in zip(li.get_input_details(), inputs):
         li.set_tensor(d["index"], x)
     li.invoke()
-    return [li.get_tensor(d["index"]) for d in li.get_output_details()] + [li.get_tensor(t) for t in extra]
+    return [li.get_tensor(d["index"]) for d in li.get_output_details()] + [
+        li.get_tensor(t) for t in extra
+    ]
 
 
 #: Custom ops whose outputs are a ranking (non-maximum suppression): at fp16, near-tied
@@ -106,8 +111,11 @@ def ranking_inputs(model: Any) -> tuple[int, ...]:
     """Tensor indices that feed a ranking op (see :data:`RANKING_OPS`), in op order."""
     g = model.main
     return tuple(
-        t for op in g.ops if op.name in RANKING_OPS or op.custom_code in RANKING_OPS
-        for t in op.inputs if t >= 0 and g.tensors[t].data is None
+        t
+        for op in g.ops
+        if op.name in RANKING_OPS or op.custom_code in RANKING_OPS
+        for t in op.inputs
+        if t >= 0 and g.tensors[t].data is None
     )
 
 
@@ -178,8 +186,15 @@ def check_model(model_path: str | Path, *, seed: int = 0, **interpreter_kwargs: 
         ranked_out, ref = ref[:n_out], ref[n_out:]
         same_count = _same_detection_count(interp, ranked_out)
         if not same_count:
-            return CheckResult(name, False, float("inf"), tol, device, seconds,
-                               error="number of detections differs from LiteRT's")
+            return CheckResult(
+                name,
+                False,
+                float("inf"),
+                tol,
+                device,
+                seconds,
+                error="number of detections differs from LiteRT's",
+            )
     err = relative_error(ours, ref)  # type: ignore[arg-type]
     if name in RANGE_RELATIVE:
         # Relative to the output range, as the dynamic-range bound is stated.

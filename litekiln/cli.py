@@ -1,12 +1,12 @@
 """The ``litekiln`` command line: a thin layer over the Python API.
 
-    litekiln compile MODEL... [--cache-dir D] [--precision fp16]   compile ahead of time
-    litekiln run MODEL [--inputs in.npz] [--save out.npz]          run once, print outputs
-    litekiln inspect MODEL                                          what runs where, and why
-    litekiln cache ls|info|verify|prune|clear|export|import         manage the cache
-    litekiln bench --startup MODEL...                               cold vs warm start-up
-    litekiln devices                                                list OpenCL devices
-    litekiln config                                                 every setting and its value
+litekiln compile MODEL... [--cache-dir D] [--precision fp16]   compile ahead of time
+litekiln run MODEL [--inputs in.npz] [--save out.npz]          run once, print outputs
+litekiln inspect MODEL                                          what runs where, and why
+litekiln cache ls|info|verify|prune|clear|export|import         manage the cache
+litekiln bench --startup MODEL...                               cold vs warm start-up
+litekiln devices                                                list OpenCL devices
+litekiln config                                                 every setting and its value
 """
 
 from __future__ import annotations
@@ -36,9 +36,13 @@ environment: LITEKILN_DEVICE, LITEKILN_CACHE_DIR, LITEKILN_PRECISION ... (`litek
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cache-dir", help="cache directory (default: $LITEKILN_CACHE_DIR or the XDG cache dir)")
+    p.add_argument(
+        "--cache-dir", help="cache directory (default: $LITEKILN_CACHE_DIR or the XDG cache dir)"
+    )
     p.add_argument("--precision", choices=["fp32", "fp16"], help="kernel precision (default fp32)")
-    p.add_argument("--device", help="OpenCL device: gpu, cpu, opencl, P:D, a name substring, or 'reference'")
+    p.add_argument(
+        "--device", help="OpenCL device: gpu, cpu, opencl, P:D, a name substring, or 'reference'"
+    )
     p.add_argument("--token", help="model token (default: farmhash Fingerprint64 of the file)")
     p.add_argument(
         "--op-table",
@@ -46,10 +50,14 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
         help="GPU op table: the documented TFLite GPU table (default) or extended",
     )
     p.add_argument("--max-partitions", type=int, help="most GPU partitions to delegate")
-    p.add_argument("--no-quantized", action="store_true", help="run quantized op versions on the CPU")
+    p.add_argument(
+        "--no-quantized", action="store_true", help="run quantized op versions on the CPU"
+    )
     p.add_argument("--no-cache", action="store_true", help="do not read or write the cache")
     p.add_argument(
-        "--fp16-budget", type=_budget, metavar="ERR|off",
+        "--fp16-budget",
+        type=_budget,
+        metavar="ERR|off",
         help="with --precision fp16: the largest simulated error (relative to max(1, "
         "max|output|)) the compiler accepts before it keeps the most sensitive tensors in "
         "float32 (default 2.5e-3; 'off': every tensor in half, unchecked; see docs/precision.md). "
@@ -63,7 +71,9 @@ def _budget(text: str) -> float | str:
     try:
         v = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1) or 'off', got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a number in (0, 1) or 'off', got {text!r}"
+        ) from None
     if not 0.0 < v < 1.0:
         raise argparse.ArgumentTypeError(f"expected a number in (0, 1) or 'off', got {text!r}")
     return v
@@ -112,7 +122,9 @@ def cmd_compile(a: argparse.Namespace) -> int:
 
     kw = _interpreter_kwargs(a)
     if kw.get("device") == "reference":
-        raise LitekilnError("compile produces OpenCL programs; --device reference has nothing to compile")
+        raise LitekilnError(
+            "compile produces OpenCL programs; --device reference has nothing to compile"
+        )
     kw.pop("use_cache", None)
     if a.half:
         kw["half"] = a.half
@@ -123,7 +135,11 @@ def cmd_compile(a: argparse.Namespace) -> int:
         info = precompile(path, force=a.force, **kw)
         results.append(info)
         if not a.json:
-            state = "already cached" if info["cached"] else f"compiled in {info['compile_seconds']:.1f} s"
+            state = (
+                "already cached"
+                if info["cached"]
+                else f"compiled in {info['compile_seconds']:.1f} s"
+            )
             print(
                 f"{path}: token {info['token']}, {info['partitions']} GPU partition(s), "
                 f"{info['kernels']} kernels, {info['gpu_ops']} ops on the GPU / {info['cpu_ops']} on "
@@ -143,7 +159,9 @@ def cmd_run(a: argparse.Namespace) -> int:
         try:
             npz = np.load(a.inputs)
         except (OSError, ValueError) as exc:
-            raise LitekilnError(f"{a.inputs}: cannot read inputs ({exc}); expected an .npz file") from None
+            raise LitekilnError(
+                f"{a.inputs}: cannot read inputs ({exc}); expected an .npz file"
+            ) from None
         inputs = []
         for i, d in enumerate(details):
             for k in (d["name"], f"input_{i}", f"arr_{i}"):
@@ -170,9 +188,14 @@ def cmd_run(a: argparse.Namespace) -> int:
                 "device": interp.device,
                 "seconds": dt,
                 "outputs": [
-                    {"name": d["name"], "shape": list(o.shape), "dtype": o.dtype.name,
-                     "min": float(o.min()) if o.size else None, "max": float(o.max()) if o.size else None,
-                     "mean": float(o.astype(np.float64).mean()) if o.size else None}
+                    {
+                        "name": d["name"],
+                        "shape": list(o.shape),
+                        "dtype": o.dtype.name,
+                        "min": float(o.min()) if o.size else None,
+                        "max": float(o.max()) if o.size else None,
+                        "mean": float(o.astype(np.float64).mean()) if o.size else None,
+                    }
                     for d, o in zip(out_details, outs)
                 ],
             }
@@ -182,7 +205,9 @@ def cmd_run(a: argparse.Namespace) -> int:
     for d, o in zip(out_details, outs):
         flat = o.reshape(-1)
         preview = np.array2string(flat[:6], precision=4, separator=", ")
-        print(f"  {d['name']} {list(o.shape)} {o.dtype.name}: {preview}{' ...' if flat.size > 6 else ''}")
+        print(
+            f"  {d['name']} {list(o.shape)} {o.dtype.name}: {preview}{' ...' if flat.size > 6 else ''}"
+        )
     if a.save:
         print(f"outputs saved to {a.save}")
     return 0
@@ -203,32 +228,57 @@ def cmd_inspect(a: argparse.Namespace) -> int:
     owner = {i: p.index for p in plan.partitions for i in p.ops}
     ops = []
     for op in g.ops:
-        where = "folded" if op.folded else (f"gpu:{owner[op.index]}" if op.index in owner else "cpu")
+        where = (
+            "folded" if op.folded else (f"gpu:{owner[op.index]}" if op.index in owner else "cpu")
+        )
         ops.append(
             {
-                "index": op.index, "op": op.name, "code": op.code, "version": op.version,
-                "custom_code": op.custom_code, "where": where,
+                "index": op.index,
+                "op": op.name,
+                "code": op.code,
+                "version": op.version,
+                "custom_code": op.custom_code,
+                "where": where,
                 "reason": plan.cpu_reasons.get(op.index, ""),
-                "inputs": op.inputs, "outputs": op.outputs,
+                "inputs": op.inputs,
+                "outputs": op.outputs,
             }
         )
     info = {
         "model": a.model,
         "token": model.token,
         "schema_version": model.version,
-        "inputs": [{"index": t, "name": g.tensors[t].name, "shape": list(g.tensors[t].shape), "dtype": g.tensors[t].dtype.name} for t in g.inputs],
-        "outputs": [{"index": t, "name": g.tensors[t].name, "shape": list(g.tensors[t].shape), "dtype": g.tensors[t].dtype.name} for t in g.outputs],
+        "inputs": [
+            {
+                "index": t,
+                "name": g.tensors[t].name,
+                "shape": list(g.tensors[t].shape),
+                "dtype": g.tensors[t].dtype.name,
+            }
+            for t in g.inputs
+        ],
+        "outputs": [
+            {
+                "index": t,
+                "name": g.tensors[t].name,
+                "shape": list(g.tensors[t].shape),
+                "dtype": g.tensors[t].dtype.name,
+            }
+            for t in g.outputs
+        ],
         "op_histogram": model.op_histogram(),
-        "partitions": [{"index": p.index, "ops": len(p.ops), "inputs": p.inputs, "outputs": p.outputs} for p in plan.partitions],
+        "partitions": [
+            {"index": p.index, "ops": len(p.ops), "inputs": p.inputs, "outputs": p.outputs}
+            for p in plan.partitions
+        ],
         "gpu_ops": plan.gpu_op_count,
         "cpu_ops": plan.cpu_op_count,
         "ops": ops,
     }
     if a.compiled:
         from litekiln.cache.models import ModelCache
-        from litekiln.runtime.artifact import CompileOptions
-
         from litekiln.interpreter import _schedules_for
+        from litekiln.runtime.artifact import CompileOptions
 
         cache = ModelCache.open(a.cache_dir)
         opts = CompileOptions(
@@ -249,14 +299,18 @@ def cmd_inspect(a: argparse.Namespace) -> int:
     for line in plan.warning_lines():
         print(line)
     for p in plan.partitions:
-        print(f"  partition {p.index}: {len(p.ops)} ops (#{p.ops[0]}..#{p.ops[-1]}), "
-              f"{len(p.inputs)} inputs, {len(p.outputs)} outputs")
+        print(
+            f"  partition {p.index}: {len(p.ops)} ops (#{p.ops[0]}..#{p.ops[-1]}), "
+            f"{len(p.inputs)} inputs, {len(p.outputs)} outputs"
+        )
     if a.ops:
         for o in ops:
             extra = f"  <- {o['reason']}" if o["reason"] else ""
             print(f"    #{o['index']:4d} {o['op']:28s} v{o['version']} {o['where']}{extra}")
     if a.compiled:
-        print(f"  kernels (cached compilation): {info['kernels'] if info['kernels'] is not None else 'not compiled yet'}")
+        print(
+            f"  kernels (cached compilation): {info['kernels'] if info['kernels'] is not None else 'not compiled yet'}"
+        )
     return 0
 
 
@@ -264,9 +318,14 @@ def cmd_devices(a: argparse.Namespace) -> int:
     from litekiln.runtime.device import list_devices
 
     devs = [
-        {"id": f"{p}:{i}", "name": d.name.strip(), "platform": d.platform.name.strip(),
-         "type": "gpu" if d.type & 4 else "cpu" if d.type & 2 else "other",
-         "version": d.version.strip(), "driver": d.driver_version.strip()}
+        {
+            "id": f"{p}:{i}",
+            "name": d.name.strip(),
+            "platform": d.platform.name.strip(),
+            "type": "gpu" if d.type & 4 else "cpu" if d.type & 2 else "other",
+            "version": d.version.strip(),
+            "driver": d.driver_version.strip(),
+        }
         for p, i, d in list_devices()
     ]
     if a.json:
@@ -275,7 +334,9 @@ def cmd_devices(a: argparse.Namespace) -> int:
         print("no OpenCL devices; install a driver (e.g. `apt-get install pocl-opencl-icd`)")
     else:
         for d in devs:
-            print(f"{d['id']}  {d['type']:5s} {d['name']} ({d['platform']}, {d['version']}, driver {d['driver']})")
+            print(
+                f"{d['id']}  {d['type']:5s} {d['name']} ({d['platform']}, {d['version']}, driver {d['driver']})"
+            )
     return 0
 
 
@@ -325,7 +386,9 @@ def parse_age(text: str) -> float:
             return float(t[:-1]) * units[t[-1]]
         return float(t)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"cannot read {text!r} as an age (e.g. 7d, 12h, 30m)") from None
+        raise argparse.ArgumentTypeError(
+            f"cannot read {text!r} as an age (e.g. 7d, 12h, 30m)"
+        ) from None
 
 
 def cmd_cache(a: argparse.Namespace) -> int:
@@ -342,10 +405,16 @@ def cmd_cache(a: argparse.Namespace) -> int:
         print(f"{store.directory}: {len(rows)} entries, {_human(sum(r['size'] for r in rows))}")
         for r in rows:
             opts = r.get("options") or {}
-            desc = ",".join(f"{k}={v}" for k, v in opts.items() if k in ("precision", "op_table")) if isinstance(opts, dict) else ""
+            desc = (
+                ",".join(f"{k}={v}" for k, v in opts.items() if k in ("precision", "op_table"))
+                if isinstance(opts, dict)
+                else ""
+            )
             ident = r.get("token") or (r.get("fields") or {}).get("name", "")
             name = r.get("model_name") or ""
-            print(f"  {r['key'][:12]}  {r['kind']:7s} {str(ident)[:24]:24s} {str(name)[:28]:28s} {desc:28s} {_human(r['size']):>10s}  {_age(r['last_use'])}")
+            print(
+                f"  {r['key'][:12]}  {r['kind']:7s} {str(ident)[:24]:24s} {str(name)[:28]:28s} {desc:28s} {_human(r['size']):>10s}  {_age(r['last_use'])}"
+            )
         return 0
     if sub == "info":
         try:
@@ -415,49 +484,73 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"litekiln {__version__}")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
 
-    c = sub.add_parser("compile", help="compile models ahead of time into the cache",
-                       description="Compile each model's GPU partitions to OpenCL and store them in "
-                       "the cache, so that the app's first Interpreter start is a cache hit. No "
-                       "device is needed: the program is device-independent OpenCL, and each "
-                       "device builds and caches its binary at first load. Ship the cache "
-                       "directory (or `litekiln cache export`) with the app.")
+    c = sub.add_parser(
+        "compile",
+        help="compile models ahead of time into the cache",
+        description="Compile each model's GPU partitions to OpenCL and store them in "
+        "the cache, so that the app's first Interpreter start is a cache hit. No "
+        "device is needed: the program is device-independent OpenCL, and each "
+        "device builds and caches its binary at first load. Ship the cache "
+        "directory (or `litekiln cache export`) with the app.",
+    )
     c.add_argument("models", nargs="+", metavar="MODEL")
     _add_model_options(c)
-    c.add_argument("--half", choices=["native", "emulated"],
-                   help="with --precision fp16: half kernels (GPUs, default) or fp32 kernels "
-                   "rounding to fp16 (devices without half arithmetic, e.g. PoCL)")
+    c.add_argument(
+        "--half",
+        choices=["native", "emulated"],
+        help="with --precision fp16: half kernels (GPUs, default) or fp32 kernels "
+        "rounding to fp16 (devices without half arithmetic, e.g. PoCL)",
+    )
     c.add_argument("--force", action="store_true", help="recompile even if cached")
-    c.add_argument("--schedules", choices=["fast", "fast-cpu", "default"],
-                   help="kernel schedules: fast (GPUs), fast-cpu (CPU OpenCL such as PoCL) or "
-                   "default (TVM's generic rules); default: the profile of --device, or of this "
-                   "machine's default OpenCL device, else fast")
+    c.add_argument(
+        "--schedules",
+        choices=["fast", "fast-cpu", "default"],
+        help="kernel schedules: fast (GPUs), fast-cpu (CPU OpenCL such as PoCL) or "
+        "default (TVM's generic rules); default: the profile of --device, or of this "
+        "machine's default OpenCL device, else fast",
+    )
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(func=cmd_compile)
 
-    r = sub.add_parser("run", help="run a model once and print its outputs",
-                       description="Run a model (compiling it first if it is not cached) on seeded "
-                       "random inputs or on inputs from an .npz file.")
+    r = sub.add_parser(
+        "run",
+        help="run a model once and print its outputs",
+        description="Run a model (compiling it first if it is not cached) on seeded "
+        "random inputs or on inputs from an .npz file.",
+    )
     r.add_argument("model", metavar="MODEL")
-    r.add_argument("--inputs", help=".npz with one array per input (by input name, input_N or arr_N)")
+    r.add_argument(
+        "--inputs", help=".npz with one array per input (by input name, input_N or arr_N)"
+    )
     r.add_argument("--save", help="write the outputs to this .npz (keyed by output name)")
     r.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     r.add_argument("--json", action="store_true", help="machine-readable output")
     _add_model_options(r)
     r.set_defaults(func=cmd_run)
 
-    i = sub.add_parser("inspect", help="show ops, which run where and why, and partitions",
-                       description="Load and partition a model without compiling it: inputs, "
-                       "outputs, op histogram, GPU partitions and the reason for each CPU op.")
+    i = sub.add_parser(
+        "inspect",
+        help="show ops, which run where and why, and partitions",
+        description="Load and partition a model without compiling it: inputs, "
+        "outputs, op histogram, GPU partitions and the reason for each CPU op.",
+    )
     i.add_argument("model", metavar="MODEL")
     i.add_argument("--ops", action="store_true", help="list every op with its placement")
-    i.add_argument("--compiled", action="store_true", help="also report the cached compilation's kernel count")
+    i.add_argument(
+        "--compiled", action="store_true", help="also report the cached compilation's kernel count"
+    )
     i.add_argument("--json", action="store_true", help="machine-readable output")
     _add_model_options(i)
     i.set_defaults(func=cmd_inspect)
 
-    ca = sub.add_parser("cache", help="manage the compiled-model cache",
-                        description="List, check, shrink, empty, export and import the cache.")
-    ca.add_argument("--cache-dir", help="cache directory (default: $LITEKILN_CACHE_DIR or the XDG cache dir)")
+    ca = sub.add_parser(
+        "cache",
+        help="manage the compiled-model cache",
+        description="List, check, shrink, empty, export and import the cache.",
+    )
+    ca.add_argument(
+        "--cache-dir", help="cache directory (default: $LITEKILN_CACHE_DIR or the XDG cache dir)"
+    )
     cs = ca.add_subparsers(dest="cache_cmd", metavar="ACTION", required=True)
     x = cs.add_parser("ls", help="list entries: token, model, options, size, last use")
     x.add_argument("--json", action="store_true")
@@ -480,17 +573,25 @@ def build_parser() -> argparse.ArgumentParser:
         action.set_defaults(func=cmd_cache)
     ca.set_defaults(func=cmd_cache)
 
-    b = sub.add_parser("bench", help="benchmark latency or start-up time",
-                       description="Warm latency against LiteRT (CPU and, where it loads, GPU), or "
-                       "with --startup the time from constructing the Interpreter to the first "
-                       "result, cold (empty cache) versus warm (cache hit), in fresh processes.")
+    b = sub.add_parser(
+        "bench",
+        help="benchmark latency or start-up time",
+        description="Warm latency against LiteRT (CPU and, where it loads, GPU), or "
+        "with --startup the time from constructing the Interpreter to the first "
+        "result, cold (empty cache) versus warm (cache hit), in fresh processes.",
+    )
     b.add_argument("models", nargs="+", metavar="MODEL")
     b.add_argument("--startup", action="store_true", help="measure cold vs warm start-up")
-    b.add_argument("--warm-only", action="store_true",
-                   help="start-up without a compiler: --cache-dir holds the models compiled "
-                   "elsewhere; cold runs start from a copy without device binaries and the "
-                   "recorded compile time is added as an estimate")
-    b.add_argument("--repeat", type=int, default=3, help="fresh processes per measurement (start-up)")
+    b.add_argument(
+        "--warm-only",
+        action="store_true",
+        help="start-up without a compiler: --cache-dir holds the models compiled "
+        "elsewhere; cold runs start from a copy without device binaries and the "
+        "recorded compile time is added as an estimate",
+    )
+    b.add_argument(
+        "--repeat", type=int, default=3, help="fresh processes per measurement (start-up)"
+    )
     b.add_argument("--runs", type=int, default=100, help="timed runs per model (latency)")
     b.add_argument("--profile", action="store_true", help="per-kernel GPU profile (latency)")
     b.add_argument("--plot", help="write a PNG of speed-ups (latency)")

@@ -7,8 +7,9 @@ in docs/configuration.md is generated from :data:`SETTINGS` (``litekiln config -
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Generic, TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 

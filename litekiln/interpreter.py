@@ -15,21 +15,21 @@ from typing import Any
 
 import numpy as np
 
-from litekiln import config
-from litekiln.errors import InputError
-from litekiln.model import Model, Tensor, load_model
-
 # Imported with the module, not at the first Interpreter: an app imports litekiln once at
 # start-up, and every later Interpreter construction is then only model parsing, the cache
 # hit and the device work (the flatbuffer readers, the op registry, pyopencl and the cache
 # together take ~100-200 ms to import).
 import tflite  # noqa: E402,F401  (the flatbuffer readers the loader uses)
-import litekiln.ops  # noqa: E402,F401  (registers every op family)
-import litekiln.runtime.session  # noqa: E402,F401  (the session and the cache)
-import litekiln.runtime.executor  # noqa: E402,F401  (pyopencl: ~30 ms here, ~250 ms on the H100)
+
 import litekiln.cache.models  # noqa: E402,F401
 import litekiln.model.schema  # noqa: E402,F401  (op names and options, read while parsing)
+import litekiln.ops  # noqa: E402,F401  (registers every op family)
 import litekiln.reference  # noqa: E402,F401  (CPU ops between partitions)
+import litekiln.runtime.executor  # noqa: E402,F401  (pyopencl: ~30 ms here, ~250 ms on the H100)
+import litekiln.runtime.session  # noqa: E402,F401  (the session and the cache)
+from litekiln import config
+from litekiln.errors import InputError
+from litekiln.model import Model, Tensor, load_model
 from litekiln.runtime.device import DeviceOpener  # noqa: E402
 
 REFERENCE = "reference"
@@ -73,12 +73,16 @@ class Interpreter:
         if (model_path is None) == (model_content is None):
             raise ValueError("give exactly one of model_path or model_content")
         if experimental_delegates:
-            raise ValueError("litekiln is itself the GPU path; experimental_delegates must be empty")
+            raise ValueError(
+                "litekiln is itself the GPU path; experimental_delegates must be empty"
+            )
         self._model_bytes: bytes | None = model_content
         self._device_choice = config.DEVICE.get(device) or ""
         # The OpenCL driver starts up (and the context is made) in the background while the
         # model is parsed; allocate_tensors() waits for it.
-        self._opener = DeviceOpener(self._device_choice or None) if self._device_choice != REFERENCE else None
+        self._opener = (
+            DeviceOpener(self._device_choice or None) if self._device_choice != REFERENCE else None
+        )
         if model_path is not None:
             from litekiln.model.loader import load_model as _load
 
@@ -222,7 +226,9 @@ class Interpreter:
             for s in self._model.signatures
         }
 
-    def get_signature_runner(self, signature_key: str | None = None) -> Callable[..., dict[str, np.ndarray]]:
+    def get_signature_runner(
+        self, signature_key: str | None = None
+    ) -> Callable[..., dict[str, np.ndarray]]:
         """A callable taking named inputs and returning named outputs, as LiteRT's runner."""
         sigs = {s.key: s for s in self._model.signatures}
         if signature_key is None and len(sigs) == 1:
@@ -247,7 +253,9 @@ class Interpreter:
 
     # -- litekiln additions -------------------------------------------------------------------
 
-    def run(self, inputs: Any, *, intermediates: bool = False) -> list[np.ndarray] | dict[int, np.ndarray]:
+    def run(
+        self, inputs: Any, *, intermediates: bool = False
+    ) -> list[np.ndarray] | dict[int, np.ndarray]:
         """One call inference: inputs as a list (graph order) or {index: array}.
 
         Returns:

@@ -14,7 +14,9 @@ from litekiln.model.ir import Op, Subgraph
 from litekiln.ops import run_op
 
 
-def gather_inputs(op: Op, graph: Subgraph, values: Mapping[int, np.ndarray]) -> list[np.ndarray | None]:
+def gather_inputs(
+    op: Op, graph: Subgraph, values: Mapping[int, np.ndarray]
+) -> list[np.ndarray | None]:
     """The arrays an op reads: computed values, else constants, None for omitted inputs."""
     out: list[np.ndarray | None] = []
     for t in op.inputs:

@@ -37,6 +37,7 @@ def bench(
     if min_work_items is None:
         sched.fast_schedule = original
     else:
+
         def patched(profile: str = "gpu", **kw: Any) -> Any:
             return original(profile, min_work_items=min_work_items, **kw)
 
@@ -99,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=8)
     ap.add_argument("--json", default="")
     ap.add_argument(
-        "--min-work-items", type=int, default=None,
+        "--min-work-items",
+        type=int,
+        default=None,
         help="fast schedules: work-items a conv keeps before its tile grows (0: largest tiles)",
     )
     args = ap.parse_args(argv)

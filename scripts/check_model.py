@@ -17,7 +17,9 @@ from litekiln.check import check_model
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("models", nargs="+")
     p.add_argument("--device", help="reference, gpu, opencl, P:D or a name substring")
     p.add_argument("--precision", choices=["fp32", "fp16"])
@@ -26,7 +28,11 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
-    kw = {k: v for k, v in (("device", a.device), ("precision", a.precision), ("cache_dir", a.cache_dir)) if v}
+    kw = {
+        k: v
+        for k, v in (("device", a.device), ("precision", a.precision), ("cache_dir", a.cache_dir))
+        if v
+    }
     if a.no_cache:
         kw["use_cache"] = False
     results = []
@@ -34,7 +40,9 @@ def main() -> int:
         try:
             r = check_model(m, seed=a.seed, **kw)
         except RuntimeError as exc:  # LiteRT cannot run it (unresolved custom op)
-            print(f"{m}: skipped, LiteRT cannot run it: {str(exc).splitlines()[0]}", file=sys.stderr)
+            print(
+                f"{m}: skipped, LiteRT cannot run it: {str(exc).splitlines()[0]}", file=sys.stderr
+            )
             continue
         results.append(r)
         if not a.json:

@@ -70,8 +70,28 @@ WORKER_MEMORY_BYTES = 4 << 30
 SLOW_FLAG_S = 1.0
 MEMORY_FLAG_MB = 256
 
-INTERESTING_INTS = [0, 1, 2, 3, 4, 7, 8, 16, 127, 128, 255, 256, 0x7FFF, 0x8000, 0xFFFF,
-                    0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, -1, -2]
+INTERESTING_INTS = [
+    0,
+    1,
+    2,
+    3,
+    4,
+    7,
+    8,
+    16,
+    127,
+    128,
+    255,
+    256,
+    0x7FFF,
+    0x8000,
+    0xFFFF,
+    0x7FFFFFFF,
+    0x80000000,
+    0xFFFFFFFF,
+    -1,
+    -2,
+]
 
 
 # -- seeds ----------------------------------------------------------------------------------
@@ -88,13 +108,26 @@ def built_seeds() -> dict[str, bytes]:
 
     b = ModelBuilder()
     x = b.input("x", [1, 8, 8, 3], "int8", quant=Quant(0.02, -3))
-    w = b.const("w", rng.integers(-127, 128, (4, 3, 3, 3)).astype(np.int8),
-                quant=Quant([0.01, 0.02, 0.03, 0.04], [0, 0, 0, 0], axis=0))
+    w = b.const(
+        "w",
+        rng.integers(-127, 128, (4, 3, 3, 3)).astype(np.int8),
+        quant=Quant([0.01, 0.02, 0.03, 0.04], [0, 0, 0, 0], axis=0),
+    )
     bias = b.const("bias", np.arange(4, dtype=np.int32), quant=Quant([2e-4] * 4, [0] * 4))
-    y = b.op("CONV_2D", [x, w, bias], out_shape=[1, 8, 8, 4], out_quant=Quant(0.05, 1),
-             options={"padding": "SAME", "stride_w": 1, "stride_h": 1}, version=3)
-    r = b.op("RESHAPE", [y, np.array([1, 256], np.int32)], out_shape=[1, 256],
-             options={"new_shape": [1, 256]})
+    y = b.op(
+        "CONV_2D",
+        [x, w, bias],
+        out_shape=[1, 8, 8, 4],
+        out_quant=Quant(0.05, 1),
+        options={"padding": "SAME", "stride_w": 1, "stride_h": 1},
+        version=3,
+    )
+    r = b.op(
+        "RESHAPE",
+        [y, np.array([1, 256], np.int32)],
+        out_shape=[1, 256],
+        options={"new_shape": [1, 256]},
+    )
     b.output(r)
     b.signature("serving_default", {"x": x}, {"y": r})
     seeds["built_conv_int8"] = b.build()
@@ -104,16 +137,30 @@ def built_seeds() -> dict[str, bytes]:
     dense = rng.normal(size=(8, 8)).astype(np.float16)
     dense[rng.random((8, 8)) < 0.7] = 0
     dense[:4] = 0
-    ws = b.const("w", dense, sparsity=Sparsity(formats=[DENSE, SPARSE_CSR, DENSE], block_map=[1],
-                                               block_size=[2], index_dtype="uint8"))
+    ws = b.const(
+        "w",
+        dense,
+        sparsity=Sparsity(
+            formats=[DENSE, SPARSE_CSR, DENSE], block_map=[1], block_size=[2], index_dtype="uint8"
+        ),
+    )
     wd = b.op("DENSIFY", [ws])
     wf = b.op("DEQUANTIZE", [wd], out_dtype="float32", version=3)
-    w2 = b.const("w2", rng.normal(size=(8, 8)).astype(np.float32),
-                 sparsity=Sparsity(formats=[SPARSE_CSR, SPARSE_CSR]))
+    w2 = b.const(
+        "w2",
+        rng.normal(size=(8, 8)).astype(np.float32),
+        sparsity=Sparsity(formats=[SPARSE_CSR, SPARSE_CSR]),
+    )
     w2d = b.op("DENSIFY", [w2])
     y = b.op("ADD", [b.op("ADD", [x, wf]), w2d])
-    b.output(b.op("SQUEEZE", [b.op("RESHAPE", [y, np.array([1, 64], np.int32)], out_shape=[1, 64])],
-                  out_shape=[64], options={"squeeze_dims": [0]}))
+    b.output(
+        b.op(
+            "SQUEEZE",
+            [b.op("RESHAPE", [y, np.array([1, 64], np.int32)], out_shape=[1, 64])],
+            out_shape=[64],
+            options={"squeeze_dims": [0]},
+        )
+    )
     seeds["built_sparse_fp16"] = b.build()
 
     b = ModelBuilder()
@@ -123,11 +170,20 @@ def built_seeds() -> dict[str, bytes]:
     then.output(then.op("NEG", [then.input("x", [2, 1])]))
     other = b.subgraph("else")
     other.output(other.op("RELU", [other.input("x", [2, 1])]))
-    y = b.op("IF", [c, x], out_shape=[2, 1], out_dtype="float32",
-             options={"then_subgraph_index": 1, "else_subgraph_index": 2})
+    y = b.op(
+        "IF",
+        [c, x],
+        out_shape=[2, 1],
+        out_dtype="float32",
+        options={"then_subgraph_index": 1, "else_subgraph_index": 2},
+    )
     z = b.custom_op("MyCustom", [y], custom_options={"alpha": 0.5, "dims": [1, 2]})
-    parts = b.op("SPLIT", [np.array(0, np.int32), z], options={"num_splits": 2},
-                 outputs=[b.tensor("s0", [1, 1]), b.tensor("s1", [1, 1])])
+    parts = b.op(
+        "SPLIT",
+        [np.array(0, np.int32), z],
+        options={"num_splits": 2},
+        outputs=[b.tensor("s0", [1, 1]), b.tensor("s1", [1, 1])],
+    )
     i4 = b.const("i4", np.array([-8, -1, 0, 7, 3], np.int8), "int4")
     b.output(*parts, i4)
     b.signature("run", {"c": c, "x": x}, {"a": parts[0], "b": parts[1]})
@@ -284,8 +340,13 @@ class Mutator:
 
     def truncate(self, rng: random.Random, name: str, data: bytearray, log: list[str]) -> None:
         n = len(data)
-        at = rng.choice([rng.randrange(n + 1), n - rng.randrange(min(n, 64) + 1),
-                         rng.randrange(min(n, 256) + 1)])
+        at = rng.choice(
+            [
+                rng.randrange(n + 1),
+                n - rng.randrange(min(n, 64) + 1),
+                rng.randrange(min(n, 256) + 1),
+            ]
+        )
         del data[at:]
         log.append(f"truncate to {at}")
 
@@ -312,14 +373,18 @@ class Mutator:
             positions = self.positions(name, base) if base is not None else []
         except Exception:  # noqa: BLE001  (the seed itself is valid; be safe anyway)
             positions = []
-        at = rng.choice(positions) if positions and rng.random() < 0.9 else rng.randrange(
-            max(1, len(data)))
+        at = (
+            rng.choice(positions)
+            if positions and rng.random() < 0.9
+            else rng.randrange(max(1, len(data)))
+        )
         width = rng.choice([4, 4, 4, 2, 1, 8])
         if at + width > len(data):
             return
         n = len(data)
-        value = rng.choice(INTERESTING_INTS + [n, n - 4, n + 4, n // 2, rng.randrange(1 << 32),
-                                               rng.randrange(256)])
+        value = rng.choice(
+            INTERESTING_INTS + [n, n - 4, n + 4, n // 2, rng.randrange(1 << 32), rng.randrange(256)]
+        )
         old = int.from_bytes(data[at : at + width], "little")
         if rng.random() < 0.3:  # nudge the existing value instead
             value = old + rng.choice([-8, -4, -1, 1, 4, 8, 1 << 16])
@@ -348,8 +413,9 @@ def classify(data: bytes) -> tuple[str, str]:
     return "ok", ""
 
 
-def _worker(conn: Any, built: dict[str, bytes], real: dict[str, bytes], seed: int,
-            numbers: list[int]) -> None:
+def _worker(
+    conn: Any, built: dict[str, bytes], real: dict[str, bytes], seed: int, numbers: list[int]
+) -> None:
     try:
         import resource
 
@@ -414,14 +480,27 @@ def save_finding(out: Path, kind: str, case: Case, detail: str) -> dict[str, Any
     digest = hashlib.sha256(case.data).hexdigest()[:12]
     stem = f"{kind}-{digest}"
     (out / f"{stem}.tflite").write_bytes(case.data)
-    note = {"kind": kind, "case": case.number, "seed_model": case.seed_name,
-            "mutations": case.mutations, "size": len(case.data), "detail": detail}
+    note = {
+        "kind": kind,
+        "case": case.number,
+        "seed_model": case.seed_name,
+        "mutations": case.mutations,
+        "size": len(case.data),
+        "detail": detail,
+    }
     (out / f"{stem}.json").write_text(json.dumps(note, indent=2) + "\n")
     return {**note, "file": str(out / f"{stem}.tflite")}
 
 
-def run(cases: int, seed: int, workers: int, timeout: float, out: Path, real: bool = True,
-        progress: bool = True) -> Report:
+def run(
+    cases: int,
+    seed: int,
+    workers: int,
+    timeout: float,
+    out: Path,
+    real: bool = True,
+    progress: bool = True,
+) -> Report:
     built, reals = load_seeds(real)
     mutator = Mutator(built, reals, seed)
     report = Report()
@@ -439,8 +518,13 @@ def run(cases: int, seed: int, workers: int, timeout: float, out: Path, real: bo
         proc = ctx.Process(target=_worker, args=(child, built, reals, seed, numbers), daemon=True)
         proc.start()
         child.close()
-        live[parent] = {"proc": proc, "numbers": numbers, "done": 0, "current": None,
-                        "since": time.perf_counter()}
+        live[parent] = {
+            "proc": proc,
+            "numbers": numbers,
+            "done": 0,
+            "current": None,
+            "since": time.perf_counter(),
+        }
 
     def finding(kind: str, number: int, detail: str) -> None:
         case = mutator.case(number)
@@ -478,11 +562,14 @@ def run(cases: int, seed: int, workers: int, timeout: float, out: Path, real: bo
                 if outcome == "ModelError":
                     report.messages[_message_kind(detail)] += 1
                 elif outcome != "ok":
-                    report.findings.append(save_finding(out, f"escape-{outcome}",
-                                                        mutator.case(number), detail))
+                    report.findings.append(
+                        save_finding(out, f"escape-{outcome}", mutator.case(number), detail)
+                    )
                 if seconds > SLOW_FLAG_S or grown_mb > MEMORY_FLAG_MB:
-                    note = (f"{outcome} after {seconds:.2f} s, peak memory +{grown_mb:.0f} MB: "
-                            f"{detail.strip().splitlines()[-1] if detail else ''}")
+                    note = (
+                        f"{outcome} after {seconds:.2f} s, peak memory +{grown_mb:.0f} MB: "
+                        f"{detail.strip().splitlines()[-1] if detail else ''}"
+                    )
                     report.costly.append(save_finding(out, "costly", mutator.case(number), note))
                 if seconds > report.slowest[0]:
                     report.slowest = (seconds, number)
@@ -511,12 +598,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", type=int, default=10000, help="number of cases (10000)")
     parser.add_argument("--seed", type=int, default=0, help="run seed (0)")
-    parser.add_argument("--workers", type=int, default=max(1, min(8, os.cpu_count() or 1)),
-                        help="worker processes (CPU count, at most 8)")
-    parser.add_argument("--timeout", type=float, default=10.0,
-                        help="seconds after which a case counts as a hang (10)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                        help="where reproducers are saved (tests/data/fuzz_regressions)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=max(1, min(8, os.cpu_count() or 1)),
+        help="worker processes (CPU count, at most 8)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="seconds after which a case counts as a hang (10)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help="where reproducers are saved (tests/data/fuzz_regressions)",
+    )
     parser.add_argument("--no-real", action="store_true", help="only the built seed models")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--only-case", type=int, help="rerun one case here and print the result")
@@ -529,8 +628,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"case {case.number}: seed {case.seed_name}, {case.mutations}\n{outcome}: {detail}")
         return 0 if outcome in ("ok", "ModelError") else 1
 
-    report = run(args.cases, args.seed, args.workers, args.timeout, args.out,
-                 real=not args.no_real)
+    report = run(args.cases, args.seed, args.workers, args.timeout, args.out, real=not args.no_real)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:
@@ -539,14 +637,20 @@ def main(argv: list[str] | None = None) -> int:
         print("most common ModelError kinds:")
         for kind, n in report.messages.most_common(10):
             print(f"  {n:6d}  {kind}")
-        print(f"slowest case: #{report.slowest[1]} ({report.slowest[0] * 1000:.1f} ms); "
-              f"largest peak-memory growth of a case: {report.peak_growth_mb:.0f} MB")
+        print(
+            f"slowest case: #{report.slowest[1]} ({report.slowest[0] * 1000:.1f} ms); "
+            f"largest peak-memory growth of a case: {report.peak_growth_mb:.0f} MB"
+        )
         for f in report.costly:
-            print(f"COSTLY: case {f['case']} ({f['seed_model']}, {f['size']} bytes): "
-                  f"{f['detail']} -> {f['file']}")
+            print(
+                f"COSTLY: case {f['case']} ({f['seed_model']}, {f['size']} bytes): "
+                f"{f['detail']} -> {f['file']}"
+            )
         for f in report.findings:
-            print(f"FINDING {f['kind']}: case {f['case']} ({f['seed_model']}, {f['mutations']}) "
-                  f"-> {f['file']}")
+            print(
+                f"FINDING {f['kind']}: case {f['case']} ({f['seed_model']}, {f['mutations']}) "
+                f"-> {f['file']}"
+            )
             print("    " + f["detail"].strip().splitlines()[-1])
     bad = [k for k in report.outcomes if k not in ("ok", "ModelError")]
     return 1 if bad else 0

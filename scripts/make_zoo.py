@@ -67,10 +67,14 @@ from litekiln import zoo  # noqa: E402  (needs the sys.path line above)
 #: so one fixed wheel is fetched regardless of the host's Python or OS.
 _WHEEL_PLATFORM_ARGS = (
     "--only-binary=:all:",
-    "--implementation", "cp",
-    "--python-version", "3.11",
-    "--abi", "cp311",
-    "--platform", "manylinux_2_17_x86_64",
+    "--implementation",
+    "cp",
+    "--python-version",
+    "3.11",
+    "--abi",
+    "cp311",
+    "--platform",
+    "manylinux_2_17_x86_64",
 )
 
 #: Images in the batch-norm calibration pass (`_init_weights`). SSD's extra layers end at 2x2
@@ -233,8 +237,9 @@ def _invoke_litert(path: Path, resolver: Any) -> dict[str, Any]:
     rng = np.random.default_rng(_SEED)
     try:
         with quiet_stderr():
-            interp = Interpreter(model_path=str(path), num_threads=2,
-                                 experimental_op_resolver_type=resolver)
+            interp = Interpreter(
+                model_path=str(path), num_threads=2, experimental_op_resolver_type=resolver
+            )
             interp.allocate_tensors()
             for d in interp.get_input_details():
                 dtype = np.dtype(d["dtype"])
@@ -255,8 +260,11 @@ def _invoke_litert(path: Path, resolver: Any) -> dict[str, Any]:
     ]
     if nonfinite:
         return {"ok": False, "error": f"non-finite values in outputs {nonfinite}"}
-    return {"ok": True, "output_shapes": [list(o.shape) for o in outputs],
-            "seconds": round(seconds, 4)}
+    return {
+        "ok": True,
+        "output_shapes": [list(o.shape) for o in outputs],
+        "seconds": round(seconds, 4),
+    }
 
 
 def run_in_litert(path: Path) -> dict[str, Any]:
@@ -279,7 +287,8 @@ def run_in_litert(path: Path) -> dict[str, Any]:
         return {"ok": None, "error": f"not checked: {exc}"}
     result = _invoke_litert(path, OpResolverType.AUTO)
     result["reference_kernels"] = _invoke_litert(
-        path, OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+        path, OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+    )
     return result
 
 
@@ -305,8 +314,16 @@ def find_or_download_wheel(cache: Path, wheel: Path | None) -> Path:
     # Download into a private temp folder and rename, so a killed download never looks cached.
     with tempfile.TemporaryDirectory(dir=cache, prefix=".pip-") as tmp:
         cmd = [
-            sys.executable, "-m", "pip", "download", f"mediapipe=={zoo.MEDIAPIPE_VERSION}",
-            "--no-deps", "--disable-pip-version-check", "--quiet", "-d", tmp,
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            f"mediapipe=={zoo.MEDIAPIPE_VERSION}",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--quiet",
+            "-d",
+            tmp,
             *_WHEEL_PLATFORM_ARGS,
         ]
         log(f"  downloading mediapipe=={zoo.MEDIAPIPE_VERSION} with pip")
@@ -350,7 +367,8 @@ def _tf() -> Any:
     except ImportError as exc:
         raise RuntimeError(
             "generated models need TensorFlow: pip install tensorflow-cpu "
-            "(or litekiln's dev extra); mediapipe models do not") from exc
+            "(or litekiln's dev extra); mediapipe models do not"
+        ) from exc
     tf.get_logger().setLevel(logging.ERROR)
     logging.getLogger("absl").setLevel(logging.ERROR)
     tf.autograph.set_verbosity(0)
@@ -399,8 +417,9 @@ def _seed_weights(model: Any, seed: int) -> None:
         var.assign(value.astype(np.float32))
 
 
-def _init_weights(model: Any, seed: int,
-                  heads: dict[str, tuple[float, float]] | None = None) -> None:
+def _init_weights(
+    model: Any, seed: int, heads: dict[str, tuple[float, float]] | None = None
+) -> None:
     """Seed a Keras model's weights, then make its activations look like a trained net's.
 
     Random batch-norm statistics do not normalise anything: activations drift through a deep
@@ -423,10 +442,12 @@ def _init_weights(model: Any, seed: int,
 
     _seed_weights(model, seed)
     shape = tuple(int(d) for d in model.inputs[0].shape[1:])
-    images = np.random.default_rng(seed + 1).uniform(
-        -1.0, 1.0, (CALIBRATION_IMAGES, *shape)).astype(np.float32)
-    norms = [layer for layer in model.layers
-             if isinstance(layer, keras.layers.BatchNormalization)]
+    images = (
+        np.random.default_rng(seed + 1)
+        .uniform(-1.0, 1.0, (CALIBRATION_IMAGES, *shape))
+        .astype(np.float32)
+    )
+    norms = [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
     for layer in norms:
         layer.momentum = 0.0
     model(images, training=True)
@@ -439,8 +460,9 @@ def _init_weights(model: Any, seed: int,
         raw = np.asarray(probe(images, training=False)) - bias  # the kernel's part
         scale = std / float(np.std(raw))
         layer.kernel.assign(np.asarray(layer.kernel.value) * scale)
-        layer.bias.assign((mean - scale * raw.mean() + scale * (bias - bias.mean()))
-                          .astype(np.float32))
+        layer.bias.assign(
+            (mean - scale * raw.mean() + scale * (bias - bias.mean())).astype(np.float32)
+        )
 
 
 def _layers() -> tuple[Any, Any, Any]:
@@ -452,8 +474,9 @@ def _layers() -> tuple[Any, Any, Any]:
     return tf, keras, layers
 
 
-def resize_bilinear(size: tuple[int, int], align_corners: bool = False,
-                    name: str | None = None) -> Any:
+def resize_bilinear(
+    size: tuple[int, int], align_corners: bool = False, name: str | None = None
+) -> Any:
     """A Keras layer resizing bilinearly to a fixed ``size`` (TFLite RESIZE_BILINEAR).
 
     ``align_corners=True`` is what DeepLab uses; False gives TF2's half-pixel centers.
@@ -470,10 +493,19 @@ def resize_bilinear(size: tuple[int, int], align_corners: bool = False,
     return ResizeBilinear(name=name)
 
 
-def _conv_bn(layers: Any, x: Any, filters: int, kernel: int, stride: int, name: str,
-             dilation: int = 1, act: str | None = "relu6") -> Any:
-    x = layers.Conv2D(filters, kernel, stride, padding="same", dilation_rate=dilation,
-                      use_bias=False, name=name)(x)
+def _conv_bn(
+    layers: Any,
+    x: Any,
+    filters: int,
+    kernel: int,
+    stride: int,
+    name: str,
+    dilation: int = 1,
+    act: str | None = "relu6",
+) -> Any:
+    x = layers.Conv2D(
+        filters, kernel, stride, padding="same", dilation_rate=dilation, use_bias=False, name=name
+    )(x)
     x = layers.BatchNormalization(epsilon=1e-3, name=f"{name}_bn")(x)
     if act == "relu6":
         return layers.ReLU(6.0, name=f"{name}_relu6")(x)
@@ -483,14 +515,16 @@ def _conv_bn(layers: Any, x: Any, filters: int, kernel: int, stride: int, name: 
 
 
 def _dw_bn(layers: Any, x: Any, stride: int, name: str, dilation: int = 1) -> Any:
-    x = layers.DepthwiseConv2D(3, stride, padding="same", dilation_rate=dilation,
-                               use_bias=False, name=name)(x)
+    x = layers.DepthwiseConv2D(
+        3, stride, padding="same", dilation_rate=dilation, use_bias=False, name=name
+    )(x)
     x = layers.BatchNormalization(epsilon=1e-3, name=f"{name}_bn")(x)
     return layers.ReLU(6.0, name=f"{name}_relu6")(x)
 
 
-def mobilenet_v1_features(layers: Any, x: Any, output_stride: int = 32,
-                          alpha: float = 1.0) -> dict[str, Any]:
+def mobilenet_v1_features(
+    layers: Any, x: Any, output_stride: int = 32, alpha: float = 1.0
+) -> dict[str, Any]:
     """MobileNet v1 as TF-slim builds it: 'same' padding everywhere (no PAD ops), so a
     257 input gives 129/65/33/17/9 and 300 gives 150/75/38/19/10 as the published models do.
 
@@ -499,8 +533,21 @@ def mobilenet_v1_features(layers: Any, x: Any, output_stride: int = 32,
     Returns:
         Feature maps by name: ``conv_pw_{i}`` for i in 1..13.
     """
-    spec = [(64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2),
-            (512, 1), (512, 1), (512, 1), (512, 1), (512, 1), (1024, 2), (1024, 1)]
+    spec = [
+        (64, 1),
+        (128, 2),
+        (128, 1),
+        (256, 2),
+        (256, 1),
+        (512, 2),
+        (512, 1),
+        (512, 1),
+        (512, 1),
+        (512, 1),
+        (512, 1),
+        (1024, 2),
+        (1024, 1),
+    ]
     x = _conv_bn(layers, x, int(32 * alpha), 3, 2, "conv1")
     stride, rate, feats = 2, 1, {}
     for i, (filters, s) in enumerate(spec, start=1):
@@ -521,8 +568,15 @@ def mobilenet_v1_features(layers: Any, x: Any, output_stride: int = 32,
 def mobilenet_v2_features(layers: Any, x: Any, output_stride: int = 16) -> Any:
     """MobileNetV2 (width 1.0) backbone with 'same' padding and atrous blocks past
     ``output_stride``, as DeepLab v3's mobile variant builds it. Returns the last block."""
-    spec = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
-            (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)]
+    spec = [
+        (1, 16, 1, 1),
+        (6, 24, 2, 2),
+        (6, 32, 3, 2),
+        (6, 64, 4, 2),
+        (6, 96, 3, 1),
+        (6, 160, 3, 2),
+        (6, 320, 1, 1),
+    ]
     x = _conv_bn(layers, x, 32, 3, 2, "conv1")
     stride, rate, block = 2, 1, 0
     for expansion, filters, repeats, s in spec:
@@ -561,8 +615,12 @@ class Built:
     post: Callable[[Any], Any]
 
 
-def _wrap(keras_model: Any, input_name: str, output_names: Sequence[str],
-          post: Callable[[Any], Any] | None = None) -> Built:
+def _wrap(
+    keras_model: Any,
+    input_name: str,
+    output_names: Sequence[str],
+    post: Callable[[Any], Any] | None = None,
+) -> Built:
     """Trace ``keras_model`` (inference mode) into a tf.function with named outputs.
 
     The names become the TFLite signature's output names, and ``convert`` puts the
@@ -626,8 +684,12 @@ def build_deeplab_v3(seed: int = _SEED) -> Built:
     return _wrap(model, "input", ["segmentation_logits"])
 
 
-def ssd_anchors(grid_sizes: Sequence[int], min_scale: float = 0.2, max_scale: float = 0.95,
-                aspect_ratios: Sequence[float] = (1.0, 2.0, 0.5, 3.0, 1.0 / 3.0)) -> Any:
+def ssd_anchors(
+    grid_sizes: Sequence[int],
+    min_scale: float = 0.2,
+    max_scale: float = 0.95,
+    aspect_ratios: Sequence[float] = (1.0, 2.0, 0.5, 3.0, 1.0 / 3.0),
+) -> Any:
     """SSD anchors in TFLite_Detection_PostProcess' layout: [N, 4] (ycenter, xcenter, h, w),
     normalised, location-major then anchor, as the TF Object Detection API's
     multiple_grid_anchor_generator makes them for ssd_mobilenet_v1 (the lowest layer has
@@ -647,8 +709,14 @@ def ssd_anchors(grid_sizes: Sequence[int], min_scale: float = 0.2, max_scale: fl
         for y in range(grid):
             for x in range(grid):
                 for scale, ar in boxes:
-                    anchors.append(((y + 0.5) / grid, (x + 0.5) / grid,
-                                    scale / np.sqrt(ar), scale * np.sqrt(ar)))
+                    anchors.append(
+                        (
+                            (y + 0.5) / grid,
+                            (x + 0.5) / grid,
+                            scale / np.sqrt(ar),
+                            scale * np.sqrt(ar),
+                        )
+                    )
     return np.asarray(anchors, dtype=np.float32)
 
 
@@ -724,8 +792,11 @@ def build_ssd_mobilenet(seed: int = _SEED) -> Built:
     anchors = ssd_anchors(grids)
     assert anchors.shape == (1917, 4), anchors.shape
 
-    @tf.function(experimental_implements=_implements_signature(
-        "TFLite_Detection_PostProcess", SSD_POSTPROCESS))
+    @tf.function(
+        experimental_implements=_implements_signature(
+            "TFLite_Detection_PostProcess", SSD_POSTPROCESS
+        )
+    )
     def detection_postprocess(box_encodings: Any, class_predictions: Any, anchors: Any) -> Any:
         # A placeholder body: the converter swaps the whole function for the custom op, whose
         # four outputs these stand in for.
@@ -736,13 +807,21 @@ def build_ssd_mobilenet(seed: int = _SEED) -> Built:
     def post(outputs: Any) -> Any:
         box, cls = outputs
         det_boxes, det_classes, det_scores, num = detection_postprocess(
-            box, cls, tf.constant(anchors))
-        return {"detection_boxes": det_boxes, "detection_classes": det_classes,
-                "detection_scores": det_scores, "num_detections": num}
+            box, cls, tf.constant(anchors)
+        )
+        return {
+            "detection_boxes": det_boxes,
+            "detection_classes": det_classes,
+            "detection_scores": det_scores,
+            "num_detections": num,
+        }
 
-    return _wrap(model, "normalized_input_image_tensor",
-                 ["detection_boxes", "detection_classes", "detection_scores", "num_detections"],
-                 post=post)
+    return _wrap(
+        model,
+        "normalized_input_image_tensor",
+        ["detection_boxes", "detection_classes", "detection_scores", "num_detections"],
+        post=post,
+    )
 
 
 def build_posenet(seed: int = _SEED, output_stride: int = 32) -> Built:
@@ -817,10 +896,12 @@ def convert(built: Built, quantize: str = "float", seed: int = _SEED) -> bytes:
         return built.post(body(x))
 
     converter = tf.lite.TFLiteConverter.from_concrete_functions(
-        [serve.get_concrete_function()], tf.Module())
+        [serve.get_concrete_function()], tf.Module()
+    )
     # Needed for TFLite_Detection_PostProcess; harmless elsewhere (no model has other custom ops).
     converter.allow_custom_ops = True
     if quantize == "int8":
+
         def representative() -> Iterator[list[Any]]:
             rng = np.random.default_rng(seed)
             for _ in range(8):
@@ -857,8 +938,10 @@ def order_outputs(data: bytes, names: Sequence[str]) -> bytes:
     if model.SignatureDefsLength() != 1:
         raise ValueError(f"expected one signature, found {model.SignatureDefsLength()}")
     sig = model.SignatureDefs(0)
-    by_name = {sig.Outputs(i).Name().decode(): sig.Outputs(i).TensorIndex()
-               for i in range(sig.OutputsLength())}
+    by_name = {
+        sig.Outputs(i).Name().decode(): sig.Outputs(i).TensorIndex()
+        for i in range(sig.OutputsLength())
+    }
     outputs = model.Subgraphs(0).OutputsAsNumpy()  # a view into buf: writes land in buf
     wanted = [by_name[n] for n in names]
     if sorted(wanted) != sorted(outputs.tolist()):
@@ -921,15 +1004,17 @@ class Outcome:
     record: dict[str, Any] = field(default_factory=dict)
 
 
-def make_one(model: zoo.ZooModel, out: Path, *, force: bool, verify: bool,
-             wheel: Callable[[], Path]) -> Outcome:
+def make_one(
+    model: zoo.ZooModel, out: Path, *, force: bool, verify: bool, wheel: Callable[[], Path]
+) -> Outcome:
     """Make ``model`` in ``out`` unless it is already complete (or ``force``)."""
     path = out / f"{model.name}.tflite"
     if not force:
         problem = zoo.check_model(model.name, out)
         if problem is None:
-            return Outcome(model.name, "present", str(path),
-                           record=zoo.load_record(model.name, out) or {})
+            return Outcome(
+                model.name, "present", str(path), record=zoo.load_record(model.name, out) or {}
+            )
         if problem != "missing":
             log(f"  {model.name}: remaking ({problem})")
     start = time.perf_counter()
@@ -942,7 +1027,8 @@ def make_one(model: zoo.ZooModel, out: Path, *, force: bool, verify: bool,
         info = inspect_model(data)
         if tuple(info["custom_ops"]) != model.custom_ops:
             raise RuntimeError(
-                f"custom ops {info['custom_ops']} differ from the zoo entry's {model.custom_ops}")
+                f"custom ops {info['custom_ops']} differ from the zoo entry's {model.custom_ops}"
+            )
         write_atomic(path, data)
         litert = run_in_litert(path) if verify else {"ok": None, "error": "not checked"}
         if litert["ok"] is False and model.runs_in_litert:
@@ -950,11 +1036,15 @@ def make_one(model: zoo.ZooModel, out: Path, *, force: bool, verify: bool,
             raise RuntimeError(f"LiteRT failed to run it: {litert['error']}")
         reference_ok = litert.get("reference_kernels", {}).get("ok")
         if litert["ok"] is True and not model.runs_in_litert:
-            log(f"  note: {model.name}: update litekiln/zoo.py, runs_in_litert is False "
-                "but LiteRT runs it")
+            log(
+                f"  note: {model.name}: update litekiln/zoo.py, runs_in_litert is False "
+                "but LiteRT runs it"
+            )
         if reference_ok is not None and reference_ok != model.litert_reference_kernels:
-            log(f"  note: {model.name}: update litekiln/zoo.py, litert_reference_kernels "
-                f"is {model.litert_reference_kernels} but LiteRT says {reference_ok}")
+            log(
+                f"  note: {model.name}: update litekiln/zoo.py, litert_reference_kernels "
+                f"is {model.litert_reference_kernels} but LiteRT says {reference_ok}"
+            )
         record = {
             "schema": zoo.RECORD_SCHEMA,
             "name": model.name,
@@ -970,12 +1060,16 @@ def make_one(model: zoo.ZooModel, out: Path, *, force: bool, verify: bool,
             "litert": litert,
         }
         # The record goes in last: it is what announces the model as complete.
-        write_atomic(out / f"{model.name}.json",
-                     (json.dumps(record, indent=2) + "\n").encode())
+        write_atomic(out / f"{model.name}.json", (json.dumps(record, indent=2) + "\n").encode())
         return Outcome(model.name, "made", str(path), seconds, record=record)
     except Exception as exc:
-        return Outcome(model.name, "failed", str(path), time.perf_counter() - start,
-                       error=f"{type(exc).__name__}: {exc}")
+        return Outcome(
+            model.name,
+            "failed",
+            str(path),
+            time.perf_counter() - start,
+            error=f"{type(exc).__name__}: {exc}",
+        )
 
 
 def _format_row(o: Outcome) -> str:
@@ -988,8 +1082,10 @@ def _format_row(o: Outcome) -> str:
         runs = "runs (XNNPACK only)"
     size = r.get("size", 0) / 1e6
     ins = ",".join("x".join(map(str, t["shape"])) + ":" + t["dtype"] for t in r.get("inputs", []))
-    return (f"{o.status:7s} {o.name:34s} {size:7.2f} MB {r.get('num_ops', 0):4d} ops "
-            f"{r.get('make_seconds', 0):6.1f} s  in {ins:22s} LiteRT: {runs}")
+    return (
+        f"{o.status:7s} {o.name:34s} {size:7.2f} MB {r.get('num_ops', 0):4d} ops "
+        f"{r.get('make_seconds', 0):6.1f} s  in {ins:22s} LiteRT: {runs}"
+    )
 
 
 def list_models(out: Path, as_json: bool) -> int:
@@ -997,16 +1093,18 @@ def list_models(out: Path, as_json: bool) -> int:
     rows = []
     for model in zoo.ZOO.values():
         problem = zoo.check_model(model.name, out, hash_file=False)
-        rows.append({
-            "name": model.name,
-            "source": model.source,
-            "present": problem is None,
-            "problem": problem,
-            "small": model.small,
-            "custom_ops": list(model.custom_ops),
-            "runs_in_litert": model.runs_in_litert,
-            "description": model.description,
-        })
+        rows.append(
+            {
+                "name": model.name,
+                "source": model.source,
+                "present": problem is None,
+                "problem": problem,
+                "small": model.small,
+                "custom_ops": list(model.custom_ops),
+                "runs_in_litert": model.runs_in_litert,
+                "description": model.description,
+            }
+        )
     if as_json:
         print(json.dumps({"zoo_dir": str(out), "models": rows}, indent=2))
     else:
@@ -1020,25 +1118,47 @@ def list_models(out: Path, as_json: bool) -> int:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="Materialise litekiln's model zoo (see docs/zoo.md).",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=None,
-                   help=f"zoo folder (default ${zoo.ZOO_DIR_ENV} or <repo>/models/zoo)")
-    p.add_argument("--only", nargs="+", metavar="NAME",
-                   choices=[*zoo.ZOO, *zoo.GROUPS],
-                   help="make only these models; group names: " + ", ".join(zoo.GROUPS))
-    p.add_argument("--source", choices=["mediapipe", "generated"],
-                   help="make only the models of this source")
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"zoo folder (default ${zoo.ZOO_DIR_ENV} or <repo>/models/zoo)",
+    )
+    p.add_argument(
+        "--only",
+        nargs="+",
+        metavar="NAME",
+        choices=[*zoo.ZOO, *zoo.GROUPS],
+        help="make only these models; group names: " + ", ".join(zoo.GROUPS),
+    )
+    p.add_argument(
+        "--source", choices=["mediapipe", "generated"], help="make only the models of this source"
+    )
     p.add_argument("--small", action="store_true", help="make only the unit-test models")
     p.add_argument("--list", action="store_true", help="list the zoo and what is present")
-    p.add_argument("--json", nargs="?", const="-", metavar="PATH",
-                   help="write a JSON summary to PATH (or stdout when no PATH is given)")
+    p.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="PATH",
+        help="write a JSON summary to PATH (or stdout when no PATH is given)",
+    )
     p.add_argument("--force", action="store_true", help="remake models that are present")
-    p.add_argument("--no-verify", dest="verify", action="store_false",
-                   help="do not load and run the models in LiteRT")
-    p.add_argument("--wheel", type=Path, default=None,
-                   help="use this mediapipe wheel instead of downloading it")
-    p.add_argument("--verbose", action="store_true",
-                   help="let TensorFlow's own logging through")
+    p.add_argument(
+        "--no-verify",
+        dest="verify",
+        action="store_false",
+        help="do not load and run the models in LiteRT",
+    )
+    p.add_argument(
+        "--wheel",
+        type=Path,
+        default=None,
+        help="use this mediapipe wheel instead of downloading it",
+    )
+    p.add_argument("--verbose", action="store_true", help="let TensorFlow's own logging through")
     return p.parse_args(argv)
 
 
@@ -1066,13 +1186,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     total = time.perf_counter()
     outcomes = []
     for name in names:
-        outcome = make_one(zoo.get_model(name), out, force=args.force, verify=args.verify,
-                           wheel=wheel)
+        outcome = make_one(
+            zoo.get_model(name), out, force=args.force, verify=args.verify, wheel=wheel
+        )
         log(_format_row(outcome))
         outcomes.append(outcome)
     failed = [o.name for o in outcomes if o.status == "failed"]
-    log(f"{len(outcomes) - len(failed)} ok, {len(failed)} failed "
-        f"in {time.perf_counter() - total:.1f} s")
+    log(
+        f"{len(outcomes) - len(failed)} ok, {len(failed)} failed "
+        f"in {time.perf_counter() - total:.1f} s"
+    )
 
     if args.json is not None:
         summary = {
@@ -1080,8 +1203,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "ok": not failed,
             "failed": failed,
             "models": [
-                {"name": o.name, "status": o.status, "path": o.path,
-                 "seconds": round(o.seconds, 2), "error": o.error, **o.record}
+                {
+                    "name": o.name,
+                    "status": o.status,
+                    "path": o.path,
+                    "seconds": round(o.seconds, 2),
+                    "error": o.error,
+                    **o.record,
+                }
                 for o in outcomes
             ],
         }

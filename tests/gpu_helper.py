@@ -55,15 +55,29 @@ class G:
         self.prefix = prefix
         self.ranges: dict[int, tuple[float, float]] = {}  # input index -> (low, high)
 
-    def x(self, shape: Sequence[int], dtype: Any = "float32", *, quant: Any = None,
-          low: float = -1.0, high: float = 1.0) -> TensorRef:
+    def x(
+        self,
+        shape: Sequence[int],
+        dtype: Any = "float32",
+        *,
+        quant: Any = None,
+        low: float = -1.0,
+        high: float = 1.0,
+    ) -> TensorRef:
         """A graph input (random data in [low, high], or over the whole integer range)."""
         ref = self.b.input(f"{self.prefix}/x", list(shape), dtype, quant=quant)
         self.ranges[ref.index] = (low, high)
         return ref
 
-    def w(self, shape_or_data: Sequence[int] | np.ndarray, dtype: Any = "float32", *,
-          quant: Any = None, low: float = -1.0, high: float = 1.0) -> TensorRef:
+    def w(
+        self,
+        shape_or_data: Sequence[int] | np.ndarray,
+        dtype: Any = "float32",
+        *,
+        quant: Any = None,
+        low: float = -1.0,
+        high: float = 1.0,
+    ) -> TensorRef:
         """A constant: the given array, or random data of that shape in [low, high]."""
         if isinstance(shape_or_data, np.ndarray):
             data = shape_or_data
@@ -76,11 +90,20 @@ class G:
     def ints(self, values: Sequence[Any], dtype: str = "int32") -> TensorRef:
         return self.b.const(f"{self.prefix}/i", np.asarray(values, numpy_dtype(dtype)), dtype)
 
-    def op(self, name: str, inputs: Sequence[Any], shape: Sequence[int],
-           options: dict[str, Any] | None = None, *, version: int = 1, dtype: Any = None,
-           quant: Any = None) -> TensorRef:
-        out = self.b.tensor(f"{self.prefix}/{name.lower()}", list(shape),
-                            dtype or _first_dtype(inputs), quant=quant)
+    def op(
+        self,
+        name: str,
+        inputs: Sequence[Any],
+        shape: Sequence[int],
+        options: dict[str, Any] | None = None,
+        *,
+        version: int = 1,
+        dtype: Any = None,
+        quant: Any = None,
+    ) -> TensorRef:
+        out = self.b.tensor(
+            f"{self.prefix}/{name.lower()}", list(shape), dtype or _first_dtype(inputs), quant=quant
+        )
         self.b.op(name, list(inputs), outputs=[out], options=options, version=version)
         return out
 
@@ -193,8 +216,9 @@ def run_model(built: _Built, op_table: str, forced: Sequence[str]) -> _Result:
     gpu = it.run(built.feeds)
     ref = litekiln.Interpreter(model_content=built.model, device="reference").run(built.feeds)
     g = model.main
-    quant = [g.tensors[t].quantization if g.tensors[t].dtype.kind in "iu" else None
-             for t in g.outputs]
+    quant = [
+        g.tensors[t].quantization if g.tensors[t].dtype.kind in "iu" else None for t in g.outputs
+    ]
     return _Result(list(gpu), list(ref), dict(plan.cpu_reasons), quant)  # type: ignore[arg-type]
 
 
@@ -213,15 +237,24 @@ def run_litert_cases(cases: Sequence[Case], seed: int) -> dict[str, list[np.ndar
 class Batch:
     """Cases compiled together; results are computed once, on first use."""
 
-    def __init__(self, name: str, cases: Sequence[Case], *, op_table: str = "documented",
-                 forced: Sequence[str] = (), seed: int = 0) -> None:
+    def __init__(
+        self,
+        name: str,
+        cases: Sequence[Case],
+        *,
+        op_table: str = "documented",
+        forced: Sequence[str] = (),
+        seed: int = 0,
+    ) -> None:
         self.name = name
         self.cases = {c.id: c for c in cases}
         assert len(self.cases) == len(cases), f"{name}: duplicate case ids"
         self.op_table = op_table
         self.forced = tuple(forced)
         self.seed = seed
-        self._results: dict[str, tuple[_Result, list[int], list[int], list[str]] | BaseException] | None = None
+        self._results: (
+            dict[str, tuple[_Result, list[int], list[int], list[str]] | BaseException] | None
+        ) = None
         self._litert: dict[str, list[np.ndarray] | BaseException] = {}
 
     def ids(self) -> list[str]:
@@ -262,12 +295,15 @@ class Batch:
         assert self._results is not None
         got = self._results[case_id]
         if isinstance(got, BaseException):
-            raise AssertionError(f"{self.name}/{case_id}: GPU path failed: "
-                                 f"{type(got).__name__}: {got}") from got
+            raise AssertionError(
+                f"{self.name}/{case_id}: GPU path failed: {type(got).__name__}: {got}"
+            ) from got
         res, positions, ops, names = got
         case = self.cases[case_id]
         on_cpu = {i: r for i, r in res.cpu_reasons.items() if i in ops}
-        assert not on_cpu, f"{case_id}: ops left on the CPU (the test would compare nothing): {on_cpu}"
+        assert not on_cpu, (
+            f"{case_id}: ops left on the CPU (the test would compare nothing): {on_cpu}"
+        )
         lit_outs = self._litert.get(case_id)
         if isinstance(lit_outs, BaseException):
             raise AssertionError(f"{self.name}/{case_id}: LiteRT failed: {lit_outs}") from lit_outs
@@ -279,7 +315,9 @@ class Batch:
             assert gpu.shape == ref.shape, f"{what}: GPU shape {gpu.shape}, reference {ref.shape}"
             assert gpu.dtype == ref.dtype, f"{what}: GPU dtype {gpu.dtype}, reference {ref.dtype}"
             if lit is not None:
-                assert lit.shape == ref.shape, f"{what}: LiteRT shape {lit.shape}, reference {ref.shape}"
+                assert lit.shape == ref.shape, (
+                    f"{what}: LiteRT shape {lit.shape}, reference {ref.shape}"
+                )
             q = res.quant[k]
             if gpu.dtype == np.bool_:
                 for other, name in [(ref, "reference"), (lit, "LiteRT")]:

@@ -45,8 +45,17 @@ from tflite_builder import (
 
 Spec = TensorSpec
 
-__all__ = ["OpCheck", "Quant", "Sparsity", "Spec", "TensorSpec", "check_op", "random_array",
-           "run_litert", "run_reference"]
+__all__ = [
+    "OpCheck",
+    "Quant",
+    "Sparsity",
+    "Spec",
+    "TensorSpec",
+    "check_op",
+    "random_array",
+    "run_litert",
+    "run_reference",
+]
 
 #: LiteRT's builtin kernels without the default XNNPACK delegate: the kernels the TFLite GPU
 #: delegate documentation compares against, and the same on every machine.
@@ -180,8 +189,9 @@ def check_op(
     feeds = [np.asarray(s.data) for s in in_specs if s is not None]
 
     if isinstance(outputs, int):
-        out_specs = [TensorSpec([1], out_dtype or _first_dtype(in_specs), out_quant)
-                     for _ in range(outputs)]
+        out_specs = [
+            TensorSpec([1], out_dtype or _first_dtype(in_specs), out_quant) for _ in range(outputs)
+        ]
         infer = True
     else:
         out_specs = list(outputs) if outputs is not None else None
@@ -189,8 +199,16 @@ def check_op(
 
     def build(shape: Sequence[int] | None, specs: list[TensorSpec] | None) -> bytes:
         b, _ = build_single_op(
-            op_name, in_specs, options, consts=const_specs, out_shape=shape, out_dtype=out_dtype,
-            out_quant=out_quant, outputs=specs, version=version, custom_options=custom_options,
+            op_name,
+            in_specs,
+            options,
+            consts=const_specs,
+            out_shape=shape,
+            out_dtype=out_dtype,
+            out_quant=out_quant,
+            outputs=specs,
+            version=version,
+            custom_options=custom_options,
         )
         return b.build()
 
@@ -206,8 +224,10 @@ def check_op(
         if out_specs is None:
             model = build(actual[0], None)
         else:
-            out_specs = [TensorSpec(list(s), o.dtype, o.quant, name=o.name)
-                         for s, o in zip(actual, out_specs)]
+            out_specs = [
+                TensorSpec(list(s), o.dtype, o.quant, name=o.name)
+                for s, o in zip(actual, out_specs)
+            ]
             model = build(None, out_specs)
         litert = run_litert(model, feeds)
 
@@ -228,8 +248,12 @@ def _declared_shapes(model: bytes) -> list[tuple[int, ...]]:
 
 
 def _compare(
-    op_name: str, model: bytes, litert: list[np.ndarray], reference: list[np.ndarray],
-    tol: float | tuple[float, float] | None, qtol: int,
+    op_name: str,
+    model: bytes,
+    litert: list[np.ndarray],
+    reference: list[np.ndarray],
+    tol: float | tuple[float, float] | None,
+    qtol: int,
 ) -> None:
     from litekiln.model import load_model
 
@@ -245,11 +269,18 @@ def _compare(
         assert ref.dtype == lit.dtype, f"{what}: reference dtype {ref.dtype}, LiteRT {lit.dtype}"
         if lit.dtype.kind == "f":
             atol, rtol = (
-                DEFAULT_TOL.get(lit.dtype.name, (1e-5, 1e-5)) if tol is None
-                else (tol, tol) if isinstance(tol, (int, float)) else tol
+                DEFAULT_TOL.get(lit.dtype.name, (1e-5, 1e-5))
+                if tol is None
+                else (tol, tol)
+                if isinstance(tol, (int, float))
+                else tol
             )
             np.testing.assert_allclose(
-                ref, lit, rtol=rtol, atol=atol, equal_nan=True,
+                ref,
+                lit,
+                rtol=rtol,
+                atol=atol,
+                equal_nan=True,
                 err_msg=f"{what}: reference vs LiteRT (atol={atol}, rtol={rtol})",
             )
         elif lit.dtype.kind in "iu" and tensor.quantization is not None:

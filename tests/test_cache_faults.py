@@ -135,8 +135,9 @@ def _assert_hit(
     assert (calls.binary_misses, calls.binary_saves) == (before.binary_misses, before.binary_saves)
 
 
-def test_template_is_a_hit(template: Template, cache: Path, calls: Calls,
-                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_template_is_a_hit(
+    template: Template, cache: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _assert_hit(cache, template.outputs, calls, monkeypatch)
     _assert_clean(cache)
 
@@ -221,8 +222,12 @@ GARBAGE = {
 
 @pytest.mark.parametrize("kind", list(GARBAGE))
 def test_binary_the_driver_rejects_is_rebuilt_from_source(
-    template: Template, cache: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture, kind: str,
+    template: Template,
+    cache: Path,
+    calls: Calls,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    kind: str,
 ) -> None:
     # Checksum-valid (written through the store API), so only the driver can tell.
     with CacheStore.open(cache) as s:
@@ -230,8 +235,7 @@ def test_binary_the_driver_rejects_is_rebuilt_from_source(
         entry = s.get(summary.key)
         good = entry.part("binary")
         bad = GARBAGE[kind](good)
-        assert s.put(summary.key, summary.fields, {"binary": bad}, kind="program",
-                     meta=entry.meta)
+        assert s.put(summary.key, summary.fields, {"binary": bad}, kind="program", meta=entry.meta)
     with caplog.at_level("WARNING", logger="litekiln"):
         out = infer(cache)
     assert same(out, template.outputs)
@@ -344,17 +348,28 @@ def test_read_only_cache_directory(template: Template, cache: Path, tmp_path: Pa
         probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
         if probe.returncode != 0:
             pytest.skip(f"running as root and unshare -m fails: {probe.stderr.decode()}")
-        cmd = ["unshare", "-m", "sh", "-c",
-               'mount --bind -o ro "$0" "$0" && exec "$@"', str(cache), *cmd]
-    env = {**os.environ,
-           "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)]),
-           "LITEKILN_CACHE_DIR": str(tmp_path / "unused")}
+        cmd = [
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            'mount --bind -o ro "$0" "$0" && exec "$@"',
+            str(cache),
+            *cmd,
+        ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)]),
+        "LITEKILN_CACHE_DIR": str(tmp_path / "unused"),
+    }
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
         assert proc.returncode == 0, proc.stderr
         res = json.loads(proc.stdout.strip().splitlines()[-1])
-        out = [np.frombuffer(base64.b64decode(b), dtype=dt).reshape(shape)
-               for b, dt, shape in res["outputs"]]
+        out = [
+            np.frombuffer(base64.b64decode(b), dtype=dt).reshape(shape)
+            for b, dt, shape in res["outputs"]
+        ]
         assert same(out, template.outputs)
         assert res["read_only"] is True and res["clean"] is True
         assert any("read-only" in w for w in res["warnings"]), res["warnings"]
@@ -423,13 +438,16 @@ def _sqlite_full_on_commit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(DiskcacheBackend, "set", full)
 
 
-FULL = {"ENOSPC writing a part file": _enospc_on_file_write,
-        "SQLite full at the manifest commit": _sqlite_full_on_commit}
+FULL = {
+    "ENOSPC writing a part file": _enospc_on_file_write,
+    "SQLite full at the manifest commit": _sqlite_full_on_commit,
+}
 
 
 @pytest.mark.parametrize("where", list(FULL))
-def test_full_disk(template: Template, tmp_path: Path, calls: Calls,
-                   monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+def test_full_disk(
+    template: Template, tmp_path: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
     cache.chmod(0o700)

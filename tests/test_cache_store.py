@@ -173,8 +173,11 @@ def test_round_trip_survives_reopening(store: CacheStore, tmp_path: Path) -> Non
         _assert_entry(entry, parts, 0)
         assert entry.fields == _fields() and entry.kind == "model"
         (summary,) = again.ls()
-        assert (summary.key, summary.token, summary.model_name) == (key, "tok-face_detection",
-                                                                    "face_detection")
+        assert (summary.key, summary.token, summary.model_name) == (
+            key,
+            "tok-face_detection",
+            "face_detection",
+        )
         assert summary.options == {"precision": "fp32"}
         assert summary.size > BIG * 4
         info = again.info(key[:8])
@@ -183,11 +186,17 @@ def test_round_trip_survives_reopening(store: CacheStore, tmp_path: Path) -> Non
 
 
 def test_program_entry_and_replacement(store: CacheStore) -> None:
-    fields = {"source_sha256": "ab" * 32, "build_options": "-cl-fast-relaxed-math",
-              "platform": "PoCL", "device": "cpu", "driver": "6.0"}
+    fields = {
+        "source_sha256": "ab" * 32,
+        "build_options": "-cl-fast-relaxed-math",
+        "platform": "PoCL",
+        "device": "cpu",
+        "driver": "6.0",
+    }
     key = make_key(fields)
-    assert store.put(key, fields, {"binary": b"\x7fELF" + bytes(100)}, kind="program",
-                     meta={"log": ""})
+    assert store.put(
+        key, fields, {"binary": b"\x7fELF" + bytes(100)}, kind="program", meta={"log": ""}
+    )
     assert store.put(key, fields, {"binary": b"\x7fELF" + bytes(200)}, kind="program")
     entry = store.get(key, kind="program")
     assert entry is not None and len(entry.part("binary")) == 204
@@ -224,8 +233,10 @@ def test_pickle_row_is_refused_not_loaded(store: CacheStore) -> None:
             return (os.system, ("touch /tmp/litekiln-pwned",))
 
     with _db(store) as con:  # what an attacker with write access to the database could do
-        con.execute("UPDATE Cache SET mode = 4, value = ? WHERE key = ?",
-                    (pickle.dumps(Boom()), f"manifest:{key}"))
+        con.execute(
+            "UPDATE Cache SET mode = 4, value = ? WHERE key = ?",
+            (pickle.dumps(Boom()), f"manifest:{key}"),
+        )
     with pytest.warns(CacheWarning, match="corrupt"):
         assert store.get(key) is None
     assert not os.path.exists("/tmp/litekiln-pwned")
@@ -374,8 +385,10 @@ def _race(directory: str, writer: int, barrier, queue) -> None:
         stored, consistent = 0, True
         for r in range(8):
             tag = writer * 100 + r
-            parts = {"source": f"writer {tag}".encode(),
-                     "weights": np.full(BIG, tag, dtype=np.float32)}
+            parts = {
+                "source": f"writer {tag}".encode(),
+                "weights": np.full(BIG, tag, dtype=np.float32),
+            }
             stored += s.put(key, fields, parts, meta={"tag": tag})
             e = s.get(key)  # whoever won, the entry must be whole and self-consistent
             if e is None:
@@ -390,8 +403,10 @@ def _race(directory: str, writer: int, barrier, queue) -> None:
 
 def test_four_processes_writing_one_key_end_with_one_good_entry(store: CacheStore) -> None:
     barrier, queue = _FORK.Barrier(4), _FORK.Queue()
-    procs = [_FORK.Process(target=_race, args=(str(store.directory), w, barrier, queue))
-             for w in range(4)]
+    procs = [
+        _FORK.Process(target=_race, args=(str(store.directory), w, barrier, queue))
+        for w in range(4)
+    ]
     for p in procs:
         p.start()
     results = sorted(queue.get(timeout=60) for _ in procs)
@@ -660,13 +675,18 @@ def _member(members: dict, suffix: str) -> str:
 TAMPER = {
     "flipped part byte": lambda m: m.update({(n := _member(m, "/1")): _flip(m[n])}),
     "flipped manifest byte": lambda m: m.update(
-        {(n := _member(m, "/manifest")): _manifest_body_flip(m[n])}),
+        {(n := _member(m, "/manifest")): _manifest_body_flip(m[n])}
+    ),
     "truncated part": lambda m: m.update({(n := _member(m, "/1")): m[n][:100]}),
     "missing part": lambda m: m.pop(_member(m, "/2")),
     "extra member": lambda m: m.update({"entries/evil.sh": b"rm -rf ~"}),
     "rewritten index": lambda m: m.update(
-        {"litekiln-cache-export.json": json.dumps(
-            {**json.loads(m["litekiln-cache-export.json"]), "version": 2}).encode()}),
+        {
+            "litekiln-cache-export.json": json.dumps(
+                {**json.loads(m["litekiln-cache-export.json"]), "version": 2}
+            ).encode()
+        }
+    ),
 }
 
 

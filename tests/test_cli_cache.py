@@ -122,11 +122,13 @@ def test_info_unknown_key_is_a_clear_error(capsys, cache: Path) -> None:
 def test_errors_from_a_real_process(cache: Path, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     base = [sys.executable, "-m", "litekiln.cli", "cache", "--cache-dir", str(cache)]
-    p = subprocess.run([*base, "info", "zzzz"], capture_output=True, text=True, env=env,
-                       timeout=120)
+    p = subprocess.run(
+        [*base, "info", "zzzz"], capture_output=True, text=True, env=env, timeout=120
+    )
     _assert_error(p.returncode, p.stderr, "no cache entry matches 'zzzz'")
-    p = subprocess.run([*base, "verify", "--json"], capture_output=True, text=True, env=env,
-                       timeout=120)
+    p = subprocess.run(
+        [*base, "verify", "--json"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert p.returncode == 0 and json.loads(p.stdout)["clean"] is True
 
 
@@ -190,6 +192,7 @@ def test_clear(capsys, template: Template, cache: Path) -> None:
 
 def _hit_only(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Make compiling fail; record whether each device binary came from the cache."""
+
     def no_compiler(*args, **kwargs):
         raise AssertionError("compile_for called: the compiled model should be a hit")
 

@@ -79,14 +79,23 @@ def build_module(
     return bb.get()
 
 
-def run_on_cl(cl_env: tuple[Any, Any], mod: tvm.IRModule, args: Sequence[np.ndarray], **kw: Any) -> tuple[list[np.ndarray], Any]:
+def run_on_cl(
+    cl_env: tuple[Any, Any], mod: tvm.IRModule, args: Sequence[np.ndarray], **kw: Any
+) -> tuple[list[np.ndarray], Any]:
     ctx, queue = cl_env
     res = compile_relax_full(mod, **kw)
     ex = PartitionExecutor(res.program, res.constants, ctx, queue)
     return ex(*args), res
 
 
-def check(cl_env: tuple[Any, Any], mod: tvm.IRModule, args: Sequence[np.ndarray], refs: Sequence[np.ndarray], rtol: float = RTOL, atol: float = ATOL) -> Any:
+def check(
+    cl_env: tuple[Any, Any],
+    mod: tvm.IRModule,
+    args: Sequence[np.ndarray],
+    refs: Sequence[np.ndarray],
+    rtol: float = RTOL,
+    atol: float = ATOL,
+) -> Any:
     outs, res = run_on_cl(cl_env, mod, args)
     assert len(outs) == len(refs)
     for o, r in zip(outs, refs):
@@ -99,7 +108,14 @@ def check(cl_env: tuple[Any, Any], mod: tvm.IRModule, args: Sequence[np.ndarray]
 # --------------------------------------------------------------------------- numpy references
 
 
-def conv2d_nhwc_ref(x: np.ndarray, w_ohwi: np.ndarray, stride: int = 1, pad: Sequence[int] = (0, 0, 0, 0), dilation: int = 1, groups: int = 1) -> np.ndarray:
+def conv2d_nhwc_ref(
+    x: np.ndarray,
+    w_ohwi: np.ndarray,
+    stride: int = 1,
+    pad: Sequence[int] = (0, 0, 0, 0),
+    dilation: int = 1,
+    groups: int = 1,
+) -> np.ndarray:
     """NHWC conv with OHWI weights; pad = (top, left, bottom, right)."""
     x = x.astype(np.float64)
     w = w_ohwi.astype(np.float64)
@@ -113,9 +129,18 @@ def conv2d_nhwc_ref(x: np.ndarray, w_ohwi: np.ndarray, stride: int = 1, pad: Seq
     out = np.zeros((n, oh, ow, o))
     for y in range(kh):
         for z in range(kw):
-            patch = xp[:, y * dilation : y * dilation + stride * (oh - 1) + 1 : stride, z * dilation : z * dilation + stride * (ow - 1) + 1 : stride, :]
+            patch = xp[
+                :,
+                y * dilation : y * dilation + stride * (oh - 1) + 1 : stride,
+                z * dilation : z * dilation + stride * (ow - 1) + 1 : stride,
+                :,
+            ]
             for g in range(groups):
-                out[..., g * og : (g + 1) * og] += np.einsum("nhwi,oi->nhwo", patch[..., g * i : (g + 1) * i], w[g * og : (g + 1) * og, y, z, :])
+                out[..., g * og : (g + 1) * og] += np.einsum(
+                    "nhwi,oi->nhwo",
+                    patch[..., g * i : (g + 1) * i],
+                    w[g * og : (g + 1) * og, y, z, :],
+                )
     return out
 
 
@@ -136,7 +161,9 @@ def pool_ref(x: np.ndarray, k: int, s: int, pad: Sequence[int], mode: str) -> np
             if mode == "max":
                 out[:, a, b, :] = win.max(axis=(1, 2))
             else:
-                out[:, a, b, :] = win.sum(axis=(1, 2)) / ones[:, a * s : a * s + k, b * s : b * s + k, :].sum()
+                out[:, a, b, :] = (
+                    win.sum(axis=(1, 2)) / ones[:, a * s : a * s + k, b * s : b * s + k, :].sum()
+                )
     return out
 
 
@@ -156,8 +183,14 @@ def resize_bilinear_ref(x: np.ndarray, oh: int, ow: int, half_pixel: bool) -> np
 
     y0, y1, fy = coords(oh, h)
     x0, x1, fx = coords(ow, w)
-    top = x[:, y0][:, :, x0] * (1 - fx)[None, None, :, None] + x[:, y0][:, :, x1] * fx[None, None, :, None]
-    bot = x[:, y1][:, :, x0] * (1 - fx)[None, None, :, None] + x[:, y1][:, :, x1] * fx[None, None, :, None]
+    top = (
+        x[:, y0][:, :, x0] * (1 - fx)[None, None, :, None]
+        + x[:, y0][:, :, x1] * fx[None, None, :, None]
+    )
+    bot = (
+        x[:, y1][:, :, x0] * (1 - fx)[None, None, :, None]
+        + x[:, y1][:, :, x1] * fx[None, None, :, None]
+    )
     return top * (1 - fy)[None, :, None, None] + bot * fy[None, :, None, None]
 
 
@@ -174,7 +207,11 @@ def test_conv2d_bias_relu_ohwi(cl_env: Any) -> None:
     x, w, b = _rand(1, 12, 12, 8), _rand(16, 3, 3, 8), _rand(16)
 
     def body(bb: Any, xv: Any) -> Any:
-        y = bb.emit(relax.op.nn.conv2d(xv, relax.const(w), padding=[1, 1, 1, 1], data_layout="NHWC", kernel_layout="OHWI"))
+        y = bb.emit(
+            relax.op.nn.conv2d(
+                xv, relax.const(w), padding=[1, 1, 1, 1], data_layout="NHWC", kernel_layout="OHWI"
+            )
+        )
         y = bb.emit(relax.op.add(y, relax.const(b.reshape(1, 1, 1, 16))))
         return relax.op.nn.relu(y)
 
@@ -188,7 +225,14 @@ def test_conv2d_stride2_hwio_asymmetric_pad(cl_env: Any) -> None:
     x, w_hwio = _rand(1, 16, 16, 3), _rand(3, 3, 3, 8)
 
     def body(bb: Any, xv: Any) -> Any:
-        return relax.op.nn.conv2d(xv, relax.const(w_hwio), strides=2, padding=[0, 0, 1, 1], data_layout="NHWC", kernel_layout="HWIO")
+        return relax.op.nn.conv2d(
+            xv,
+            relax.const(w_hwio),
+            strides=2,
+            padding=[0, 0, 1, 1],
+            data_layout="NHWC",
+            kernel_layout="HWIO",
+        )
 
     ref = conv2d_nhwc_ref(x, w_hwio.transpose(3, 0, 1, 2), stride=2, pad=(0, 0, 1, 1))
     check(cl_env, build_module([("x", x.shape)], body), [x], [ref])
@@ -199,7 +243,16 @@ def test_depthwise_conv_relu6(cl_env: Any) -> None:
     x, w, b = _rand(1, 10, 10, c), _rand(c, 3, 3, 1), _rand(c)
 
     def body(bb: Any, xv: Any) -> Any:
-        y = bb.emit(relax.op.nn.conv2d(xv, relax.const(w), padding=[1, 1, 1, 1], groups=c, data_layout="NHWC", kernel_layout="OHWI"))
+        y = bb.emit(
+            relax.op.nn.conv2d(
+                xv,
+                relax.const(w),
+                padding=[1, 1, 1, 1],
+                groups=c,
+                data_layout="NHWC",
+                kernel_layout="OHWI",
+            )
+        )
         y = bb.emit(relax.op.add(y, relax.const(b)))
         return relax.op.clip(y, 0.0, 6.0)
 
@@ -233,9 +286,13 @@ def test_avg_pool_same_padding_excludes_pad(cl_env: Any) -> None:
     x = _rand(1, 8, 8, 4)
 
     def body(bb: Any, xv: Any) -> Any:
-        return relax.op.nn.avg_pool2d(xv, pool_size=3, strides=1, padding=[1, 1, 1, 1], layout="NHWC", count_include_pad=False)
+        return relax.op.nn.avg_pool2d(
+            xv, pool_size=3, strides=1, padding=[1, 1, 1, 1], layout="NHWC", count_include_pad=False
+        )
 
-    check(cl_env, build_module([("x", x.shape)], body), [x], [pool_ref(x, 3, 1, (1, 1, 1, 1), "avg")])
+    check(
+        cl_env, build_module([("x", x.shape)], body), [x], [pool_ref(x, 3, 1, (1, 1, 1, 1), "avg")]
+    )
 
 
 def test_concat(cl_env: Any) -> None:
@@ -244,7 +301,12 @@ def test_concat(cl_env: Any) -> None:
     def body(bb: Any, av: Any, bv: Any, cv: Any) -> Any:
         return relax.op.concat([av, bv, cv], axis=3)
 
-    check(cl_env, build_module([("a", a.shape), ("b", b.shape), ("c", c.shape)], body), [a, b, c], [np.concatenate([a, b, c], axis=3)])
+    check(
+        cl_env,
+        build_module([("a", a.shape), ("b", b.shape), ("c", c.shape)], body),
+        [a, b, c],
+        [np.concatenate([a, b, c], axis=3)],
+    )
 
 
 def test_reshape_transpose_and_views(cl_env: Any) -> None:
@@ -256,7 +318,12 @@ def test_reshape_transpose_and_views(cl_env: Any) -> None:
         v = bb.emit(relax.op.reshape(t, (8, 24)))  # pure view of a kernel output
         return relax.Tuple([v, relax.op.reshape(xv, (24, 8))])  # second: view of an input
 
-    res = check(cl_env, build_module([("x", x.shape)], body), [x], [x.reshape(1, 24, 8).transpose(0, 2, 1).reshape(8, 24), x.reshape(24, 8)])
+    res = check(
+        cl_env,
+        build_module([("x", x.shape)], body),
+        [x],
+        [x.reshape(1, 24, 8).transpose(0, 2, 1).reshape(8, 24), x.reshape(24, 8)],
+    )
     # The reshape of the input must be a view of the input's storage, not a copy kernel.
     prog = res.program
     out1 = prog.tensor(prog.outputs[1])
@@ -269,9 +336,16 @@ def test_resize_bilinear(cl_env: Any, half_pixel: bool) -> None:
     mode = "half_pixel" if half_pixel else "asymmetric"
 
     def body(bb: Any, xv: Any) -> Any:
-        return relax.op.image.resize2d(xv, (10, 13), layout="NHWC", method="linear", coordinate_transformation_mode=mode)
+        return relax.op.image.resize2d(
+            xv, (10, 13), layout="NHWC", method="linear", coordinate_transformation_mode=mode
+        )
 
-    check(cl_env, build_module([("x", x.shape)], body), [x], [resize_bilinear_ref(x, 10, 13, half_pixel)])
+    check(
+        cl_env,
+        build_module([("x", x.shape)], body),
+        [x],
+        [resize_bilinear_ref(x, 10, 13, half_pixel)],
+    )
 
 
 def test_softmax(cl_env: Any) -> None:
@@ -289,7 +363,12 @@ def test_mean_spatial(cl_env: Any) -> None:
     def body(bb: Any, xv: Any) -> Any:
         return relax.op.mean(xv, axis=[1, 2], keepdims=True)
 
-    check(cl_env, build_module([("x", x.shape)], body), [x], [x.astype(np.float64).mean(axis=(1, 2), keepdims=True)])
+    check(
+        cl_env,
+        build_module([("x", x.shape)], body),
+        [x],
+        [x.astype(np.float64).mean(axis=(1, 2), keepdims=True)],
+    )
 
 
 def test_dense(cl_env: Any) -> None:
@@ -309,14 +388,23 @@ def test_batched_matmul(cl_env: Any) -> None:
     def body(bb: Any, av: Any, bv: Any) -> Any:
         return relax.op.matmul(av, bv)
 
-    check(cl_env, build_module([("a", a.shape), ("b", b.shape)], body), [a, b], [a.astype(np.float64) @ b])
+    check(
+        cl_env,
+        build_module([("a", a.shape), ("b", b.shape)], body),
+        [a, b],
+        [a.astype(np.float64) @ b],
+    )
 
 
 def test_strided_slice_and_pad(cl_env: Any) -> None:
     x = _rand(1, 9, 10, 6)
 
     def body(bb: Any, xv: Any) -> Any:
-        s = bb.emit(relax.op.strided_slice(xv, axes=[1, 2, 3], begin=[1, 0, 2], end=[8, 10, 6], strides=[2, 3, 1]))
+        s = bb.emit(
+            relax.op.strided_slice(
+                xv, axes=[1, 2, 3], begin=[1, 0, 2], end=[8, 10, 6], strides=[2, 3, 1]
+            )
+        )
         return relax.op.nn.pad(s, pad_width=[0, 0, 1, 2, 0, 1, 0, 0], pad_value=0.0)
 
     ref = np.pad(x[:, 1:8:2, 0:10:3, 2:6], ((0, 0), (1, 2), (0, 1), (0, 0)))
@@ -333,17 +421,32 @@ def test_constant_and_input_passthrough_outputs(cl_env: Any) -> None:
     check(cl_env, build_module([("x", x.shape)], body), [x], [x.astype(np.float64) + c, x])
 
 
-def _mobilenet_block_chain(depth: int, c: int = 8, hw: int = 16) -> tuple[tvm.IRModule, Callable[[np.ndarray], np.ndarray]]:
+def _mobilenet_block_chain(
+    depth: int, c: int = 8, hw: int = 16
+) -> tuple[tvm.IRModule, Callable[[np.ndarray], np.ndarray]]:
     """depth x (1x1 conv -> relu6 -> depthwise 3x3 -> relu6 -> residual add), then pool+dense."""
-    weights = [(_rand(c, 1, 1, c) * 0.5, _rand(c), _rand(c, 3, 3, 1) * 0.5, _rand(c)) for _ in range(depth)]
+    weights = [
+        (_rand(c, 1, 1, c) * 0.5, _rand(c), _rand(c, 3, 3, 1) * 0.5, _rand(c)) for _ in range(depth)
+    ]
     fc_w, fc_b = _rand(5, c), _rand(5)
 
     def body(bb: Any, xv: Any) -> Any:
         h = xv
         for w1, b1, wd, bd in weights:
-            y = bb.emit(relax.op.nn.conv2d(h, relax.const(w1), data_layout="NHWC", kernel_layout="OHWI"))
+            y = bb.emit(
+                relax.op.nn.conv2d(h, relax.const(w1), data_layout="NHWC", kernel_layout="OHWI")
+            )
             y = bb.emit(relax.op.clip(relax.op.add(y, relax.const(b1)), 0.0, 6.0))
-            y = bb.emit(relax.op.nn.conv2d(y, relax.const(wd), padding=[1, 1, 1, 1], groups=c, data_layout="NHWC", kernel_layout="OHWI"))
+            y = bb.emit(
+                relax.op.nn.conv2d(
+                    y,
+                    relax.const(wd),
+                    padding=[1, 1, 1, 1],
+                    groups=c,
+                    data_layout="NHWC",
+                    kernel_layout="OHWI",
+                )
+            )
             y = bb.emit(relax.op.clip(relax.op.add(y, relax.const(bd)), 0.0, 6.0))
             h = bb.emit(relax.op.add(h, y))
         m = bb.emit(relax.op.mean(h, axis=[1, 2], keepdims=False))
@@ -404,7 +507,9 @@ def test_rerun_and_chaining_without_host_copies(cl_env: Any) -> None:
     ctx, queue = cl_env
     a, b = _rand(1, 8, 8, 4), _rand(1, 8, 8, 4)
     mod1 = build_module([("x", a.shape)], lambda bb, xv: relax.op.nn.relu(xv))
-    mod2 = build_module([("x", a.shape)], lambda bb, xv: relax.op.multiply(xv, relax.const(np.float32(2.0))))
+    mod2 = build_module(
+        [("x", a.shape)], lambda bb, xv: relax.op.multiply(xv, relax.const(np.float32(2.0)))
+    )
     r1, r2 = compile_relax_full(mod1), compile_relax_full(mod2)
     ex1 = PartitionExecutor(r1.program, r1.constants, ctx, queue)
     ex2 = PartitionExecutor(r2.program, r2.constants, ctx, queue)
@@ -491,8 +596,18 @@ def test_executor_hand_written_program_offsets_and_scalars(cl_env: Any) -> None:
         inputs=[0],
         outputs=[3, 1],
         launches=[
-            Launch("axpb", (BufferArg(1), BufferArg(0), ScalarArg(2.0, "float"), ScalarArg(n, "int")), (64,), (32,)),
-            Launch("axpb", (BufferArg(2), BufferArg(1), ScalarArg(-1.0, "float"), ScalarArg(n, "int")), (64,), (32,)),
+            Launch(
+                "axpb",
+                (BufferArg(1), BufferArg(0), ScalarArg(2.0, "float"), ScalarArg(n, "int")),
+                (64,),
+                (32,),
+            ),
+            Launch(
+                "axpb",
+                (BufferArg(2), BufferArg(1), ScalarArg(-1.0, "float"), ScalarArg(n, "int")),
+                (64,),
+                (32,),
+            ),
         ],
     )
     prog = GpuProgram.from_json(prog.to_json())
@@ -504,19 +619,55 @@ def test_executor_hand_written_program_offsets_and_scalars(cl_env: Any) -> None:
 
     # A misaligned offset must be refused with a clear message, not crash in the driver.
     if align > 4:
-        bad = GpuProgram.from_dict({**prog.to_dict(), "tensors": [
-            {"id": 0, "storage": 0, "offset": 0, "shape": [n], "dtype": "float32", "name": "x"},
-            {"id": 1, "storage": 1, "offset": 0, "shape": [n], "dtype": "float32", "name": "tmp"},
-            {"id": 2, "storage": 1, "offset": 4, "shape": [n], "dtype": "float32", "name": "y"},
-            {"id": 3, "storage": 1, "offset": 4, "shape": [4, 10], "dtype": "float32", "name": "y_view"},
-        ]})
+        bad = GpuProgram.from_dict(
+            {
+                **prog.to_dict(),
+                "tensors": [
+                    {
+                        "id": 0,
+                        "storage": 0,
+                        "offset": 0,
+                        "shape": [n],
+                        "dtype": "float32",
+                        "name": "x",
+                    },
+                    {
+                        "id": 1,
+                        "storage": 1,
+                        "offset": 0,
+                        "shape": [n],
+                        "dtype": "float32",
+                        "name": "tmp",
+                    },
+                    {
+                        "id": 2,
+                        "storage": 1,
+                        "offset": 4,
+                        "shape": [n],
+                        "dtype": "float32",
+                        "name": "y",
+                    },
+                    {
+                        "id": 3,
+                        "storage": 1,
+                        "offset": 4,
+                        "shape": [4, 10],
+                        "dtype": "float32",
+                        "name": "y_view",
+                    },
+                ],
+            }
+        )
         from litekiln.runtime.executor import ExecutorError
 
         with pytest.raises(ExecutorError, match="sub-buffer"):
             PartitionExecutor(bad, {}, *cl_env)
 
 
-@pytest.mark.xfail(strict=True, reason="TVM's GPU scan (DispatchSortScan) kernels give wrong sums on PoCL; not a TFLite GPU op")
+@pytest.mark.xfail(
+    strict=True,
+    reason="TVM's GPU scan (DispatchSortScan) kernels give wrong sums on PoCL; not a TFLite GPU op",
+)
 def test_cumsum_multi_kernel_host_loop(cl_env: Any) -> None:
     """Library scan: symbolic-shape host code with loops, a workspace and 3 kernels.
 
@@ -531,7 +682,9 @@ def test_cumsum_multi_kernel_host_loop(cl_env: Any) -> None:
         "gpu_2d_continuous_cumsum_kernel_1",
         "gpu_2d_continuous_cumsum_kernel_3",
     ]
-    np.testing.assert_allclose(outs[0], np.cumsum(x.astype(np.float64), axis=1), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(
+        outs[0], np.cumsum(x.astype(np.float64), axis=1), rtol=1e-4, atol=1e-3
+    )
 
 
 def test_view_only_partition(cl_env: Any) -> None:
@@ -541,7 +694,9 @@ def test_view_only_partition(cl_env: Any) -> None:
     reshape that *is* the `emit_output` value as a copy kernel.
     """
     x = _rand(2, 3, 4)
-    mod = build_module([("x", x.shape)], lambda bb, xv: relax.Tuple([bb.emit(relax.op.reshape(xv, (6, 4)))]))
+    mod = build_module(
+        [("x", x.shape)], lambda bb, xv: relax.Tuple([bb.emit(relax.op.reshape(xv, (6, 4)))])
+    )
     outs, res = run_on_cl(cl_env, mod, [x])
     assert res.program.launches == []
     np.testing.assert_array_equal(outs[0], x.reshape(6, 4))
@@ -552,7 +707,10 @@ def test_view_only_partition(cl_env: Any) -> None:
 
 def test_runtime_imports_without_tvm(tmp_path: Any) -> None:
     """The runtime must import (and run a program from JSON) with TVM made unimportable."""
-    mod = build_module([("x", (1, 4, 4, 2))], lambda bb, xv: relax.op.add(relax.op.nn.relu(xv), relax.const(np.ones((2,), np.float32))))
+    mod = build_module(
+        [("x", (1, 4, 4, 2))],
+        lambda bb, xv: relax.op.add(relax.op.nn.relu(xv), relax.const(np.ones((2,), np.float32))),
+    )
     res = compile_relax_full(mod)
     (tmp_path / "prog.json").write_text(res.program.to_json())
     np.savez(tmp_path / "consts.npz", **res.constants)
@@ -568,8 +726,8 @@ def test_runtime_imports_without_tvm(tmp_path: Any) -> None:
         devs = [d for p in cl.get_platforms() for d in p.get_devices()]
         if devs:
             ctx = cl.Context(devs[:1]); q = cl.CommandQueue(ctx)
-            prog = program.GpuProgram.from_json(open({str(tmp_path / 'prog.json')!r}).read())
-            consts = dict(np.load({str(tmp_path / 'consts.npz')!r}))
+            prog = program.GpuProgram.from_json(open({str(tmp_path / "prog.json")!r}).read())
+            consts = dict(np.load({str(tmp_path / "consts.npz")!r}))
             ex = executor.PartitionExecutor(prog, consts, ctx, q)
             x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(1, 4, 4, 2)
             (y,) = ex(x)
@@ -577,7 +735,12 @@ def test_runtime_imports_without_tvm(tmp_path: Any) -> None:
         print("OK")
         """
     )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "OK" in proc.stdout
 
@@ -595,15 +758,26 @@ def _blaze_block_model(se_gate: bool) -> bytes:
     x = b.input("x", [1, 8, 8, 16])
     r = b.input("r", [1, 8, 8, 16])
     w = rng.uniform(-1, 1, [16, 1, 1, 16]).astype(np.float32)
-    y = b.op("CONV_2D", [x, w, np.zeros(16, np.float32)],
-             options={"padding": "SAME", "stride_w": 1, "stride_h": 1})
+    y = b.op(
+        "CONV_2D",
+        [x, w, np.zeros(16, np.float32)],
+        options={"padding": "SAME", "stride_w": 1, "stride_h": 1},
+    )
     y = b.op("ADD", [y, r])
     y = b.op("RELU", [y])
     if se_gate:
-        g = b.op("MEAN", [y, np.array([1, 2], np.int32)], out_shape=[1, 1, 1, 16],
-                 options={"keep_dims": True})
-        g = b.op("CONV_2D", [g, w, np.zeros(16, np.float32)], out_shape=[1, 1, 1, 16],
-                 options={"padding": "SAME", "stride_w": 1, "stride_h": 1})
+        g = b.op(
+            "MEAN",
+            [y, np.array([1, 2], np.int32)],
+            out_shape=[1, 1, 1, 16],
+            options={"keep_dims": True},
+        )
+        g = b.op(
+            "CONV_2D",
+            [g, w, np.zeros(16, np.float32)],
+            out_shape=[1, 1, 1, 16],
+            options={"padding": "SAME", "stride_w": 1, "stride_h": 1},
+        )
         g = b.op("LOGISTIC", [g], out_shape=[1, 1, 1, 16])
         y = b.op("MUL", [y, g])
     b.output(y)
@@ -615,11 +789,10 @@ def test_conv_residual_relu_fuse_into_one_kernel(se_gate: bool) -> None:
     """Separate TFLite ops fuse on the GPU: conv + bias + residual add + ReLU is one kernel.
     A broadcast of a computed gate stays out of the gate conv's kernel (it would recompute
     the conv per output element), so the gated block is conv | mean | conv+sigmoid | mul."""
+    import litekiln
     from litekiln.compiler.driver import compile_model
     from litekiln.model import load_model
     from litekiln.runtime.artifact import CompileOptions
-
-    import litekiln
 
     data = _blaze_block_model(se_gate)
     model = load_model(data)

@@ -504,7 +504,9 @@ def test_session_compares_paths_and_falls_back(fake, monkeypatch, tmp_path):
 
 
 @pytest.mark.opencl
-def test_session_starts_on_opencl_and_moves_to_the_graph_in_the_background(fake, monkeypatch, tmp_path):
+def test_session_starts_on_opencl_and_moves_to_the_graph_in_the_background(
+    fake, monkeypatch, tmp_path
+):
     """`auto`: the session is ready at once on OpenCL; the CUDA graph (driver start, capture,
     check) is made in a background thread and swapped in between two inferences."""
     import threading

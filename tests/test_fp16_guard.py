@@ -36,8 +36,18 @@ def _benign_model() -> bytes:
     x = b.input("x", SHAPE)
     w = b.const("w", np.random.default_rng(1).uniform(-1, 1, [4, 3, 3, 4]).astype(np.float32))
     bias = b.const("bias", np.zeros([4], np.float32))
-    h = _op(b, "CONV_2D", [x, w, bias], "h",
-             options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "fused_activation_function": "RELU"})
+    h = _op(
+        b,
+        "CONV_2D",
+        [x, w, bias],
+        "h",
+        options={
+            "padding": "SAME",
+            "stride_w": 1,
+            "stride_h": 1,
+            "fused_activation_function": "RELU",
+        },
+    )
     y = _op(b, "ADD", [h, x], "y")
     b.output(y)
     return b.build()
@@ -100,8 +110,9 @@ def test_fp16_program_on_device(budget: float | None, tmp_path) -> None:
 
     data = _cancelling_model()
     model = load_model(data)
-    compiled = compile_model(model, CompileOptions(precision="fp16", half="native", fp16_budget=budget),
-                             warn=False)
+    compiled = compile_model(
+        model, CompileOptions(precision="fp16", half="native", fp16_budget=budget), warn=False
+    )
     program = compiled.partitions[0].program
     specs = {s.id: s for s in program.tensors}
     assert {specs[t].dtype for t in program.inputs + program.outputs} == {"float32"}
@@ -112,8 +123,9 @@ def test_fp16_program_on_device(budget: float | None, tmp_path) -> None:
 
     x = np.random.default_rng(3).uniform(0, 1, SHAPE).astype(np.float32)
     want = ((x + np.float32(C1)) - x) * np.float32(GAIN)  # numpy fp32
-    interp = litekiln.Interpreter(model_content=data, precision="fp16", cache_dir=tmp_path,
-                                  fp16_budget=budget)
+    interp = litekiln.Interpreter(
+        model_content=data, precision="fp16", cache_dir=tmp_path, fp16_budget=budget
+    )
     interp.allocate_tensors()
     interp.set_tensor(interp.get_input_details()[0]["index"], x)
     interp.invoke()

@@ -104,8 +104,10 @@ def mutated_models(draw: st.DrawFn) -> tuple[str, bytes, list[str]]:
             width = draw(st.sampled_from([4, 2, 1]))
             if at + width > n:
                 continue
-            value = draw(st.sampled_from(fuzz_module().INTERESTING_INTS + [n, n + 4])
-                         | st.integers(0, (1 << 32) - 1))
+            value = draw(
+                st.sampled_from(fuzz_module().INTERESTING_INTS + [n, n + 4])
+                | st.integers(0, (1 << 32) - 1)
+            )
             value &= (1 << (8 * width)) - 1
             data[at : at + width] = value.to_bytes(width, "little")
             log.append(f"int{8 * width} at {at} := {value}")
@@ -147,8 +149,9 @@ def test_seeds_load() -> None:
 
 def test_fuzz_script_runs(tmp_path: Path) -> None:
     """The long fuzzer's machinery: workers, results, report (few cases, built seeds only)."""
-    report = fuzz_module().run(40, seed=1, workers=2, timeout=10.0, out=tmp_path, real=False,
-                               progress=False)
+    report = fuzz_module().run(
+        40, seed=1, workers=2, timeout=10.0, out=tmp_path, real=False, progress=False
+    )
     assert report.cases == 40
     assert set(report.outcomes) <= {"ok", "ModelError"}, report.to_json()
 

@@ -21,8 +21,10 @@ def test_details_match_litert(fixture: str, request: pytest.FixtureRequest) -> N
     ours = litekiln.Interpreter(model_path=path, device="reference")
     theirs = LiteRT(model_path=str(path))
     theirs.allocate_tensors()
-    for a, b in [(ours.get_input_details(), theirs.get_input_details()),
-                 (ours.get_output_details(), theirs.get_output_details())]:
+    for a, b in [
+        (ours.get_input_details(), theirs.get_input_details()),
+        (ours.get_output_details(), theirs.get_output_details()),
+    ]:
         assert len(a) == len(b)
         for da, db in zip(a, b):
             for k in KEYS:
@@ -67,7 +69,9 @@ def test_wrong_dtype_shape_and_index_are_clear_errors(smoke_path: Path) -> None:
     idx = interp.get_input_details()[0]["index"]
     with pytest.raises(litekiln.InputError, match=r"expects dtype float32, got float64"):
         interp.set_tensor(idx, np.zeros((1, 32, 32, 3)))
-    with pytest.raises(litekiln.InputError, match=r"expects shape \[1, 32, 32, 3\], got \[1, 16, 16, 3\]"):
+    with pytest.raises(
+        litekiln.InputError, match=r"expects shape \[1, 32, 32, 3\], got \[1, 16, 16, 3\]"
+    ):
         interp.set_tensor(idx, np.zeros((1, 16, 16, 3), np.float32))
     with pytest.raises(litekiln.InputError, match="not a graph input"):
         interp.set_tensor(9999, np.zeros(1, np.float32))

@@ -146,8 +146,9 @@ def test_real_sparse_model_densified(sparse_model: Path) -> None:
     assert densify and all(op.folded for op in densify)
     it = litert(sparse_model, preserve_all_tensors=True)
     it.allocate_tensors()
-    it.set_tensor(it.get_input_details()[0]["index"],
-                  np.zeros(it.get_input_details()[0]["shape"], np.float32))
+    it.set_tensor(
+        it.get_input_details()[0]["index"], np.zeros(it.get_input_details()[0]["shape"], np.float32)
+    )
     it.invoke()
     for op in densify:
         src, dst = (model.main.tensors[op.inputs[0]], model.main.tensors[op.outputs[0]])
@@ -200,11 +201,20 @@ def test_quantized_tensor_details_match_litert() -> None:
     rng = np.random.default_rng(1)
     b = ModelBuilder()
     x = b.input("x", [1, 4, 4, 3], "int8", quant=Quant(0.02, -3))
-    w = b.const("w", rng.integers(-127, 128, (5, 1, 1, 3)).astype(np.int8),
-                quant=Quant(rng.uniform(0.001, 0.01, 5).tolist(), [0] * 5, axis=0))
+    w = b.const(
+        "w",
+        rng.integers(-127, 128, (5, 1, 1, 3)).astype(np.int8),
+        quant=Quant(rng.uniform(0.001, 0.01, 5).tolist(), [0] * 5, axis=0),
+    )
     bias = b.const("bias", np.arange(5, dtype=np.int32), quant=Quant([1e-4] * 5, [0] * 5))
-    y = b.op("CONV_2D", [x, w, bias], out_shape=[1, 4, 4, 5], out_quant=Quant(0.05, 7),
-             options={"padding": "VALID", "stride_w": 1, "stride_h": 1}, version=3)
+    y = b.op(
+        "CONV_2D",
+        [x, w, bias],
+        out_shape=[1, 4, 4, 5],
+        out_quant=Quant(0.05, 7),
+        options={"padding": "VALID", "stride_w": 1, "stride_h": 1},
+        version=3,
+    )
     b.output(y)
     assert_tensor_details_match(b.build())
 
@@ -214,13 +224,18 @@ SPARSITIES = {
     "csr_both": (Sparsity(formats=[SPARSE_CSR, SPARSE_CSR]), (5, 7)),
     "column_major": (Sparsity(formats=[DENSE, SPARSE_CSR], traversal_order=[1, 0]), (4, 6)),
     "block_1x4": (
-        Sparsity(formats=[DENSE, SPARSE_CSR, DENSE], block_map=[1], block_size=[4]), (4, 8)),
-    "block_2x2": (Sparsity(formats=[DENSE, SPARSE_CSR, DENSE, DENSE], block_map=[0, 1],
-                           block_size=[2, 2]), (4, 6)),
-    "rank3_uint16": (Sparsity(formats=[DENSE, DENSE, SPARSE_CSR], index_dtype="uint16"),
-                     (3, 4, 5)),
-    "rank3_uint8": (Sparsity(formats=[DENSE, SPARSE_CSR, SPARSE_CSR], index_dtype="uint8"),
-                    (2, 3, 4)),
+        Sparsity(formats=[DENSE, SPARSE_CSR, DENSE], block_map=[1], block_size=[4]),
+        (4, 8),
+    ),
+    "block_2x2": (
+        Sparsity(formats=[DENSE, SPARSE_CSR, DENSE, DENSE], block_map=[0, 1], block_size=[2, 2]),
+        (4, 6),
+    ),
+    "rank3_uint16": (Sparsity(formats=[DENSE, DENSE, SPARSE_CSR], index_dtype="uint16"), (3, 4, 5)),
+    "rank3_uint8": (
+        Sparsity(formats=[DENSE, SPARSE_CSR, SPARSE_CSR], index_dtype="uint8"),
+        (2, 3, 4),
+    ),
     # (An all-zero sparse constant has an empty buffer, which LiteRT too reads as "not a
     # constant", so the smallest valid case is one non-zero value.)
     "one_nonzero": (Sparsity(formats=[SPARSE_CSR, SPARSE_CSR]), (3, 4)),
@@ -309,8 +324,13 @@ def test_signature_defs_and_subgraphs() -> None:
     then.output(then.op("NEG", [then.input("x", [2])]))
     other = b.subgraph("else")
     other.output(other.op("RELU", [other.input("x", [2])]))
-    y = b.op("IF", [cond, x], out_shape=[2], out_dtype="float32",
-             options={"then_subgraph_index": 1, "else_subgraph_index": 2})
+    y = b.op(
+        "IF",
+        [cond, x],
+        out_shape=[2],
+        out_dtype="float32",
+        options={"then_subgraph_index": 1, "else_subgraph_index": 2},
+    )
     b.output(y)
     b.signature("serving_default", {"cond": cond, "x": x}, {"y": y})
     model = load_model(b.build())
@@ -318,7 +338,11 @@ def test_signature_defs_and_subgraphs() -> None:
     assert model.main.ops[0].options == {"then_subgraph_index": 1, "else_subgraph_index": 2}
     (sig,) = model.signatures
     assert (sig.key, sig.subgraph_index, sig.inputs, sig.outputs) == (
-        "serving_default", 0, {"cond": 0, "x": 1}, {"y": y.index})
+        "serving_default",
+        0,
+        {"cond": 0, "x": 1},
+        {"y": y.index},
+    )
 
 
 # -- bad files ------------------------------------------------------------------------------
@@ -373,9 +397,17 @@ def test_root_offset_past_end() -> None:
 # Where a built model is cut. (Cutting only the last byte or two can leave a valid file: the
 # flatbuffer ends with a string's NUL terminator and alignment padding.)
 TRUNCATIONS = {
-    "8": lambda n: 8, "12": lambda n: 12, "16": lambda n: 16, "32": lambda n: 32,
-    "64": lambda n: 64, "n/4": lambda n: n // 4, "n/3": lambda n: n // 3, "n/2": lambda n: n // 2,
-    "2n/3": lambda n: 2 * n // 3, "3n/4": lambda n: 3 * n // 4, "n-16": lambda n: n - 16,
+    "8": lambda n: 8,
+    "12": lambda n: 12,
+    "16": lambda n: 16,
+    "32": lambda n: 32,
+    "64": lambda n: 64,
+    "n/4": lambda n: n // 4,
+    "n/3": lambda n: n // 3,
+    "n/2": lambda n: n // 2,
+    "2n/3": lambda n: 2 * n // 3,
+    "3n/4": lambda n: 3 * n // 4,
+    "n-16": lambda n: n - 16,
     "n-4": lambda n: n - 4,
 }
 
@@ -386,8 +418,12 @@ def test_truncated_built_model(cut: str) -> None:
     b = ModelBuilder()
     x = b.input("x", [1, 8, 8, 3])
     w = b.const("w", rng.normal(size=(4, 3, 3, 3)).astype(np.float32))
-    y = b.op("CONV_2D", [x, w, b.const("b", np.zeros(4, np.float32))], out_shape=[1, 8, 8, 4],
-             options={"padding": "SAME", "stride_w": 1, "stride_h": 1})
+    y = b.op(
+        "CONV_2D",
+        [x, w, b.const("b", np.zeros(4, np.float32))],
+        out_shape=[1, 8, 8, 4],
+        options={"padding": "SAME", "stride_w": 1, "stride_h": 1},
+    )
     b.output(y)
     data = b.build()
     assert_model_error(data[: TRUNCATIONS[cut](len(data))])

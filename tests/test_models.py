@@ -4,10 +4,10 @@ path (OpenCL; PoCL in CI) on the small and MediaPipe models. Tolerances: litekil
 from __future__ import annotations
 
 import pytest
+from conftest import zoo_model
 
 from litekiln.check import check_model
 from litekiln.zoo import ZOO
-from conftest import zoo_model
 
 LITERT_RUNS = [n for n in ZOO if n not in ("face_landmark_with_attention",)]
 # Every float and fp16-weight zoo model that LiteRT runs (the GPU-path issue's scope); the

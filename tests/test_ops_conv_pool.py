@@ -49,9 +49,14 @@ def test_conv2d(padding: str, stride: int, dilation: int, act: str) -> None:
     check_op(
         "CONV_2D",
         [Spec([2, 11, 9, 5])],
-        {"padding": padding, "stride_w": stride, "stride_h": stride,
-         "dilation_w_factor": dilation, "dilation_h_factor": dilation,
-         "fused_activation_function": act},
+        {
+            "padding": padding,
+            "stride_w": stride,
+            "stride_h": stride,
+            "dilation_w_factor": dilation,
+            "dilation_h_factor": dilation,
+            "fused_activation_function": act,
+        },
         consts={1: Spec([6, 3, 3, 5]), 2: Spec([6])},
         tol=CONV_TOL,
     )
@@ -71,8 +76,14 @@ def test_conv2d_shapes_and_activations(act: str, kh: int, kw: int, sh: int, sw: 
 
 def test_conv2d_grouped() -> None:
     # 6 input channels, filters of 2 input channels: 3 groups of 3 output channels each.
-    check_op("CONV_2D", [Spec([1, 7, 8, 6])], {"padding": "SAME", "stride_w": 1, "stride_h": 1},
-             consts={1: Spec([9, 3, 3, 2]), 2: Spec([9])}, version=6, tol=CONV_TOL)
+    check_op(
+        "CONV_2D",
+        [Spec([1, 7, 8, 6])],
+        {"padding": "SAME", "stride_w": 1, "stride_h": 1},
+        consts={1: Spec([9, 3, 3, 2]), 2: Spec([9])},
+        version=6,
+        tol=CONV_TOL,
+    )
 
 
 # -- DEPTHWISE_CONV_2D ----------------------------------------------------------------------
@@ -86,9 +97,15 @@ def test_depthwise(padding: str, stride: int, dilation: int, multiplier: int) ->
     check_op(
         "DEPTHWISE_CONV_2D",
         [Spec([1, 12, 11, c])],
-        {"padding": padding, "stride_w": stride, "stride_h": stride, "depth_multiplier": multiplier,
-         "dilation_w_factor": dilation, "dilation_h_factor": dilation,
-         "fused_activation_function": "RELU6"},
+        {
+            "padding": padding,
+            "stride_w": stride,
+            "stride_h": stride,
+            "depth_multiplier": multiplier,
+            "dilation_w_factor": dilation,
+            "dilation_h_factor": dilation,
+            "fused_activation_function": "RELU6",
+        },
         consts={1: Spec([1, 3, 3, c * multiplier]), 2: Spec([c * multiplier])},
         version=2,
         tol=CONV_TOL,
@@ -97,10 +114,19 @@ def test_depthwise(padding: str, stride: int, dilation: int, multiplier: int) ->
 
 @pytest.mark.parametrize("act", ACTS)
 def test_depthwise_activations_5x5(act: str) -> None:
-    check_op("DEPTHWISE_CONV_2D", [Spec([2, 9, 9, 3])],
-             {"padding": "SAME", "stride_w": 2, "stride_h": 1, "depth_multiplier": 1,
-              "fused_activation_function": act},
-             consts={1: Spec([1, 5, 5, 3]), 2: Spec([3])}, tol=CONV_TOL)
+    check_op(
+        "DEPTHWISE_CONV_2D",
+        [Spec([2, 9, 9, 3])],
+        {
+            "padding": "SAME",
+            "stride_w": 2,
+            "stride_h": 1,
+            "depth_multiplier": 1,
+            "fused_activation_function": act,
+        },
+        consts={1: Spec([1, 5, 5, 3]), 2: Spec([3])},
+        tol=CONV_TOL,
+    )
 
 
 # -- TRANSPOSE_CONV -------------------------------------------------------------------------
@@ -118,17 +144,28 @@ def test_transpose_conv(padding: str, stride: int, k: int, bias: bool) -> None:
     consts = {0: np.array([1, oh, ow, 4], np.int32), 1: Spec([4, k, k, 3])}
     if bias:
         consts[3] = Spec([4])
-    check_op("TRANSPOSE_CONV", [Spec([1, h, w, 3])],
-             {"padding": padding, "stride_w": stride, "stride_h": stride},
-             consts=consts, version=3 if bias else 1, out_dtype="float32", tol=CONV_TOL)
+    check_op(
+        "TRANSPOSE_CONV",
+        [Spec([1, h, w, 3])],
+        {"padding": padding, "stride_w": stride, "stride_h": stride},
+        consts=consts,
+        version=3 if bias else 1,
+        out_dtype="float32",
+        tol=CONV_TOL,
+    )
 
 
 @pytest.mark.parametrize("act", ["RELU", "RELU6"])
 def test_transpose_conv_fused_activation(act: str) -> None:
-    check_op("TRANSPOSE_CONV", [Spec([1, 4, 4, 2])],
-             {"padding": "SAME", "stride_w": 2, "stride_h": 2, "fused_activation_function": act},
-             consts={0: np.array([1, 8, 8, 3], np.int32), 1: Spec([3, 3, 3, 2]), 3: Spec([3])},
-             version=4, out_dtype="float32", tol=CONV_TOL)
+    check_op(
+        "TRANSPOSE_CONV",
+        [Spec([1, 4, 4, 2])],
+        {"padding": "SAME", "stride_w": 2, "stride_h": 2, "fused_activation_function": act},
+        consts={0: np.array([1, 8, 8, 3], np.int32), 1: Spec([3, 3, 3, 2]), 3: Spec([3])},
+        version=4,
+        out_dtype="float32",
+        tol=CONV_TOL,
+    )
 
 
 # -- FULLY_CONNECTED ------------------------------------------------------------------------
@@ -141,16 +178,24 @@ def test_fully_connected(act: str, keep_num_dims: bool, bias: bool) -> None:
     consts = {1: Spec([7, 12])}
     if bias:
         consts[2] = Spec([7])
-    check_op("FULLY_CONNECTED", [Spec([2, 3, 12])],
-             {"fused_activation_function": act, "keep_num_dims": keep_num_dims},
-             consts=consts, version=5 if keep_num_dims else 1, tol=CONV_TOL)
+    check_op(
+        "FULLY_CONNECTED",
+        [Spec([2, 3, 12])],
+        {"fused_activation_function": act, "keep_num_dims": keep_num_dims},
+        consts=consts,
+        version=5 if keep_num_dims else 1,
+        tol=CONV_TOL,
+    )
 
 
 def test_fully_connected_refuses_tanh_like_litert() -> None:
     # LiteRT's FULLY_CONNECTED Prepare accepts only NONE/RELU/RELU_N1_TO_1/RELU6.
-    model = single_op_model("FULLY_CONNECTED", [Spec([2, 4])],
-                            {"fused_activation_function": "TANH"},
-                            consts={1: _const([3, 4]), 2: _const([3])})
+    model = single_op_model(
+        "FULLY_CONNECTED",
+        [Spec([2, 4])],
+        {"fused_activation_function": "TANH"},
+        consts={1: _const([3, 4]), 2: _const([3])},
+    )
     graph = load_model(model).main
     op = graph.live_ops()[0]
     with pytest.raises(ModelError, match="fused activation"):
@@ -160,17 +205,24 @@ def test_fully_connected_refuses_tanh_like_litert() -> None:
 def test_conv_fused_tanh_is_a_noop_like_litert() -> None:
     # LiteRT's conv kernels clamp through CalculateActivationRange, which ignores TANH: the
     # output keeps values outside [-1, 1]; test_conv2d_shapes_and_activations checks it too.
-    r = check_op("CONV_2D", [Spec([1, 4, 4, 2], low=2, high=3)],
-                 {"padding": "SAME", "stride_w": 1, "stride_h": 1,
-                  "fused_activation_function": "TANH"},
-                 consts={1: np.ones([1, 1, 1, 2], np.float32), 2: np.zeros([1], np.float32)})
+    r = check_op(
+        "CONV_2D",
+        [Spec([1, 4, 4, 2], low=2, high=3)],
+        {"padding": "SAME", "stride_w": 1, "stride_h": 1, "fused_activation_function": "TANH"},
+        consts={1: np.ones([1, 1, 1, 2], np.float32), 2: np.zeros([1], np.float32)},
+    )
     assert r.reference[0].min() >= 4
 
 
 def test_fully_connected_flattens_input() -> None:
     # [1, 2, 2, 3] flattens to rows of 12.
-    check_op("FULLY_CONNECTED", [Spec([1, 2, 2, 3])], {}, consts={1: Spec([5, 12]), 2: Spec([5])},
-             tol=CONV_TOL)
+    check_op(
+        "FULLY_CONNECTED",
+        [Spec([1, 2, 2, 3])],
+        {},
+        consts={1: Spec([5, 12]), 2: Spec([5])},
+        tol=CONV_TOL,
+    )
 
 
 # -- pooling --------------------------------------------------------------------------------
@@ -178,28 +230,50 @@ def test_fully_connected_flattens_input() -> None:
 
 @pytest.mark.parametrize("op", ["AVERAGE_POOL_2D", "MAX_POOL_2D", "L2_POOL_2D"])
 @pytest.mark.parametrize("padding", ["SAME", "VALID"])
-@pytest.mark.parametrize(("fh", "fw", "sh", "sw"),
-                         [(2, 2, 2, 2), (3, 3, 2, 2), (3, 2, 1, 1), (5, 5, 3, 2), (11, 9, 11, 9)])
+@pytest.mark.parametrize(
+    ("fh", "fw", "sh", "sw"),
+    [(2, 2, 2, 2), (3, 3, 2, 2), (3, 2, 1, 1), (5, 5, 3, 2), (11, 9, 11, 9)],
+)
 def test_pool(op: str, padding: str, fh: int, fw: int, sh: int, sw: int) -> None:
-    check_op(op, [Spec([2, 11, 9, 3])],
-             {"padding": padding, "stride_w": sw, "stride_h": sh, "filter_width": fw,
-              "filter_height": fh, "fused_activation_function": "NONE"})
+    check_op(
+        op,
+        [Spec([2, 11, 9, 3])],
+        {
+            "padding": padding,
+            "stride_w": sw,
+            "stride_h": sh,
+            "filter_width": fw,
+            "filter_height": fh,
+            "fused_activation_function": "NONE",
+        },
+    )
 
 
 @pytest.mark.parametrize("op", ["AVERAGE_POOL_2D", "MAX_POOL_2D"])
 @pytest.mark.parametrize("act", ["RELU", "RELU6", "RELU_N1_TO_1"])
 def test_pool_activation(op: str, act: str) -> None:
-    check_op(op, [Spec([1, 8, 8, 4], low=-3, high=8)],
-             {"padding": "SAME", "stride_w": 2, "stride_h": 2, "filter_width": 3,
-              "filter_height": 3, "fused_activation_function": act})
+    check_op(
+        op,
+        [Spec([1, 8, 8, 4], low=-3, high=8)],
+        {
+            "padding": "SAME",
+            "stride_w": 2,
+            "stride_h": 2,
+            "filter_width": 3,
+            "filter_height": 3,
+            "fused_activation_function": act,
+        },
+    )
 
 
 def test_average_pool_same_excludes_padding() -> None:
     # 3x3 SAME average over a 2x2 ones input: every window holds exactly the 4 real cells,
     # so TFLite's average is 1 (a zero-padded average would give 4/9).
-    r = check_op("AVERAGE_POOL_2D", [np.ones([1, 2, 2, 1], np.float32)],
-                 {"padding": "SAME", "stride_w": 1, "stride_h": 1, "filter_width": 3,
-                  "filter_height": 3})
+    r = check_op(
+        "AVERAGE_POOL_2D",
+        [np.ones([1, 2, 2, 1], np.float32)],
+        {"padding": "SAME", "stride_w": 1, "stride_h": 1, "filter_width": 3, "filter_height": 3},
+    )
     np.testing.assert_array_equal(r.reference[0], np.ones([1, 2, 2, 1], np.float32))
 
 
@@ -210,8 +284,13 @@ def test_average_pool_same_excludes_padding() -> None:
 @pytest.mark.parametrize(("align", "half"), [(False, False), (True, False), (False, True)])
 @pytest.mark.parametrize("size", [(7, 5), (16, 20), (1, 1), (3, 9), (12, 16)])
 def test_resize(op: str, align: bool, half: bool, size: tuple[int, int]) -> None:
-    check_op(op, [Spec([1, 6, 8, 3])], {"align_corners": align, "half_pixel_centers": half},
-             consts={1: np.array(size, np.int32)}, version=3 if half else 1)
+    check_op(
+        op,
+        [Spec([1, 6, 8, 3])],
+        {"align_corners": align, "half_pixel_centers": half},
+        consts={1: np.array(size, np.int32)},
+        version=3 if half else 1,
+    )
 
 
 # -- LSTM -----------------------------------------------------------------------------------
@@ -219,10 +298,15 @@ def test_resize(op: str, align: bool, half: bool, size: tuple[int, int]) -> None
 
 @pytest.mark.parametrize(("batch", "depth", "units"), [(1, 4, 3), (2, 5, 8)])
 def test_lstm_basic(batch: int, depth: int, units: int) -> None:
-    check_op("LSTM", [Spec([batch, depth]), Spec([batch, units]), Spec([batch, units])],
-             {"fused_activation_function": "TANH", "kernel_type": "BASIC"},
-             consts={2: Spec([4 * units, depth + units]), 3: Spec([4 * units])},
-             version=2, outputs=4, tol=CONV_TOL)
+    check_op(
+        "LSTM",
+        [Spec([batch, depth]), Spec([batch, units]), Spec([batch, units])],
+        {"fused_activation_function": "TANH", "kernel_type": "BASIC"},
+        consts={2: Spec([4 * units, depth + units]), 3: Spec([4 * units])},
+        version=2,
+        outputs=4,
+        tol=CONV_TOL,
+    )
 
 
 # -- TFLite_Detection_PostProcess ----------------------------------------------------------
@@ -230,17 +314,34 @@ def test_lstm_basic(batch: int, depth: int, units: int) -> None:
 
 # The regular path writes only max_detections rows of the max_detections *
 # max_classes_per_detection outputs (LiteRT leaves the rest unwritten): compare it with 1 class.
-@pytest.mark.parametrize(("regular", "classes_per_detection"), [(False, 1), (False, 2), (False, 3),
-                                                                (True, 1)])
+@pytest.mark.parametrize(
+    ("regular", "classes_per_detection"), [(False, 1), (False, 2), (False, 3), (True, 1)]
+)
 def test_detection_postprocess(regular: bool, classes_per_detection: int) -> None:
     rng = np.random.default_rng(3)
     n, c = 60, 4
-    anchors = np.stack([rng.uniform(0, 1, n), rng.uniform(0, 1, n),
-                        rng.uniform(0.1, 0.4, n), rng.uniform(0.1, 0.4, n)], 1).astype(np.float32)
-    opts = {"max_detections": 10, "max_classes_per_detection": classes_per_detection,
-            "detections_per_class": 5, "use_regular_nms": regular, "nms_score_threshold": 0.3,
-            "nms_iou_threshold": 0.5, "num_classes": c, "y_scale": 10.0, "x_scale": 10.0,
-            "h_scale": 5.0, "w_scale": 5.0}
+    anchors = np.stack(
+        [
+            rng.uniform(0, 1, n),
+            rng.uniform(0, 1, n),
+            rng.uniform(0.1, 0.4, n),
+            rng.uniform(0.1, 0.4, n),
+        ],
+        1,
+    ).astype(np.float32)
+    opts = {
+        "max_detections": 10,
+        "max_classes_per_detection": classes_per_detection,
+        "detections_per_class": 5,
+        "use_regular_nms": regular,
+        "nms_score_threshold": 0.3,
+        "nms_iou_threshold": 0.5,
+        "num_classes": c,
+        "y_scale": 10.0,
+        "x_scale": 10.0,
+        "h_scale": 5.0,
+        "w_scale": 5.0,
+    }
     d = 10 * classes_per_detection
     r = check_op(
         "CUSTOM:TFLite_Detection_PostProcess",
@@ -253,8 +354,9 @@ def test_detection_postprocess(regular: bool, classes_per_detection: int) -> Non
     assert int(r.reference[3][0]) == 10
 
 
-def _greedy_nms(boxes: np.ndarray, scores: np.ndarray, max_det: int, score_th: float,
-                iou_th: float) -> list[int]:
+def _greedy_nms(
+    boxes: np.ndarray, scores: np.ndarray, max_det: int, score_th: float, iou_th: float
+) -> list[int]:
     """The kernel's loop, one pair at a time (float32 IoU as ComputeIntersectionOverUnion)."""
     f = np.float32
     cand = [i for i in np.argsort(-scores, kind="stable") if scores[i] >= f(score_th)]
@@ -280,8 +382,9 @@ def _greedy_nms(boxes: np.ndarray, scores: np.ndarray, max_det: int, score_th: f
     return kept
 
 
-@pytest.mark.parametrize(("n", "max_det", "spread"), [(2000, 10, 0.3), (700, 100, 1.0), (300, 40, 0.05),
-                                                      (50, 60, 1.0)])
+@pytest.mark.parametrize(
+    ("n", "max_det", "spread"), [(2000, 10, 0.3), (700, 100, 1.0), (300, 40, 0.05), (50, 60, 1.0)]
+)
 def test_nms_matches_one_pair_at_a_time(n: int, max_det: int, spread: float) -> None:
     # Chunked NMS (SSD: 10 kept of 1917) against the kernel's loop: crowded boxes (most
     # suppressed, so the scan crosses many chunks), sparse ones (few suppressed), degenerate
@@ -306,10 +409,22 @@ def test_nms_matches_one_pair_at_a_time(n: int, max_det: int, spread: float) -> 
 # -- MediaPipe custom ops: hand-computed cases -----------------------------------------------
 
 
-def _run_custom(code: str, inputs: list[np.ndarray], outputs: list[Spec], custom: bytes | dict,
-                version: int = 1, consts: dict | None = None) -> list[np.ndarray]:
-    model = single_op_model(f"CUSTOM:{code}", inputs, consts=consts, outputs=outputs,
-                            custom_options=custom, version=version)
+def _run_custom(
+    code: str,
+    inputs: list[np.ndarray],
+    outputs: list[Spec],
+    custom: bytes | dict,
+    version: int = 1,
+    consts: dict | None = None,
+) -> list[np.ndarray]:
+    model = single_op_model(
+        f"CUSTOM:{code}",
+        inputs,
+        consts=consts,
+        outputs=outputs,
+        custom_options=custom,
+        version=version,
+    )
     graph = load_model(model).main
     op = graph.live_ops()[0]
     values = [graph.tensors[t].data if graph.tensors[t].is_constant else None for t in op.inputs]
@@ -328,10 +443,13 @@ def test_convolution2d_transpose_bias_by_hand() -> None:
     # pad = max(0, 2 - (2-1) % 2 - 1) = 0, out = 2*(2-1) + 2 = 4; each input pixel fills its
     # own 2x2 block, plus the bias.
     x = np.array([1, 2, 3, 4], np.float32).reshape(1, 2, 2, 1)
-    out = _run_custom("Convolution2DTransposeBias", [x], [Spec([1, 4, 4, 1])],
-                      struct.pack("<3i", 1, 2, 2),
-                      consts={1: np.ones([1, 2, 2, 1], np.float32),
-                              2: np.array([0.5], np.float32)})[0]
+    out = _run_custom(
+        "Convolution2DTransposeBias",
+        [x],
+        [Spec([1, 4, 4, 1])],
+        struct.pack("<3i", 1, 2, 2),
+        consts={1: np.ones([1, 2, 2, 1], np.float32), 2: np.array([0.5], np.float32)},
+    )[0]
     expect = np.kron(np.array([[1, 2], [3, 4]], np.float32), np.ones((2, 2), np.float32)) + 0.5
     np.testing.assert_array_equal(out[0, :, :, 0], expect)
 
@@ -347,13 +465,22 @@ def test_convolution2d_transpose_bias_matches_transpose_conv(
     b = rng.uniform(-1, 1, [4]).astype(np.float32)
     tot = [max(0, k - (n - 1) % stride - 1) if padding == 1 else 0 for n in (5, 6)]
     oh, ow = (stride * (n - 1) + k - t for n, t in zip((5, 6), tot))
-    out = _run_custom("Convolution2DTransposeBias", [x], [Spec([1, oh, ow, 4])],
-                      struct.pack("<3i", padding, stride, stride), consts={1: w, 2: b})[0]
-    r = check_op("TRANSPOSE_CONV", [x],
-                 {"padding": "SAME" if padding == 1 else "VALID", "stride_w": stride,
-                  "stride_h": stride},
-                 consts={0: np.array([1, oh, ow, 4], np.int32), 1: w, 3: b}, version=3,
-                 out_dtype="float32", tol=CONV_TOL)
+    out = _run_custom(
+        "Convolution2DTransposeBias",
+        [x],
+        [Spec([1, oh, ow, 4])],
+        struct.pack("<3i", padding, stride, stride),
+        consts={1: w, 2: b},
+    )[0]
+    r = check_op(
+        "TRANSPOSE_CONV",
+        [x],
+        {"padding": "SAME" if padding == 1 else "VALID", "stride_w": stride, "stride_h": stride},
+        consts={0: np.array([1, oh, ow, 4], np.int32), 1: w, 3: b},
+        version=3,
+        out_dtype="float32",
+        tol=CONV_TOL,
+    )
     np.testing.assert_allclose(out, r.litert[0], atol=1e-4, rtol=1e-4)
 
 
@@ -361,12 +488,15 @@ def test_max_pooling_with_argmax_by_hand() -> None:
     # 1x4x4x1, 2x2 window, stride 2, VALID. Window (0,0) = [[1, 5], [3, 2]]: max 5 at filter
     # (y=0, x=1) -> index 0*2 + 1 = 1 (+0.1); window (0,1) = [[0, 0], [7, 7]]: first max wins,
     # (1, 0) -> 2; window (1,0) = [[4, 4], [4, 4]] -> 0; window (1,1) = [[-1, -2], [-3, -4]] -> 0.
-    x = np.array([[1, 5, 0, 0],
-                  [3, 2, 7, 7],
-                  [4, 4, -1, -2],
-                  [4, 4, -3, -4]], np.float32).reshape(1, 4, 4, 1)
-    values, idx = _run_custom("MaxPoolingWithArgmax2D", [x],
-                              [Spec([1, 2, 2, 1]), Spec([1, 2, 2, 1])], _pool_params(2, 2, 2, 2, 2))
+    x = np.array([[1, 5, 0, 0], [3, 2, 7, 7], [4, 4, -1, -2], [4, 4, -3, -4]], np.float32).reshape(
+        1, 4, 4, 1
+    )
+    values, idx = _run_custom(
+        "MaxPoolingWithArgmax2D",
+        [x],
+        [Spec([1, 2, 2, 1]), Spec([1, 2, 2, 1])],
+        _pool_params(2, 2, 2, 2, 2),
+    )
     np.testing.assert_array_equal(values[0, :, :, 0], [[5, 7], [4, -1]])
     np.testing.assert_allclose(idx[0, :, :, 0], [[1.1, 2.1], [0.1, 0.1]], rtol=0, atol=1e-6)
 
@@ -376,9 +506,12 @@ def test_max_pooling_with_argmax_same_padding_and_relu() -> None:
     # The last row/column windows see one real row/column: window (1,1) is just x[2,2] = -6,
     # at filter (0, 0) -> index 0. RELU clamps the value to 0 but not the index.
     x = np.array([[1, 2, 3], [4, 9, 5], [0, 8, -6]], np.float32).reshape(1, 3, 3, 1)
-    values, idx = _run_custom("MaxPoolingWithArgmax2D", [x],
-                              [Spec([1, 2, 2, 1]), Spec([1, 2, 2, 1])],
-                              _pool_params(1, 2, 2, 2, 2, act=1))
+    values, idx = _run_custom(
+        "MaxPoolingWithArgmax2D",
+        [x],
+        [Spec([1, 2, 2, 1]), Spec([1, 2, 2, 1])],
+        _pool_params(1, 2, 2, 2, 2, act=1),
+    )
     np.testing.assert_array_equal(values[0, :, :, 0], [[9, 5], [8, 0]])
     # (0,0): 9 at (1,1) -> 3; (0,1): [3],[5] -> 5 at (1,0) -> 2; (1,0): [0, 8] -> (0,1) -> 1.
     np.testing.assert_allclose(idx[0, :, :, 0], [[3.1, 2.1], [1.1, 0.1]], atol=1e-6)
@@ -390,8 +523,9 @@ def test_max_unpooling_by_hand() -> None:
     # 4 -> (2, 0); -1 -> (3, 3).
     values = np.array([5, 7, 4, -1], np.float32).reshape(1, 2, 2, 1)
     idx = np.array([1.1, 2.1, 0.1, 3.1], np.float32).reshape(1, 2, 2, 1)
-    out = _run_custom("MaxUnpooling2D", [values, idx], [Spec([1, 4, 4, 1])],
-                      _pool_params(1, 2, 2, 2, 2))[0]
+    out = _run_custom(
+        "MaxUnpooling2D", [values, idx], [Spec([1, 4, 4, 1])], _pool_params(1, 2, 2, 2, 2)
+    )[0]
     expect = np.zeros((4, 4), np.float32)
     expect[0, 1], expect[1, 2], expect[2, 0], expect[3, 3] = 5, 7, 4, -1
     np.testing.assert_array_equal(out[0, :, :, 0], expect)
@@ -400,10 +534,15 @@ def test_max_unpooling_by_hand() -> None:
 def test_argmax_then_unpool_roundtrip() -> None:
     rng = np.random.default_rng(2)
     x = rng.permutation(64).astype(np.float32).reshape(1, 8, 8, 1)
-    values, idx = _run_custom("MaxPoolingWithArgmax2D", [x],
-                              [Spec([1, 4, 4, 1]), Spec([1, 4, 4, 1])], _pool_params(1, 2, 2, 2, 2))
-    out = _run_custom("MaxUnpooling2D", [values, idx], [Spec([1, 8, 8, 1])],
-                      _pool_params(1, 2, 2, 2, 2))[0]
+    values, idx = _run_custom(
+        "MaxPoolingWithArgmax2D",
+        [x],
+        [Spec([1, 4, 4, 1]), Spec([1, 4, 4, 1])],
+        _pool_params(1, 2, 2, 2, 2),
+    )
+    out = _run_custom(
+        "MaxUnpooling2D", [values, idx], [Spec([1, 8, 8, 1])], _pool_params(1, 2, 2, 2, 2)
+    )[0]
     # Each 2x2 block keeps only its maximum, in place.
     blocks = x.reshape(4, 2, 4, 2)
     keep = blocks == blocks.max(axis=(1, 3), keepdims=True)
@@ -433,14 +572,24 @@ def test_transform_tensor_bilinear_by_hand() -> None:
     # row 0: 0, 0.5, 1, 1.5; row 1: 3, 3.5, 4, 4.5.
     img = np.array([[0, 1, 2], [3, 4, 5]], np.float32).reshape(1, 2, 3, 1)
     m = _matrix([[0.5, 0, 0, 0.25], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]])
-    out = _run_custom("TransformTensorBilinear", [img, m], [Spec([1, 2, 4, 1])],
-                      {"output_height": 2, "output_width": 4}, version=2)[0]
+    out = _run_custom(
+        "TransformTensorBilinear",
+        [img, m],
+        [Spec([1, 2, 4, 1])],
+        {"output_height": 2, "output_width": 4},
+        version=2,
+    )[0]
     np.testing.assert_allclose(out[0, :, :, 0], [[0, 0.5, 1, 1.5], [3, 3.5, 4, 4.5]], atol=1e-6)
     # Sampling outside [0, W-1] x [0, H-1] gives 0: shift x by +1.5 -> x' = 0.5x + 1.5,
     # columns 2 and 3 land at 2.5 and 3 > 2.
     m2 = _matrix([[0.5, 0, 0, 1.75], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]])
-    out2 = _run_custom("TransformTensorBilinear", [img, m2], [Spec([1, 2, 4, 1])],
-                       {"output_height": 2, "output_width": 4}, version=2)[0]
+    out2 = _run_custom(
+        "TransformTensorBilinear",
+        [img, m2],
+        [Spec([1, 2, 4, 1])],
+        {"output_height": 2, "output_width": 4},
+        version=2,
+    )[0]
     np.testing.assert_allclose(out2[0, :, :, 0], [[1.5, 2, 0, 0], [4.5, 5, 0, 0]], atol=1e-6)
 
 
@@ -450,9 +599,16 @@ def test_landmarks_to_transform_matrix_by_hand() -> None:
     # height 6, center (4, 4). Output 8x8, scale 1.5:
     # M = T(4, 4) @ S(1.5*4/8, 1.5*6/8) @ T(-4, -4) = [[0.75, 0, 0, 4 - 3], [0, 1.125, 0, 4 - 4.5]].
     lm = np.array([[2, 4, 0], [6, 4, 0], [4, 1, 0], [4, 7, 0]], np.float32).reshape(1, 4, 3)
-    opts = {"left_rotation_idx": 0, "right_rotation_idx": 1, "subset_idxs": [0, 1, 2, 3],
-            "target_rotation_radians": 0.0, "output_height": 8, "output_width": 8,
-            "scale_x": 1.5, "scale_y": 1.5}
+    opts = {
+        "left_rotation_idx": 0,
+        "right_rotation_idx": 1,
+        "subset_idxs": [0, 1, 2, 3],
+        "target_rotation_radians": 0.0,
+        "output_height": 8,
+        "output_width": 8,
+        "scale_x": 1.5,
+        "scale_y": 1.5,
+    }
     out = _run_custom("Landmarks2TransformMatrix", [lm], [Spec([1, 4, 4])], opts, version=2)[0]
     expect = _matrix([[0.75, 0, 0, 1], [0, 1.125, 0, -0.5], [0, 0, 1, 0], [0, 0, 0, 1]])
     np.testing.assert_allclose(out, expect, atol=1e-6)
@@ -467,11 +623,19 @@ def test_landmarks_to_transform_matrix_rotated() -> None:
     # (-4 + 4.5, 4 - 3) = (0.5, 1).
     pts = np.array([[2, 4], [6, 4], [4, 1], [4, 7]], np.float32)
     lm = np.concatenate([np.stack([-pts[:, 1], pts[:, 0]], 1), np.zeros((4, 1), np.float32)], 1)
-    opts = {"left_rotation_idx": 0, "right_rotation_idx": 1, "subset_idxs": [0, 1, 2, 3],
-            "target_rotation_radians": 0.0, "output_height": 8, "output_width": 8,
-            "scale_x": 1.5, "scale_y": 1.5}
-    out = _run_custom("Landmarks2TransformMatrix", [lm.reshape(1, 4, 3)], [Spec([1, 4, 4])],
-                      opts, version=2)[0]
+    opts = {
+        "left_rotation_idx": 0,
+        "right_rotation_idx": 1,
+        "subset_idxs": [0, 1, 2, 3],
+        "target_rotation_radians": 0.0,
+        "output_height": 8,
+        "output_width": 8,
+        "scale_x": 1.5,
+        "scale_y": 1.5,
+    }
+    out = _run_custom(
+        "Landmarks2TransformMatrix", [lm.reshape(1, 4, 3)], [Spec([1, 4, 4])], opts, version=2
+    )[0]
     expect = _matrix([[0, -1.125, 0, 0.5], [0.75, 0, 0, 1], [0, 0, 1, 0], [0, 0, 0, 1]])
     np.testing.assert_allclose(out, expect, atol=1e-5)
 
@@ -489,40 +653,64 @@ def _graph(model: bytes):
 
 
 def test_gpu_support_reasons() -> None:
-    conv = single_op_model("CONV_2D", [Spec([1, 4, 4, 2])], {"padding": "SAME", "stride_w": 1,
-                           "stride_h": 1}, consts={1: _const([3, 3, 3, 2]), 2: _const([3])})
+    conv = single_op_model(
+        "CONV_2D",
+        [Spec([1, 4, 4, 2])],
+        {"padding": "SAME", "stride_w": 1, "stride_h": 1},
+        consts={1: _const([3, 3, 3, 2]), 2: _const([3])},
+    )
     g, op = _graph(conv)
     assert lookup(op).gpu_support(op, g) is None
-    runtime_w = single_op_model("CONV_2D", [Spec([1, 4, 4, 2]), Spec([3, 3, 3, 2])],
-                                {"padding": "SAME", "stride_w": 1, "stride_h": 1},
-                                consts={2: _const([3])})
+    runtime_w = single_op_model(
+        "CONV_2D",
+        [Spec([1, 4, 4, 2]), Spec([3, 3, 3, 2])],
+        {"padding": "SAME", "stride_w": 1, "stride_h": 1},
+        consts={2: _const([3])},
+    )
     g, op = _graph(runtime_w)
     assert "weights" in lookup(op).gpu_support(op, g)
-    sign = single_op_model("CONV_2D", [Spec([1, 4, 4, 2])], {"padding": "SAME", "stride_w": 1,
-                           "stride_h": 1, "fused_activation_function": "SIGN_BIT"},
-                           consts={1: _const([3, 3, 3, 2]), 2: _const([3])})
+    sign = single_op_model(
+        "CONV_2D",
+        [Spec([1, 4, 4, 2])],
+        {"padding": "SAME", "stride_w": 1, "stride_h": 1, "fused_activation_function": "SIGN_BIT"},
+        consts={1: _const([3, 3, 3, 2]), 2: _const([3])},
+    )
     g, op = _graph(sign)
     assert "activation" in lookup(op).gpu_support(op, g)
-    dw3 = single_op_model("DEPTHWISE_CONV_2D", [Spec([1, 4, 4, 2])],
-                          {"padding": "SAME", "stride_w": 1, "stride_h": 1},
-                          consts={1: _const([1, 3, 3, 2]), 2: _const([2])}, version=3)
+    dw3 = single_op_model(
+        "DEPTHWISE_CONV_2D",
+        [Spec([1, 4, 4, 2])],
+        {"padding": "SAME", "stride_w": 1, "stride_h": 1},
+        consts={1: _const([1, 3, 3, 2]), 2: _const([2])},
+        version=3,
+    )
     g, op = _graph(dw3)
     assert "version 3" in lookup(op).gpu_support(op, g, allow_quantized=False)
-    lstm_full = single_op_model("LSTM", [Spec([1, 4]), Spec([1, 3]), Spec([1, 3])],
-                                {"kernel_type": "FULL"},
-                                consts={2: _const([12, 7]), 3: _const([12])},
-                                outputs=[Spec([1, 3])])
+    lstm_full = single_op_model(
+        "LSTM",
+        [Spec([1, 4]), Spec([1, 3]), Spec([1, 3])],
+        {"kernel_type": "FULL"},
+        consts={2: _const([12, 7]), 3: _const([12])},
+        outputs=[Spec([1, 3])],
+    )
     g, op = _graph(lstm_full)
     assert "basic" in lookup(op).gpu_support(op, g)
-    tconv = single_op_model("TRANSPOSE_CONV", [Spec([1, 2, 2, 2])], {"padding": "SAME",
-                            "stride_w": 2, "stride_h": 2},
-                            consts={0: np.array([1, 4, 4, 3], np.int32), 1: _const([3, 2, 2, 2])},
-                            out_dtype="float32")
+    tconv = single_op_model(
+        "TRANSPOSE_CONV",
+        [Spec([1, 2, 2, 2])],
+        {"padding": "SAME", "stride_w": 2, "stride_h": 2},
+        consts={0: np.array([1, 4, 4, 3], np.int32), 1: _const([3, 2, 2, 2])},
+        out_dtype="float32",
+    )
     g, op = _graph(tconv)
     assert lookup(op).gpu_support(op, g) is None  # int32 output_shape is an integer operand
-    custom = single_op_model("CUSTOM:Convolution2DTransposeBias", [Spec([1, 2, 2, 1])],
-                             consts={1: _const([1, 2, 2, 1]), 2: _const([1])},
-                             custom_options=struct.pack("<3i", 1, 2, 2), out_shape=[1, 4, 4, 1])
+    custom = single_op_model(
+        "CUSTOM:Convolution2DTransposeBias",
+        [Spec([1, 2, 2, 1])],
+        consts={1: _const([1, 2, 2, 1]), 2: _const([1])},
+        custom_options=struct.pack("<3i", 1, 2, 2),
+        out_shape=[1, 4, 4, 1],
+    )
     g, op = _graph(custom)
     # In the extended table only: supported by the op, refused by the documented table.
     assert lookup(op).gpu_support(op, g) is None
@@ -530,21 +718,30 @@ def test_gpu_support_reasons() -> None:
         "not in the GPU op table (it is in the extended table: op_table='extended')"
     )
     assert gpu_reason(op, g, extended_table=True) is None
-    bad = single_op_model("CUSTOM:Convolution2DTransposeBias", [Spec([1, 2, 2, 1])],
-                          consts={1: _const([1, 2, 2, 1]), 2: _const([1])},
-                          custom_options=struct.pack("<3i", 3, 2, 2), out_shape=[1, 4, 4, 1])
+    bad = single_op_model(
+        "CUSTOM:Convolution2DTransposeBias",
+        [Spec([1, 2, 2, 1])],
+        consts={1: _const([1, 2, 2, 1]), 2: _const([1])},
+        custom_options=struct.pack("<3i", 3, 2, 2),
+        out_shape=[1, 4, 4, 1],
+    )
     g, op = _graph(bad)
-    assert gpu_reason(op, g, extended_table=True) == "padding code 3 is neither SAME (1) nor VALID (2)"
+    assert (
+        gpu_reason(op, g, extended_table=True) == "padding code 3 is neither SAME (1) nor VALID (2)"
+    )
 
 
 # -- whole MediaPipe models -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", [
-    "face_landmark/face_landmark_with_attention.tflite",
-    "selfie_segmentation/selfie_segmentation.tflite",
-    "selfie_segmentation/selfie_segmentation_landscape.tflite",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "face_landmark/face_landmark_with_attention.tflite",
+        "selfie_segmentation/selfie_segmentation.tflite",
+        "selfie_segmentation/selfie_segmentation_landscape.tflite",
+    ],
+)
 def test_mediapipe_model_end_to_end(path: str) -> None:
     file = MP / path
     if not file.exists():

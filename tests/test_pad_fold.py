@@ -25,13 +25,30 @@ def _w(*shape: int) -> np.ndarray:
 def _conv(b, x, out_shape, *, depthwise=False, stride=2, padding="VALID", cin=4, cout=6):
     if depthwise:
         w, bias = b.const("w", _w(1, 3, 3, cin)), b.const("b", _w(cin))
-        return b.op("DEPTHWISE_CONV_2D", [x, w, bias], out_shape=out_shape,
-                    options={"padding": padding, "stride_w": stride, "stride_h": stride,
-                             "depth_multiplier": 1, "fused_activation_function": "RELU6"})
+        return b.op(
+            "DEPTHWISE_CONV_2D",
+            [x, w, bias],
+            out_shape=out_shape,
+            options={
+                "padding": padding,
+                "stride_w": stride,
+                "stride_h": stride,
+                "depth_multiplier": 1,
+                "fused_activation_function": "RELU6",
+            },
+        )
     w, bias = b.const("w", _w(cout, 3, 3, cin)), b.const("b", _w(cout))
-    return b.op("CONV_2D", [x, w, bias], out_shape=out_shape,
-                options={"padding": padding, "stride_w": stride, "stride_h": stride,
-                         "fused_activation_function": "RELU"})
+    return b.op(
+        "CONV_2D",
+        [x, w, bias],
+        out_shape=out_shape,
+        options={
+            "padding": padding,
+            "stride_w": stride,
+            "stride_h": stride,
+            "fused_activation_function": "RELU",
+        },
+    )
 
 
 def _pad(b, x, pads, out_shape):
@@ -120,14 +137,19 @@ def test_pad_fold(name: str, precision: str, tmp_path) -> None:
     make, folded = CASES[name]
     data = make()
     model = load_model(data)
-    program = compile_model(model, CompileOptions(precision=precision), warn=False).partitions[0].program
+    program = (
+        compile_model(model, CompileOptions(precision=precision), warn=False).partitions[0].program
+    )
     kernels = [launch.kernel for launch in program.launches]
     pad_kernels = [k for k in kernels if "pad" in k and "conv" not in k]
     assert (not pad_kernels) == folded, kernels
     if folded:  # nothing but the convolutions (a float32 partition input is read as is)
         assert all("conv" in k for k in kernels), kernels
 
-    xs = [RNG.uniform(-1, 1, t.shape).astype(np.float32) for t in (model.main.tensors[i] for i in model.main.inputs)]
+    xs = [
+        RNG.uniform(-1, 1, t.shape).astype(np.float32)
+        for t in (model.main.tensors[i] for i in model.main.inputs)
+    ]
     want = _run(data, xs, device="reference")
     got = _run(data, xs, precision=precision, cache_dir=tmp_path)
     tol = 1e-5 if precision == "fp32" else 1e-2

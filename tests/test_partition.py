@@ -113,9 +113,7 @@ def check_plan(graph: Subgraph, plan: PartitionPlan) -> None:
             t for t in read if t not in produced and not graph.tensors[t].is_constant
         }
         assert set(p.constants) == {t for t in read if graph.tensors[t].is_constant}
-        assert set(p.outputs) == {
-            t for t in produced if t in graph.outputs or readers[t] - mine
-        }
+        assert set(p.outputs) == {t for t in produced if t in graph.outputs or readers[t] - mine}
 
 
 # -- split around an unsupported op ---------------------------------------------------------
@@ -127,7 +125,9 @@ def test_unsupported_op_in_the_middle() -> None:
     check_plan(g, plan)
     assert [p.ops for p in plan.partitions] == [[0, 1], [3, 4]]
     assert [(s.kind, s.partition, s.op) for s in plan.steps] == [
-        ("gpu", 0, None), ("cpu", None, 2), ("gpu", 1, None)
+        ("gpu", 0, None),
+        ("cpu", None, 2),
+        ("gpu", 1, None),
     ]
     assert plan.cpu_reasons == {2: "not in the GPU op table"}
     assert plan.gpu_op_count == 4 and plan.cpu_op_count == 1
@@ -150,8 +150,9 @@ def test_one_warning_per_op_code() -> None:
     y = _unary(b, "FLOOR", _unary(b, "RELU", x))  # ops 0, 1
     y = _unary(b, "ABS", _unary(b, "RELU", y))  # ops 2, 3
     y = _unary(b, "FLOOR", _unary(b, "LOGISTIC", y))  # ops 4, 5
-    m = b.op("MEAN", [y, np.array([1, 2], np.int32)], out_shape=[1, 3],
-             options={"keep_dims": False})  # op 6
+    m = b.op(
+        "MEAN", [y, np.array([1, 2], np.int32)], out_shape=[1, 3], options={"keep_dims": False}
+    )  # op 6
     b.output(m)
     g = _graph(b)
     plan = partition(g)
@@ -180,7 +181,9 @@ def test_one_warning_per_op_code() -> None:
 def test_summary_singular_and_all_gpu() -> None:
     g = _graph(_chain(["RELU"]))
     plan = partition(g)
-    assert plan.warning_lines() == ["litekiln: 1 op run on the GPU in 1 partition, 0 ops on the CPU."]
+    assert plan.warning_lines() == [
+        "litekiln: 1 op run on the GPU in 1 partition, 0 ops on the CPU."
+    ]
     g = _graph(_chain(["FLOOR"]))
     plan = partition(g)
     assert plan.summary() == "litekiln: 0 ops run on the GPU in 0 partitions, 1 op on the CPU."
@@ -287,8 +290,8 @@ def test_random_graphs_give_acyclic_maximal_plans(seed: int) -> None:
     for k, step in enumerate(plan.steps):
         if step.kind != "gpu":
             continue
-        cpu_after = {t.op for t in plan.steps[k + 1:] if t.kind == "cpu"}
-        for later in plan.steps[k + 1:]:
+        cpu_after = {t.op for t in plan.steps[k + 1 :] if t.kind == "cpu"}
+        for later in plan.steps[k + 1 :]:
             if later.kind == "gpu":
                 for i in plan.partitions[later.partition].ops:  # type: ignore[index]
                     assert op_deps(i) & cpu_after, (
@@ -296,10 +299,13 @@ def test_random_graphs_give_acyclic_maximal_plans(seed: int) -> None:
                     )
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the clustered order is greedy: it runs a ready GPU op before a ready CPU op, so a GPU op "
-    "that could run after that CPU op in the same partition ends up in a partition of its own"
-))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "the clustered order is greedy: it runs a ready GPU op before a ready CPU op, so a GPU op "
+        "that could run after that CPU op in the same partition ends up in a partition of its own"
+    ),
+)
 def test_greedy_order_can_split_a_mergeable_partition() -> None:
     # G1 reads x; C1 (CPU) reads x; G2 reads C1 and G1. Running C1 first gives one partition
     # {G1, G2}; the greedy order gives {G1}, C1, {G2}.
@@ -374,10 +380,19 @@ def test_force_cpu() -> None:
 def _dwconv(version: int, dilation: int = 1) -> Subgraph:
     b = ModelBuilder()
     x = b.input("x", S)
-    y = b.op("DEPTHWISE_CONV_2D", [x, np.ones([1, 3, 3, 3], np.float32), np.zeros(3, np.float32)],
-             options={"padding": "SAME", "stride_w": 1, "stride_h": 1, "depth_multiplier": 1,
-                      "dilation_w_factor": dilation, "dilation_h_factor": dilation},
-             version=version)
+    y = b.op(
+        "DEPTHWISE_CONV_2D",
+        [x, np.ones([1, 3, 3, 3], np.float32), np.zeros(3, np.float32)],
+        options={
+            "padding": "SAME",
+            "stride_w": 1,
+            "stride_h": 1,
+            "depth_multiplier": 1,
+            "dilation_w_factor": dilation,
+            "dilation_h_factor": dilation,
+        },
+        version=version,
+    )
     b.output(y)
     return _graph(b)
 
@@ -398,8 +413,15 @@ def _qadd(version: int) -> Subgraph:
     b = ModelBuilder()
     x = b.input("x", S, "int8", quant=Quant(0.02, 3))
     y = b.input("y", S, "int8", quant=Quant(0.03, -2))
-    b.output(b.op("ADD", [x, y], out_quant=Quant(0.04, 1), version=version,
-                  options={"fused_activation_function": "NONE"}))
+    b.output(
+        b.op(
+            "ADD",
+            [x, y],
+            out_quant=Quant(0.04, 1),
+            version=version,
+            options={"fused_activation_function": "NONE"},
+        )
+    )
     return _graph(b)
 
 
@@ -411,9 +433,7 @@ def test_quantized_add_needs_allow_quantized() -> None:
     assert partition(_qadd(1), allow_quantized=False).cpu_reasons == {
         0: "quantized tensors, and quantized models are not allowed"
     }
-    assert partition(_qadd(3)).cpu_reasons == {
-        0: "version 3 > 2, the newest the GPU path accepts"
-    }
+    assert partition(_qadd(3)).cpu_reasons == {0: "version 3 > 2, the newest the GPU path accepts"}
 
 
 def test_custom_ops_are_named_by_custom_code() -> None:
@@ -421,9 +441,12 @@ def test_custom_ops_are_named_by_custom_code() -> None:
     x = b.input("x", [1, 4, 4, 2])
     y = _unary(b, "RELU", x)  # op 0
     w = np.ones([3, 3, 3, 2], np.float32)
-    t = b.custom_op("Convolution2DTransposeBias", [y, w, np.zeros(3, np.float32)],
-                    out_shape=[1, 8, 8, 3],
-                    custom_options=struct.pack("<3i", 1, 2, 2))  # op 1: SAME, stride 2
+    t = b.custom_op(
+        "Convolution2DTransposeBias",
+        [y, w, np.zeros(3, np.float32)],
+        out_shape=[1, 8, 8, 3],
+        custom_options=struct.pack("<3i", 1, 2, 2),
+    )  # op 1: SAME, stride 2
     u = b.custom_op("MyUnknownOp", [t], out_shape=[1, 8, 8, 3])  # op 2
     b.output(_unary(b, "RELU", u))  # op 3
     g = _graph(b)
@@ -446,7 +469,8 @@ def test_every_delegated_op_has_an_emitter() -> None:
     from litekiln.ops.base import REGISTRY
 
     missing = sorted(
-        name for name, cls in REGISTRY.items()
+        name
+        for name, cls in REGISTRY.items()
         if (cls.gpu or cls.gpu_extended) and name not in EMITTERS
     )
     # PADV2 shares PAD's definition, whose gpu_support refuses PADV2; LSTM (in the table)
@@ -456,9 +480,13 @@ def test_every_delegated_op_has_an_emitter() -> None:
     b = ModelBuilder()
     x, act, state = b.input("x", [1, 4]), b.input("act", [1, 3]), b.input("state", [1, 3])
     outs = [b.tensor(f"o{i}", s) for i, s in enumerate([[1, 3], [1, 3], [1, 7], [1, 12]])]
-    b.op("LSTM", [x, act, np.ones([12, 7], np.float32), np.zeros(12, np.float32), state],
-         outputs=outs, options={"fused_activation_function": "TANH", "kernel_type": "BASIC"},
-         version=2)
+    b.op(
+        "LSTM",
+        [x, act, np.ones([12, 7], np.float32), np.zeros(12, np.float32), state],
+        outputs=outs,
+        options={"fused_activation_function": "TANH", "kernel_type": "BASIC"},
+        version=2,
+    )
     b.output(*outs)
     reason = partition(_graph(b), extended_table=True).cpu_reasons.get(0)
     assert reason is not None and "no GPU lowering" in reason
@@ -480,12 +508,24 @@ def _split_model() -> bytes:
     b = ModelBuilder()
     x = b.input("x", [1, 6, 6, 3])
     rng = np.random.default_rng(0)
-    c = b.op("CONV_2D", [x, rng.uniform(-1, 1, [4, 3, 3, 3]).astype(np.float32),
-                         rng.uniform(-1, 1, [4]).astype(np.float32)],
-             out_shape=[1, 6, 6, 4], options={"padding": "SAME", "stride_w": 1, "stride_h": 1})
+    c = b.op(
+        "CONV_2D",
+        [
+            x,
+            rng.uniform(-1, 1, [4, 3, 3, 3]).astype(np.float32),
+            rng.uniform(-1, 1, [4]).astype(np.float32),
+        ],
+        out_shape=[1, 6, 6, 4],
+        options={"padding": "SAME", "stride_w": 1, "stride_h": 1},
+    )
     r = _unary(b, "RELU", c)
-    f = _unary(b, "FLOOR", b.op("MUL", [r, np.full([4], 3.0, np.float32)],
-                                options={"fused_activation_function": "NONE"}))
+    f = _unary(
+        b,
+        "FLOOR",
+        b.op(
+            "MUL", [r, np.full([4], 3.0, np.float32)], options={"fused_activation_function": "NONE"}
+        ),
+    )
     y = _unary(b, "LOGISTIC", _add(b, f, c))
     b.output(y)
     return b.build()
@@ -515,9 +555,16 @@ def _validate_model() -> bytes:
     b = ModelBuilder()
     x = b.input("x", [1, 5, 5, 2])
     rng = np.random.default_rng(2)
-    c = b.op("CONV_2D", [x, rng.uniform(-1, 1, [3, 3, 3, 2]).astype(np.float32),
-                         rng.uniform(-1, 1, [3]).astype(np.float32)],
-             out_shape=[1, 5, 5, 3], options={"padding": "SAME", "stride_w": 1, "stride_h": 1})
+    c = b.op(
+        "CONV_2D",
+        [
+            x,
+            rng.uniform(-1, 1, [3, 3, 3, 2]).astype(np.float32),
+            rng.uniform(-1, 1, [3]).astype(np.float32),
+        ],
+        out_shape=[1, 5, 5, 3],
+        options={"padding": "SAME", "stride_w": 1, "stride_h": 1},
+    )
     a = _add(b, c, np.full([3], 0.25, np.float32))
     y = _unary(b, "RELU", _unary(b, "FLOOR", a))
     b.output(c, y)
@@ -556,7 +603,9 @@ def test_validate_mode_names_first_diverging_tensor(monkeypatch: pytest.MonkeyPa
     assert (report.tensor, report.op) == (add_out, 1)
     assert report.name == g.tensors[add_out].name
     assert report.max_abs_error == pytest.approx(1.0, abs=1e-5)
-    assert report.tolerance == pytest.approx(1e-4 * max(1.0, float(np.abs(values[add_out] - 1).max())), rel=1e-3)
+    assert report.tolerance == pytest.approx(
+        1e-4 * max(1.0, float(np.abs(values[add_out] - 1).max())), rel=1e-3
+    )
     assert report.checked == 2  # conv_out matched first, then add_out diverged
     assert conv_out in values
     assert f"tensor {add_out} ({report.name!r}), output of op #1, diverges" in str(report)

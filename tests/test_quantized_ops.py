@@ -80,10 +80,20 @@ def test_multiply_by_quantized_multiplier_rounding() -> None:
 def test_conv2d_int8_per_channel(padding: str, stride: int, dilation: int, act: str) -> None:
     w = _weights([6, 3, 3, 5], "int8", 0, per_channel=True)
     check_op(
-        "CONV_2D", [_in([2, 9, 8, 5])],
-        {"padding": padding, "stride_w": stride, "stride_h": stride, "dilation_w_factor": dilation,
-         "dilation_h_factor": dilation, "fused_activation_function": act},
-        consts={1: w, 2: _bias(6, 0.05, w)}, out_quant=Quant(0.08, -5), version=3, qtol=0,
+        "CONV_2D",
+        [_in([2, 9, 8, 5])],
+        {
+            "padding": padding,
+            "stride_w": stride,
+            "stride_h": stride,
+            "dilation_w_factor": dilation,
+            "dilation_h_factor": dilation,
+            "fused_activation_function": act,
+        },
+        consts={1: w, 2: _bias(6, 0.05, w)},
+        out_quant=Quant(0.08, -5),
+        version=3,
+        qtol=0,
     )
 
 
@@ -92,57 +102,90 @@ def test_conv2d_int8_per_channel(padding: str, stride: int, dilation: int, act: 
 def test_conv2d_per_tensor(dtype: str, zp: int, w_zp: int, act: str) -> None:
     w = _weights([4, 3, 2, 3], dtype, 0, per_channel=False, zp=w_zp)
     check_op(
-        "CONV_2D", [_in([1, 7, 7, 3], dtype, 0.03, zp)],
+        "CONV_2D",
+        [_in([1, 7, 7, 3], dtype, 0.03, zp)],
         {"padding": "SAME", "stride_w": 2, "stride_h": 1, "fused_activation_function": act},
-        consts={1: w, 2: _bias(4, 0.03, w)}, out_quant=Quant(0.05, zp), version=3, qtol=0,
+        consts={1: w, 2: _bias(4, 0.03, w)},
+        out_quant=Quant(0.05, zp),
+        version=3,
+        qtol=0,
     )
 
 
 @pytest.mark.parametrize("padding", ["SAME", "VALID"])
-@pytest.mark.parametrize(("stride", "dilation", "mult"),
-                         [(1, 1, 1), (2, 1, 2), (1, 1, 2), (1, 2, 1), (2, 2, 3)])
+@pytest.mark.parametrize(
+    ("stride", "dilation", "mult"), [(1, 1, 1), (2, 1, 2), (1, 1, 2), (1, 2, 1), (2, 2, 3)]
+)
 @pytest.mark.parametrize("act", ["NONE", "RELU", "RELU6"])
 def test_depthwise_int8_per_channel(
     padding: str, stride: int, dilation: int, mult: int, act: str
 ) -> None:
     w = _weights([1, 3, 3, 4 * mult], "int8", 3, per_channel=True)
     check_op(
-        "DEPTHWISE_CONV_2D", [_in([2, 8, 9, 4])],
-        {"padding": padding, "stride_w": stride, "stride_h": stride, "depth_multiplier": mult,
-         "dilation_w_factor": dilation, "dilation_h_factor": dilation,
-         "fused_activation_function": act},
-        consts={1: w, 2: _bias(4 * mult, 0.05, w)}, out_quant=Quant(0.04, 2), version=3, qtol=0,
+        "DEPTHWISE_CONV_2D",
+        [_in([2, 8, 9, 4])],
+        {
+            "padding": padding,
+            "stride_w": stride,
+            "stride_h": stride,
+            "depth_multiplier": mult,
+            "dilation_w_factor": dilation,
+            "dilation_h_factor": dilation,
+            "fused_activation_function": act,
+        },
+        consts={1: w, 2: _bias(4 * mult, 0.05, w)},
+        out_quant=Quant(0.04, 2),
+        version=3,
+        qtol=0,
     )
 
 
 def test_depthwise_uint8() -> None:
     w = _weights([1, 3, 3, 6], "uint8", 3, per_channel=False, zp=131)
     check_op(
-        "DEPTHWISE_CONV_2D", [_in([1, 6, 6, 6], "uint8", 0.02, 120)],
-        {"padding": "SAME", "stride_w": 1, "stride_h": 1, "depth_multiplier": 1,
-         "fused_activation_function": "RELU6"},
-        consts={1: w, 2: _bias(6, 0.02, w)}, out_quant=Quant(0.03, 10), version=1, qtol=0,
+        "DEPTHWISE_CONV_2D",
+        [_in([1, 6, 6, 6], "uint8", 0.02, 120)],
+        {
+            "padding": "SAME",
+            "stride_w": 1,
+            "stride_h": 1,
+            "depth_multiplier": 1,
+            "fused_activation_function": "RELU6",
+        },
+        consts={1: w, 2: _bias(6, 0.02, w)},
+        out_quant=Quant(0.03, 10),
+        version=1,
+        qtol=0,
     )
 
 
-@pytest.mark.parametrize(("dtype", "per_channel", "w_zp"),
-                         [("int8", False, 0), ("int8", True, 0), ("uint8", False, 140)])
+@pytest.mark.parametrize(
+    ("dtype", "per_channel", "w_zp"), [("int8", False, 0), ("int8", True, 0), ("uint8", False, 140)]
+)
 @pytest.mark.parametrize("act", ["NONE", "RELU"])
 def test_fully_connected(dtype: str, per_channel: bool, w_zp: int, act: str) -> None:
     w = _weights([7, 20], dtype, 0, per_channel=per_channel, zp=w_zp)
     check_op(
-        "FULLY_CONNECTED", [_in([3, 20], dtype, 0.04, 130 if dtype == "uint8" else -3)],
+        "FULLY_CONNECTED",
+        [_in([3, 20], dtype, 0.04, 130 if dtype == "uint8" else -3)],
         {"fused_activation_function": act},
         consts={1: w, 2: _bias(7, 0.04, w)},
-        out_quant=Quant(0.1, 128 if dtype == "uint8" else 4), version=4, qtol=0,
+        out_quant=Quant(0.1, 128 if dtype == "uint8" else 4),
+        version=4,
+        qtol=0,
     )
 
 
 def test_fully_connected_keep_num_dims() -> None:
     w = _weights([5, 8], "int8", 0, per_channel=False)
     check_op(
-        "FULLY_CONNECTED", [_in([2, 3, 8])], {"keep_num_dims": True},
-        consts={1: w, 2: _bias(5, 0.05, w)}, out_quant=Quant(0.1, 0), version=5, qtol=0,
+        "FULLY_CONNECTED",
+        [_in([2, 3, 8])],
+        {"keep_num_dims": True},
+        consts={1: w, 2: _bias(5, 0.05, w)},
+        out_quant=Quant(0.1, 0),
+        version=5,
+        qtol=0,
     )
 
 
@@ -157,21 +200,30 @@ def _hybrid_weights(shape: list[int], axis: int, per_channel: bool) -> Spec:
 @pytest.mark.parametrize("padding", ["SAME", "VALID"])
 def test_conv2d_hybrid(per_channel: bool, padding: str) -> None:
     check_op(
-        "CONV_2D", [Spec([2, 9, 9, 6], low=-1.0, high=2.0)],
+        "CONV_2D",
+        [Spec([2, 9, 9, 6], low=-1.0, high=2.0)],
         {"padding": padding, "stride_w": 2, "stride_h": 2, "fused_activation_function": "RELU6"},
         consts={1: _hybrid_weights([5, 3, 3, 6], 0, per_channel), 2: Spec([5])},
-        out_dtype="float32", version=5,
+        out_dtype="float32",
+        version=5,
     )
 
 
 @pytest.mark.parametrize("mult", [1, 2])
 def test_depthwise_hybrid(mult: int) -> None:
     check_op(
-        "DEPTHWISE_CONV_2D", [Spec([2, 8, 8, 3], low=-0.5, high=2.0)],
-        {"padding": "SAME", "stride_w": 1, "stride_h": 1, "depth_multiplier": mult,
-         "fused_activation_function": "RELU"},
+        "DEPTHWISE_CONV_2D",
+        [Spec([2, 8, 8, 3], low=-0.5, high=2.0)],
+        {
+            "padding": "SAME",
+            "stride_w": 1,
+            "stride_h": 1,
+            "depth_multiplier": mult,
+            "fused_activation_function": "RELU",
+        },
         consts={1: _hybrid_weights([1, 3, 3, 3 * mult], 3, True), 2: Spec([3 * mult])},
-        out_dtype="float32", version=6,
+        out_dtype="float32",
+        version=6,
     )
 
 
@@ -179,10 +231,12 @@ def test_depthwise_hybrid(mult: int) -> None:
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_fully_connected_hybrid(asymmetric: bool, per_channel: bool) -> None:
     check_op(
-        "FULLY_CONNECTED", [Spec([4, 40], low=-1.0, high=2.0)],
+        "FULLY_CONNECTED",
+        [Spec([4, 40], low=-1.0, high=2.0)],
         {"asymmetric_quantize_inputs": asymmetric},
         consts={1: _hybrid_weights([8, 40], 0, per_channel), 2: Spec([8])},
-        out_dtype="float32", version=9,
+        out_dtype="float32",
+        version=9,
     )
 
 
@@ -200,16 +254,24 @@ def test_binary(op: str, dtype: str, act: str, shapes: tuple[list[int], list[int
     # its broadcasting ADD and SUB match exactly, reproduces it). Bound: 1 step.
     qtol = 1 if op == "ADD" and shapes[0] == shapes[1] else 0
     check_op(
-        op, [_in(shapes[0], dtype, 0.02, base + 5), _in(shapes[1], dtype, 0.035, base - 9)],
-        {"fused_activation_function": act}, out_quant=Quant(0.05 if op != "MUL" else 0.3, base + 2),
-        version=2, qtol=qtol,
+        op,
+        [_in(shapes[0], dtype, 0.02, base + 5), _in(shapes[1], dtype, 0.035, base - 9)],
+        {"fused_activation_function": act},
+        out_quant=Quant(0.05 if op != "MUL" else 0.3, base + 2),
+        version=2,
+        qtol=qtol,
     )
 
 
 @pytest.mark.parametrize(("dtype", "out_zp"), [("int8", -128), ("uint8", 0)])
 def test_logistic(dtype: str, out_zp: int) -> None:
-    check_op("LOGISTIC", [_in([3, 50], dtype, 0.07, 10 if dtype == "int8" else 120)],
-             out_quant=Quant(1 / 256, out_zp), version=2, qtol=0)
+    check_op(
+        "LOGISTIC",
+        [_in([3, 50], dtype, 0.07, 10 if dtype == "int8" else 120)],
+        out_quant=Quant(1 / 256, out_zp),
+        version=2,
+        qtol=0,
+    )
 
 
 # -- pooling --------------------------------------------------------------------------------
@@ -217,14 +279,24 @@ def test_logistic(dtype: str, out_zp: int) -> None:
 
 @pytest.mark.parametrize("op", ["AVERAGE_POOL_2D", "MAX_POOL_2D"])
 @pytest.mark.parametrize("dtype", ["int8", "uint8"])
-@pytest.mark.parametrize(("padding", "filt", "stride"), [("SAME", 3, 2), ("VALID", 2, 2), ("SAME", 3, 1)])
+@pytest.mark.parametrize(
+    ("padding", "filt", "stride"), [("SAME", 3, 2), ("VALID", 2, 2), ("SAME", 3, 1)]
+)
 @pytest.mark.parametrize("act", ["NONE", "RELU6"])
 def test_pool(op: str, dtype: str, padding: str, filt: int, stride: int, act: str) -> None:
     check_op(
-        op, [_in([2, 7, 8, 3], dtype, 0.03, 130 if dtype == "uint8" else -4)],
-        {"padding": padding, "filter_height": filt, "filter_width": filt, "stride_h": stride,
-         "stride_w": stride, "fused_activation_function": act},
-        version=2, qtol=0,
+        op,
+        [_in([2, 7, 8, 3], dtype, 0.03, 130 if dtype == "uint8" else -4)],
+        {
+            "padding": padding,
+            "filter_height": filt,
+            "filter_width": filt,
+            "stride_h": stride,
+            "stride_w": stride,
+            "fused_activation_function": act,
+        },
+        version=2,
+        qtol=0,
     )
 
 
@@ -233,35 +305,63 @@ def test_pool(op: str, dtype: str, padding: str, filt: int, stride: int, act: st
 
 def test_concatenation_int8() -> None:
     q = Quant(0.05, -3)
-    check_op("CONCATENATION", [Spec([1, 4, 4, 3], "int8", q), Spec([1, 4, 4, 2], "int8", q)],
-             {"axis": 3}, out_quant=q, version=2, qtol=0)
+    check_op(
+        "CONCATENATION",
+        [Spec([1, 4, 4, 3], "int8", q), Spec([1, 4, 4, 2], "int8", q)],
+        {"axis": 3},
+        out_quant=q,
+        version=2,
+        qtol=0,
+    )
 
 
 def test_concatenation_uint8_rescales() -> None:
     check_op(
         "CONCATENATION",
-        [_in([2, 3, 5], "uint8", 0.05, 120), _in([2, 3, 2], "uint8", 0.11, 130),
-         _in([2, 3, 1], "uint8", 0.08, 128)],
-        {"axis": 2}, out_quant=Quant(0.08, 128), qtol=0,
+        [
+            _in([2, 3, 5], "uint8", 0.05, 120),
+            _in([2, 3, 2], "uint8", 0.11, 130),
+            _in([2, 3, 1], "uint8", 0.08, 128),
+        ],
+        {"axis": 2},
+        out_quant=Quant(0.08, 128),
+        qtol=0,
     )
 
 
 def test_reshape_passes_integers_through() -> None:
-    check_op("RESHAPE", [_in([2, 3, 4])], {"new_shape": [6, 4]},
-             consts={1: np.array([6, 4], np.int32)}, qtol=0)
+    check_op(
+        "RESHAPE",
+        [_in([2, 3, 4])],
+        {"new_shape": [6, 4]},
+        consts={1: np.array([6, 4], np.int32)},
+        qtol=0,
+    )
 
 
 @pytest.mark.parametrize("dtype", ["int8", "uint8"])
 def test_pad(dtype: str) -> None:
-    check_op("PAD", [_in([1, 3, 4, 2], dtype, 0.05, 100 if dtype == "uint8" else -20)],
-             consts={1: np.array([[0, 0], [1, 2], [2, 0], [0, 1]], np.int32)}, version=2, qtol=0)
+    check_op(
+        "PAD",
+        [_in([1, 3, 4, 2], dtype, 0.05, 100 if dtype == "uint8" else -20)],
+        consts={1: np.array([[0, 0], [1, 2], [2, 0], [0, 1]], np.int32)},
+        version=2,
+        qtol=0,
+    )
 
 
 def test_padv2_constant() -> None:
     q = Quant(0.05, -20)
-    check_op("PADV2", [Spec([1, 3, 4, 2], "int8", q)],
-             consts={1: np.array([[0, 0], [1, 1], [0, 2], [0, 0]], np.int32),
-                     2: Spec([], "int8", q, data=np.array(37, np.int8))}, version=2, qtol=0)
+    check_op(
+        "PADV2",
+        [Spec([1, 3, 4, 2], "int8", q)],
+        consts={
+            1: np.array([[0, 0], [1, 1], [0, 2], [0, 0]], np.int32),
+            2: Spec([], "int8", q, data=np.array(37, np.int8)),
+        },
+        version=2,
+        qtol=0,
+    )
 
 
 # -- softmax, mean, resize ------------------------------------------------------------------
@@ -271,33 +371,52 @@ def test_padv2_constant() -> None:
 @pytest.mark.parametrize("beta", [1.0, 0.7])
 @pytest.mark.parametrize("scale", [0.1, 0.02])
 def test_softmax(dtype: str, out_zp: int, beta: float, scale: float) -> None:
-    check_op("SOFTMAX", [_in([4, 30], dtype, scale, 0 if dtype == "int8" else 128)],
-             {"beta": beta}, out_quant=Quant(1 / 256, out_zp), version=2, qtol=0)
+    check_op(
+        "SOFTMAX",
+        [_in([4, 30], dtype, scale, 0 if dtype == "int8" else 128)],
+        {"beta": beta},
+        out_quant=Quant(1 / 256, out_zp),
+        version=2,
+        qtol=0,
+    )
 
 
 def test_mean_float_view() -> None:
     # No integer kernel yet: the float view (dequantize, mean, requantize) is within 1 step.
-    check_op("MEAN", [_in([2, 5, 6, 4], "int8", 0.05, 3)], {"keep_dims": True},
-             consts={1: np.array([1, 2], np.int32)}, out_quant=Quant(0.02, -1), version=2, qtol=1)
+    check_op(
+        "MEAN",
+        [_in([2, 5, 6, 4], "int8", 0.05, 3)],
+        {"keep_dims": True},
+        consts={1: np.array([1, 2], np.int32)},
+        out_quant=Quant(0.02, -1),
+        version=2,
+        qtol=1,
+    )
 
 
 @pytest.mark.parametrize(("align", "half"), [(False, False), (True, False), (False, True)])
 @pytest.mark.parametrize("size", [[9, 7], [3, 2]])
 def test_resize_bilinear_int8(align: bool, half: bool, size: list[int]) -> None:
-    check_op("RESIZE_BILINEAR", [_in([1, 5, 4, 3], "int8", 0.05, 3)],
-             {"align_corners": align, "half_pixel_centers": half},
-             consts={1: np.array(size, np.int32)}, version=3, qtol=0)
+    check_op(
+        "RESIZE_BILINEAR",
+        [_in([1, 5, 4, 3], "int8", 0.05, 3)],
+        {"align_corners": align, "half_pixel_centers": half},
+        consts={1: np.array(size, np.int32)},
+        version=3,
+        qtol=0,
+    )
 
 
 # -- whole models ---------------------------------------------------------------------------
 
 
 def _litert_builtin(path: str, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    from oplib import LITERT_RESOLVER
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
+    from oplib import LITERT_RESOLVER
 
-    it = Interpreter(model_path=path,
-                     experimental_op_resolver_type=getattr(OpResolverType, LITERT_RESOLVER))
+    it = Interpreter(
+        model_path=path, experimental_op_resolver_type=getattr(OpResolverType, LITERT_RESOLVER)
+    )
     it.allocate_tensors()
     for d, x in zip(it.get_input_details(), inputs):
         it.set_tensor(d["index"], x)

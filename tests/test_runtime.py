@@ -20,7 +20,10 @@ def _run_blocked(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[
     prelude = "import sys\nsys.modules['tvm'] = None  # any TVM import now raises ImportError\n"
     return subprocess.run(
         [sys.executable, "-c", prelude + textwrap.dedent(code)],
-        capture_output=True, text=True, env=env, timeout=600,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
 
 
@@ -39,8 +42,8 @@ def test_cached_model_runs_with_tvm_blocked(smoke_path: Path, tmp_path: Path) ->
         f"""
         import numpy as np, litekiln
         interp = litekiln.Interpreter(model_path={str(smoke_path)!r}, cache_dir={str(cache)!r})
-        y = interp.run([np.load({str(tmp_path / 'x.npy')!r})])[0]
-        assert np.array_equal(y, np.load({str(tmp_path / 'y.npy')!r})), "different result"
+        y = interp.run([np.load({str(tmp_path / "x.npy")!r})])[0]
+        assert np.array_equal(y, np.load({str(tmp_path / "y.npy")!r})), "different result"
         assert not any(m == 'tvm' or m.startswith('tvm.') for m in sys.modules if sys.modules[m] is not None)
         print("OK", interp.device)
         """,
@@ -77,7 +80,9 @@ def test_runtime_modules_do_not_import_tvm() -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-def test_warm_start_uses_cache_and_skips_compile(smoke_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_warm_start_uses_cache_and_skips_compile(
+    smoke_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cache = tmp_path / "c"
     litekiln.Interpreter(model_path=smoke_path, cache_dir=cache).allocate_tensors()
     import litekiln.runtime.session as session
@@ -93,7 +98,9 @@ def test_warm_start_uses_cache_and_skips_compile(smoke_path: Path, tmp_path: Pat
 
 def test_split_model_runs_cpu_ops_between_partitions(smoke_path: Path) -> None:
     # max_partitions=1 forces part of the graph to the CPU: results must not change.
-    a = litekiln.Interpreter(model_path=smoke_path, use_cache=False, max_partitions=1, min_partition_ops=4)
+    a = litekiln.Interpreter(
+        model_path=smoke_path, use_cache=False, max_partitions=1, min_partition_ops=4
+    )
     ref = litekiln.Interpreter(model_path=smoke_path, device="reference")
     x = a.random_inputs(1)
     np.testing.assert_allclose(a.run(x)[0], ref.run(x)[0], rtol=0, atol=1e-4)

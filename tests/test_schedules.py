@@ -183,8 +183,12 @@ def same_pads(h: int, w: int, k: int, s: int, d: int = 1) -> tuple[int, int, int
 
 
 def conv_ref(
-    x: np.ndarray, w: np.ndarray, stride: int = 1, pad: Sequence[int] = (0, 0, 0, 0),
-    dilation: int = 1, groups: int = 1,
+    x: np.ndarray,
+    w: np.ndarray,
+    stride: int = 1,
+    pad: Sequence[int] = (0, 0, 0, 0),
+    dilation: int = 1,
+    groups: int = 1,
 ) -> np.ndarray:
     """NHWC conv, OHWI weights (grouped: O = groups * O/g, I = C/groups); float64."""
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
@@ -233,8 +237,14 @@ def pool_ref(x: np.ndarray, k: int, s: int, pad: Sequence[int], mode: str) -> np
 
 
 def _conv_module(
-    x_shape: Sequence[int], w: np.ndarray, stride: int, pads: Sequence[int], dilation: int = 1,
-    groups: int = 1, bias: np.ndarray | None = None, act: str = "",
+    x_shape: Sequence[int],
+    w: np.ndarray,
+    stride: int,
+    pads: Sequence[int],
+    dilation: int = 1,
+    groups: int = 1,
+    bias: np.ndarray | None = None,
+    act: str = "",
     residual: Sequence[int] | None = None,
 ) -> Any:
     inputs = [("x", x_shape)] + ([("r", residual)] if residual is not None else [])
@@ -242,8 +252,13 @@ def _conv_module(
     def body(bb: Any, xv: Any, *rest: Any) -> Any:
         y = bb.emit(
             relax.op.nn.conv2d(
-                xv, relax.const(w), strides=(stride, stride), padding=list(pads),
-                dilation=(dilation, dilation), groups=groups, data_layout="NHWC",
+                xv,
+                relax.const(w),
+                strides=(stride, stride),
+                padding=list(pads),
+                dilation=(dilation, dilation),
+                groups=groups,
+                data_layout="NHWC",
                 kernel_layout="OHWI",
             )
         )
@@ -266,8 +281,14 @@ def _conv_module(
 def test_conv1x1_56x56x64_to_128_bias(cl_env: Any, profile: str) -> None:
     x, w, b = _rand(1, 56, 56, 64), _rand(128, 1, 1, 64), _rand(128)
     ref = conv_ref(x, w) + b
-    check(cl_env, _conv_module(x.shape, w, 1, (0, 0, 0, 0), bias=b), [x], [ref],
-          profile=profile, gpu_rule=None)
+    check(
+        cl_env,
+        _conv_module(x.shape, w, 1, (0, 0, 0, 0), bias=b),
+        [x],
+        [ref],
+        profile=profile,
+        gpu_rule=None,
+    )
 
 
 def test_conv3x3_stride2_same_relu(cl_env: Any, profile: str) -> None:
@@ -275,8 +296,14 @@ def test_conv3x3_stride2_same_relu(cl_env: Any, profile: str) -> None:
     x, w, b = _rand(1, 56, 56, 32), _rand(64, 3, 3, 32), _rand(64)
     pads = same_pads(56, 56, 3, 2)
     ref = np.maximum(conv_ref(x, w, stride=2, pad=pads) + b, 0)
-    check(cl_env, _conv_module(x.shape, w, 2, pads, bias=b, act="relu"), [x], [ref],
-          profile=profile, gpu_rule=None)
+    check(
+        cl_env,
+        _conv_module(x.shape, w, 2, pads, bias=b, act="relu"),
+        [x],
+        [ref],
+        profile=profile,
+        gpu_rule=None,
+    )
 
 
 def test_conv3x3_stride2_rgb_input_odd_channels(cl_env: Any, profile: str) -> None:
@@ -290,8 +317,14 @@ def test_conv3x3_stride2_rgb_input_odd_channels(cl_env: Any, profile: str) -> No
 def test_conv5x5_same_odd_output_channels(cl_env: Any, profile: str) -> None:
     x, w = _rand(1, 15, 17, 8), _rand(5, 5, 5, 8)
     pads = same_pads(15, 17, 5, 1)
-    check(cl_env, _conv_module(x.shape, w, 1, pads), [x], [conv_ref(x, w, pad=pads)],
-          profile=profile, gpu_rule=None)
+    check(
+        cl_env,
+        _conv_module(x.shape, w, 1, pads),
+        [x],
+        [conv_ref(x, w, pad=pads)],
+        profile=profile,
+        gpu_rule=None,
+    )
 
 
 def test_conv3x3_dilated_rate6(cl_env: Any, profile: str) -> None:
@@ -299,8 +332,14 @@ def test_conv3x3_dilated_rate6(cl_env: Any, profile: str) -> None:
     x, w, b = _rand(1, 33, 33, 32), _rand(32, 3, 3, 32), _rand(32)
     pads = same_pads(33, 33, 3, 1, 6)
     ref = conv_ref(x, w, pad=pads, dilation=6) + b
-    check(cl_env, _conv_module(x.shape, w, 1, pads, dilation=6, bias=b), [x], [ref],
-          profile=profile, gpu_rule=None)
+    check(
+        cl_env,
+        _conv_module(x.shape, w, 1, pads, dilation=6, bias=b),
+        [x],
+        [ref],
+        profile=profile,
+        gpu_rule=None,
+    )
 
 
 def test_conv_bias_relu6_residual_add(cl_env: Any, profile: str) -> None:
@@ -324,13 +363,20 @@ def test_conv1x1_7x7_pixel_tile_tail(cl_env: Any, min_work_items: int) -> None:
 
 def _fused_prim_funcs(mod: Any) -> dict[str, Any]:
     target = tvm.target.Target("opencl", host="llvm")
-    seq = tvm.transform.Sequential([
-        relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(),
-    ])
+    seq = tvm.transform.Sequential(
+        [
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant(),
+            relax.transform.FuseOps(),
+            relax.transform.FuseTIR(),
+        ]
+    )
     with target:
         fused = seq(mod)
-    return {gv.name_hint: f for gv, f in fused.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+    return {
+        gv.name_hint: f for gv, f in fused.functions.items() if isinstance(f, tvm.tirx.PrimFunc)
+    }
 
 
 def test_few_outputs_reduction_variant(cl_env: Any) -> None:
@@ -352,8 +398,14 @@ def test_few_outputs_reduction_variant(cl_env: Any) -> None:
     with target:
         assert FewOutputsReduction().apply(big_conv, target, False) is None  # 401K outputs
     ref = conv_ref(x, w) + b + r
-    res = check(cl_env, mod, [x, r], [ref], rule=None,
-                schedule=dl.ApplyDefaultSchedule(FewOutputsReduction(), dl.gpu.Fallback()))
+    res = check(
+        cl_env,
+        mod,
+        [x, r],
+        [ref],
+        rule=None,
+        schedule=dl.ApplyDefaultSchedule(FewOutputsReduction(), dl.gpu.Fallback()),
+    )
     assert "barrier(" in res.program.source  # the threads of a group share each sum
 
 
@@ -489,8 +541,15 @@ def test_concat_channels(cl_env: Any, profile: str) -> None:
         return relax.op.concat([av, bv, cv], axis=3)
 
     mod = build_module([("a", a.shape), ("b", b.shape), ("c", c.shape)], body)
-    check(cl_env, mod, [a, b, c], [np.concatenate([a, b, c], axis=3)], rule="Injective",
-          profile=profile, gpu_rule=None)
+    check(
+        cl_env,
+        mod,
+        [a, b, c],
+        [np.concatenate([a, b, c], axis=3)],
+        rule="Injective",
+        profile=profile,
+        gpu_rule=None,
+    )
 
 
 def test_reshape_transpose_copy(cl_env: Any, profile: str) -> None:
@@ -501,8 +560,15 @@ def test_reshape_transpose_copy(cl_env: Any, profile: str) -> None:
         return relax.op.permute_dims(r, [0, 2, 1])
 
     ref = x.reshape(1, 24, 8).transpose(0, 2, 1)
-    check(cl_env, build_module([("x", x.shape)], body), [x], [ref], rule="Injective",
-          profile=profile, gpu_rule=None)
+    check(
+        cl_env,
+        build_module([("x", x.shape)], body),
+        [x],
+        [ref],
+        rule="Injective",
+        profile=profile,
+        gpu_rule=None,
+    )
 
 
 def test_dense_falls_back_to_dlight(cl_env: Any, profile: str) -> None:
@@ -534,8 +600,9 @@ def test_schedule_named() -> None:
 def test_model_fast_matches_reference(
     name: str, schedules: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import litekiln
     from conftest import zoo_model
+
+    import litekiln
 
     path = zoo_model(name)
     monkeypatch.setenv("LITEKILN_SCHEDULES", schedules)
@@ -568,12 +635,16 @@ def test_blazeblock_epilogue(cl_env: Any, profile: str, shortcut: str) -> None:
     """BlazeFace's block: 1x1 conv + bias, plus the block input (max-pooled and zero-padded
     along channels when the block widens), then ReLU, all fused into the conv's kernel."""
     x, w, b = _rand(1, 16, 16, 24), _rand(28, 1, 1, 24), _rand(28)
-    s = {"pad": _rand(1, 16, 16, 24), "maxpool_pad": _rand(1, 32, 32, 24),
-         "plain": _rand(1, 16, 16, 28)}[shortcut]
+    s = {
+        "pad": _rand(1, 16, 16, 24),
+        "maxpool_pad": _rand(1, 32, 32, 24),
+        "plain": _rand(1, 16, 16, 28),
+    }[shortcut]
 
     def body(bb: Any, xv: Any, sv: Any) -> Any:
-        y = bb.emit(relax.op.nn.conv2d(xv, relax.const(w), data_layout="NHWC",
-                                       kernel_layout="OHWI"))
+        y = bb.emit(
+            relax.op.nn.conv2d(xv, relax.const(w), data_layout="NHWC", kernel_layout="OHWI")
+        )
         y = bb.emit(relax.op.add(y, relax.const(b)))
         r = sv
         if shortcut == "maxpool_pad":  # the pool's kernel gets the pad as its epilogue
@@ -613,7 +684,14 @@ def test_global_pool_window_reduction(
         return relax.op.nn.avg_pool2d(xv, pool_size=k, strides=k, layout="NHWC")
 
     ref = (x.max if mode == "max" else x.mean)(axis=(1, 2), keepdims=True)
-    res = check(cl_env, build_module([("x", shape)], body), [x], [ref], profile=profile,
-                rule=None, gpu_rule="WindowReduction")
+    res = check(
+        cl_env,
+        build_module([("x", shape)], body),
+        [x],
+        [ref],
+        profile=profile,
+        rule=None,
+        gpu_rule="WindowReduction",
+    )
     if profile == "gpu":
         assert "barrier(" in res.program.source  # the cross-thread sum

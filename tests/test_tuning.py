@@ -31,7 +31,9 @@ def _interp(path: Path, cache: Path, **kw: Any) -> litekiln.Interpreter:
 
 
 def _err(ours: list[np.ndarray], ref: list[np.ndarray]) -> float:
-    return max(float(np.abs(o - r).max()) / max(1.0, float(np.abs(r).max())) for o, r in zip(ours, ref))
+    return max(
+        float(np.abs(o - r).max()) / max(1.0, float(np.abs(r).max())) for o, r in zip(ours, ref)
+    )
 
 
 @pytest.fixture
@@ -48,7 +50,9 @@ def counted_tune(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def test_every_option_of_every_variant_matches_the_reference(smoke_path: Path, tmp_path: Path) -> None:
+def test_every_option_of_every_variant_matches_the_reference(
+    smoke_path: Path, tmp_path: Path
+) -> None:
     ref = litekiln.Interpreter(model_path=smoke_path, device="reference")
     inputs = ref.random_inputs(0)
     expected = ref.run(inputs)
@@ -118,7 +122,9 @@ def test_a_stored_choice_that_does_not_fit_is_retuned(
     assert ModelCache.open(tmp_path).load_program(key)[1] == again._backend.executors[0].choices  # noqa: SLF001
 
 
-def test_program_json_keeps_variants_and_plan_checks_choices(smoke_path: Path, tmp_path: Path) -> None:
+def test_program_json_keeps_variants_and_plan_checks_choices(
+    smoke_path: Path, tmp_path: Path
+) -> None:
     interp = _interp(smoke_path, tmp_path, tune=False)
     interp.allocate_tensors()
     prog = interp._backend.compiled.partitions[0].program  # noqa: SLF001
@@ -152,8 +158,9 @@ def test_launch_loops_agree_with_the_reference(
         assert _err(interp.run(inputs), expected) <= TOL
 
 
-def test_a_bad_launch_mode_is_a_clear_error(smoke_path: Path, tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bad_launch_mode_is_a_clear_error(
+    smoke_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("LITEKILN_FAST_LAUNCH", "fastest")
     interp = _interp(smoke_path, tmp_path, tune=False)
     with pytest.raises(Exception, match="LITEKILN_FAST_LAUNCH.*auto, on, off"):
@@ -171,8 +178,13 @@ def test_native_half_programs_have_no_half_vectors(smoke_path: Path) -> None:
     from litekiln.runtime.artifact import CompileOptions
 
     model = load_model(smoke_path.read_bytes())
-    half = compile_model(model, CompileOptions(precision="fp16", half="native", schedules="fast"),
-                         warn=False).partitions[0].program
+    half = (
+        compile_model(
+            model, CompileOptions(precision="fp16", half="native", schedules="fast"), warn=False
+        )
+        .partitions[0]
+        .program
+    )
     assert half.variants, "fp16 programs are tuned too"
     assert "half" in half.source
     assert not re.search(r"\bhalf(2|3|4|8|16)\b", half.source)
@@ -201,19 +213,38 @@ def test_native_half_program_compiles_with_clang(name: str) -> None:
     if clang is None:
         pytest.skip("no clang (Debian's PoCL brings clang-15)")
     model = load_model(zoo_model(name).read_bytes())
-    compiled = compile_model(model, CompileOptions(precision="fp16", half="native", op_table="extended"),
-                             warn=False)
+    compiled = compile_model(
+        model, CompileOptions(precision="fp16", half="native", op_table="extended"), warn=False
+    )
     for part in compiled.partitions:
         source = part.program.source
         assert "half" in source
         r = subprocess.run(
-            [clang, "-x", "cl", "-cl-std=CL1.2", "-Xclang", "-finclude-default-header", "-fsyntax-only",
-             "-target", "spir64", "-Dcl_khr_fp16=1", "-ferror-limit=0", "-"],
-            input=_HALF_OVERLOADS + source, capture_output=True, text=True, timeout=300,
+            [
+                clang,
+                "-x",
+                "cl",
+                "-cl-std=CL1.2",
+                "-Xclang",
+                "-finclude-default-header",
+                "-fsyntax-only",
+                "-target",
+                "spir64",
+                "-Dcl_khr_fp16=1",
+                "-ferror-limit=0",
+                "-",
+            ],
+            input=_HALF_OVERLOADS + source,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         # clang (not NVIDIA, which built these kernels) resolves `max((long)a, (long)b)` in
         # a resize's index arithmetic to the executor's `half max(half, half)` overload and
         # then rejects the subscript: not what this test is about.
-        errors = [line for line in r.stderr.splitlines()
-                  if "error:" in line and "array subscript is not an integer" not in line]
+        errors = [
+            line
+            for line in r.stderr.splitlines()
+            if "error:" in line and "array subscript is not an integer" not in line
+        ]
         assert not errors, errors[:5]

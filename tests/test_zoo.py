@@ -102,8 +102,9 @@ def test_list_and_mediapipe_need_no_tensorflow(tmp_path: Path) -> None:
         "sys.modules['tensorflow'] = None;"  # any import of it now raises ImportError
         f"runpy.run_path({str(REPO / 'scripts' / 'make_zoo.py')!r}, run_name='__main__')"
     )
-    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)],
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True
+    )
     listing = json.loads(proc.stdout)
     assert {m["name"] for m in listing["models"]} == set(zoo.ZOO)
     assert not any(m["present"] for m in listing["models"])

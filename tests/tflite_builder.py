@@ -134,8 +134,11 @@ class Quant:
 QuantLike = Union[Quant, tuple, Mapping, None]
 
 DENSE, SPARSE_CSR = 0, 1
-_INDEX_VECTORS = {"int32": (1, "Int32Vector", "<i4"), "uint16": (2, "Uint16Vector", "<u2"),
-                  "uint8": (3, "Uint8Vector", "u1")}
+_INDEX_VECTORS = {
+    "int32": (1, "Int32Vector", "<i4"),
+    "uint16": (2, "Uint16Vector", "<u2"),
+    "uint8": (3, "Uint8Vector", "u1"),
+}
 
 
 @dataclass(frozen=True)
@@ -180,11 +183,13 @@ def encode_sparse(dense: np.ndarray, sp: Sparsity) -> _SparseEncoding:
     n_blocks = len(sp.block_map)
     if len(sp.block_size) != n_blocks:
         raise ValueError("block_map and block_size must have the same length")
-    order = list(sp.traversal_order) if sp.traversal_order is not None else list(
-        range(rank + n_blocks)
+    order = (
+        list(sp.traversal_order) if sp.traversal_order is not None else list(range(rank + n_blocks))
     )
-    formats = list(sp.formats) if sp.formats is not None else (
-        [DENSE] * (rank - 1) + [SPARSE_CSR] + [DENSE] * n_blocks
+    formats = (
+        list(sp.formats)
+        if sp.formats is not None
+        else ([DENSE] * (rank - 1) + [SPARSE_CSR] + [DENSE] * n_blocks)
     )
     if sorted(order) != list(range(rank + n_blocks)) or sorted(order[:rank]) != list(range(rank)):
         raise ValueError(f"traversal order {order} must list the dims, then the block dims")
@@ -346,15 +351,26 @@ class SubgraphBuilder:
             raise ValueError(f"{name}: a sparse tensor needs data")
         self.tensors.append(
             _Tensor(
-                self._unique(name), dims, dtype, Quant.of(quant), data, sparsity,
-                None if shape_signature is None else list(shape_signature), is_variable,
+                self._unique(name),
+                dims,
+                dtype,
+                Quant.of(quant),
+                data,
+                sparsity,
+                None if shape_signature is None else list(shape_signature),
+                is_variable,
                 buffer_index,
             )
         )
         return self._ref(len(self.tensors) - 1)
 
     def input(
-        self, name: str, shape: Sequence[int], dtype: DType = "float32", *, quant: QuantLike = None,
+        self,
+        name: str,
+        shape: Sequence[int],
+        dtype: DType = "float32",
+        *,
+        quant: QuantLike = None,
         shape_signature: Sequence[int] | None = None,
     ) -> TensorRef:
         """Add a graph input."""
@@ -363,14 +379,24 @@ class SubgraphBuilder:
         return ref
 
     def const(
-        self, name: str, data: Any, dtype: DType | None = None, *, quant: QuantLike = None,
-        sparsity: Sparsity | None = None, shape: Sequence[int] | None = None,
+        self,
+        name: str,
+        data: Any,
+        dtype: DType | None = None,
+        *,
+        quant: QuantLike = None,
+        sparsity: Sparsity | None = None,
+        shape: Sequence[int] | None = None,
     ) -> TensorRef:
         """Add a constant tensor; dtype defaults to the array's."""
         arr = np.asarray(data)
         return self.tensor(
-            name, arr.shape if shape is None else shape, arr.dtype if dtype is None else dtype,
-            quant=quant, data=arr, sparsity=sparsity,
+            name,
+            arr.shape if shape is None else shape,
+            arr.dtype if dtype is None else dtype,
+            quant=quant,
+            data=arr,
+            sparsity=sparsity,
         )
 
     def output(self, *tensors: TensorRef | int) -> None:
@@ -388,8 +414,13 @@ class SubgraphBuilder:
         return out
 
     def _outputs(
-        self, default_name: str, inputs: list[int], out_shape: Sequence[int] | None,
-        out_dtype: DType | None, out_quant: QuantLike, outputs: Sequence[TensorRef | int] | None,
+        self,
+        default_name: str,
+        inputs: list[int],
+        out_shape: Sequence[int] | None,
+        out_dtype: DType | None,
+        out_quant: QuantLike,
+        outputs: Sequence[TensorRef | int] | None,
     ) -> list[int]:
         if outputs is not None:
             return [_index(t) for t in outputs]
@@ -443,8 +474,15 @@ class SubgraphBuilder:
         if options:
             options_class(name)  # fail now, with the op's name, if it takes no options
         self.ops.append(
-            _Op((code, None, version), ins, outs, options, None,
-                [_index(t) for t in intermediates], opcode_index)
+            _Op(
+                (code, None, version),
+                ins,
+                outs,
+                options,
+                None,
+                [_index(t) for t in intermediates],
+                opcode_index,
+            )
         )
         return self._result(outs)
 
@@ -473,8 +511,15 @@ class SubgraphBuilder:
         if isinstance(custom_options, Mapping):
             custom_options = flexbuffers.Dumps(dict(custom_options))
         self.ops.append(
-            _Op((32, custom_code, version), ins, outs, None,
-                bytes(custom_options) if custom_options is not None else None, [], opcode_index)
+            _Op(
+                (32, custom_code, version),
+                ins,
+                outs,
+                None,
+                bytes(custom_options) if custom_options is not None else None,
+                [],
+                opcode_index,
+            )
         )
         return self._result(outs)
 
@@ -544,8 +589,12 @@ class ModelBuilder:
     ) -> None:
         """Add a signature def mapping user-facing names to tensors of ``subgraph``."""
         self.signatures.append(
-            _Signature(key, subgraph, {k: _index(v) for k, v in inputs.items()},
-                       {k: _index(v) for k, v in outputs.items()})
+            _Signature(
+                key,
+                subgraph,
+                {k: _index(v) for k, v in inputs.items()},
+                {k: _index(v) for k, v in outputs.items()},
+            )
         )
 
     def add_metadata(self, name: str, data: bytes) -> None:
@@ -602,7 +651,7 @@ def builtin_code(name: str) -> int:
     return code
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _union_members() -> dict[str, tuple[str, int]]:
     """Options table name -> (union name, union type code)."""
     out = {}
@@ -613,7 +662,7 @@ def _union_members() -> dict[str, tuple[str, int]]:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def options_class(op_name: str) -> str:
     """Name of the options table of a builtin op (``"MAX_POOL_2D"`` -> ``"Pool2DOptions"``)."""
     op_name = op_name.upper()
@@ -639,7 +688,7 @@ def option_fields(op_name: str) -> dict[str, tuple[str, str]]:
     return {k: (f.kind, f.elem) for k, f in _fields(options_class(op_name)).items()}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fields(table: str) -> dict[str, _Field]:
     """snake_case key -> field description, read from the generated reader class."""
     from litekiln.model.schema import snake_case  # the decoder's key spelling, by definition
@@ -672,7 +721,7 @@ def _fields(table: str) -> dict[str, _Field]:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _enums() -> dict[str, dict[str, int]]:
     """Every enum of the schema: enum name -> {member: value}."""
     out = {}
@@ -897,8 +946,11 @@ class _Writer:
     def quantization(self, q: Quant) -> int:
         b = self.b
         scale = self.floats(tflite.QuantizationParametersStartScaleVector, q.scales.tolist())
-        zp = self.ints(tflite.QuantizationParametersStartZeroPointVector, q.zero_points.tolist(),
-                       "PrependInt64")
+        zp = self.ints(
+            tflite.QuantizationParametersStartZeroPointVector,
+            q.zero_points.tolist(),
+            "PrependInt64",
+        )
         tflite.QuantizationParametersStart(b)
         tflite.QuantizationParametersAddScale(b, scale)
         tflite.QuantizationParametersAddZeroPoint(b, zp)
@@ -914,8 +966,11 @@ class _Writer:
     def sparsity(self, enc: _SparseEncoding) -> int:
         b = self.b
         kind, cls, np_type = _INDEX_VECTORS[enc.index_dtype]
-        prepend = {"Int32Vector": "PrependInt32", "Uint16Vector": "PrependUint16",
-                   "Uint8Vector": "PrependUint8"}[cls]
+        prepend = {
+            "Int32Vector": "PrependInt32",
+            "Uint16Vector": "PrependUint16",
+            "Uint8Vector": "PrependUint8",
+        }[cls]
         module = importlib.import_module(f"tflite.{cls}")
 
         def index_vector(values: np.ndarray) -> int:
@@ -940,8 +995,11 @@ class _Writer:
                 tflite.DimensionMetadataAddArrayIndices(b, idx)
             dims.append(tflite.DimensionMetadataEnd(b))
         order = self.ints(tflite.SparsityParametersStartTraversalOrderVector, enc.traversal_order)
-        bmap = (self.ints(tflite.SparsityParametersStartBlockMapVector, enc.block_map)
-                if enc.block_map else None)
+        bmap = (
+            self.ints(tflite.SparsityParametersStartBlockMapVector, enc.block_map)
+            if enc.block_map
+            else None
+        )
         v_dims = self.offsets(tflite.SparsityParametersStartDimMetadataVector, dims)
         tflite.SparsityParametersStart(b)
         tflite.SparsityParametersAddTraversalOrder(b, order)
@@ -961,12 +1019,16 @@ class _Writer:
             union, kind, table = _write_options(b, name, op.options)
         custom = None
         if op.custom_options is not None:
-            custom = self.ints(tflite.OperatorStartCustomOptionsVector, list(op.custom_options),
-                               "PrependUint8")
+            custom = self.ints(
+                tflite.OperatorStartCustomOptionsVector, list(op.custom_options), "PrependUint8"
+            )
         v_in = self.ints(tflite.OperatorStartInputsVector, op.inputs)
         v_out = self.ints(tflite.OperatorStartOutputsVector, op.outputs)
-        v_mid = (self.ints(tflite.OperatorStartIntermediatesVector, op.intermediates)
-                 if op.intermediates else None)
+        v_mid = (
+            self.ints(tflite.OperatorStartIntermediatesVector, op.intermediates)
+            if op.intermediates
+            else None
+        )
         tflite.OperatorStart(b)
         tflite.OperatorAddOpcodeIndex(b, opcode_index)
         tflite.OperatorAddInputs(b, v_in)
@@ -1087,8 +1149,16 @@ def single_op_model(
         The model bytes.
     """
     return build_single_op(
-        op_name, inputs, options, consts=consts, out_shape=out_shape, out_dtype=out_dtype,
-        out_quant=out_quant, outputs=outputs, version=version, custom_options=custom_options,
+        op_name,
+        inputs,
+        options,
+        consts=consts,
+        out_shape=out_shape,
+        out_dtype=out_dtype,
+        out_quant=out_quant,
+        outputs=outputs,
+        version=version,
+        custom_options=custom_options,
     )[0].build()
 
 
@@ -1124,22 +1194,45 @@ def build_single_op(
         if kind == "const":
             if spec.data is None:
                 raise ValueError(f"constant operand {i} needs data")
-            ref = b.const(name, spec.data, spec.dtype, quant=spec.quant, sparsity=spec.sparsity,
-                          shape=spec.shape)
+            ref = b.const(
+                name,
+                spec.data,
+                spec.dtype,
+                quant=spec.quant,
+                sparsity=spec.sparsity,
+                shape=spec.shape,
+            )
         else:
             ref = b.input(name, spec.resolved_shape(), spec.dtype, quant=spec.quant)
             graph_inputs.append(ref)
         refs.append(ref)
     outs = None
     if outputs is not None:
-        outs = [b.tensor(o.name or f"out{j}", o.resolved_shape(), o.dtype, quant=o.quant)
-                for j, o in enumerate(outputs)]
+        outs = [
+            b.tensor(o.name or f"out{j}", o.resolved_shape(), o.dtype, quant=o.quant)
+            for j, o in enumerate(outputs)
+        ]
     if op_name.upper().startswith("CUSTOM:"):
-        y = b.custom_op(op_name.split(":", 1)[1], refs, out_shape=out_shape, out_dtype=out_dtype,
-                        out_quant=out_quant, outputs=outs, custom_options=custom_options,
-                        version=version)
+        y = b.custom_op(
+            op_name.split(":", 1)[1],
+            refs,
+            out_shape=out_shape,
+            out_dtype=out_dtype,
+            out_quant=out_quant,
+            outputs=outs,
+            custom_options=custom_options,
+            version=version,
+        )
     else:
-        y = b.op(op_name, refs, out_shape=out_shape, out_dtype=out_dtype, out_quant=out_quant,
-                 outputs=outs, options=options, version=version)
+        y = b.op(
+            op_name,
+            refs,
+            out_shape=out_shape,
+            out_dtype=out_dtype,
+            out_quant=out_quant,
+            outputs=outs,
+            options=options,
+            version=version,
+        )
     b.output(*(y if isinstance(y, tuple) else (y,)))
     return b, graph_inputs

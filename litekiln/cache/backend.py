@@ -316,9 +316,7 @@ class ReadOnlyBackend(Backend):
 
     def contains(self, key: str) -> bool:
         row = (
-            self._con()
-            .execute("SELECT 1 FROM Cache WHERE key = ? AND raw = 1", (key,))
-            .fetchone()
+            self._con().execute("SELECT 1 FROM Cache WHERE key = ? AND raw = 1", (key,)).fetchone()
         )
         return row is not None
 
@@ -331,4 +329,3 @@ class ReadOnlyBackend(Backend):
         if con is not None:
             con.close()
             self._local.con = None
-

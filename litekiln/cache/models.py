@@ -16,8 +16,8 @@ import json
 import os
 from typing import Any
 
-from litekiln.cache.store import CacheStore
 from litekiln.cache.keys import make_key
+from litekiln.cache.store import CacheStore
 from litekiln.runtime.artifact import (
     CompiledModel,
     CompileOptions,
@@ -63,7 +63,9 @@ class ModelCache:
             if have is not None and made_by and made_by != have:
                 self.store.delete(key)  # compiled by another TVM: recompile here
                 return None
-            names = [n[len(_CONST_PREFIX) :] for n in entry.part_names if n.startswith(_CONST_PREFIX)]
+            names = [
+                n[len(_CONST_PREFIX) :] for n in entry.part_names if n.startswith(_CONST_PREFIX)
+            ]
             constants = {n: entry.array(_CONST_PREFIX + n) for n in names}
             return CompiledModel.from_manifest(manifest, constants)
         except (ValueError, KeyError, TypeError) as exc:
@@ -118,7 +120,10 @@ class ModelCache:
         return binary, choices
 
     def save_binary(
-        self, fields: dict[str, Any], binary: bytes, identity: dict[str, str],
+        self,
+        fields: dict[str, Any],
+        binary: bytes,
+        identity: dict[str, str],
         tuning: list[int] | None = None,
     ) -> bool:
         """Store a device binary (and the tuning choices made on that device with it)."""

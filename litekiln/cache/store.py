@@ -701,8 +701,10 @@ class CacheStore:
             for key in dict.fromkeys(wanted):
                 loaded = self._load(key)
                 if loaded.problem is not None:
-                    _warn(f"cache entry {key[:12]} is corrupt: {loaded.problem}; dropped, "
-                          "not exported.")
+                    _warn(
+                        f"cache entry {key[:12]} is corrupt: {loaded.problem}; dropped, "
+                        "not exported."
+                    )
                     self._drop(key, loaded.raw)
                 elif loaded.entry is not None and loaded.raw is not None:
                     entries.append((loaded.raw, loaded.entry))
@@ -740,8 +742,14 @@ class CacheStore:
                     for rec, blob in zip(manifest["parts"], blobs)
                 ]
                 key = manifest["key"]
-                if not self._put(key, manifest["kind"], manifest["fields"], manifest["meta"],
-                                 encoded, created=float(manifest["created"])):
+                if not self._put(
+                    key,
+                    manifest["kind"],
+                    manifest["fields"],
+                    manifest["meta"],
+                    encoded,
+                    created=float(manifest["created"]),
+                ):
                     raise CacheError(f"could not store entry {key[:12]} from {path}")
                 inserted.append(key)
         except BaseException:
@@ -754,7 +762,7 @@ class CacheStore:
     # ------------------------------------------------------------------ internals
 
     def _keys(self) -> list[str]:
-        return [k[len(_MANIFEST):] for k in self._backend.keys(_MANIFEST)]
+        return [k[len(_MANIFEST) :] for k in self._backend.keys(_MANIFEST)]
 
     def _raw(self, key: str) -> bytes | None:
         try:
@@ -802,8 +810,10 @@ class CacheStore:
     ) -> bool:
         total = sum(len(data) for _, data, _ in encoded)
         if total > self.size_limit:
-            _warn(f"{kind} {key[:12]} ({total} bytes) exceeds the cache size limit "
-                  f"({self.size_limit} bytes); not stored.")
+            _warn(
+                f"{kind} {key[:12]} ({total} bytes) exceeds the cache size limit "
+                f"({self.size_limit} bytes); not stored."
+            )
             return False
         # Each attempt writes under its own nonce, so racing writers never share a part.
         nonce = f"{time.time_ns():016x}{secrets.token_hex(4)}"
@@ -814,15 +824,30 @@ class CacheStore:
                 store_key = f"{part_store_prefix(key)}{nonce}:{i}"
                 self._backend.set(store_key, data)
                 written.append(store_key)
-                records.append({"name": name, "store": store_key, "size": len(data),
-                                "sha256": _sha256(data), **extra})
-            manifest = {"schema": SCHEMA_VERSION, "key": key, "kind": kind, "fields": fields,
-                        "meta": meta, "created": created, "parts": records}
+                records.append(
+                    {
+                        "name": name,
+                        "store": store_key,
+                        "size": len(data),
+                        "sha256": _sha256(data),
+                        **extra,
+                    }
+                )
+            manifest = {
+                "schema": SCHEMA_VERSION,
+                "key": key,
+                "kind": kind,
+                "fields": fields,
+                "meta": meta,
+                "created": created,
+                "parts": records,
+            }
             committed = self._commit(key, encode_manifest(manifest), written)
         except STORAGE_ERRORS as e:
             self._discard(written)
-            _warn(f"could not store {kind} {key[:12]} in {self.directory}: {e}; "
-                  "continuing uncached.")
+            _warn(
+                f"could not store {kind} {key[:12]} in {self.directory}: {e}; continuing uncached."
+            )
             return False
         if not committed:
             self._discard(written)
@@ -847,9 +872,7 @@ class CacheStore:
                 old = b""  # unreadable: its parts are found by prefix
             self._backend.set(mkey, manifest)
             self._backend.set(_USE + key, repr(_now()).encode("ascii"))
-            stale = [] if old is None else [
-                k for k in self._parts_of(key, old) if k not in written
-            ]
+            stale = [] if old is None else [k for k in self._parts_of(key, old) if k not in written]
         # The replaced entry's parts go only once the new manifest is committed: diskcache
         # removes a deleted value's file at once, even inside a transaction, so deleting them
         # before the commit would let a reader holding the old manifest find a part missing
@@ -911,7 +934,7 @@ class CacheStore:
     def _delete_stale_uses(self) -> None:
         """Remove last-use records of entries that no longer exist (harmless, but clutter)."""
         entries = set(self._keys())
-        self._discard([k for k in self._backend.keys(_USE) if k[len(_USE):] not in entries])
+        self._discard([k for k in self._backend.keys(_USE) if k[len(_USE) :] not in entries])
 
     def _touch(self, key: str) -> None:
         if not self._backend.writable:

@@ -28,7 +28,6 @@ stay untouched.
 from __future__ import annotations
 
 import dataclasses
-
 import importlib
 import re
 import time
@@ -41,7 +40,10 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 from tvm.ir.expr import GenericConst
-_tir_build = importlib.import_module("tvm.tirx.build")  # `tvm.tirx.build` the attribute is a function
+
+_tir_build = importlib.import_module(
+    "tvm.tirx.build"
+)  # `tvm.tirx.build` the attribute is a function
 
 from litekiln.runtime.program import (
     FORMAT_VERSION,
@@ -69,7 +71,11 @@ _CTYPE_OF = {np_name: c for c, np_name in SCALAR_TYPES.items()}
 
 # Relax calls that only check shapes/types at runtime (our executor checks at set_input) or
 # manage lifetimes (our plan is static): nothing to do for them.
-_IGNORED_PACKED = {"vm.builtin.check_tensor_info", "vm.builtin.match_shape", "vm.builtin.check_shape_info"}
+_IGNORED_PACKED = {
+    "vm.builtin.check_tensor_info",
+    "vm.builtin.match_shape",
+    "vm.builtin.check_shape_info",
+}
 _IGNORED_OPS = {"relax.null_value", "relax.vm.kill_object"}
 
 
@@ -146,7 +152,9 @@ def schedule_named(name: str | None = None) -> SchedulePass:
     raise ValueError(f"unknown schedules {name!r}; expected one of {', '.join(SCHEDULE_NAMES)}")
 
 
-def build_relax_pipeline(target: tvm.target.Target, schedule: SchedulePass | None = None) -> tvm.transform.Pass:
+def build_relax_pipeline(
+    target: tvm.target.Target, schedule: SchedulePass | None = None
+) -> tvm.transform.Pass:
     """Return the Relax pipeline we compile GPU partitions with.
 
     It is ``tvm.relax.backend.gpu_generic.get_default_pipeline`` spelled out, so that the
@@ -236,13 +244,17 @@ def _int(expr: Any, what: str) -> int:
         return expr
     if isinstance(expr, tirx.IntImm):
         return int(expr.value)
-    raise CodegenError(f"{what}: expected a static integer, got {type(expr).__name__} `{expr}` (dynamic shapes are not supported)")
+    raise CodegenError(
+        f"{what}: expected a static integer, got {type(expr).__name__} `{expr}` (dynamic shapes are not supported)"
+    )
 
 
 def _static_shape(shape_expr: Any, what: str) -> tuple[int, ...]:
     if isinstance(shape_expr, relax.ShapeExpr):
         return tuple(_int(v, what) for v in shape_expr.values)
-    raise CodegenError(f"{what}: expected a static shape, got {type(shape_expr).__name__} `{shape_expr}`")
+    raise CodegenError(
+        f"{what}: expected a static shape, got {type(shape_expr).__name__} `{shape_expr}`"
+    )
 
 
 def _dtype_str(x: Any) -> str:
@@ -293,7 +305,9 @@ class _MainPlanner:
         self.storages.append(StorageSpec(sid, int(nbytes), role))  # type: ignore[arg-type]
         return sid
 
-    def new_tensor(self, storage: int, offset: int, shape: Sequence[int], dtype: str, name: str) -> int:
+    def new_tensor(
+        self, storage: int, offset: int, shape: Sequence[int], dtype: str, name: str
+    ) -> int:
         tid = len(self.tensors)
         spec = TensorSpec(tid, storage, int(offset), tuple(int(s) for s in shape), dtype, name)
         if spec.offset + spec.nbytes > self.storages[storage].nbytes:
@@ -310,7 +324,9 @@ class _MainPlanner:
             return self._const_tensor[k]
         value = const.value
         if not hasattr(value, "numpy"):
-            raise CodegenError(f"constant of kind {type(value).__name__} used as a tensor: `{const}`")
+            raise CodegenError(
+                f"constant of kind {type(value).__name__} used as a tensor: `{const}`"
+            )
         arr = np.ascontiguousarray(value.numpy())
         name = f"const_{len(self.constant_arrays)}"
         sid = self.new_storage(arr.nbytes, "constant")
@@ -366,11 +382,18 @@ class _MainPlanner:
                 self._packed_call(k, name, str(op.global_symbol), value)
             elif isinstance(op, relax.GlobalVar):
                 if op.name_hint not in func_names:
-                    raise CodegenError(f"call to `{op.name_hint}`, which is not a TIR PrimFunc (nested Relax functions are unsupported)")
-                args = [self.tensor_arg(a, f"argument {i} of {op.name_hint}") for i, a in enumerate(value.args)]
+                    raise CodegenError(
+                        f"call to `{op.name_hint}`, which is not a TIR PrimFunc (nested Relax functions are unsupported)"
+                    )
+                args = [
+                    self.tensor_arg(a, f"argument {i} of {op.name_hint}")
+                    for i, a in enumerate(value.args)
+                ]
                 self.calls.append(_Call(op.name_hint, args))
             else:
-                raise CodegenError(f"binding {name}: call of unsupported callee {type(op).__name__} `{op}`")
+                raise CodegenError(
+                    f"binding {name}: call of unsupported callee {type(op).__name__} `{op}`"
+                )
         elif isinstance(value, relax.Var):  # alias
             vk = _key(value)
             if vk in self._tensor_of:
@@ -391,7 +414,9 @@ class _MainPlanner:
         elif isinstance(value, GenericConst):
             self._tensor_of[k] = self._constant(value)
         else:
-            raise CodegenError(f"binding {name}: unsupported Relax construct {type(value).__name__}: `{value}`")
+            raise CodegenError(
+                f"binding {name}: unsupported Relax construct {type(value).__name__}: `{value}`"
+            )
 
     def _op_call(self, k: int, name: str, op_name: str, call: Any) -> None:
         if op_name in _IGNORED_OPS:
@@ -401,18 +426,24 @@ class _MainPlanner:
             dtype = _dtype_str(call.args[2])
             scope = str(call.args[3].value) if hasattr(call.args[3], "value") else str(call.args[3])
             if scope != "global":
-                raise CodegenError(f"alloc_storage {name}: storage scope {scope!r} (only 'global' supported)")
+                raise CodegenError(
+                    f"alloc_storage {name}: storage scope {scope!r} (only 'global' supported)"
+                )
             nbytes = int(np.prod(size, dtype=np.int64)) * np.dtype(dtype).itemsize
             self._storage_of[k] = self.new_storage(nbytes, "workspace")
             return
         if op_name == "relax.vm.alloc_tensor":
             storage = call.args[0]
             if not (isinstance(storage, relax.Var) and _key(storage) in self._storage_of):
-                raise CodegenError(f"alloc_tensor {name}: storage `{storage}` was not allocated by alloc_storage")
+                raise CodegenError(
+                    f"alloc_tensor {name}: storage `{storage}` was not allocated by alloc_storage"
+                )
             offset = _int(call.args[1], f"alloc_tensor {name} offset")
             shape = _static_shape(call.args[2], f"alloc_tensor {name}")
             dtype = _dtype_str(call.args[3])
-            self._tensor_of[k] = self.new_tensor(self._storage_of[_key(storage)], offset, shape, dtype, name)
+            self._tensor_of[k] = self.new_tensor(
+                self._storage_of[_key(storage)], offset, shape, dtype, name
+            )
             return
         raise CodegenError(
             f"binding {name}: Relax op `{op_name}` survived lowering; no OpenCL kernel exists for it "
@@ -429,10 +460,14 @@ class _MainPlanner:
             dtype = base.dtype
             view = TensorSpec(-1, base.storage, base.offset, shape, dtype, name)
             if view.nbytes != base.nbytes:
-                raise CodegenError(f"reshape {name}: {base.shape} -> {shape} changes the element count")
+                raise CodegenError(
+                    f"reshape {name}: {base.shape} -> {shape} changes the element count"
+                )
             self._tensor_of[k] = self.new_tensor(base.storage, base.offset, shape, dtype, name)
             return
-        raise CodegenError(f"binding {name}: packed function `{symbol}` has no OpenCL equivalent in litekiln")
+        raise CodegenError(
+            f"binding {name}: packed function `{symbol}` has no OpenCL equivalent in litekiln"
+        )
 
 
 # --------------------------------------------------------------------------- TIR host side
@@ -441,7 +476,9 @@ class _MainPlanner:
 @dataclass
 class _KernelCall:
     kernel: str
-    args: list[tuple[str, Any]]  # ("param", index) | ("workspace", buffer var key) | ("scalar", (value, ctype))
+    args: list[
+        tuple[str, Any]
+    ]  # ("param", index) | ("workspace", buffer var key) | ("scalar", (value, ctype))
     launch_params: list[str]
     extents: list[int]
 
@@ -514,11 +551,17 @@ class _HostFuncReader:
         self.kernel_params = kernel_params
         self.param_index = {_key(p): i for i, p in enumerate(func.params)}
         self.buffer_alias: dict[int, Any] = {}  # DeclBuffer var -> source expr
-        self.workspaces: dict[int, tuple[tuple[int, ...], str]] = {}  # AllocBuffer var -> (shape, dtype)
-        self.env: dict[int, int | float | bool] = {}  # bound scalar vars (shape vars, Binds, loop vars)
+        self.workspaces: dict[
+            int, tuple[tuple[int, ...], str]
+        ] = {}  # AllocBuffer var -> (shape, dtype)
+        self.env: dict[
+            int, int | float | bool
+        ] = {}  # bound scalar vars (shape vars, Binds, loop vars)
         self.calls: list[_KernelCall] = []
         if len(arg_shapes) != len(func.params):
-            raise CodegenError(f"{name}: called with {len(arg_shapes)} tensors, PrimFunc has {len(func.params)} parameters")
+            raise CodegenError(
+                f"{name}: called with {len(arg_shapes)} tensors, PrimFunc has {len(func.params)} parameters"
+            )
         for p, shape in zip(func.params, arg_shapes):
             self._bind_shape(p, shape)
         self._visit(func.body)
@@ -529,12 +572,16 @@ class _HostFuncReader:
         if dims is None:
             raise CodegenError(f"{self.name}: parameter {param.name} is not a buffer ({ty})")
         if len(dims) != len(shape):
-            raise CodegenError(f"{self.name}: parameter {param.name} has rank {len(dims)}, argument has shape {shape}")
+            raise CodegenError(
+                f"{self.name}: parameter {param.name} has rank {len(dims)}, argument has shape {shape}"
+            )
         for d, s in zip(dims, shape):
             if isinstance(d, tirx.Var) and _key(d) not in self.env:
                 self.env[_key(d)] = int(s)
             elif self._eval(d, f"shape of {param.name}") != s:
-                raise CodegenError(f"{self.name}: parameter {param.name} expects shape {list(dims)}, argument has {shape}")
+                raise CodegenError(
+                    f"{self.name}: parameter {param.name} expects shape {list(dims)}, argument has {shape}"
+                )
 
     # -- expressions
     def _eval(self, expr: Any, what: str) -> Any:
@@ -548,7 +595,9 @@ class _HostFuncReader:
         if isinstance(expr, tirx.Var):
             k = _key(expr)
             if k not in self.env:
-                raise CodegenError(f"{self.name}: {what}: `{expr.name}` is not known at compile time (dynamic shape?)")
+                raise CodegenError(
+                    f"{self.name}: {what}: `{expr.name}` is not known at compile time (dynamic shape?)"
+                )
             return self.env[k]
         cls = type(expr).__name__
         if cls in _BINARY_OPS:
@@ -571,7 +620,11 @@ class _HostFuncReader:
         if cls == "Let":
             self.env[_key(expr.var)] = self._eval(expr.value, what)
             return self._eval(expr.body, what)
-        if isinstance(expr, tvm.ir.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name in _CALL_OPS:
+        if (
+            isinstance(expr, tvm.ir.Call)
+            and isinstance(expr.op, tvm.ir.Op)
+            and expr.op.name in _CALL_OPS
+        ):
             return _CALL_OPS[expr.op.name](*(self._eval(a, what) for a in expr.args))
         raise CodegenError(f"{self.name}: {what}: cannot evaluate {cls} `{expr}` at compile time")
 
@@ -589,7 +642,9 @@ class _HostFuncReader:
             buf = stmt.buffer
             scope = buf.scope()
             if scope != "global":
-                raise CodegenError(f"{self.name}: host-side allocation of {buf.name} in scope {scope!r}")
+                raise CodegenError(
+                    f"{self.name}: host-side allocation of {buf.name} in scope {scope!r}"
+                )
             shape = tuple(int(self._eval(s, f"workspace {buf.name} shape")) for s in buf.shape)
             self.workspaces[_key(buf)] = (shape, str(buf.dtype))
             self._visit(getattr(stmt, "body", None))
@@ -616,7 +671,9 @@ class _HostFuncReader:
         elif isinstance(stmt, tirx.Evaluate):
             self._evaluate(stmt.value)
         else:
-            raise CodegenError(f"{self.name}: host code contains {type(stmt).__name__}, which litekiln cannot run ahead of time")
+            raise CodegenError(
+                f"{self.name}: host code contains {type(stmt).__name__}, which litekiln cannot run ahead of time"
+            )
 
     def _evaluate(self, expr: Any) -> None:
         if isinstance(expr, tirx.IntImm):  # no-op `T.evaluate(0)`
@@ -639,7 +696,9 @@ class _HostFuncReader:
         for lp in launch_params:
             if not (lp.startswith("blockIdx.") or lp.startswith("threadIdx.")):
                 # e.g. "tirx.use_dyn_shared_memory": would need a __local pointer argument.
-                raise CodegenError(f"{self.name}: {kernel} uses launch parameter {lp!r} (dynamic shared memory is unsupported)")
+                raise CodegenError(
+                    f"{self.name}: {kernel} uses launch parameter {lp!r} (dynamic shared memory is unsupported)"
+                )
         args: list[tuple[str, Any]] = []
         for (pname, pkind), value in zip(params, rest[: len(params)]):
             what = f"{kernel} argument {pname}"
@@ -647,8 +706,13 @@ class _HostFuncReader:
                 args.append(self._buffer_source(value, what))
             else:
                 v = self._eval(value, what)
-                args.append(("scalar", (float(v) if pkind in ("half", "float", "double") else int(v), pkind)))
-        extents = [int(self._eval(v, f"{kernel} launch extent")) for v in rest[len(params):]]
+                args.append(
+                    (
+                        "scalar",
+                        (float(v) if pkind in ("half", "float", "double") else int(v), pkind),
+                    )
+                )
+        extents = [int(self._eval(v, f"{kernel} launch extent")) for v in rest[len(params) :]]
         self.calls.append(_KernelCall(kernel, args, launch_params, extents))
 
     def _buffer_source(self, expr: Any, what: str) -> tuple[str, Any]:
@@ -665,7 +729,9 @@ class _HostFuncReader:
                 if k in self.buffer_alias:
                     expr = self.buffer_alias[k]
                     continue
-            raise CodegenError(f"{self.name}: {what}: cannot resolve the buffer `{expr}` to a parameter or workspace")
+            raise CodegenError(
+                f"{self.name}: {what}: cannot resolve the buffer `{expr}` to a parameter or workspace"
+            )
         raise CodegenError(f"{self.name}: {what}: buffer alias chain too long")
 
 
@@ -720,9 +786,7 @@ def _shorten_kernel_names(source: str, launches: list[Launch]) -> tuple[str, lis
     mapping = {n: f"{n[:40]}_k{i}" for i, n in enumerate(long_names)}
     pattern = re.compile(r"\b(" + "|".join(re.escape(n) for n in long_names) + r")\b")
     source = pattern.sub(lambda m: mapping[m.group(1)], source)
-    launches = [
-        dataclasses.replace(l, kernel=mapping.get(l.kernel, l.kernel)) for l in launches
-    ]
+    launches = [dataclasses.replace(l, kernel=mapping.get(l.kernel, l.kernel)) for l in launches]
     return source, launches
 
 
@@ -775,7 +839,9 @@ def compile_relax_full(
 
     # 1. Relax pipeline.
     if pipeline is None:
-        relax_pass = build_relax_pipeline(tgt, schedule if schedule is not None else schedule_named(schedules))
+        relax_pass = build_relax_pipeline(
+            tgt, schedule if schedule is not None else schedule_named(schedules)
+        )
     elif isinstance(pipeline, tvm.transform.Pass):
         relax_pass = pipeline
     else:
@@ -794,7 +860,9 @@ def compile_relax_full(
     t_relax = time.perf_counter()
 
     main = lowered["main"]
-    prim_funcs = {gv.name_hint: f for gv, f in lowered.functions.items() if isinstance(f, tirx.PrimFunc)}
+    prim_funcs = {
+        gv.name_hint: f for gv, f in lowered.functions.items() if isinstance(f, tirx.PrimFunc)
+    }
     planner = _MainPlanner()
     planner.add_params(main.params)
     body = main.body
@@ -813,7 +881,9 @@ def compile_relax_full(
     source = ""
     t_tir = t_cg = time.perf_counter()
     if used:
-        tir_mod = tvm.IRModule({gv: f for gv, f in lowered.functions.items() if gv.name_hint in used})
+        tir_mod = tvm.IRModule(
+            {gv: f for gv, f in lowered.functions.items() if gv.name_hint in used}
+        )
         host_funcs, kernel_funcs, source, t_tir = _lower_tir(tir_mod, tgt)
         options_of: dict[str, list[str]] = {}
         if variant_rules and "fused" in captured:
@@ -842,8 +912,9 @@ def compile_relax_full(
             options = []
             for vname in options_of.get(call.func, []):
                 try:
-                    option = _call_launches(call, vname, planner, host_funcs, kernel_params,
-                                            workspaces=False)
+                    option = _call_launches(
+                        call, vname, planner, host_funcs, kernel_params, workspaces=False
+                    )
                 except CodegenError:
                     continue  # e.g. a variant that needs a workspace: keep the default only
                 if any(vector_check.search(bodies.get(l.kernel) or "") for l in option):
@@ -871,7 +942,9 @@ def compile_relax_full(
     program = GpuProgram(
         source=source,
         build_options=build_options,
-        kernels=sorted({l.kernel for l in [*launches, *(x for v in variants for o in v.options for x in o)]}),
+        kernels=sorted(
+            {l.kernel for l in [*launches, *(x for v in variants for o in v.options for x in o)]}
+        ),
         storages=planner.storages,
         tensors=planner.tensors,
         constants=planner.constants,
@@ -879,7 +952,11 @@ def compile_relax_full(
         outputs=outputs,
         launches=launches,
         variants=variants,
-        meta={"tvm_version": tvm.__version__, "target": str(tgt.kind.name), "target_full": tgt.export() if hasattr(tgt, "export") else str(tgt)},
+        meta={
+            "tvm_version": tvm.__version__,
+            "target": str(tgt.kind.name),
+            "target_full": tgt.export() if hasattr(tgt, "export") else str(tgt),
+        },
         format_version=FORMAT_VERSION,
     )
     program.meta = _jsonable(program.meta)
@@ -921,14 +998,18 @@ def _call_launches(
         for kind, val in kc.args:
             if kind == "param":
                 if val >= len(call.args):
-                    raise CodegenError(f"{func_name}: kernel {kc.kernel} uses parameter {val}, call has {len(call.args)}")
+                    raise CodegenError(
+                        f"{func_name}: kernel {kc.kernel} uses parameter {val}, call has {len(call.args)}"
+                    )
                 args.append(BufferArg(call.args[val]))
             elif kind == "workspace":
                 if val not in ws_tensors:
                     shape, dtype = reader.workspaces[val]
                     nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
                     sid = planner.new_storage(nbytes, "workspace")
-                    ws_tensors[val] = planner.new_tensor(sid, 0, shape, dtype, f"{func_name}_workspace")
+                    ws_tensors[val] = planner.new_tensor(
+                        sid, 0, shape, dtype, f"{func_name}_workspace"
+                    )
                 args.append(BufferArg(ws_tensors[val]))
             else:
                 value, ctype = val
@@ -946,7 +1027,9 @@ def _kernel_bodies(source: str) -> dict[str, str]:
     out = {}
     for chunk in source.split("// Function: ")[1:]:
         name = chunk.split("\n", 1)[0].strip()
-        body = chunk[chunk.rfind(f"__kernel void {name}("):]  # the definition, after all declarations
+        body = chunk[
+            chunk.rfind(f"__kernel void {name}(") :
+        ]  # the definition, after all declarations
         out[name] = body.replace(name, "K")
     return out
 
@@ -977,7 +1060,9 @@ def _schedule_variants(
     """
     out: dict[tvm.ir.GlobalVar, Any] = {}
     funcs = {gv.name_hint: f for gv, f in fused.functions.items() if isinstance(f, tirx.PrimFunc)}
-    chosen = {gv.name_hint: f for gv, f in lowered.functions.items() if isinstance(f, tirx.PrimFunc)}
+    chosen = {
+        gv.name_hint: f for gv, f in lowered.functions.items() if isinstance(f, tirx.PrimFunc)
+    }
     for name in used:
         func = funcs.get(name)
         if func is None or name not in chosen:
@@ -1030,7 +1115,9 @@ def _jsonable(x: Any) -> Any:
     return str(x)
 
 
-def _lower_tir(tir_mod: tvm.IRModule, target: tvm.target.Target) -> tuple[dict[str, Any], dict[str, Any], str, float]:
+def _lower_tir(
+    tir_mod: tvm.IRModule, target: tvm.target.Target
+) -> tuple[dict[str, Any], dict[str, Any], str, float]:
     """Run TVM's TIR pipeline; return host funcs (post-SplitHostDevice), kernels, OpenCL C."""
     captured: dict[str, tvm.IRModule] = {}
 

@@ -69,7 +69,9 @@ def compile_model(
 
         t = time.perf_counter()
         fp16_plan = plan_fp16_storage(
-            model.main, plan.partitions, budget=float(options.fp16_budget),
+            model.main,
+            plan.partitions,
+            budget=float(options.fp16_budget),
             log=(lambda m: print(f"litekiln: {m}", file=sys.stderr)) if warn else None,
         )
         fp32_tensors = fp16_plan.fp32_tensors
@@ -82,7 +84,9 @@ def compile_model(
                 file=sys.stderr,
             )
     lower_opts = LowerOptions(
-        precision=options.precision, quant_simulation=options.quant_simulation, half=options.half,
+        precision=options.precision,
+        quant_simulation=options.quant_simulation,
+        half=options.half,
         fp32_tensors=fp32_tensors,
     )
     partitions: list[PartitionArtifact] = []
@@ -97,7 +101,9 @@ def compile_model(
         timings["lower"] = timings.get("lower", 0.0) + time.perf_counter() - t
         try:
             result = compile_relax_full(
-                mod, target=_target(options), schedules=options.schedules,
+                mod,
+                target=_target(options),
+                schedules=options.schedules,
                 variant_rules=_variant_rules(options),
             )
         except CodegenError as exc:
@@ -113,7 +119,8 @@ def compile_model(
         progress(total, total, "done")
     timings["total"] = time.perf_counter() - t0
     steps = [
-        ("gpu", s.partition) if s.kind == "gpu" else ("cpu", s.op) for s in plan.steps  # type: ignore[misc]
+        ("gpu", s.partition) if s.kind == "gpu" else ("cpu", s.op)
+        for s in plan.steps  # type: ignore[misc]
     ]
     return CompiledModel(
         token=model.token,
@@ -160,4 +167,9 @@ def stderr_progress(done: int, total: int, label: str) -> None:
     width = 30
     filled = int(width * done / total)
     end = "\n" if done >= total else ""
-    print(f"\r  compiling [{'#' * filled}{'.' * (width - filled)}] {label:<40}", end=end, file=sys.stderr, flush=True)
+    print(
+        f"\r  compiling [{'#' * filled}{'.' * (width - filled)}] {label:<40}",
+        end=end,
+        file=sys.stderr,
+        flush=True,
+    )

@@ -152,15 +152,23 @@ class _Lowering:
                 continue
             t, src, pads_t = op.outputs[0], op.inputs[0], op.inputs[1]
             tensor = g.tensors[t]
-            if (t in self.part.outputs or is_quantized(tensor) or g.tensors[src].data is not None
-                    or pads_t < 0 or g.tensors[pads_t].data is None or len(tensor.shape) != 4):
+            if (
+                t in self.part.outputs
+                or is_quantized(tensor)
+                or g.tensors[src].data is not None
+                or pads_t < 0
+                or g.tensors[pads_t].data is None
+                or len(tensor.shape) != 4
+            ):
                 continue
             pads = np.asarray(g.tensors[pads_t].data).astype(np.int64).reshape(-1, 2)
             if pads.shape != (4, 2) or pads.min() < 0 or pads[0].any() or pads[3].any():
                 continue
             users = consumers.get(t, [])
             if not users or any(
-                u.name not in ("CONV_2D", "DEPTHWISE_CONV_2D") or u.inputs[0] != t or t in u.inputs[1:]
+                u.name not in ("CONV_2D", "DEPTHWISE_CONV_2D")
+                or u.inputs[0] != t
+                or t in u.inputs[1:]
                 for u in users
             ):
                 continue
@@ -187,7 +195,9 @@ class _Lowering:
             return self.env[t]
         tensor = self.graph.tensors[t]
         if tensor.data is None:
-            raise CompileError(f"tensor {t} ({tensor.name!r}) has no value in partition {self.part.index}")
+            raise CompileError(
+                f"tensor {t} ({tensor.name!r}) has no value in partition {self.part.index}"
+            )
         data = dequantize(tensor.data, tensor) if is_quantized(tensor) else tensor.data
         c = self.const_array(data, ACC_DTYPE)
         self.env[t] = c
@@ -231,7 +241,11 @@ class _Lowering:
                             expr = self._fake_quant(expr, tensor)
                         elif self.emulate_half and self.half_stored(t):
                             expr = self._round_to_half(expr)
-                        want = "float16" if self.storage == "float16" and self.half_stored(t) else ACC_DTYPE
+                        want = (
+                            "float16"
+                            if self.storage == "float16" and self.half_stored(t)
+                            else ACC_DTYPE
+                        )
                         if _dtype(expr) in ("float16", "float32") and _dtype(expr) != want:
                             expr = self.bb.emit(relax.op.astype(expr, want))
                         # No `v2 = v1` alias bindings: FuseOps treats them as opaque nodes
@@ -274,12 +288,14 @@ class _Lowering:
 
         def fn(x: Any) -> Any:
             def elem(*idx: Any) -> Any:
-                v = tirx.max(tirx.min(x(*idx), tirx.const(65504.0, "float32")),
-                             tirx.const(-65504.0, "float32"))
-                b = tirx.reinterpret("int32", v)
-                r = (b + tirx.const(0x0FFF, "int32") + ((b >> 13) & tirx.const(1, "int32"))) & tirx.const(
-                    ~0x1FFF, "int32"
+                v = tirx.max(
+                    tirx.min(x(*idx), tirx.const(65504.0, "float32")),
+                    tirx.const(-65504.0, "float32"),
                 )
+                b = tirx.reinterpret("int32", v)
+                r = (
+                    b + tirx.const(0x0FFF, "int32") + ((b >> 13) & tirx.const(1, "int32"))
+                ) & tirx.const(~0x1FFF, "int32")
                 return tirx.reinterpret("float32", r)
 
             return te.compute(x.shape, elem, name="round_half")
@@ -304,7 +320,9 @@ class _Lowering:
         return relax.op.multiply(relax.op.subtract(e, zp), scale)
 
 
-def lower_partition(graph: Subgraph, part: Partition, options: LowerOptions | None = None) -> tvm.IRModule:
+def lower_partition(
+    graph: Subgraph, part: Partition, options: LowerOptions | None = None
+) -> tvm.IRModule:
     """Build the Relax module of one GPU partition.
 
     Args:
@@ -353,7 +371,9 @@ def _same_padding(in_size: int, k: int, stride: int, dilation: int) -> tuple[int
     return total // 2, total - total // 2
 
 
-def _pads(ctx: _Ctx, h: int, w: int, kh: int, kw: int, sh: int, sw: int, dh: int = 1, dw: int = 1) -> tuple[int, int, int, int]:
+def _pads(
+    ctx: _Ctx, h: int, w: int, kh: int, kw: int, sh: int, sw: int, dh: int = 1, dw: int = 1
+) -> tuple[int, int, int, int]:
     if int(ctx.options.get("padding", 0)) == 1:  # VALID
         return (0, 0, 0, 0)
     t, b = _same_padding(h, kh, sh, dh)
@@ -385,7 +405,9 @@ def _epilogue(ctx: _Ctx, y: Expr, bias: int) -> list[Expr]:
     return [_activation(ctx, _bias(ctx, y, bias))]
 
 
-def _conv_data(ctx: _Ctx, w: np.ndarray, pads: tuple[int, int, int, int]) -> tuple[Expr, Expr, tuple[int, int, int, int]]:
+def _conv_data(
+    ctx: _Ctx, w: np.ndarray, pads: tuple[int, int, int, int]
+) -> tuple[Expr, Expr, tuple[int, int, int, int]]:
     """A convolution's data (operand 0), weights and padding: `_data_and_weights` and
     ``pads``, or, when operand 0 is a PAD folded into its convolutions, the PAD's source
     with the PAD's widths added."""
@@ -414,12 +436,22 @@ def _conv2d(ctx: _Ctx) -> list[Expr]:
     _, h, wd, cin = ctx.tensor(0).shape
     o, kh, kw, wi = w.shape
     sh, sw = int(ctx.options.get("stride_h", 1)), int(ctx.options.get("stride_w", 1))
-    dh, dw = int(ctx.options.get("dilation_h_factor", 1)), int(ctx.options.get("dilation_w_factor", 1))
+    dh, dw = (
+        int(ctx.options.get("dilation_h_factor", 1)),
+        int(ctx.options.get("dilation_w_factor", 1)),
+    )
     x, wc, pads = _conv_data(ctx, w, _pads(ctx, h, wd, kh, kw, sh, sw, dh, dw))
     y = ctx.emit(
         relax.op.nn.conv2d(
-            x, wc, strides=(sh, sw), padding=pads, dilation=(dh, dw),
-            groups=cin // wi, data_layout="NHWC", kernel_layout="OHWI", out_dtype=ACC_DTYPE,
+            x,
+            wc,
+            strides=(sh, sw),
+            padding=pads,
+            dilation=(dh, dw),
+            groups=cin // wi,
+            data_layout="NHWC",
+            kernel_layout="OHWI",
+            out_dtype=ACC_DTYPE,
         )
     )
     return _epilogue(ctx, y, 2)
@@ -432,19 +464,33 @@ def _dwconv(ctx: _Ctx) -> list[Expr]:
     _, kh, kw, cm = w.shape
     w = np.ascontiguousarray(w.transpose(3, 1, 2, 0))  # (C*M), KH, KW, 1: grouped OHWI
     sh, sw = int(ctx.options.get("stride_h", 1)), int(ctx.options.get("stride_w", 1))
-    dh, dw = int(ctx.options.get("dilation_h_factor", 1)), int(ctx.options.get("dilation_w_factor", 1))
+    dh, dw = (
+        int(ctx.options.get("dilation_h_factor", 1)),
+        int(ctx.options.get("dilation_w_factor", 1)),
+    )
     x, wc, pads = _conv_data(ctx, w, _pads(ctx, h, wd, kh, kw, sh, sw, dh, dw))
     y = ctx.emit(
         relax.op.nn.conv2d(
-            x, wc, strides=(sh, sw), padding=pads, dilation=(dh, dw),
-            groups=cin, data_layout="NHWC", kernel_layout="OHWI", out_dtype=ACC_DTYPE,
+            x,
+            wc,
+            strides=(sh, sw),
+            padding=pads,
+            dilation=(dh, dw),
+            groups=cin,
+            data_layout="NHWC",
+            kernel_layout="OHWI",
+            out_dtype=ACC_DTYPE,
         )
     )
     return _epilogue(ctx, y, 2)
 
 
 def _conv_transpose(
-    ctx: _Ctx, data: int, w: np.ndarray, strides: tuple[int, int], pad_before: tuple[int, int],
+    ctx: _Ctx,
+    data: int,
+    w: np.ndarray,
+    strides: tuple[int, int],
+    pad_before: tuple[int, int],
     bias: int,
 ) -> list[Expr]:
     """Transposed conv of operand ``data`` with OHWI weights ``w``: the full scatter
@@ -464,8 +510,14 @@ def _conv_transpose(
     xn = ctx.emit(relax.op.permute_dims(x, [0, 3, 1, 2]))
     y = ctx.emit(
         relax.op.nn.conv2d_transpose(
-            xn, wc, strides=(sh, sw), padding=(pt, pl, max(pb, 0), max(pr, 0)),
-            output_padding=out_pad, data_layout="NCHW", kernel_layout="IOHW", out_dtype=ACC_DTYPE,
+            xn,
+            wc,
+            strides=(sh, sw),
+            padding=(pt, pl, max(pb, 0), max(pr, 0)),
+            output_padding=out_pad,
+            data_layout="NCHW",
+            kernel_layout="IOHW",
+            out_dtype=ACC_DTYPE,
         )
     )
     y = ctx.emit(relax.op.permute_dims(y, [0, 2, 3, 1]))
@@ -525,8 +577,9 @@ def _binary(fn: Callable[[Expr, Expr], Expr], topi_name: str) -> Emitter:
             # not into a reduction.
             from tvm import topi
 
-            y = ctx.bb.call_te(getattr(topi, topi_name), a, b,
-                               primfunc_name_hint=f"{BROADCAST_BARRIER}{topi_name}")
+            y = ctx.bb.call_te(
+                getattr(topi, topi_name), a, b, primfunc_name_hint=f"{BROADCAST_BARRIER}{topi_name}"
+            )
             return [_activation(ctx, ctx.emit(y))]
         return [_activation(ctx, ctx.emit(fn(a, b)))]
 
@@ -540,9 +593,7 @@ BROADCAST_BARRIER = "bcast_"
 def _broadcasts_computed(ctx: _Ctx) -> bool:
     """Whether an operand that is not a constant has fewer elements than the result."""
     out = ctx.out().size
-    return any(
-        ctx.tensor(i).data is None and ctx.tensor(i).size < out for i in range(2)
-    )
+    return any(ctx.tensor(i).data is None and ctx.tensor(i).size < out for i in range(2))
 
 
 for _name, _fn, _topi in [
@@ -604,11 +655,18 @@ def _pool(kind: str) -> Emitter:
         sh, sw = int(ctx.options.get("stride_h", 1)), int(ctx.options.get("stride_w", 1))
         pads = _pads(ctx, h, w, kh, kw, sh, sw)
         if kind == "max":
-            y = relax.op.nn.max_pool2d(ctx.arg(0), pool_size=(kh, kw), strides=(sh, sw),
-                                       padding=pads, layout="NHWC")
+            y = relax.op.nn.max_pool2d(
+                ctx.arg(0), pool_size=(kh, kw), strides=(sh, sw), padding=pads, layout="NHWC"
+            )
             return [_activation(ctx, ctx.emit(y))]
-        y = relax.op.nn.avg_pool2d(ctx.arg(0), pool_size=(kh, kw), strides=(sh, sw),
-                                   padding=pads, layout="NHWC", count_include_pad=False)
+        y = relax.op.nn.avg_pool2d(
+            ctx.arg(0),
+            pool_size=(kh, kw),
+            strides=(sh, sw),
+            padding=pads,
+            layout="NHWC",
+            count_include_pad=False,
+        )
         return [_activation(ctx, ctx.emit(y))]
 
     return emit
@@ -647,7 +705,11 @@ def _strided_slice(ctx: _Ctx) -> list[Expr]:
     end = ctx.const(2).astype(np.int64).reshape(-1)
     strides = ctx.const(3).astype(np.int64).reshape(-1) if ctx.has(3) else np.ones_like(begin)
     o = ctx.options
-    bm, em, shrink = int(o.get("begin_mask", 0)), int(o.get("end_mask", 0)), int(o.get("shrink_axis_mask", 0))
+    bm, em, shrink = (
+        int(o.get("begin_mask", 0)),
+        int(o.get("end_mask", 0)),
+        int(o.get("shrink_axis_mask", 0)),
+    )
     offset = bool(o.get("offset", False))
     axes, b_, e_, s_ = [], [], [], []
     flips: list[int] = []
@@ -729,8 +791,12 @@ def _resize(ctx: _Ctx) -> list[Expr]:
         else:
             mode, rounding = "asymmetric", "floor"
         y = relax.op.image.resize2d(
-            x, (oh, ow), layout="NHWC", method="nearest_neighbor",
-            coordinate_transformation_mode=mode, rounding_method=rounding,
+            x,
+            (oh, ow),
+            layout="NHWC",
+            method="nearest_neighbor",
+            coordinate_transformation_mode=mode,
+            rounding_method=rounding,
         )
     y = ctx.emit(y)
     if ones:

@@ -179,7 +179,9 @@ def partition(
     for k, run in enumerate(runs):
         if k not in keep:
             for i in run:
-                reasons[i] = f"partition of {len(run)} ops beyond the {max_partitions}-partition limit"
+                reasons[i] = (
+                    f"partition of {len(run)} ops beyond the {max_partitions}-partition limit"
+                )
         elif len(run) < min_partition_ops:
             for i in run:
                 reasons[i] = f"partition of {len(run)} ops is smaller than {min_partition_ops}"

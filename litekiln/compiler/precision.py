@@ -115,7 +115,9 @@ def calibration_inputs(graph: Subgraph) -> list[dict[int, np.ndarray]]:
                 values[t] = rng.integers(0, 2, tensor.shape).astype(bool)
             else:
                 info = np.iinfo(tensor.dtype)
-                values[t] = rng.integers(max(info.min, -128), min(info.max, 127) + 1, tensor.shape).astype(tensor.dtype)
+                values[t] = rng.integers(
+                    max(info.min, -128), min(info.max, 127) + 1, tensor.shape
+                ).astype(tensor.dtype)
         sets.append(values)
     return sets
 
@@ -123,11 +125,18 @@ def calibration_inputs(graph: Subgraph) -> list[dict[int, np.ndarray]]:
 class _Simulator:
     """fp32 reference values and fp16 simulations of one graph on one input set."""
 
-    def __init__(self, graph: Subgraph, gpu_ops: set[int], inputs: dict[int, np.ndarray],
-                 run: Callable[..., list[np.ndarray]]) -> None:
+    def __init__(
+        self,
+        graph: Subgraph,
+        gpu_ops: set[int],
+        inputs: dict[int, np.ndarray],
+        run: Callable[..., list[np.ndarray]],
+    ) -> None:
         self.graph = graph
         self.run = run
-        self.ops: list[tuple[int, Op]] = [(i, op) for i, op in enumerate(graph.ops) if not op.folded]
+        self.ops: list[tuple[int, Op]] = [
+            (i, op) for i, op in enumerate(graph.ops) if not op.folded
+        ]
         self.gpu = gpu_ops
         self.inputs = inputs
         self.exact: dict[int, np.ndarray] = dict(inputs)
@@ -137,7 +146,8 @@ class _Simulator:
                     self.exact[t] = r
         self.scale = {
             t: max(1.0, float(np.abs(self.exact[t]).max()) if self.exact[t].size else 1.0)
-            for t in graph.outputs if t in self.exact
+            for t in graph.outputs
+            if t in self.exact
         }
 
     def error(self, values: dict[int, np.ndarray]) -> float:
@@ -149,7 +159,9 @@ class _Simulator:
             worst = max(worst, float(np.abs(a.astype(np.float64) - b).max()) / s)
         return worst
 
-    def simulate(self, half: set[int], start: int = 0, values: dict[int, np.ndarray] | None = None) -> float:
+    def simulate(
+        self, half: set[int], start: int = 0, values: dict[int, np.ndarray] | None = None
+    ) -> float:
         """Output error when the tensors in ``half`` are stored in fp16 (from op position
         ``start`` on, the earlier values taken from ``values``)."""
         v = dict(values if values is not None else self.inputs)
@@ -163,7 +175,9 @@ class _Simulator:
                     v[t] = round_half(r) if t in half and r.dtype == np.float32 else r
         return self.error(v)
 
-    def _round_constants(self, op: Op, xs: list[np.ndarray | None], half: set[int]) -> list[np.ndarray | None]:
+    def _round_constants(
+        self, op: Op, xs: list[np.ndarray | None], half: set[int]
+    ) -> list[np.ndarray | None]:
         g = self.graph
         slots = WEIGHTED_OPS.get(op.name)
         out = list(xs)
@@ -188,9 +202,14 @@ class _Simulator:
         return self.simulate({t}, position + 1, v)
 
 
-def plan_fp16_storage(graph: Subgraph, partitions: Sequence[object], *, budget: float = DEFAULT_BUDGET,
-                      run: Callable[..., list[np.ndarray]] | None = None,
-                      log: Callable[[str], None] | None = None) -> Fp16Plan:
+def plan_fp16_storage(
+    graph: Subgraph,
+    partitions: Sequence[object],
+    *,
+    budget: float = DEFAULT_BUDGET,
+    run: Callable[..., list[np.ndarray]] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> Fp16Plan:
     """Choose the tensors an fp16 program keeps in float32 (see the module docstring).
 
     Args:
@@ -206,7 +225,9 @@ def plan_fp16_storage(graph: Subgraph, partitions: Sequence[object], *, budget: 
     gpu_ops = {i for p in partitions for i in p.ops}  # type: ignore[attr-defined]
     boundary = boundary_tensors(partitions)
     candidates = {
-        t for i in gpu_ops for t in graph.ops[i].outputs
+        t
+        for i in gpu_ops
+        for t in graph.ops[i].outputs
         if t >= 0 and t not in boundary and graph.tensors[t].dtype.kind == "f"
     }
     plan = Fp16Plan(candidates=len(candidates), budget=budget)
@@ -222,9 +243,13 @@ def plan_fp16_storage(graph: Subgraph, partitions: Sequence[object], *, budget: 
         plan.seconds = time.perf_counter() - t0
         return plan
     if log:
-        log(f"fp16: simulated error {plan.error_all_half:.2e} with every tensor in half exceeds "
-            f"{budget:.1e}; measuring each tensor's share ({len(candidates)} tensors)")
-    position = {t: k for k, (_, op) in enumerate(sims[0].ops) for t in op.outputs if t in candidates}
+        log(
+            f"fp16: simulated error {plan.error_all_half:.2e} with every tensor in half exceeds "
+            f"{budget:.1e}; measuring each tensor's share ({len(candidates)} tensors)"
+        )
+    position = {
+        t: k for k, (_, op) in enumerate(sims[0].ops) for t in op.outputs if t in candidates
+    }
     share = {t: max(s.alone(t, position[t]) for s in sims) for t in candidates}
     ranked = sorted(candidates, key=lambda t: (-share[t], t))
     # Smallest k such that keeping the k most sensitive tensors in float32 meets the budget.

@@ -57,9 +57,15 @@ from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 from tvm.target import Target
 
 __all__ = [
-    "PROFILES", "ConfiguredMatmul", "FewOutputsReduction", "Injective", "SerialReduction",
-    "WindowReduction", "fast_rules",
-    "fast_schedule", "variant_rules",
+    "PROFILES",
+    "ConfiguredMatmul",
+    "FewOutputsReduction",
+    "Injective",
+    "SerialReduction",
+    "WindowReduction",
+    "fast_rules",
+    "fast_schedule",
+    "variant_rules",
 ]
 
 #: Serial reductions are kept only when the work is output-parallel enough: at most this many
@@ -173,8 +179,15 @@ class _SingleReductionRule(_GuardedRule):
             return None  # dynamic shapes
         return self._schedule(sch, target, infos, red_info, dom[:n_s], dom[n_s:])  # type: ignore[arg-type]
 
-    def _schedule(self, sch: s_tir.Schedule, target: Target, infos: list[Any], red_info: Any,
-                  s_ext: list[int], r_ext: list[int]) -> s_tir.Schedule | None:
+    def _schedule(
+        self,
+        sch: s_tir.Schedule,
+        target: Target,
+        infos: list[Any],
+        red_info: Any,
+        s_ext: list[int],
+        r_ext: list[int],
+    ) -> s_tir.Schedule | None:
         raise NotImplementedError
 
 
@@ -220,8 +233,15 @@ class SerialReduction(_SingleReductionRule):
                 break
         return chosen
 
-    def _schedule(self, sch: s_tir.Schedule, target: Target, infos: list[Any], red_info: Any,
-                  s_ext: list[int], r_ext: list[int]) -> s_tir.Schedule | None:
+    def _schedule(
+        self,
+        sch: s_tir.Schedule,
+        target: Target,
+        infos: list[Any],
+        red_info: Any,
+        s_ext: list[int],
+        r_ext: list[int],
+    ) -> s_tir.Schedule | None:
         n_s = len(s_ext)
         outputs = math.prod(s_ext)  # type: ignore[arg-type]
         terms = math.prod(r_ext)  # type: ignore[arg-type]
@@ -333,8 +353,15 @@ class WindowReduction(_SingleReductionRule):
     def __init__(self, threads: int = 256) -> None:
         self.threads = threads
 
-    def _schedule(self, sch: s_tir.Schedule, target: Target, infos: list[Any], red_info: Any,
-                  s_ext: list[int], r_ext: list[int]) -> s_tir.Schedule | None:
+    def _schedule(
+        self,
+        sch: s_tir.Schedule,
+        target: Target,
+        infos: list[Any],
+        red_info: Any,
+        s_ext: list[int],
+        r_ext: list[int],
+    ) -> s_tir.Schedule | None:
         n_s = len(s_ext)
         outputs = math.prod(s_ext)  # type: ignore[arg-type]
         terms = math.prod(r_ext)  # type: ignore[arg-type]
@@ -354,7 +381,10 @@ class WindowReduction(_SingleReductionRule):
         epilogue = remaining[0].block_rv if remaining else None
         if epilogue is not None:
             consumers = sch.get_consumers(red)
-            if len(consumers) != 1 or sch.get(consumers[0]).name_hint != sch.get(epilogue).name_hint:
+            if (
+                len(consumers) != 1
+                or sch.get(consumers[0]).name_hint != sch.get(epilogue).name_hint
+            ):
                 return None
             red_shape = [int(x) for x in sch.get(red).writes[0].source.shape]
             epi_shape = [int(x) for x in sch.get(epilogue).writes[0].source.shape]
@@ -476,8 +506,12 @@ PROFILES: dict[str, dict[str, object]] = {
     # Large GPU (H100): our rules where they beat dlight there (depthwise, pooling: 10-40x);
     # channel reductions and elementwise kernels stay with dlight (measured faster there).
     # Global pooling (selfie's 128x128 squeeze-and-excite pools): `WindowReduction`.
-    "gpu": {"min_work_items": _ENOUGH_WORK_ITEMS, "channel_reductions": False, "injective": False,
-            "window_reduction": True},
+    "gpu": {
+        "min_work_items": _ENOUGH_WORK_ITEMS,
+        "channel_reductions": False,
+        "injective": False,
+        "window_reduction": True,
+    },
     # CPU OpenCL (PoCL): serial reductions everywhere with the largest tiles, vectorised
     # elementwise kernels.
     "cpu": {"min_work_items": 0, "channel_reductions": True, "injective": True},
@@ -587,8 +621,15 @@ class FewOutputsReduction(_SingleReductionRule):
             return None
         return dl.gpu.GeneralReduction().apply(func, target, False)  # type: ignore[no-any-return]
 
-    def _schedule(self, sch: s_tir.Schedule, target: Target, infos: list[Any], red_info: Any,
-                  s_ext: list[int], r_ext: list[int]) -> s_tir.Schedule | None:
+    def _schedule(
+        self,
+        sch: s_tir.Schedule,
+        target: Target,
+        infos: list[Any],
+        red_info: Any,
+        s_ext: list[int],
+        r_ext: list[int],
+    ) -> s_tir.Schedule | None:
         if math.prod(s_ext) > self.max_outputs or math.prod(r_ext) < self.min_terms:
             return None
         return sch
@@ -633,14 +674,54 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
     return [
         SerialReduction(channel_reductions=True),
         SerialReduction(tiles=((4, 1),), channel_reductions=True),
-        ConfiguredMatmul(cfg(block_size_x=8, block_size_y=16, micro_size_x=4, micro_size_y=4,
-                             micro_size_k=16, vector_size=2, unroll=256, use_shared=True,
-                             storage_align=True)),
-        ConfiguredMatmul(cfg(block_size_x=16, block_size_y=16, micro_size_x=2, micro_size_y=2,
-                             micro_size_k=8, vector_size=1, unroll=64, use_shared=True)),
-        ConfiguredMatmul(cfg(block_size_x=8, block_size_y=8, micro_size_x=2, micro_size_y=2,
-                             micro_size_k=16, vector_size=1, unroll=64, use_shared=True)),
-        ConfiguredMatmul(cfg(block_size_x=16, block_size_y=16, micro_size_x=1, micro_size_y=1,
-                             micro_size_k=16, vector_size=1, unroll=64, use_shared=True)),
+        ConfiguredMatmul(
+            cfg(
+                block_size_x=8,
+                block_size_y=16,
+                micro_size_x=4,
+                micro_size_y=4,
+                micro_size_k=16,
+                vector_size=2,
+                unroll=256,
+                use_shared=True,
+                storage_align=True,
+            )
+        ),
+        ConfiguredMatmul(
+            cfg(
+                block_size_x=16,
+                block_size_y=16,
+                micro_size_x=2,
+                micro_size_y=2,
+                micro_size_k=8,
+                vector_size=1,
+                unroll=64,
+                use_shared=True,
+            )
+        ),
+        ConfiguredMatmul(
+            cfg(
+                block_size_x=8,
+                block_size_y=8,
+                micro_size_x=2,
+                micro_size_y=2,
+                micro_size_k=16,
+                vector_size=1,
+                unroll=64,
+                use_shared=True,
+            )
+        ),
+        ConfiguredMatmul(
+            cfg(
+                block_size_x=16,
+                block_size_y=16,
+                micro_size_x=1,
+                micro_size_y=1,
+                micro_size_k=16,
+                vector_size=1,
+                unroll=64,
+                use_shared=True,
+            )
+        ),
         FewOutputsReduction(),
     ]

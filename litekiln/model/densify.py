@@ -45,11 +45,15 @@ def densify(
     if sorted(traversal_order[rank:]) != list(range(rank, n_levels)):
         raise ValueError(f"traversal order {traversal_order} does not list each block level once")
     if len(block_map) != n_levels - rank or any(not 0 <= d < rank for d in block_map):
-        raise ValueError(f"block map {block_map} does not fit {n_levels - rank} block levels of rank {rank}")
+        raise ValueError(
+            f"block map {block_map} does not fit {n_levels - rank} block levels of rank {rank}"
+        )
     block_sizes = [dim_metadata[traversal_order.index(rank + b)][1] for b in range(len(block_map))]
     for b, d in enumerate(block_map):
         if not 0 < block_sizes[b] <= max(shape[d], 1) or shape[d] % block_sizes[b]:
-            raise ValueError(f"block size {block_sizes[b]} does not divide dimension {d} of {shape}")
+            raise ValueError(
+                f"block size {block_sizes[b]} does not divide dimension {d} of {shape}"
+            )
     # Every level's size is fixed by the dense shape: check it before expanding anything, so a
     # corrupted size fails at once instead of allocating gigabytes (found by fuzzing).
     expected = []

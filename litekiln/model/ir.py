@@ -10,7 +10,6 @@ indices do not move, and executors skip them).
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -204,7 +205,9 @@ class _Loader:
         subgraphs = [self._subgraph(fb.Subgraphs(i), i, opcodes, buffers) for i in range(n_sub)]
         signatures = self._signatures(fb, subgraphs)
         n_meta = self.length(fb.MetadataLength(), "metadata list")
-        metadata_names = [self.string(fb.Metadata(i), 4, f"metadata {i} name") for i in range(n_meta)]
+        metadata_names = [
+            self.string(fb.Metadata(i), 4, f"metadata {i} name") for i in range(n_meta)
+        ]
         return Model(
             subgraphs=subgraphs,
             token=token if token is not None else model_token(self.data),
@@ -225,7 +228,11 @@ class _Loader:
             # Codes >= 127 live only in the int32 field; older files only fill the int8 one.
             code = max(int(oc.BuiltinCode()), int(oc.DeprecatedBuiltinCode()))
             version = int(oc.Version()) or 1
-            custom = self.string(oc, 6, f"custom code of operator-code entry {i}") if code == 32 else None
+            custom = (
+                self.string(oc, 6, f"custom code of operator-code entry {i}")
+                if code == 32
+                else None
+            )
             name = builtin_name(code)
             if name is None:
                 raise self.fail(
@@ -342,7 +349,13 @@ class _Loader:
         return tensor
 
     def _densify(
-        self, sp: Any, raw: memoryview, dtype: np.dtype, shape: tuple[int, ...], index: int, name: str
+        self,
+        sp: Any,
+        raw: memoryview,
+        dtype: np.dtype,
+        shape: tuple[int, ...],
+        index: int,
+        name: str,
     ) -> np.ndarray:
         traversal = self.ints(sp, "TraversalOrder", "sparsity traversal order")
         block_map = self.ints(sp, "BlockMap", "sparsity block map")
@@ -408,19 +421,25 @@ class _Loader:
             code, op_name, version, custom = opcodes[oc]
             where = f"op #{i} ({op_name})"
             inputs = check(self.ints(o, "Inputs", f"inputs of {where}"), f"{where} input", True)
-            outputs = check(self.ints(o, "Outputs", f"outputs of {where}"), f"{where} output", False)
+            outputs = check(
+                self.ints(o, "Outputs", f"outputs of {where}"), f"{where} output", False
+            )
             custom_options = None
             if custom is not None:
                 n = self.length(o.CustomOptionsLength(), f"custom options of {where}", 1)
                 arr = o.CustomOptionsAsNumpy()
                 custom_options = bytes(arr[:n]) if n and not isinstance(arr, int) else b""
             options = decode_options(o)
-            ops.append(Op(i, op_name, code, version, inputs, outputs, options, custom, custom_options))
+            ops.append(
+                Op(i, op_name, code, version, inputs, outputs, options, custom, custom_options)
+            )
         inputs = check(self.ints(sg, "Inputs", f"inputs of subgraph {index}"), "graph input", False)
         outputs = check(
             self.ints(sg, "Outputs", f"outputs of subgraph {index}"), "graph output", False
         )
-        sub = Subgraph(index, self.string(sg, 12, f"name of subgraph {index}"), tensors, ops, inputs, outputs)
+        sub = Subgraph(
+            index, self.string(sg, 12, f"name of subgraph {index}"), tensors, ops, inputs, outputs
+        )
         _fold_constants(sub, self.fail)
         return sub
 
@@ -485,7 +504,10 @@ def _fold_constants(sg: Subgraph, fail: Callable[[str], ModelError]) -> None:
     for op in sg.ops:
         if op.name not in ("DEQUANTIZE", "DENSIFY") or len(op.inputs) != 1 or len(op.outputs) != 1:
             continue
-        src, dst = sg.tensors[op.inputs[0]] if op.inputs[0] >= 0 else None, sg.tensors[op.outputs[0]]
+        src, dst = (
+            sg.tensors[op.inputs[0]] if op.inputs[0] >= 0 else None,
+            sg.tensors[op.outputs[0]],
+        )
         if src is None or src.data is None:
             continue
         if op.name == "DENSIFY":

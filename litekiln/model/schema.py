@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any
-
 import re
+from typing import Any
 
 # ActivationFunctionType and Padding enums of schema.fbs, named for messages and the ops.
 ACTIVATIONS = {0: "NONE", 1: "RELU", 2: "RELU_N1_TO_1", 3: "RELU6", 4: "TANH", 5: "SIGN_BIT"}
@@ -69,7 +68,7 @@ _SKIP_SUFFIXES = ("IsNone", "Length", "AsNumpy")
 _SKIP = {"Init", "GetRootAs"}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _getters(cls: type) -> tuple[tuple[str, str, str], ...]:
     """(getter, key, kind) for each field of a generated options class."""
     out = []

@@ -180,7 +180,8 @@ def apply_activation(x: np.ndarray, code: int | str | None) -> np.ndarray:
     elementwise kernels). The reference follows LiteRT, not the schema's names.
     """
     name = {0: "NONE", 1: "RELU", 2: "RELU_N1_TO_1", 3: "RELU6", 4: "TANH", 5: "SIGN_BIT"}.get(
-        code, code  # type: ignore[arg-type]
+        code,
+        code,  # type: ignore[arg-type]
     )
     if name in (None, "NONE", "TANH", "SIGN_BIT"):
         return x
@@ -264,8 +265,6 @@ def required(ctx: OpContext, inputs: Sequence[np.ndarray | None], i: int) -> np.
     return inputs[i]  # type: ignore[return-value]
 
 
-
-
 def int_input(ctx: OpContext, inputs: Sequence[np.ndarray | None], i: int) -> np.ndarray:
     """An input that must be present (shape, axis, paddings...) as an int64 array."""
     return np.asarray(required(ctx, inputs, i)).astype(np.int64)
@@ -328,11 +327,16 @@ def run_op(op: Op, graph: Subgraph, inputs: list[np.ndarray | None]) -> list[np.
             results = cls.reference_quantized(ctx, inputs)
         raw = cls.quant_aware or results is not None
         if results is None:
-            values = inputs if cls.quant_aware else [
-                dequantize(x, graph.tensors[t]) if x is not None and is_quantized(graph.tensors[t])
-                else x
-                for x, t in zip(inputs, op.inputs)
-            ]
+            values = (
+                inputs
+                if cls.quant_aware
+                else [
+                    dequantize(x, graph.tensors[t])
+                    if x is not None and is_quantized(graph.tensors[t])
+                    else x
+                    for x, t in zip(inputs, op.inputs)
+                ]
+            )
             results = cls.reference(ctx, values)
     except (ModelError, UnsupportedOpError):
         raise

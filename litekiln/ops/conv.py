@@ -548,7 +548,10 @@ def _exact_int(acc: np.ndarray) -> np.ndarray:
 
 
 def _conv_sums(
-    xc: np.ndarray, wc: np.ndarray, strides: tuple[int, int], dilations: tuple[int, int],
+    xc: np.ndarray,
+    wc: np.ndarray,
+    strides: tuple[int, int],
+    dilations: tuple[int, int],
     padding: int,
 ) -> np.ndarray:
     """Exact (float64) NHWC x OHWI conv sums of zero-centred operands; grouped as conv2d_nhwc."""
@@ -570,7 +573,10 @@ def _conv_sums(
 
 
 def _depthwise_sums(
-    xc: np.ndarray, wc: np.ndarray, strides: tuple[int, int], dilations: tuple[int, int],
+    xc: np.ndarray,
+    wc: np.ndarray,
+    strides: tuple[int, int],
+    dilations: tuple[int, int],
     padding: int,
 ) -> np.ndarray:
     """Exact depthwise sums; output channel ``c*M + m`` reads input channel c."""
@@ -599,8 +605,13 @@ def _window_options(ctx: OpContext) -> tuple[tuple[int, int], tuple[int, int], i
 
 
 def _integer_output(
-    ctx: OpContext, acc: np.ndarray, bias: np.ndarray | None, w_tensor_index: int, channels: int,
-    *, gemm: bool = False,
+    ctx: OpContext,
+    acc: np.ndarray,
+    bias: np.ndarray | None,
+    w_tensor_index: int,
+    channels: int,
+    *,
+    gemm: bool = False,
 ) -> list[np.ndarray]:
     """Bias, per-channel rescale, output zero point and activation clamp of an integer kernel;
     ``gemm``: LiteRT rescales in ruy (conv and FC go through its GEMM), ties upward."""
@@ -617,8 +628,13 @@ def _integer_output(
 
 
 def _hybrid_output(
-    ctx: OpContext, acc: np.ndarray, row_scales: np.ndarray, bias: np.ndarray | None,
-    channels: int, *, depthwise: bool = False,
+    ctx: OpContext,
+    acc: np.ndarray,
+    row_scales: np.ndarray,
+    bias: np.ndarray | None,
+    channels: int,
+    *,
+    depthwise: bool = False,
 ) -> list[np.ndarray]:
     """The float output of a hybrid kernel, in float32 and in LiteRT's order (bit-exact
     against its outputs given the same sums): conv and FC ``acc * (x_scale * w_scale) + b``,
@@ -656,7 +672,9 @@ def _quantize_batches(x: np.ndarray, symmetric: bool) -> tuple[np.ndarray, np.nd
 def _is_hybrid(ctx: OpContext, w_index: int = 1) -> bool:
     xt, wt = ctx.input_tensor(0), ctx.input_tensor(w_index)
     return (
-        xt is not None and xt.dtype == np.float32 and ctx.output_tensor().dtype == np.float32
+        xt is not None
+        and xt.dtype == np.float32
+        and ctx.output_tensor().dtype == np.float32
         and qmath.is_integer_quantized(wt, ("int8",))
     )
 
@@ -735,4 +753,3 @@ def _fully_connected_quantized(
         acc = xq @ w.astype(np.float64).T
         return [y.reshape(shape) for y in _hybrid_output(ctx, acc, scales, bias, units)]
     return None
-

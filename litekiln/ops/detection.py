@@ -42,8 +42,12 @@ def _iou(a: np.ndarray, area_a: np.ndarray, b: np.ndarray, area_b: np.ndarray) -
     """ComputeIntersectionOverUnion for every pair (rows of ``a`` x rows of ``b``), in float32;
     0 where either area is <= 0. Same float32 operations, in the same order, as the kernel."""
     a, b = a[:, None, :], b[None, :, :]
-    ih = np.maximum(np.minimum(a[..., 2], b[..., 2]) - np.maximum(a[..., 0], b[..., 0]), np.float32(0))
-    iw = np.maximum(np.minimum(a[..., 3], b[..., 3]) - np.maximum(a[..., 1], b[..., 1]), np.float32(0))
+    ih = np.maximum(
+        np.minimum(a[..., 2], b[..., 2]) - np.maximum(a[..., 0], b[..., 0]), np.float32(0)
+    )
+    iw = np.maximum(
+        np.minimum(a[..., 3], b[..., 3]) - np.maximum(a[..., 1], b[..., 1]), np.float32(0)
+    )
     inter = ih * iw
     ai, bj = area_a[:, None], area_b[None, :]
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -192,7 +192,9 @@ for _name, _fn in [
     ("GREATER", np.greater),
     ("GREATER_EQUAL", np.greater_equal),
 ]:
-    register(type(_name.title().replace("_", ""), (_Compare,), {"name": _name, "fn": staticmethod(_fn)}))
+    register(
+        type(_name.title().replace("_", ""), (_Compare,), {"name": _name, "fn": staticmethod(_fn)})
+    )
 
 
 # -- unary --------------------------------------------------------------------------------
@@ -242,7 +244,6 @@ _UNARY: dict[str, tuple[object, bool | str]] = {
     "ELU": (lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0))), False),
     "GELU": (_gelu, False),
 }
-
 
 
 def _logistic_quantized(

@@ -258,9 +258,7 @@ class Landmarks2TransformMatrix(OpDef):
         mx, my = (max_x + min_x) / 2.0, (max_y + min_y) / 2.0
         cn, sn = np.cos(-alpha), np.sin(-alpha)
         rmx, rmy = mx * cn - my * sn, mx * sn + my * cn
-        rotation = _mat3(
-            cn, -sn, (rmx / rng) * 2.0 - 1.0, sn, cn, (rmy / rng) * 2.0 - 1.0, 0, 0, 1
-        )
+        rotation = _mat3(cn, -sn, (rmx / rng) * 2.0 - 1.0, sn, cn, (rmy / rng) * 2.0 - 1.0, 0, 0, 1)
         to_rel = _mat3(2.0 / (out_w - 1.0), 0, -1, 0, 2.0 / (out_h - 1.0), -1, 0, 0, 1)
         hw, hh = (in_w - 1.0) / 2.0, (in_h - 1.0) / 2.0
         to_abs = _mat3(hw, 0, hw, 0, hh, hh, 0, 0, 1)

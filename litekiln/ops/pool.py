@@ -187,8 +187,6 @@ def _pool_params(ctx: OpContext) -> tuple[int, int, int, int, int, int]:
     return padding, sw, sh, fw, fh, act
 
 
-
-
 @register
 class MaxPoolingWithArgmax2D(OpDef):
     """MediaPipe's max pool that also outputs where each max came from
@@ -251,4 +249,3 @@ class MaxUnpooling2D(OpDef):
         # C order of the input loop == numpy's fancy-assignment order: later writes win.
         out[nn[ok], oy[ok], ox[ok], cc[ok]] = x[ok]
         return [out]
-

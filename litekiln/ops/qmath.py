@@ -87,7 +87,10 @@ def rounding_divide_by_pot(x: np.ndarray, exponent: np.ndarray | int) -> np.ndar
 
 
 def multiply_by_quantized_multiplier(
-    x: np.ndarray, multiplier: np.ndarray | int, shift: np.ndarray | int, *,
+    x: np.ndarray,
+    multiplier: np.ndarray | int,
+    shift: np.ndarray | int,
+    *,
     ties_up: bool = False,
 ) -> np.ndarray:
     """``MultiplyByQuantizedMultiplier(x, multiplier, shift)`` elementwise (broadcasting).
@@ -119,8 +122,15 @@ def multiply_by_quantized_multiplier(
 
 
 def requantize(
-    acc: np.ndarray, multiplier: np.ndarray | int, shift: np.ndarray | int, zero_point: int,
-    qmin: int, qmax: int, dtype: np.dtype, *, ties_up: bool = False,
+    acc: np.ndarray,
+    multiplier: np.ndarray | int,
+    shift: np.ndarray | int,
+    zero_point: int,
+    qmin: int,
+    qmax: int,
+    dtype: np.dtype,
+    *,
+    ties_up: bool = False,
 ) -> np.ndarray:
     """The output stage of TFLite's integer kernels: rescale, add the zero point, clamp."""
     y = multiply_by_quantized_multiplier(acc, multiplier, shift, ties_up=ties_up) + zero_point

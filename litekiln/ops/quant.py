@@ -7,7 +7,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from litekiln.ops.base import OpContext, OpDef, dequantize, is_quantized, quantize, register, required
+from litekiln.ops.base import (
+    OpContext,
+    OpDef,
+    dequantize,
+    is_quantized,
+    quantize,
+    register,
+    required,
+)
 
 
 @register

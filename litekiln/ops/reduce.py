@@ -18,10 +18,14 @@ class _Reduce(OpDef):
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
         x = required(ctx, inputs, 0)
-        axes = tuple(sorted({int(a) % max(x.ndim, 1) for a in int_input(ctx, inputs, 1).reshape(-1)}))
+        axes = tuple(
+            sorted({int(a) % max(x.ndim, 1) for a in int_input(ctx, inputs, 1).reshape(-1)})
+        )
         keep = bool(ctx.options.get("keep_dims", False))
         acc = np.float64 if x.dtype.kind == "f" else None  # float sums: avoid drift vs LiteRT
-        y = cls.fn(x, axis=axes, keepdims=keep, **({"dtype": acc} if acc and cls.accumulates else {}))
+        y = cls.fn(
+            x, axis=axes, keepdims=keep, **({"dtype": acc} if acc and cls.accumulates else {})
+        )
         return [np.asarray(y).astype(x.dtype if x.dtype.kind != "b" else bool)]
 
     accumulates: ClassVar[bool] = False

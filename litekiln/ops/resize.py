@@ -154,8 +154,10 @@ class ResizeBilinear(_Resize):
         xi = x.astype(np.int64)
         r0, r1 = xi[:, y0], xi[:, y1]
         acc = (
-            r0[:, :, x0] * (one - fy) * (one - fx) + r1[:, :, x0] * fy * (one - fx)
-            + r0[:, :, x1] * (one - fy) * fx + r1[:, :, x1] * fy * fx
+            r0[:, :, x0] * (one - fy) * (one - fx)
+            + r1[:, :, x0] * fy * (one - fx)
+            + r0[:, :, x1] * (one - fy) * fx
+            + r1[:, :, x1] * fy * fx
         )
         out = _c_div(acc + np.where(acc > 0, 1 << 19, -(1 << 19)), 1 << 20)
         info = np.iinfo(yt.dtype)

@@ -240,9 +240,7 @@ class Slice(_Movement):
         x = required(ctx, inputs, 0)
         begin = int_input(ctx, inputs, 1).reshape(-1)
         size = int_input(ctx, inputs, 2).reshape(-1)
-        idx = tuple(
-            slice(int(b), None if s == -1 else int(b + s)) for b, s in zip(begin, size)
-        )
+        idx = tuple(slice(int(b), None if s == -1 else int(b + s)) for b, s in zip(begin, size))
         return [x[idx]]
 
 

@@ -122,7 +122,9 @@ def _select_device(choice: str) -> DeviceHandle:
             None,
         )
     if pick is None:
-        listing = "; ".join(f"{p}:{i} {d.name.strip()} ({d.platform.name.strip()})" for p, i, d in devices)
+        listing = "; ".join(
+            f"{p}:{i} {d.name.strip()} ({d.platform.name.strip()})" for p, i, d in devices
+        )
         raise DeviceError(
             f"no OpenCL device matches {choice!r}. Available: {listing}. Choose with "
             "device='P:D', a name substring, 'gpu', 'cpu' or 'opencl' (or LITEKILN_DEVICE)."
@@ -145,8 +147,9 @@ class DeviceOpener:
     def __init__(self, choice: str | None = None) -> None:
         self._handle: DeviceHandle | None = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._open, args=(choice,), daemon=True,
-                                        name="litekiln-device-open")
+        self._thread = threading.Thread(
+            target=self._open, args=(choice,), daemon=True, name="litekiln-device-open"
+        )
         self._thread.start()
 
     def _open(self, choice: str | None) -> None:

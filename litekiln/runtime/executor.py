@@ -69,16 +69,36 @@ class ExecutorError(RuntimeError):
 # half -> float); the overloads compute in float and round back, the numerics of any half
 # built-in.
 _HALF_OVERLOADS = (
-    "#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n"
-    "#define convert_float(x) ((float)(x))\n"
-    "#define convert_half(x) ((half)(x))\n"
-) + "".join(
-    f"half __attribute__((overloadable)) {name}(half a, half b) {{ return (half){name}((float)a, (float)b); }}\n"
-    for name in ("max", "min", "fmax", "fmin", "pow", "fmod")
-) + "".join(
-    f"half __attribute__((overloadable)) {name}(half a) {{ return (half){name}((float)a); }}\n"
-    for name in ("fabs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "floor", "ceil",
-                 "round", "rint", "trunc", "sin", "cos", "erf")
+    (
+        "#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n"
+        "#define convert_float(x) ((float)(x))\n"
+        "#define convert_half(x) ((half)(x))\n"
+    )
+    + "".join(
+        f"half __attribute__((overloadable)) {name}(half a, half b) {{ return (half){name}((float)a, (float)b); }}\n"
+        for name in ("max", "min", "fmax", "fmin", "pow", "fmod")
+    )
+    + "".join(
+        f"half __attribute__((overloadable)) {name}(half a) {{ return (half){name}((float)a); }}\n"
+        for name in (
+            "fabs",
+            "exp",
+            "exp2",
+            "log",
+            "log2",
+            "sqrt",
+            "rsqrt",
+            "tanh",
+            "floor",
+            "ceil",
+            "round",
+            "rint",
+            "trunc",
+            "sin",
+            "cos",
+            "erf",
+        )
+    )
 )
 
 
@@ -149,7 +169,9 @@ class PartitionExecutor(PartitionIO):
         self._storage_buffers: dict[int, cl.Buffer] = {}
         for s in program.storages:
             flags = mf.READ_WRITE
-            self._storage_buffers[s.id] = cl.Buffer(context, flags, size=max(s.nbytes, _MIN_BUFFER_BYTES))
+            self._storage_buffers[s.id] = cl.Buffer(
+                context, flags, size=max(s.nbytes, _MIN_BUFFER_BYTES)
+            )
         self._tensor_buffers: dict[int, cl.Buffer] = {}
         for t in program.tensors:
             self._tensor_buffers[t.id] = self._view(t)
@@ -192,7 +214,9 @@ class PartitionExecutor(PartitionIO):
                     cl.kernel_work_group_info.WORK_GROUP_SIZE, self.device
                 )
             kernel_wg = wg_limit[launch.kernel]
-            if wg > min(max_wg, kernel_wg) or any(l > m for l, m in zip(launch.local_size, max_items)):
+            if wg > min(max_wg, kernel_wg) or any(
+                l > m for l, m in zip(launch.local_size, max_items)
+            ):
                 raise ExecutorError(
                     f"launch {i} ({launch.kernel}): work-group {launch.local_size} ({wg} items) exceeds "
                     f"device limit {max_wg} / kernel limit {kernel_wg} / per-axis {list(max_items)} "
@@ -459,8 +483,14 @@ class PartitionExecutor(PartitionIO):
         spec = self.output_spec(i)
         if out is None:
             out = np.empty(spec.shape, dtype=spec.dtype)
-        elif out.shape != spec.shape or out.dtype != np.dtype(spec.dtype) or not out.flags.c_contiguous:
-            raise ValueError(f"output {i} ({spec.name}): out must be C-contiguous {spec.dtype}{list(spec.shape)}")
+        elif (
+            out.shape != spec.shape
+            or out.dtype != np.dtype(spec.dtype)
+            or not out.flags.c_contiguous
+        ):
+            raise ValueError(
+                f"output {i} ({spec.name}): out must be C-contiguous {spec.dtype}{list(spec.shape)}"
+            )
         if out.nbytes:
             cl.enqueue_copy(self.queue, out, self._tensor_buffers[spec.id], is_blocking=True)
         return out
@@ -493,7 +523,9 @@ class PartitionExecutor(PartitionIO):
         """
         spec = self.input_spec(i)
         if buffer.size < spec.nbytes:
-            raise ValueError(f"input {i} ({spec.name}): buffer of {buffer.size} bytes, need {spec.nbytes}")
+            raise ValueError(
+                f"input {i} ({spec.name}): buffer of {buffer.size} bytes, need {spec.nbytes}"
+            )
         self._storage_buffers[spec.storage] = buffer
         for t in self.program.tensors:
             if t.storage == spec.storage:

@@ -298,12 +298,17 @@ class GpuProgram:
         pos = 0
         for v in self.variants:
             if not pos <= v.start < v.stop <= len(self.launches) or not v.options:
-                raise ProgramFormatError(f"variant of {v.func}: bad launch range [{v.start}, {v.stop})")
+                raise ProgramFormatError(
+                    f"variant of {v.func}: bad launch range [{v.start}, {v.stop})"
+                )
             pos = v.stop
         for i, launch in enumerate(self.all_launches()):
             if launch.kernel not in kernels:
                 raise ProgramFormatError(f"launch {i}: kernel {launch.kernel!r} not listed")
-            if len(launch.global_size) != len(launch.local_size) or not 1 <= len(launch.global_size) <= 3:
+            if (
+                len(launch.global_size) != len(launch.local_size)
+                or not 1 <= len(launch.global_size) <= 3
+            ):
                 raise ProgramFormatError(f"launch {i} ({launch.kernel}): bad NDRange rank")
             for g, loc in zip(launch.global_size, launch.local_size):
                 if loc <= 0 or g % loc:
@@ -313,9 +318,13 @@ class GpuProgram:
                     )
             for a in launch.args:
                 if isinstance(a, BufferArg) and a.tensor not in tensors:
-                    raise ProgramFormatError(f"launch {i} ({launch.kernel}): unknown tensor {a.tensor}")
+                    raise ProgramFormatError(
+                        f"launch {i} ({launch.kernel}): unknown tensor {a.tensor}"
+                    )
                 if isinstance(a, ScalarArg) and a.ctype not in SCALAR_TYPES:
-                    raise ProgramFormatError(f"launch {i} ({launch.kernel}): bad scalar type {a.ctype!r}")
+                    raise ProgramFormatError(
+                        f"launch {i} ({launch.kernel}): bad scalar type {a.ctype!r}"
+                    )
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
@@ -343,8 +352,12 @@ class GpuProgram:
             "outputs": list(self.outputs),
             "launches": [_launch_to_dict(l) for l in self.launches],
             "variants": [
-                {"start": v.start, "stop": v.stop, "func": v.func,
-                 "options": [[_launch_to_dict(l) for l in o] for o in v.options]}
+                {
+                    "start": v.start,
+                    "stop": v.stop,
+                    "func": v.func,
+                    "options": [[_launch_to_dict(l) for l in o] for o in v.options],
+                }
                 for v in self.variants
             ],
             "meta": self.meta,
@@ -370,20 +383,27 @@ class GpuProgram:
         """
         version = d.get("format_version")
         if version != FORMAT_VERSION:
-            raise ProgramFormatError(f"program format version {version!r}, this runtime reads {FORMAT_VERSION}")
+            raise ProgramFormatError(
+                f"program format version {version!r}, this runtime reads {FORMAT_VERSION}"
+            )
         try:
             launches = [_launch_from_dict(l) for l in d["launches"]]
             variants = [
-                Variant(int(v["start"]), int(v["stop"]),
-                        tuple(tuple(_launch_from_dict(l) for l in o) for o in v["options"]),
-                        str(v.get("func", "")))
+                Variant(
+                    int(v["start"]),
+                    int(v["stop"]),
+                    tuple(tuple(_launch_from_dict(l) for l in o) for o in v["options"]),
+                    str(v.get("func", "")),
+                )
                 for v in d.get("variants", [])
             ]
             prog = cls(
                 source=d["source"],
                 build_options=d["build_options"],
                 kernels=list(d["kernels"]),
-                storages=[StorageSpec(int(s["id"]), int(s["nbytes"]), s["role"]) for s in d["storages"]],
+                storages=[
+                    StorageSpec(int(s["id"]), int(s["nbytes"]), s["role"]) for s in d["storages"]
+                ],
                 tensors=[
                     TensorSpec(
                         id=int(t["id"]),
@@ -435,7 +455,9 @@ def _launch_to_dict(l: Launch) -> dict[str, Any]:
         "kernel": l.kernel,
         "func": l.func,
         "args": [
-            {"buffer": a.tensor} if isinstance(a, BufferArg) else {"scalar": a.value, "type": a.ctype}
+            {"buffer": a.tensor}
+            if isinstance(a, BufferArg)
+            else {"scalar": a.value, "type": a.ctype}
             for a in l.args
         ],
         "global_size": list(l.global_size),

@@ -54,7 +54,9 @@ class DivergenceReport:
         )
 
 
-def split_options(options: Mapping[str, Any], precision: str) -> tuple[CompileOptions, dict[str, Any]]:
+def split_options(
+    options: Mapping[str, Any], precision: str
+) -> tuple[CompileOptions, dict[str, Any]]:
     """Separate compile options (part of the cache key) from runtime-only options.
 
     Raises:
@@ -117,7 +119,8 @@ def open_session(
     if copts.precision == "fp16" and copts.half == "native" and not supports_half(handle):
         log.warning(
             "%s has no half-precision arithmetic: precision='fp16' runs fp32 kernels that round "
-            "every value to fp16 (half-storage numerics)", handle.description
+            "every value to fp16 (half-storage numerics)",
+            handle.description,
         )
         copts = dataclasses.replace(copts, half="emulated")
     use_cache = bool(rt.get("use_cache", True)) and not config.NO_CACHE.get()
@@ -129,20 +132,36 @@ def open_session(
     validate = bool(rt.get("validate", False))
     tune = config.TUNE.get(rt.get("tune"))
     try:
-        return Session(model, _load_or_compile(model, copts, store, rt), handle, store=store,
-                       validate=validate, tune=tune)
+        return Session(
+            model,
+            _load_or_compile(model, copts, store, rt),
+            handle,
+            store=store,
+            validate=validate,
+            tune=tune,
+        )
     except DeviceError as exc:
-        if not (copts.precision == "fp16" and copts.half == "native" and "half-precision" in str(exc)):
+        if not (
+            copts.precision == "fp16" and copts.half == "native" and "half-precision" in str(exc)
+        ):
             raise
         # The driver rejects the half kernels (NVIDIA's OpenCL compiler does not accept all of
         # TVM's half code): run the fp16-rounding fp32 kernels instead, and say so.
         log.warning("%s; using fp32 kernels that round every value to fp16", exc)
         copts = dataclasses.replace(copts, half="emulated")
-        return Session(model, _load_or_compile(model, copts, store, rt), handle, store=store,
-                       validate=validate, tune=tune)
+        return Session(
+            model,
+            _load_or_compile(model, copts, store, rt),
+            handle,
+            store=store,
+            validate=validate,
+            tune=tune,
+        )
 
 
-def _load_or_compile(model: Model, copts: CompileOptions, store: Any, rt: dict[str, Any]) -> CompiledModel:
+def _load_or_compile(
+    model: Model, copts: CompileOptions, store: Any, rt: dict[str, Any]
+) -> CompiledModel:
     compiled = store.load_model(model.token, copts) if store is not None else None
     if compiled is None:
         compiled = compile_for(model, copts, progress=rt.get("progress"))
@@ -250,12 +269,18 @@ class Session:
                     # variants once and store the choice with the binary.
                     if tune:
                         choices = ex.tune()
-                        log.info("%s: partition %d tuned: %d of %d kernels changed", model.name,
-                                 part.index, sum(1 for c in choices if c), len(choices))
+                        log.info(
+                            "%s: partition %d tuned: %d of %d kernels changed",
+                            model.name,
+                            part.index,
+                            sum(1 for c in choices if c),
+                            len(choices),
+                        )
                         save = True
             if save and store is not None and ex.binary:
-                store.save_binary(bkey, ex.binary, identity,
-                                  tuning=ex.choices if prog.variants and tune else None)
+                store.save_binary(
+                    bkey, ex.binary, identity, tuning=ex.choices if prog.variants and tune else None
+                )
             self.executors.append(ex)
         self._outputs = [_output_arrays(ex) for ex in self.executors]
         # `run` holds the lock; the CUDA graph upgrade takes it to check a graph against the
@@ -302,7 +327,9 @@ class Session:
         except Exception as exc:  # noqa: BLE001 - never let the background upgrade break a session
             if threading.current_thread() is not self._graph_thread:
                 raise  # (``on``: here, now, errors included)
-            log.warning("%s: CUDA graph path abandoned: %s: %s", self.model.name, type(exc).__name__, exc)
+            log.warning(
+                "%s: CUDA graph path abandoned: %s: %s", self.model.name, type(exc).__name__, exc
+            )
         finally:
             _UPGRADES.discard(threading.current_thread())
 
@@ -336,8 +363,14 @@ class Session:
             if not binary:
                 raise CudaUnsupported("the OpenCL driver reports no program binary")
             consts = _partition_constants(self.compiled, part)
-            cu = CudaGraphExecutor(ex.program, consts, binary, device, choices=ex.choices,
-                                   streams=config.CUDA_STREAMS.get())
+            cu = CudaGraphExecutor(
+                ex.program,
+                consts,
+                binary,
+                device,
+                choices=ex.choices,
+                streams=config.CUDA_STREAMS.get(),
+            )
             with self._lock:  # (the OpenCL executor is idle meanwhile)
                 mismatch = _compare_paths(ex, cu)
             if mismatch:
@@ -348,11 +381,20 @@ class Session:
                     f"{self.model.name}: partition {part.index}: CUDA graph path: {exc}"
                 ) from None
             if not isinstance(exc, NotNvidiaDevice):
-                log.info("%s: partition %d stays on OpenCL launches: %s", self.model.name,
-                         part.index, exc)
+                log.info(
+                    "%s: partition %d stays on OpenCL launches: %s",
+                    self.model.name,
+                    part.index,
+                    exc,
+                )
             return ex
-        log.info("%s: partition %d runs as one CUDA graph (%d kernels, %d concurrent branches "
-                 "at most)", self.model.name, part.index, cu.num_launches, cu.branches)
+        log.info(
+            "%s: partition %d runs as one CUDA graph (%d kernels, %d concurrent branches at most)",
+            self.model.name,
+            part.index,
+            cu.num_launches,
+            cu.branches,
+        )
         return cu
 
     def run(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
@@ -418,7 +460,9 @@ class Session:
                 log.warning("%s", report)
         return values
 
-    def _validate_partition(self, part: Any, values: dict[int, np.ndarray], report: DivergenceReport) -> None:
+    def _validate_partition(
+        self, part: Any, values: dict[int, np.ndarray], report: DivergenceReport
+    ) -> None:
         """Re-run the partition's ops on the reference and compare every tensor the GPU kept."""
         from litekiln.reference import run_ops
 
@@ -455,7 +499,9 @@ def _output_arrays(ex: Any) -> list[np.ndarray]:
     copy; 5.5 MB per inference for DeepLab's output)."""
     if hasattr(ex, "output_buffers"):
         return ex.output_buffers()  # type: ignore[no-any-return]
-    return [np.empty(ex.output_spec(i).shape, ex.output_spec(i).dtype) for i in range(ex.num_outputs)]
+    return [
+        np.empty(ex.output_spec(i).shape, ex.output_spec(i).dtype) for i in range(ex.num_outputs)
+    ]
 
 
 #: Background CUDA graph upgrades still running; joined at exit, so that no thread is inside
@@ -480,7 +526,11 @@ def _compare_paths(a: Any, b: Any, seed: int = 0) -> str:
     for i in range(a.num_inputs):
         spec = a.input_spec(i)
         dt = np.dtype(spec.dtype)
-        x = rng.uniform(-1, 1, spec.shape).astype(dt) if dt.kind == "f" else np.zeros(spec.shape, dt)
+        x = (
+            rng.uniform(-1, 1, spec.shape).astype(dt)
+            if dt.kind == "f"
+            else np.zeros(spec.shape, dt)
+        )
         a.set_input(i, x)
         b.set_input(i, x)
     a.run(wait=True)
@@ -508,5 +558,3 @@ def _binary_key(source: str, build_options: str, identity: dict[str, str]) -> di
         "build_options": build_options,
         **identity,
     }
-
-

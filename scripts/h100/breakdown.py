@@ -1,6 +1,6 @@
 """Where a warm start's time goes, step by step (run in a fresh process on a warm cache).
 
-    python scripts/h100/breakdown.py MODEL [--cache-dir D]
+python scripts/h100/breakdown.py MODEL [--cache-dir D]
 """
 
 from __future__ import annotations
@@ -28,7 +28,10 @@ def main() -> None:
     from litekiln.runtime.device import select_device
     from litekiln.runtime.session import Session, default_schedules
 
-    marks: dict[str, object] = {"model": a.model.rsplit("/", 1)[-1], "import_litekiln_ms": T_IMPORT * 1e3}
+    marks: dict[str, object] = {
+        "model": a.model.rsplit("/", 1)[-1],
+        "import_litekiln_ms": T_IMPORT * 1e3,
+    }
     t = time.perf_counter()
 
     def mark(name: str) -> None:

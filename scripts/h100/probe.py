@@ -73,7 +73,9 @@ print(json.dumps({"dlopen_ms": (t1-t0)*1e3, "platforms_ms": (t2-t1)*1e3, "device
 def _fresh(code: str, *args: str, repeat: int = 5) -> dict[str, float]:
     rows = []
     for _ in range(repeat):
-        out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60
+        )
         if out.returncode:
             return {"error": out.stderr.strip()[-500:]}  # type: ignore[dict-item]
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -103,11 +105,17 @@ def launch_costs() -> dict[str, object]:
     dev = [d for p in cl.get_platforms() for d in p.get_devices()][0]
     ctx = cl.Context([dev])
     q = cl.CommandQueue(ctx, dev)
-    prg = cl.Program(ctx, "__kernel void k(__global float* x) { x[get_global_id(0)] += 1.0f; }").build()
+    prg = cl.Program(
+        ctx, "__kernel void k(__global float* x) { x[get_global_id(0)] += 1.0f; }"
+    ).build()
     buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, 4 * 1024)
     k = cl.Kernel(prg, "k")
     k.set_arg(0, buf)
-    res: dict[str, object] = {"device": dev.name, "driver": dev.driver_version, "version": dev.version}
+    res: dict[str, object] = {
+        "device": dev.name,
+        "driver": dev.driver_version,
+        "version": dev.version,
+    }
     exts = dev.extensions.split()
     res["extensions"] = exts
     g, l_ = (1024,), (128,)
@@ -153,7 +161,9 @@ def launch_costs() -> dict[str, object]:
     return res
 
 
-def _command_buffer(lib: object, dev: object, ctx: object, q: object, k: object) -> dict[str, object]:
+def _command_buffer(
+    lib: object, dev: object, ctx: object, q: object, k: object
+) -> dict[str, object]:
     import ctypes
 
     vp = ctypes.c_void_p
@@ -208,13 +218,18 @@ def _command_buffer(lib: object, dev: object, ctx: object, q: object, k: object)
             q.finish()  # type: ignore[attr-defined]
     q.finish()  # type: ignore[attr-defined]
     t_wall = time.perf_counter() - t
-    return {"launches_per_buffer": 100, "simultaneous_use": simultaneous,
-            "enqueue_us_per_buffer": t_host / n * 1e6,
-            "wall_us_per_launch": t_wall / n / 100 * 1e6}
+    return {
+        "launches_per_buffer": 100,
+        "simultaneous_use": simultaneous,
+        "enqueue_us_per_buffer": t_host / n * 1e6,
+        "wall_us_per_launch": t_wall / n / 100 * 1e6,
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
     res: dict[str, object] = {"icd_vendors": os.environ.get("OCL_ICD_VENDORS", "")}

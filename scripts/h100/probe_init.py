@@ -14,7 +14,6 @@ import json
 import subprocess
 import sys
 
-
 CASES = {
     "opencl": "from litekiln.runtime.device import select_device; select_device(None)",
     "cuda_init": "from litekiln.runtime import cuda; cuda.driver()",
@@ -54,9 +53,10 @@ def main() -> None:
                 times.append(None)
                 print(out.stderr[-500:], file=sys.stderr)
         ok = sorted(t for t in times if t is not None)
-        print(json.dumps({"case": name, "ms": times, "median_ms": ok[len(ok) // 2] if ok else None}))
+        print(
+            json.dumps({"case": name, "ms": times, "median_ms": ok[len(ok) // 2] if ok else None})
+        )
         sys.stdout.flush()
-
 
 
 if __name__ == "__main__":

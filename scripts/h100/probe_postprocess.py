@@ -20,8 +20,15 @@ def main() -> None:
     n, c = 1917, 91
     enc = rng.standard_normal((1, n, 4)).astype(np.float32)
     cls = (1 / (1 + np.exp(-rng.standard_normal((1, n, c))))).astype(np.float32)
-    anchors = np.stack([rng.uniform(0, 1, n), rng.uniform(0, 1, n), rng.uniform(0.05, 0.5, n),
-                        rng.uniform(0.05, 0.5, n)], 1).astype(np.float32)
+    anchors = np.stack(
+        [
+            rng.uniform(0, 1, n),
+            rng.uniform(0, 1, n),
+            rng.uniform(0.05, 0.5, n),
+            rng.uniform(0.05, 0.5, n),
+        ],
+        1,
+    ).astype(np.float32)
     scores = cls[0, :, 1:]
     boxes = d.decode_boxes(enc[0], anchors, (10.0, 10.0, 5.0, 5.0))
     best = scores.max(axis=1)

@@ -18,7 +18,9 @@ import litekiln.interpreter
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("model")
     p.add_argument("--cache-dir", required=True)
     p.add_argument("--top", type=int, default=30)

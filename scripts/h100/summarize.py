@@ -34,7 +34,9 @@ def _f(x: Any, spec: str = ".3f") -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("dirs", nargs="+", type=Path)
     ap.add_argument("--json", type=Path, help="write the issue's JSON here")
     ap.add_argument("--command", default="bash scripts/h100/run.sh", help="recorded as 'command'")
@@ -47,7 +49,11 @@ def main() -> None:
     acc16: dict[str, dict[str, Any]] = {}
     device = ""
     for d in a.dirs:
-        for name, into in (("latency.json", lat), ("latency_fp16.json", lat16), ("startup.json", start)):
+        for name, into in (
+            ("latency.json", lat),
+            ("latency_fp16.json", lat16),
+            ("startup.json", start),
+        ):
             data = _load(d, name)
             if data:
                 device = device or data.get("device", "")
@@ -58,33 +64,45 @@ def main() -> None:
                 into[r["model"]] = r
 
     print("### Latency, fp32 (ms, median)\n")
-    print("| model | litekiln | LiteRT CPU | LiteRT GPU | x CPU | x GPU | launches | launch path | "
-          "host us/launch | kernel time | graph device time | rel err |")
+    print(
+        "| model | litekiln | LiteRT CPU | LiteRT GPU | x CPU | x GPU | launches | launch path | "
+        "host us/launch | kernel time | graph device time | rel err |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     paths = {"PartitionExecutor": "OpenCL", "CudaGraphExecutor": "CUDA graph"}
     for m in lat.values():
         lo, pr = m.get("launch_overhead") or {}, m.get("profile") or {}
         path = " + ".join(paths.get(p, p) for p in lo.get("launch_path", ["PartitionExecutor"]))
-        print(f"| {m['model']} | {_f(m['litekiln_ms'])} | {_f(m['litert_cpu_ms'])} | "
-              f"{_f(m.get('litert_gpu_ms'))} | {_f(m['speedup_vs_litert_cpu'], '.2f')} | "
-              f"{_f(m.get('speedup_vs_litert_gpu'), '.2f')} | {lo.get('launches', '')} | {path} | "
-              f"{_f(lo.get('enqueue_us_per_launch'), '.2f')} | {_f(pr.get('kernel_sum_ms'))} | "
-              f"{_f(m.get('graph_device_ms'))} | {_f(m.get('max_rel_err_vs_litert_cpu'), '.1e')} |")
+        print(
+            f"| {m['model']} | {_f(m['litekiln_ms'])} | {_f(m['litert_cpu_ms'])} | "
+            f"{_f(m.get('litert_gpu_ms'))} | {_f(m['speedup_vs_litert_cpu'], '.2f')} | "
+            f"{_f(m.get('speedup_vs_litert_gpu'), '.2f')} | {lo.get('launches', '')} | {path} | "
+            f"{_f(lo.get('enqueue_us_per_launch'), '.2f')} | {_f(pr.get('kernel_sum_ms'))} | "
+            f"{_f(m.get('graph_device_ms'))} | {_f(m.get('max_rel_err_vs_litert_cpu'), '.1e')} |"
+        )
     g_cpu = _geomean([m["speedup_vs_litert_cpu"] for m in lat.values()])
     g_gpu = _geomean([m.get("speedup_vs_litert_gpu") or 0 for m in lat.values()])
     wins = sum(1 for m in lat.values() if (m.get("speedup_vs_litert_gpu") or 0) >= 1)
-    print(f"\nGeometric mean over {len(lat)} models: {_f(g_cpu, '.2f')}x LiteRT CPU, "
-          f"{_f(g_gpu, '.2f')}x LiteRT GPU; at least as fast as LiteRT GPU on {wins} of {len(lat)}.")
+    print(
+        f"\nGeometric mean over {len(lat)} models: {_f(g_cpu, '.2f')}x LiteRT CPU, "
+        f"{_f(g_gpu, '.2f')}x LiteRT GPU; at least as fast as LiteRT GPU on {wins} of {len(lat)}."
+    )
 
     if any(m.get("host_breakdown") for m in lat.values()):
-        print("\n### Where one inference's time goes, fp32 (ms, medians; litekiln bench's host_breakdown)\n")
-        print("| model | litekiln | inputs staged | launch | wait + outputs | CPU ops | rest of run() | graph device time |")
+        print(
+            "\n### Where one inference's time goes, fp32 (ms, medians; litekiln bench's host_breakdown)\n"
+        )
+        print(
+            "| model | litekiln | inputs staged | launch | wait + outputs | CPU ops | rest of run() | graph device time |"
+        )
         print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for m in lat.values():
             b = m.get("host_breakdown") or {}
-            print(f"| {m['model']} | {_f(m['litekiln_ms'])} | {_f(b.get('inputs_ms'))} | "
-                  f"{_f(b.get('launch_ms'))} | {_f(b.get('wait_outputs_ms'))} | {_f(b.get('cpu_ops_ms'))} | "
-                  f"{_f(b.get('other_ms'))} | {_f(m.get('graph_device_ms'))} |")
+            print(
+                f"| {m['model']} | {_f(m['litekiln_ms'])} | {_f(b.get('inputs_ms'))} | "
+                f"{_f(b.get('launch_ms'))} | {_f(b.get('wait_outputs_ms'))} | {_f(b.get('cpu_ops_ms'))} | "
+                f"{_f(b.get('other_ms'))} | {_f(m.get('graph_device_ms'))} |"
+            )
 
     if lat16:
         print("\n### Latency, fp16 against fp32 (ms, median)\n")
@@ -93,20 +111,26 @@ def main() -> None:
         for m in lat16.values():
             f32 = lat.get(m["model"], {}).get("litekiln_ms")
             ratio = m["litekiln_ms"] / f32 if f32 else None
-            print(f"| {m['model']} | {_f(m['litekiln_ms'])} | {_f(f32)} | {_f(ratio, '.2f')} | "
-                  f"{_f(m['litert_cpu_ms'])} | {_f(m['speedup_vs_litert_cpu'], '.2f')} |")
+            print(
+                f"| {m['model']} | {_f(m['litekiln_ms'])} | {_f(f32)} | {_f(ratio, '.2f')} | "
+                f"{_f(m['litert_cpu_ms'])} | {_f(m['speedup_vs_litert_cpu'], '.2f')} |"
+            )
 
     if start:
         print("\n### Start-up (ms, median of fresh processes, runtime only)\n")
-        print("| model | cold (device) | cold + compile | shipped | warm | warm/cold | warm/(cold+compile) | parse / open / load / run1 |")
+        print(
+            "| model | cold (device) | cold + compile | shipped | warm | warm/cold | warm/(cold+compile) | parse / open / load / run1 |"
+        )
         print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for m in start.values():
             b = m.get("warm_breakdown") or {}
-            print(f"| {m['model']} | {_f(m['cold_ms'], '.0f')} | {_f(m.get('cold_estimate_ms'), '.0f')} | "
-                  f"{_f(m['shipped_ms'], '.0f')} | {_f(m['warm_ms'], '.0f')} | "
-                  f"{_f(m.get('warm_vs_cold_pct'), '.2f')}% | {_f(m.get('warm_vs_cold_estimate_pct'), '.2f')}% | "
-                  f"{_f(b.get('construct_ms'), '.0f')} / {_f(b.get('open_ms'), '.0f')} / "
-                  f"{_f(b.get('load_ms'), '.0f')} / {_f(b.get('first_run_ms'), '.1f')} |")
+            print(
+                f"| {m['model']} | {_f(m['cold_ms'], '.0f')} | {_f(m.get('cold_estimate_ms'), '.0f')} | "
+                f"{_f(m['shipped_ms'], '.0f')} | {_f(m['warm_ms'], '.0f')} | "
+                f"{_f(m.get('warm_vs_cold_pct'), '.2f')}% | {_f(m.get('warm_vs_cold_estimate_pct'), '.2f')}% | "
+                f"{_f(b.get('construct_ms'), '.0f')} / {_f(b.get('open_ms'), '.0f')} / "
+                f"{_f(b.get('load_ms'), '.0f')} / {_f(b.get('first_run_ms'), '.1f')} |"
+            )
 
     if acc or acc16:
         print("\n### Accuracy against LiteRT CPU fp32 (max|ours - LiteRT| / max(1, max|LiteRT|))\n")
@@ -114,23 +138,34 @@ def main() -> None:
         print("| --- | --- | --- | --- | --- |")
         for name in list(dict.fromkeys([*acc, *acc16])):
             r, r16 = acc.get(name, {}), acc16.get(name, {})
-            print(f"| {name} | {_f(r.get('rel_err'), '.2e')} {'ok' if r.get('ok') else 'FAIL' if r else ''} | "
-                  f"{_f(r.get('tolerance'), '.0e')} | {_f(r16.get('rel_err'), '.2e')} "
-                  f"{'ok' if r16.get('ok') else 'FAIL' if r16 else ''} | {_f(r16.get('tolerance'), '.0e')} |")
+            print(
+                f"| {name} | {_f(r.get('rel_err'), '.2e')} {'ok' if r.get('ok') else 'FAIL' if r else ''} | "
+                f"{_f(r.get('tolerance'), '.0e')} | {_f(r16.get('rel_err'), '.2e')} "
+                f"{'ok' if r16.get('ok') else 'FAIL' if r16 else ''} | {_f(r16.get('tolerance'), '.0e')} |"
+            )
 
     if a.json:
         models = [
-            {k: m.get(k) for k in ("model", "litekiln_ms", "litert_cpu_ms", "litert_gpu_ms",
-                                   "speedup_vs_litert_cpu", "speedup_vs_litert_gpu",
-                                   "max_rel_err_vs_litert_cpu")}
+            {
+                k: m.get(k)
+                for k in (
+                    "model",
+                    "litekiln_ms",
+                    "litert_cpu_ms",
+                    "litert_gpu_ms",
+                    "speedup_vs_litert_cpu",
+                    "speedup_vs_litert_gpu",
+                    "max_rel_err_vs_litert_cpu",
+                )
+            }
             for m in lat.values()
         ]
         out = {
             "device": device,
             "command": a.command,
             "note": "Each model's figures come from one run: litekiln (fp32), LiteRT CPU "
-                    "(XNNPACK, all 16 cores) and LiteRT GPU (WebGPU over Vulkan, fp16) in the "
-                    "same process on the same inputs; median of the run count in the raw files.",
+            "(XNNPACK, all 16 cores) and LiteRT GPU (WebGPU over Vulkan, fp16) in the "
+            "same process on the same inputs; median of the run count in the raw files.",
             "geomean_speedup_vs_litert_cpu": round(g_cpu, 3) if g_cpu else None,
             "geomean_speedup_vs_litert_gpu": round(g_gpu, 3) if g_gpu else None,
             "models": models,
