@@ -9,8 +9,7 @@ from litekiln.errors import (
     ModelError,
     UnsupportedOpError,
 )
-
-__version__ = "0.1.0"
+from litekiln.version import __version__
 
 __all__ = [
     "CacheError",

@@ -50,11 +50,12 @@ from typing import Any
 import numpy as np
 
 from litekiln.errors import LitekilnError
+from litekiln.runtime.profile import DRIVER_CACHES_OFF
 
 _CHILD = "_child"
 _MARK = "LITEKILN_BENCH_RESULT "
 #: Environment of a process whose driver may not reuse compiled kernels from earlier runs.
-_DRIVER_CACHE_OFF = {"CUDA_CACHE_DISABLE": "1", "POCL_KERNEL_CACHE": "0"}
+_DRIVER_CACHE_OFF = DRIVER_CACHES_OFF
 _CHILD_TIMEOUT_S = 900
 
 
@@ -64,9 +65,7 @@ _CHILD_TIMEOUT_S = 900
 def _command_line() -> str:
     """The command as typed, as far as it can be rebuilt (for the JSON record)."""
     prog = Path(sys.argv[0]).name if sys.argv else "litekiln"
-    if prog == "bench.py":
-        prog = "python -m litekiln.bench"
-    elif prog in ("cli.py", "__main__.py"):
+    if prog in ("cli.py", "__main__.py"):
         prog = "python -m litekiln.cli"
     return " ".join([prog, shlex.join(sys.argv[1:])]).strip()
 
@@ -101,12 +100,6 @@ def _write_json(results: dict[str, Any], a: Any) -> None:
         Path(a.out).write_text(text + "\n")
     if getattr(a, "json", False):
         print(text)
-
-
-def _interpreter_kwargs(a: Any) -> dict[str, Any]:
-    from litekiln.cli import _interpreter_kwargs as kw
-
-    return kw(a)
 
 
 # ---------------------------------------------------------------------------------- start-up
@@ -274,12 +267,17 @@ def startup_model(
     return rec
 
 
-def startup_main(a: Any) -> int:
-    """``litekiln bench --startup``: cold vs warm start-up in fresh processes."""
+def startup_main(a: Any, kwargs: dict[str, Any]) -> int:
+    """``litekiln bench --startup``: cold vs warm start-up in fresh processes.
+
+    Args:
+        a: the command's options (models, repeat, warm_only, cache_dir, json, out).
+        kwargs: the Interpreter's keyword arguments the options stand for.
+    """
     if getattr(a, "no_cache", False):
         raise LitekilnError("--startup measures the cache: drop --no-cache")
     warm_only = bool(getattr(a, "warm_only", False))
-    kwargs = _interpreter_kwargs(a)
+    kwargs = dict(kwargs)
     kwargs.pop("cache_dir", None)
     if kwargs.get("device") == "reference":
         raise LitekilnError(
@@ -460,9 +458,9 @@ def _kernel_profile(sess: Any, reps: int = 10) -> dict[str, Any] | None:
         for li, kname in enumerate(ex.launch_names()):
             names.append((pi, li, kname))
             per.append([r[li] for r in runs])
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"partition": pi, "launch": li, "kernel": k, "ms": round(statistics.median(ts) * 1e3, 5)}
-        for (pi, li, k), ts in zip(names, per)
+        for (pi, li, k), ts in zip(names, per, strict=True)
     ]
     by_kernel: dict[str, float] = {}
     for r in rows:
@@ -470,9 +468,10 @@ def _kernel_profile(sess: Any, reps: int = 10) -> dict[str, Any] | None:
     return {
         "kernel_sum_ms": round(sum(r["ms"] for r in rows), 4),
         "launches": rows,
-        "top": sorted(
-            ({"kernel": k, "ms": round(v, 5)} for k, v in by_kernel.items()), key=lambda d: -d["ms"]
-        )[:15],
+        "top": [
+            {"kernel": k, "ms": round(v, 5)}
+            for k, v in sorted(by_kernel.items(), key=lambda kv: -kv[1])[:15]
+        ],
     }
 
 
@@ -515,7 +514,7 @@ def _litert_gpu(
         out_ix = {g.tensors[t].name: t for t in g.outputs}
     in_bufs = cm.create_input_buffers(0)
     out_bufs = cm.create_output_buffers(0)
-    feeds = [(b, inputs[in_ix[n]]) for b, n in zip(in_bufs, sig["inputs"])]
+    feeds = [(b, inputs[in_ix[n]]) for b, n in zip(in_bufs, sig["inputs"], strict=True)]
     reads = []
     for b in out_bufs:
         d = b.get_tensor_details()
@@ -528,7 +527,7 @@ def _litert_gpu(
         cm.run_by_index(0, in_bufs, out_bufs)
         return [b.read(n, dt).reshape(shape) for b, n, dt, shape in reads]
 
-    got = dict(zip((out_ix[n] for n in sig["outputs"]), step()))
+    got = dict(zip((out_ix[n] for n in sig["outputs"]), step(), strict=True))
     timing = _time_runs(step, runs, warmup)
     timing["fully_accelerated"] = bool(cm.is_fully_accelerated())
     return timing, [got[t] for t in g.outputs]
@@ -549,7 +548,7 @@ def latency_model(
     # OpenCL and moves to CUDA graphs in the background (Session.wait_for_graph).
     getattr(interp._backend, "wait_for_graph", lambda: None)()  # noqa: SLF001
     g = interp.model.main
-    inputs = dict(zip(g.inputs, interp.random_inputs(0)))
+    inputs = dict(zip(g.inputs, interp.random_inputs(0), strict=True))
     ours = interp.run(inputs)
     lk = _time_runs(lambda: interp.run(inputs), runs, warmup)
     sess = interp._backend
@@ -583,7 +582,7 @@ def latency_model(
         cpu, ref = _litert_cpu(path, inputs, runs, warmup)
         rec["litert_cpu_ms"] = round(cpu["median_ms"], 4)
         rec["speedup_vs_litert_cpu"] = _ratio(cpu["median_ms"], lk["median_ms"])
-        rec["max_rel_err_vs_litert_cpu"] = relative_error(ours, ref)  # type: ignore[arg-type]
+        rec["max_rel_err_vs_litert_cpu"] = relative_error(ours, ref)
     except Exception as exc:  # noqa: BLE001 - LiteRT cannot load or run it: report, go on
         ref = None
         first = (str(exc).strip().splitlines() or [""])[0]
@@ -602,9 +601,13 @@ def latency_model(
     return rec
 
 
-def latency_main(a: Any) -> int:
-    """``litekiln bench``: warm latency against LiteRT CPU and GPU."""
-    kwargs = _interpreter_kwargs(a)
+def latency_main(a: Any, kwargs: dict[str, Any]) -> int:
+    """``litekiln bench``: warm latency against LiteRT CPU and GPU.
+
+    Args:
+        a: the command's options (models, runs, profile, json, out, plot).
+        kwargs: the Interpreter's keyword arguments the options stand for.
+    """
     runs = max(1, int(a.runs))
     results: dict[str, Any] = {
         "device": None,
@@ -721,7 +724,7 @@ def plot_latency(results: dict[str, Any], png: str) -> bool:
         xs = [j + (i - 1) * width for j in range(len(names))]
         ys = [m.get(key) or 0 for m in models]
         bars = ax.bar(xs, ys, width, label=label)
-        for b, y in zip(bars, ys):
+        for b, y in zip(bars, ys, strict=True):
             ax.annotate(
                 "n/a" if not y else f"{y:.2f}",
                 (b.get_x() + b.get_width() / 2, max(y, 1e-3)),
@@ -754,7 +757,7 @@ def plot_latency(results: dict[str, Any], png: str) -> bool:
             label=f"{label} (geomean {gm:.2f}x)",
             color=f"C{k + 1}",
         )
-        for y, v in zip(ys_pos, vals):
+        for y, v in zip(ys_pos, vals, strict=True):
             if v:
                 ax2.annotate(
                     f"{v:.2f}x", (v, y + (0.2 if k == 0 else -0.2)), va="center", fontsize=6
@@ -778,16 +781,17 @@ def plot_latency(results: dict[str, Any], png: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m litekiln.bench [bench options]``, ``... _child SPEC``, ``... plot JSON PNG``."""
+    """``python -m litekiln.bench _child SPEC`` (one start-up measurement, in the fresh process
+    `startup_model` spawns) or ``... plot JSON PNG``; measurements start with `litekiln bench`."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == [_CHILD]:
+    if argv[:1] == [_CHILD] and len(argv) == 2:
         print(_MARK + json.dumps(_child(json.loads(argv[1]))), flush=True)
         return 0
-    if argv[:1] == ["plot"]:
+    if argv[:1] == ["plot"] and len(argv) == 3:
         return 0 if plot_latency(json.loads(Path(argv[1]).read_text()), argv[2]) else 1
-    from litekiln.cli import main as cli_main
-
-    return cli_main(["bench", *argv])
+    usage = "python -m litekiln.bench plot RESULTS.json OUT.png (measure with `litekiln bench`)"
+    print(f"usage: {usage}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ def litert_outputs(
         warnings.simplefilter("ignore", UserWarning)
         li = LiteRT(model_path=model_path, **kw)
     li.allocate_tensors()
-    for d, x in zip(li.get_input_details(), inputs):
+    for d, x in zip(li.get_input_details(), inputs, strict=True):
         li.set_tensor(d["index"], x)
     li.invoke()
     return [li.get_tensor(d["index"]) for d in li.get_output_details()] + [
@@ -124,7 +124,7 @@ def integer_step_stats(ours: list[np.ndarray], ref: list[np.ndarray]) -> tuple[f
     fraction of elements within 2 steps (the bounds of the quantized-model issue)."""
     diffs = [
         np.abs(o.astype(np.int64) - r.astype(np.int64)).reshape(-1)
-        for o, r in zip(ours, ref)
+        for o, r in zip(ours, ref, strict=True)
         if r.dtype.kind in "iu"
     ]
     if not diffs:
@@ -136,7 +136,7 @@ def integer_step_stats(ours: list[np.ndarray], ref: list[np.ndarray]) -> tuple[f
 def relative_error(ours: list[np.ndarray], ref: list[np.ndarray]) -> float:
     """max |ours - ref| / max(1, max |ref|), over all outputs together."""
     worst = 0.0
-    for o, r in zip(ours, ref):
+    for o, r in zip(ours, ref, strict=True):
         if o.shape != r.shape:
             return float("inf")
         r64 = r.astype(np.float64)
@@ -148,7 +148,7 @@ def relative_error(ours: list[np.ndarray], ref: list[np.ndarray]) -> float:
 def _same_detection_count(interp: Any, ref_outputs: list[np.ndarray]) -> bool:
     """Whether the 1-element outputs (detection counts) agree with LiteRT's."""
     ours = [interp.get_tensor(t) for t in interp.model.main.outputs]
-    return all(np.array_equal(o, r) for o, r in zip(ours, ref_outputs) if r.size == 1)
+    return all(np.array_equal(o, r) for o, r in zip(ours, ref_outputs, strict=True) if r.size == 1)
 
 
 def check_model(model_path: str | Path, *, seed: int = 0, **interpreter_kwargs: Any) -> CheckResult:
@@ -182,7 +182,7 @@ def check_model(model_path: str | Path, *, seed: int = 0, **interpreter_kwargs: 
     if ranked:
         # Compare what feeds the ranking op instead of its reordered rows (RANKING_OPS).
         n_out = len(ours)
-        ours = [interp.get_tensor(t) for t in ranked]  # type: ignore[assignment]
+        ours = [interp.get_tensor(t) for t in ranked]
         ranked_out, ref = ref[:n_out], ref[n_out:]
         same_count = _same_detection_count(interp, ranked_out)
         if not same_count:
@@ -195,16 +195,17 @@ def check_model(model_path: str | Path, *, seed: int = 0, **interpreter_kwargs: 
                 seconds,
                 error="number of detections differs from LiteRT's",
             )
-    err = relative_error(ours, ref)  # type: ignore[arg-type]
+    err = relative_error(ours, ref)
     if name in RANGE_RELATIVE:
         # Relative to the output range, as the dynamic-range bound is stated.
         rng = max(float(np.ptp(np.concatenate([r.reshape(-1) for r in ref]))), 1e-12)
-        err = max(float(np.abs(o.astype(np.float64) - r).max()) for o, r in zip(ours, ref)) / rng  # type: ignore[union-attr]
+        diffs = (np.abs(o.astype(np.float64) - r).max() for o, r in zip(ours, ref, strict=True))
+        err = max(float(d) for d in diffs) / rng
     if all(r.dtype.kind in "iu" for r in ref):
         # Quantized outputs: judged in quantization steps (mean <= 1, >= 95% within 2).
-        mean_steps, within2 = integer_step_stats(ours, ref)  # type: ignore[arg-type]
+        mean_steps, within2 = integer_step_stats(ours, ref)
         ok = mean_steps <= 1.0 and within2 >= 0.95
-        outs = [{"mean_steps": mean_steps, "within_2_steps": within2}]
+        outs: list[dict[str, Any]] = [{"mean_steps": mean_steps, "within_2_steps": within2}]
         return CheckResult(name, ok, err, tol, device, time.perf_counter() - t0, outs)
     outs = [
         {"shape": list(r.shape), "max_abs_ref": float(np.abs(r).max()) if r.size else 0.0}

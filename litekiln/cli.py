@@ -16,11 +16,16 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from litekiln.errors import LitekilnError
+
+if TYPE_CHECKING:
+    _Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
+
+_JSON_HELP = "machine-readable output"
 
 EPILOG = """\
 examples:
@@ -36,9 +41,7 @@ environment: LITEKILN_DEVICE, LITEKILN_CACHE_DIR, LITEKILN_PRECISION ... (`litek
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--cache-dir", help="cache directory (default: $LITEKILN_CACHE_DIR or the XDG cache dir)"
-    )
+    _add_cache_dir_option(p)
     p.add_argument("--precision", choices=["fp32", "fp16"], help="kernel precision (default fp32)")
     p.add_argument(
         "--device", help="OpenCL device: gpu, cpu, opencl, P:D, a name substring, or 'reference'"
@@ -118,7 +121,7 @@ def _json_default(o: Any) -> Any:
 
 
 def cmd_compile(a: argparse.Namespace) -> int:
-    from litekiln.interpreter import precompile
+    from litekiln.loading import precompile
 
     kw = _interpreter_kwargs(a)
     if kw.get("device") == "reference":
@@ -142,8 +145,8 @@ def cmd_compile(a: argparse.Namespace) -> int:
             )
             print(
                 f"{path}: token {info['token']}, {info['partitions']} GPU partition(s), "
-                f"{info['kernels']} kernels, {info['gpu_ops']} ops on the GPU / {info['cpu_ops']} on "
-                f"the CPU; {state} -> {info['cache_dir']}"
+                f"{info['kernels']} kernels, {info['gpu_ops']} ops on the GPU / "
+                f"{info['cpu_ops']} on the CPU; {state} -> {info['cache_dir']}"
             )
     if a.json:
         _print_json(results)
@@ -176,11 +179,13 @@ def cmd_run(a: argparse.Namespace) -> int:
     else:
         inputs = interp.random_inputs(a.seed)
     t0 = time.perf_counter()
-    outs = interp.run(inputs)
+    outs = cast("list[np.ndarray]", interp.run(inputs))  # (a list without intermediates)
     dt = time.perf_counter() - t0
     out_details = interp.get_output_details()
     if a.save:
-        np.savez(a.save, **{d["name"]: o for d, o in zip(out_details, outs)})
+        # Any, not np.ndarray: mypy matches ** against savez's allow_pickle: bool as well
+        arrays: dict[str, Any] = {d["name"]: o for d, o in zip(out_details, outs, strict=True)}
+        np.savez(a.save, **arrays)
     if a.json:
         _print_json(
             {
@@ -196,101 +201,37 @@ def cmd_run(a: argparse.Namespace) -> int:
                         "max": float(o.max()) if o.size else None,
                         "mean": float(o.astype(np.float64).mean()) if o.size else None,
                     }
-                    for d, o in zip(out_details, outs)
+                    for d, o in zip(out_details, outs, strict=True)
                 ],
             }
         )
         return 0
     print(f"{a.model} on {interp.device}: {dt * 1000:.1f} ms")
-    for d, o in zip(out_details, outs):
+    for d, o in zip(out_details, outs, strict=True):
         flat = o.reshape(-1)
         preview = np.array2string(flat[:6], precision=4, separator=", ")
-        print(
-            f"  {d['name']} {list(o.shape)} {o.dtype.name}: {preview}{' ...' if flat.size > 6 else ''}"
-        )
+        more = " ..." if flat.size > 6 else ""
+        print(f"  {d['name']} {list(o.shape)} {o.dtype.name}: {preview}{more}")
     if a.save:
         print(f"outputs saved to {a.save}")
     return 0
 
 
 def cmd_inspect(a: argparse.Namespace) -> int:
-    from litekiln.compiler.partition import partition
     from litekiln.model import load_model
+    from litekiln.placement import cached_kernels, placement
 
     model = load_model(a.model, token=a.token)
-    plan = partition(
-        model.main,
-        allow_quantized=not a.no_quantized,
-        max_partitions=a.max_partitions if a.max_partitions is not None else 8,
-        extended_table=a.op_table == "extended",
-    )
-    g = model.main
-    owner = {i: p.index for p in plan.partitions for i in p.ops}
-    ops = []
-    for op in g.ops:
-        where = (
-            "folded" if op.folded else (f"gpu:{owner[op.index]}" if op.index in owner else "cpu")
-        )
-        ops.append(
-            {
-                "index": op.index,
-                "op": op.name,
-                "code": op.code,
-                "version": op.version,
-                "custom_code": op.custom_code,
-                "where": where,
-                "reason": plan.cpu_reasons.get(op.index, ""),
-                "inputs": op.inputs,
-                "outputs": op.outputs,
-            }
-        )
-    info = {
-        "model": a.model,
-        "token": model.token,
-        "schema_version": model.version,
-        "inputs": [
-            {
-                "index": t,
-                "name": g.tensors[t].name,
-                "shape": list(g.tensors[t].shape),
-                "dtype": g.tensors[t].dtype.name,
-            }
-            for t in g.inputs
-        ],
-        "outputs": [
-            {
-                "index": t,
-                "name": g.tensors[t].name,
-                "shape": list(g.tensors[t].shape),
-                "dtype": g.tensors[t].dtype.name,
-            }
-            for t in g.outputs
-        ],
-        "op_histogram": model.op_histogram(),
-        "partitions": [
-            {"index": p.index, "ops": len(p.ops), "inputs": p.inputs, "outputs": p.outputs}
-            for p in plan.partitions
-        ],
-        "gpu_ops": plan.gpu_op_count,
-        "cpu_ops": plan.cpu_op_count,
-        "ops": ops,
-    }
+    kw = _interpreter_kwargs(a)
+    info, plan = placement(model, **kw)
+    info = {"model": a.model, **info}
     if a.compiled:
-        from litekiln.cache.models import ModelCache
-        from litekiln.interpreter import _schedules_for
-        from litekiln.runtime.artifact import CompileOptions
-
-        cache = ModelCache.open(a.cache_dir)
-        opts = CompileOptions(
-            op_table=a.op_table or "documented",
-            precision=a.precision or "fp32",
-            schedules=_schedules_for(a.device if a.device != "reference" else None),
-        )
-        c = cache.load_model(model.token, opts)
-        info["kernels"] = None if c is None else c.stats.get("kernels")
+        device = a.device if a.device != "reference" else None
+        info["kernels"] = cached_kernels(model, info, cache_dir=a.cache_dir, device=device)
     if a.json:
         _print_json(info)
         return 0
+    g = model.main
     print(f"{a.model}: token {model.token}, schema v{model.version}, {len(g.tensors)} tensors")
     for kind in ("inputs", "outputs"):
         for t in info[kind]:
@@ -304,29 +245,30 @@ def cmd_inspect(a: argparse.Namespace) -> int:
             f"{len(p.inputs)} inputs, {len(p.outputs)} outputs"
         )
     if a.ops:
-        for o in ops:
+        for o in info["ops"]:
             extra = f"  <- {o['reason']}" if o["reason"] else ""
             print(f"    #{o['index']:4d} {o['op']:28s} v{o['version']} {o['where']}{extra}")
     if a.compiled:
-        print(
-            f"  kernels (cached compilation): {info['kernels'] if info['kernels'] is not None else 'not compiled yet'}"
-        )
+        kernels = info["kernels"] if info["kernels"] is not None else "not compiled yet"
+        print(f"  kernels (cached compilation): {kernels}")
     return 0
 
 
 def cmd_devices(a: argparse.Namespace) -> int:
     from litekiln.runtime.device import list_devices
+    from litekiln.runtime.profile import DeviceProfile
 
+    profiles = [(p, i, DeviceProfile.of(d)) for p, i, d in list_devices()]
     devs = [
         {
             "id": f"{p}:{i}",
-            "name": d.name.strip(),
-            "platform": d.platform.name.strip(),
-            "type": "gpu" if d.type & 4 else "cpu" if d.type & 2 else "other",
-            "version": d.version.strip(),
-            "driver": d.driver_version.strip(),
+            "name": prof.name,
+            "platform": prof.platform,
+            "type": prof.kind,
+            "version": prof.version,
+            "driver": prof.driver,
         }
-        for p, i, d in list_devices()
+        for p, i, prof in profiles
     ]
     if a.json:
         _print_json(devs)
@@ -335,7 +277,8 @@ def cmd_devices(a: argparse.Namespace) -> int:
     else:
         for d in devs:
             print(
-                f"{d['id']}  {d['type']:5s} {d['name']} ({d['platform']}, {d['version']}, driver {d['driver']})"
+                f"{d['id']}  {d['type']:5s} {d['name']} "
+                f"({d['platform']}, {d['version']}, driver {d['driver']})"
             )
     return 0
 
@@ -413,7 +356,8 @@ def cmd_cache(a: argparse.Namespace) -> int:
             ident = r.get("token") or (r.get("fields") or {}).get("name", "")
             name = r.get("model_name") or ""
             print(
-                f"  {r['key'][:12]}  {r['kind']:7s} {str(ident)[:24]:24s} {str(name)[:28]:28s} {desc:28s} {_human(r['size']):>10s}  {_age(r['last_use'])}"
+                f"  {r['key'][:12]}  {r['kind']:7s} {str(ident)[:24]:24s} {str(name)[:28]:28s} "
+                f"{desc:28s} {_human(r['size']):>10s}  {_age(r['last_use'])}"
             )
         return 0
     if sub == "info":
@@ -463,14 +407,17 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from litekiln import bench
 
     if a.startup:
-        return bench.startup_main(a)
-    return bench.latency_main(a)
+        return bench.startup_main(a, _interpreter_kwargs(a))
+    return bench.latency_main(a, _interpreter_kwargs(a))
 
 
 # -- parser ---------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``litekiln`` parser: one subcommand per ``cmd_*`` function (its ``func`` default)."""
+    from litekiln import __version__
+
     p = argparse.ArgumentParser(
         prog="litekiln",
         description="Ahead-of-time GPU compiler and loader for TensorFlow Lite models: compiles a "
@@ -479,12 +426,30 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    from litekiln import __version__
-
     p.add_argument("--version", action="version", version=f"litekiln {__version__}")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+    _add_compile_parser(sub)
+    _add_run_parser(sub)
+    _add_inspect_parser(sub)
+    _add_cache_parser(sub)
+    _add_bench_parser(sub)
+    _add_devices_parser(sub)
+    _add_config_parser(sub)
+    return p
 
-    c = sub.add_parser(
+
+def _add_cache_dir_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--cache-dir", help="cache directory (default: $LITEKILN_CACHE_DIR or the XDG cache dir)"
+    )
+
+
+def _add_json_option(p: argparse.ArgumentParser, help_text: str | None = _JSON_HELP) -> None:
+    p.add_argument("--json", action="store_true", help=help_text)
+
+
+def _add_compile_parser(sub: _Subcommands) -> None:
+    p = sub.add_parser(
         "compile",
         help="compile models ahead of time into the cache",
         description="Compile each model's GPU partitions to OpenCL and store them in "
@@ -493,122 +458,135 @@ def build_parser() -> argparse.ArgumentParser:
         "device builds and caches its binary at first load. Ship the cache "
         "directory (or `litekiln cache export`) with the app.",
     )
-    c.add_argument("models", nargs="+", metavar="MODEL")
-    _add_model_options(c)
-    c.add_argument(
+    p.add_argument("models", nargs="+", metavar="MODEL")
+    _add_model_options(p)
+    p.add_argument(
         "--half",
         choices=["native", "emulated"],
         help="with --precision fp16: half kernels (GPUs, default) or fp32 kernels "
         "rounding to fp16 (devices without half arithmetic, e.g. PoCL)",
     )
-    c.add_argument("--force", action="store_true", help="recompile even if cached")
-    c.add_argument(
+    p.add_argument("--force", action="store_true", help="recompile even if cached")
+    p.add_argument(
         "--schedules",
         choices=["fast", "fast-cpu", "default"],
         help="kernel schedules: fast (GPUs), fast-cpu (CPU OpenCL such as PoCL) or "
         "default (TVM's generic rules); default: the profile of --device, or of this "
         "machine's default OpenCL device, else fast",
     )
-    c.add_argument("--json", action="store_true", help="machine-readable output")
-    c.set_defaults(func=cmd_compile)
+    _add_json_option(p)
+    p.set_defaults(func=cmd_compile)
 
-    r = sub.add_parser(
+
+def _add_run_parser(sub: _Subcommands) -> None:
+    p = sub.add_parser(
         "run",
         help="run a model once and print its outputs",
         description="Run a model (compiling it first if it is not cached) on seeded "
         "random inputs or on inputs from an .npz file.",
     )
-    r.add_argument("model", metavar="MODEL")
-    r.add_argument(
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument(
         "--inputs", help=".npz with one array per input (by input name, input_N or arr_N)"
     )
-    r.add_argument("--save", help="write the outputs to this .npz (keyed by output name)")
-    r.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
-    r.add_argument("--json", action="store_true", help="machine-readable output")
-    _add_model_options(r)
-    r.set_defaults(func=cmd_run)
+    p.add_argument("--save", help="write the outputs to this .npz (keyed by output name)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    _add_json_option(p)
+    _add_model_options(p)
+    p.set_defaults(func=cmd_run)
 
-    i = sub.add_parser(
+
+def _add_inspect_parser(sub: _Subcommands) -> None:
+    p = sub.add_parser(
         "inspect",
         help="show ops, which run where and why, and partitions",
         description="Load and partition a model without compiling it: inputs, "
         "outputs, op histogram, GPU partitions and the reason for each CPU op.",
     )
-    i.add_argument("model", metavar="MODEL")
-    i.add_argument("--ops", action="store_true", help="list every op with its placement")
-    i.add_argument(
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("--ops", action="store_true", help="list every op with its placement")
+    p.add_argument(
         "--compiled", action="store_true", help="also report the cached compilation's kernel count"
     )
-    i.add_argument("--json", action="store_true", help="machine-readable output")
-    _add_model_options(i)
-    i.set_defaults(func=cmd_inspect)
+    _add_json_option(p)
+    _add_model_options(p)
+    p.set_defaults(func=cmd_inspect)
 
-    ca = sub.add_parser(
+
+def _add_cache_parser(sub: _Subcommands) -> None:
+    p = sub.add_parser(
         "cache",
         help="manage the compiled-model cache",
         description="List, check, shrink, empty, export and import the cache.",
     )
-    ca.add_argument(
-        "--cache-dir", help="cache directory (default: $LITEKILN_CACHE_DIR or the XDG cache dir)"
-    )
-    cs = ca.add_subparsers(dest="cache_cmd", metavar="ACTION", required=True)
-    x = cs.add_parser("ls", help="list entries: token, model, options, size, last use")
-    x.add_argument("--json", action="store_true")
-    x = cs.add_parser("info", help="show one entry (a key prefix is enough)")
-    x.add_argument("key")
-    x = cs.add_parser("verify", help="check every stored part's checksum")
-    x.add_argument("--fix", action="store_true", help="drop damaged entries")
-    x.add_argument("--json", action="store_true")
-    x = cs.add_parser("prune", help="evict least-recently-used entries")
-    x.add_argument("--max-size", help="shrink to this size (e.g. 500M, 2G)")
-    x.add_argument("--older-than", help="drop entries unused for this long (e.g. 30d, 12h)")
-    x.add_argument("--json", action="store_true")
-    cs.add_parser("clear", help="remove every entry")
-    x = cs.add_parser("export", help="write entries to one file (to ship with an app)")
-    x.add_argument("file")
-    x.add_argument("keys", nargs="*", help="keys or prefixes (default: all)")
-    x = cs.add_parser("import", help="add the entries of an export file (each part verified)")
-    x.add_argument("file")
-    for action in cs.choices.values():
+    _add_cache_dir_option(p)
+    actions = p.add_subparsers(dest="cache_cmd", metavar="ACTION", required=True)
+    _add_cache_actions(actions)
+    for action in actions.choices.values():
         action.set_defaults(func=cmd_cache)
-    ca.set_defaults(func=cmd_cache)
+    p.set_defaults(func=cmd_cache)
 
-    b = sub.add_parser(
+
+def _add_cache_actions(actions: _Subcommands) -> None:
+    p = actions.add_parser("ls", help="list entries: token, model, options, size, last use")
+    _add_json_option(p, help_text=None)
+    p = actions.add_parser("info", help="show one entry (a key prefix is enough)")
+    p.add_argument("key")
+    p = actions.add_parser("verify", help="check every stored part's checksum")
+    p.add_argument("--fix", action="store_true", help="drop damaged entries")
+    _add_json_option(p, help_text=None)
+    p = actions.add_parser("prune", help="evict least-recently-used entries")
+    p.add_argument("--max-size", help="shrink to this size (e.g. 500M, 2G)")
+    p.add_argument("--older-than", help="drop entries unused for this long (e.g. 30d, 12h)")
+    _add_json_option(p, help_text=None)
+    actions.add_parser("clear", help="remove every entry")
+    p = actions.add_parser("export", help="write entries to one file (to ship with an app)")
+    p.add_argument("file")
+    p.add_argument("keys", nargs="*", help="keys or prefixes (default: all)")
+    p = actions.add_parser("import", help="add the entries of an export file (each part verified)")
+    p.add_argument("file")
+
+
+def _add_bench_parser(sub: _Subcommands) -> None:
+    p = sub.add_parser(
         "bench",
         help="benchmark latency or start-up time",
         description="Warm latency against LiteRT (CPU and, where it loads, GPU), or "
         "with --startup the time from constructing the Interpreter to the first "
         "result, cold (empty cache) versus warm (cache hit), in fresh processes.",
     )
-    b.add_argument("models", nargs="+", metavar="MODEL")
-    b.add_argument("--startup", action="store_true", help="measure cold vs warm start-up")
-    b.add_argument(
+    p.add_argument("models", nargs="+", metavar="MODEL")
+    p.add_argument("--startup", action="store_true", help="measure cold vs warm start-up")
+    p.add_argument(
         "--warm-only",
         action="store_true",
         help="start-up without a compiler: --cache-dir holds the models compiled "
         "elsewhere; cold runs start from a copy without device binaries and the "
         "recorded compile time is added as an estimate",
     )
-    b.add_argument(
+    p.add_argument(
         "--repeat", type=int, default=3, help="fresh processes per measurement (start-up)"
     )
-    b.add_argument("--runs", type=int, default=100, help="timed runs per model (latency)")
-    b.add_argument("--profile", action="store_true", help="per-kernel GPU profile (latency)")
-    b.add_argument("--plot", help="write a PNG of speed-ups (latency)")
-    b.add_argument("--json", action="store_true", help="machine-readable output")
-    b.add_argument("--out", help="also write the JSON results to this file")
-    _add_model_options(b)
-    b.set_defaults(func=cmd_bench)
+    p.add_argument("--runs", type=int, default=100, help="timed runs per model (latency)")
+    p.add_argument("--profile", action="store_true", help="per-kernel GPU profile (latency)")
+    p.add_argument("--plot", help="write a PNG of speed-ups (latency)")
+    _add_json_option(p)
+    p.add_argument("--out", help="also write the JSON results to this file")
+    _add_model_options(p)
+    p.set_defaults(func=cmd_bench)
 
-    d = sub.add_parser("devices", help="list OpenCL devices")
-    d.add_argument("--json", action="store_true")
-    d.set_defaults(func=cmd_devices)
 
-    cf = sub.add_parser("config", help="show every setting, its environment variable and value")
-    cf.add_argument("--json", action="store_true")
-    cf.add_argument("--markdown", action="store_true", help="print the docs table")
-    cf.set_defaults(func=cmd_config)
-    return p
+def _add_devices_parser(sub: _Subcommands) -> None:
+    p = sub.add_parser("devices", help="list OpenCL devices")
+    _add_json_option(p, help_text=None)
+    p.set_defaults(func=cmd_devices)
+
+
+def _add_config_parser(sub: _Subcommands) -> None:
+    p = sub.add_parser("config", help="show every setting, its environment variable and value")
+    _add_json_option(p, help_text=None)
+    p.add_argument("--markdown", action="store_true", help="print the docs table")
+    p.set_defaults(func=cmd_config)
 
 
 def main(argv: list[str] | None = None) -> int:

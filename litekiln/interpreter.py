@@ -1,4 +1,4 @@
-"""``litekiln.Interpreter``: the app-side API, shaped like ``ai_edge_litert.interpreter.Interpreter``.
+"""``litekiln.Interpreter``: the app-side API, shaped like LiteRT's ``Interpreter``.
 
 Code written against LiteRT's Python interpreter works unchanged: ``allocate_tensors``,
 ``get_input_details``, ``get_output_details``, ``set_tensor``, ``invoke``, ``get_tensor``,
@@ -11,26 +11,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
 # Imported with the module, not at the first Interpreter: an app imports litekiln once at
 # start-up, and every later Interpreter construction is then only model parsing, the cache
-# hit and the device work (the flatbuffer readers, the op registry, pyopencl and the cache
-# together take ~100-200 ms to import).
-import tflite  # noqa: E402,F401  (the flatbuffer readers the loader uses)
-
-import litekiln.cache.models  # noqa: E402,F401
-import litekiln.model.schema  # noqa: E402,F401  (op names and options, read while parsing)
-import litekiln.ops  # noqa: E402,F401  (registers every op family)
-import litekiln.reference  # noqa: E402,F401  (CPU ops between partitions)
-import litekiln.runtime.executor  # noqa: E402,F401  (pyopencl: ~30 ms here, ~250 ms on the H100)
-import litekiln.runtime.session  # noqa: E402,F401  (the session and the cache)
+# hit and the device work. The loading layer brings the flatbuffer readers, the op registry,
+# pyopencl (~30 ms here, ~250 ms on the H100) and the cache: ~100-200 ms of imports together.
+import litekiln.model.schema  # noqa: F401  (op names and options, read while parsing)
 from litekiln import config
 from litekiln.errors import InputError
+from litekiln.loading import open_session
 from litekiln.model import Model, Tensor, load_model
-from litekiln.runtime.device import DeviceOpener  # noqa: E402
+from litekiln.reference import run_graph
+from litekiln.runtime.device import DeviceOpener
 
 REFERENCE = "reference"
 
@@ -42,7 +37,8 @@ class Interpreter:
         model_path: path of a ``.tflite`` file.
         model_content: the model's bytes (instead of ``model_path``).
         experimental_delegates: accepted for LiteRT compatibility; must be empty.
-        num_threads: accepted for LiteRT compatibility; ignored.
+        num_threads: accepted for LiteRT compatibility; not used: the GPU runs the kernels,
+            and the few ops left on the CPU run on numpy in the calling thread.
         device: ``"reference"`` for the numpy reference on the CPU; otherwise an OpenCL
             device choice (``"gpu"``, ``"opencl"``, ``"P:D"`` indices or a name substring).
             Default ``$LITEKILN_DEVICE``, else the first OpenCL GPU, else the first device.
@@ -72,25 +68,22 @@ class Interpreter:
     ) -> None:
         if (model_path is None) == (model_content is None):
             raise ValueError("give exactly one of model_path or model_content")
+        if num_threads is not None and (not isinstance(num_threads, int) or num_threads < -1):
+            raise ValueError(f"num_threads must be an int >= -1 or None, got {num_threads!r}")
+        self.num_threads = num_threads
         if experimental_delegates:
             raise ValueError(
                 "litekiln is itself the GPU path; experimental_delegates must be empty"
             )
-        self._model_bytes: bytes | None = model_content
         self._device_choice = config.DEVICE.get(device) or ""
         # The OpenCL driver starts up (and the context is made) in the background while the
         # model is parsed; allocate_tensors() waits for it.
         self._opener = (
             DeviceOpener(self._device_choice or None) if self._device_choice != REFERENCE else None
         )
-        if model_path is not None:
-            from litekiln.model.loader import load_model as _load
-
-            self._model: Model = _load(model_path, token=model_token)
-            self._model_path: str | None = os.fspath(model_path)
-        else:
-            self._model = load_model(model_content, token=model_token)  # type: ignore[arg-type]
-            self._model_path = None
+        source = model_path if model_path is not None else model_content
+        assert source is not None
+        self._model: Model = load_model(source, token=model_token)
         self._graph = self._model.main
         self._precision = config.PRECISION.get(precision)
         self._cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
@@ -108,13 +101,9 @@ class Interpreter:
         if self._device_choice == REFERENCE:
             self._backend = _ReferenceBackend(self._model)
         else:
-            from litekiln.runtime.session import open_session
-
             assert self._opener is not None
             self._backend = open_session(
                 self._model,
-                model_path=self._model_path,
-                model_bytes=self._model_bytes,
                 device=self._opener,
                 precision=self._precision,
                 cache_dir=self._cache_dir,
@@ -169,6 +158,15 @@ class Interpreter:
         """
         t = self._input_tensor(input_index)
         shape = tuple(int(d) for d in tensor_size)
+        signature = t.shape_signature or t.shape
+        if strict and (
+            len(shape) != len(signature)
+            or any(d != -1 and d != n for d, n in zip(signature, shape, strict=True))
+        ):
+            raise InputError(
+                f"input {input_index} ({t.name!r}): strict resizing may change only the "
+                f"dimensions the model leaves open (-1 in {list(signature)}), got {list(shape)}"
+            )
         if shape != t.shape:
             raise InputError(
                 f"input {input_index} ({t.name!r}): litekiln compiles static shapes; the model's "
@@ -253,6 +251,12 @@ class Interpreter:
 
     # -- litekiln additions -------------------------------------------------------------------
 
+    @overload
+    def run(self, inputs: Any, *, intermediates: Literal[False] = False) -> list[np.ndarray]: ...
+
+    @overload
+    def run(self, inputs: Any, *, intermediates: Literal[True]) -> dict[int, np.ndarray]: ...
+
     def run(
         self, inputs: Any, *, intermediates: bool = False
     ) -> list[np.ndarray] | dict[int, np.ndarray]:
@@ -263,7 +267,13 @@ class Interpreter:
             execution kept (all tensors on the reference device).
         """
         if not isinstance(inputs, dict):
-            inputs = dict(zip(self._graph.inputs, inputs))
+            inputs = list(inputs)
+            if len(inputs) != len(self._graph.inputs):
+                raise InputError(
+                    f"{len(inputs)} inputs given; the model has {len(self._graph.inputs)} "
+                    f"({[self._graph.tensors[t].name for t in self._graph.inputs]})"
+                )
+            inputs = dict(zip(self._graph.inputs, inputs, strict=True))
         for t, v in inputs.items():
             self.set_tensor(t, v)
         self.invoke()
@@ -316,8 +326,6 @@ class _ReferenceBackend:
         self._graph = model.main
 
     def run(self, inputs: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-        from litekiln.reference import run_graph
-
         return run_graph(self._graph, inputs, intermediates=True)
 
 
@@ -336,83 +344,3 @@ def random_inputs(model: Model, seed: int = 0) -> list[np.ndarray]:
             lo, hi = max(info.min, -128), min(info.max, 127)
             out.append(rng.integers(lo, hi + 1, tensor.shape).astype(tensor.dtype))
     return out
-
-
-def _schedules_for(device: str | None) -> str:
-    """The schedule profile for the device the app will run on: ``LITEKILN_SCHEDULES`` if
-    set, else that of this machine's default (or named) OpenCL device, else the GPU one."""
-    import os as _os
-
-    from litekiln.errors import DeviceError
-    from litekiln.runtime.device import select_device
-    from litekiln.runtime.session import default_schedules
-
-    if _os.environ.get(config.SCHEDULES.env):
-        return config.SCHEDULES.get()
-    try:
-        return default_schedules(select_device(device))
-    except DeviceError:
-        return "fast"
-
-
-def precompile(
-    model_path: str | os.PathLike[str],
-    *,
-    cache_dir: str | os.PathLike[str] | None = None,
-    precision: str | None = None,
-    model_token: str | None = None,
-    force: bool = False,
-    **options: Any,
-) -> dict[str, Any]:
-    """Compile a model into the cache at build time, without opening any device.
-
-    The compiled program is device-independent OpenCL; device binaries are built and cached
-    at the first load on each device.
-
-    Args:
-        model_path: the .tflite file.
-        cache_dir: the cache to fill (default: the default cache directory).
-        precision: "fp32" or "fp16"; with fp16, ``half="emulated"`` compiles the variant for
-            devices without half arithmetic (the default "native" is for GPUs).
-        model_token: the token the app will use (default: Fingerprint64 of the file).
-        force: recompile even if the cache already holds the model.
-        options: compile options (:class:`~litekiln.runtime.artifact.CompileOptions` fields);
-            ``device`` names the OpenCL device whose schedule profile to use (default: this
-            machine's default device; "fast" for GPUs when there is none).
-
-    Returns:
-        A summary: token, cached (bool), partitions, kernels, gpu/cpu op counts, seconds.
-
-    Raises:
-        ModelError, CompileError, CacheError: as their names say.
-    """
-    import time
-
-    from litekiln.cache.models import ModelCache
-    from litekiln.runtime.session import compile_for, split_options
-
-    t0 = time.perf_counter()
-    model = load_model(model_path, token=model_token)
-    device = options.pop("device", None)
-    if "schedules" not in options:
-        options["schedules"] = _schedules_for(device)
-    copts, _ = split_options(options, config.PRECISION.get(precision))
-    cache = ModelCache.open(cache_dir)
-    compiled = None if force else cache.load_model(model.token, copts)
-    hit = compiled is not None
-    if compiled is None:
-        compiled = compile_for(model, copts)
-        cache.save_model(compiled)
-    return {
-        "model": os.fspath(model_path),
-        "token": model.token,
-        "cached": hit,
-        "options": copts.to_dict(),
-        "partitions": len(compiled.partitions),
-        "gpu_ops": compiled.stats.get("gpu_ops"),
-        "cpu_ops": compiled.stats.get("cpu_ops"),
-        "kernels": compiled.stats.get("kernels"),
-        "compile_seconds": compiled.stats.get("timings_s", {}).get("total"),
-        "seconds": round(time.perf_counter() - t0, 3),
-        "cache_dir": str(cache.store.directory),
-    }

@@ -43,7 +43,7 @@ def run_ops(
     """Run ``ops`` in order, reading and extending ``values`` (tensor index -> array)."""
     for op in ops:
         results = run_op(op, graph, gather_inputs(op, graph, values))
-        for t, r in zip(op.outputs, results):
+        for t, r in zip(op.outputs, results, strict=True):
             if t >= 0:
                 values[t] = r
     return values

@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -350,10 +349,3 @@ def zoo_path(name: str, directory: str | os.PathLike[str] | None = None) -> Path
             f"make it with: python scripts/make_zoo.py --only {name}"
         )
     return zoo_dir(directory) / f"{name}.tflite"
-
-
-def iter_present(directory: str | os.PathLike[str] | None = None) -> Iterator[tuple[str, Path]]:
-    """(name, path) of every zoo model that is present and complete, in zoo order."""
-    for name in ZOO:
-        if check_model(name, directory, hash_file=False) is None:
-            yield name, zoo_dir(directory) / f"{name}.tflite"

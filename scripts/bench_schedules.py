@@ -54,7 +54,7 @@ def bench(
     got = interp.run(inputs)
     want = ref.run(inputs)
     max_rel = 0.0
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         g64, w64 = np.asarray(g, np.float64), np.asarray(w, np.float64)
         scale = max(float(np.abs(w64).max()), 1e-6)
         max_rel = max(max_rel, float(np.abs(g64 - w64).max()) / scale)
@@ -66,7 +66,7 @@ def bench(
         total = 0.0
         for ex in session.executors:
             times = ex.profile()
-            for kname, t in zip(ex.launch_names(), times):
+            for kname, t in zip(ex.launch_names(), times, strict=True):
                 per_kernel[kname].append(t)
                 total += t
         kernel_sum.append(total)

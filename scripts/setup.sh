@@ -25,7 +25,10 @@ fi
 stamp=".venv/.litekiln-$extras-$(sha256sum pyproject.toml | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   echo "setup: installing litekiln[$extras] into .venv"
-  .venv/bin/python -m pip install -q -e ".[$extras]" 2>&1 | grep -v "is ignored: it is neither" || true
+  # pip's and setuptools' own notices go to a log, shown only when the install fails.
+  if ! .venv/bin/python -m pip install -q -e ".[$extras]" >.venv/pip-install.log 2>&1; then
+    tail -n 40 .venv/pip-install.log; echo "setup: install failed (log: .venv/pip-install.log)"; exit 1
+  fi
   .venv/bin/python -c "import litekiln, pyopencl" || { echo "setup: install failed"; exit 1; }
   touch "$stamp"
 fi

@@ -4,6 +4,6 @@
 # Extra arguments go to pytest. Safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh "compiler,test,zoo"
+scripts/setup.sh "compiler,test,zoo,lint"
 .venv/bin/python scripts/make_zoo.py
 exec .venv/bin/python -m pytest "$@"

@@ -53,7 +53,8 @@ def infer(cache_dir: str | Path | None, **options: Any) -> list[np.ndarray]:
 def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
     """Bit-identical outputs (same kernels, same inputs)."""
     return len(a) == len(b) and all(
-        x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y) for x, y in zip(a, b)
+        x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y)
+        for x, y in zip(a, b, strict=True)
     )
 
 

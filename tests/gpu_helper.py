@@ -204,9 +204,9 @@ def force_gpu(names: Sequence[str]) -> Iterator[None]:
 
 def run_model(built: _Built, op_table: str, forced: Sequence[str]) -> _Result:
     import litekiln
+    from litekiln.artifact.compiled import CompileOptions
     from litekiln.compiler.driver import plan_partitions
     from litekiln.model import load_model
-    from litekiln.runtime.artifact import CompileOptions
 
     model = load_model(built.model)
     with force_gpu(forced):

@@ -102,11 +102,11 @@ def run_litert(model: bytes, feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
         experimental_op_resolver_type=getattr(OpResolverType, LITERT_RESOLVER),
     )
     details = it.get_input_details()
-    for d, x in zip(details, feeds):
+    for d, x in zip(details, feeds, strict=True):
         if tuple(d["shape"]) != x.shape:
             it.resize_tensor_input(d["index"], x.shape)
     it.allocate_tensors()
-    for d, x in zip(details, feeds):
+    for d, x in zip(details, feeds, strict=True):
         it.set_tensor(d["index"], x)
     it.invoke()
     return [np.array(it.get_tensor(d["index"])) for d in it.get_output_details()]
@@ -118,7 +118,7 @@ def run_reference(model: bytes, feeds: Sequence[np.ndarray]) -> list[np.ndarray]
     from litekiln.reference import run_graph
 
     graph = load_model(model).main
-    values = run_graph(graph, dict(zip(graph.inputs, feeds)))
+    values = run_graph(graph, dict(zip(graph.inputs, feeds, strict=True)))
     return [values[t] for t in graph.outputs]
 
 
@@ -226,7 +226,7 @@ def check_op(
         else:
             out_specs = [
                 TensorSpec(list(s), o.dtype, o.quant, name=o.name)
-                for s, o in zip(actual, out_specs)
+                for s, o in zip(actual, out_specs, strict=True)
             ]
             model = build(None, out_specs)
         litert = run_litert(model, feeds)
@@ -261,7 +261,7 @@ def _compare(
     assert len(reference) == len(litert), (
         f"{op_name}: reference gave {len(reference)} outputs, LiteRT {len(litert)}"
     )
-    for i, (ref, lit) in enumerate(zip(reference, litert)):
+    for i, (ref, lit) in enumerate(zip(reference, litert, strict=True)):
         tensor = graph.tensors[graph.outputs[i]]
         what = f"{op_name} output {i} ({tensor.name!r})"
         ref = np.asarray(ref)

@@ -44,13 +44,13 @@ from cache_fault_helpers import (
     val_files,
 )
 
-import litekiln.runtime.session as session
+import litekiln.loading as loading
 from litekiln.cache import CacheError, CacheStore, CacheWarning
 from litekiln.cache.backend import DiskcacheBackend
 from litekiln.cache.models import ModelCache
 from litekiln.errors import DeviceError
-from litekiln.runtime.device import DeviceHandle
 from litekiln.runtime.executor import ExecutorError, PartitionExecutor
+from litekiln.runtime.profile import DeviceProfile
 
 pytestmark = pytest.mark.opencl
 
@@ -80,29 +80,29 @@ class Calls:
 def calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
     """Counts compilations and device-binary cache hits, misses and stores."""
     c = Calls()
-    real_compile = session.compile_for
-    real_load, real_save = ModelCache.load_program, ModelCache.save_binary
+    real_compile = loading.compile_for
+    real_load, real_save = ModelCache.load_program, ModelCache.save_program
 
     def compile_for(*args, **kwargs):
         c.compiles += 1
         return real_compile(*args, **kwargs)
 
-    def load_program(self, fields):
-        binary, choices = real_load(self, fields)
+    def load_program(self, *key):
+        binary, choices = real_load(self, *key)
         if binary is None:
             c.binary_misses += 1
         else:
             c.binary_hits += 1
         return binary, choices
 
-    def save_binary(self, *args, **kwargs):
+    def save_program(self, *args, **kwargs):
         stored = real_save(self, *args, **kwargs)
         c.binary_saves += bool(stored)
         return stored
 
-    monkeypatch.setattr(session, "compile_for", compile_for)
+    monkeypatch.setattr(loading, "compile_for", compile_for)
     monkeypatch.setattr(ModelCache, "load_program", load_program)
-    monkeypatch.setattr(ModelCache, "save_binary", save_binary)
+    monkeypatch.setattr(ModelCache, "save_program", save_program)
     return c
 
 
@@ -125,7 +125,7 @@ def _assert_hit(
     directory: Path, expected: list[np.ndarray], calls: Calls, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A further Interpreter neither compiles nor builds from source, and warns nothing."""
-    monkeypatch.setattr(session, "compile_for", _no_compiler)
+    monkeypatch.setattr(loading, "compile_for", _no_compiler)
     before = Calls(**vars(calls))
     with warnings.catch_warnings():
         warnings.simplefilter("error", CacheWarning)
@@ -194,12 +194,12 @@ def test_entry_from_another_driver_version(
     template: Template, cache: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     old_program = the_key(cache, "program")
-    real_identity = DeviceHandle.identity
+    real_identity = DeviceProfile.identity
 
     def upgraded(self):
         return {**real_identity(self), "driver": real_identity(self)["driver"] + "-upgraded"}
 
-    monkeypatch.setattr(DeviceHandle, "identity", upgraded)
+    monkeypatch.setattr(DeviceProfile, "identity", upgraded)
     out = infer(cache)
     assert same(out, template.outputs)
     # The compiled model does not depend on the driver: a hit. The binary is a miss.
@@ -209,7 +209,7 @@ def test_entry_from_another_driver_version(
     (new_program,) = set(programs) - {old_program}
     assert manifest(cache, new_program)["fields"]["driver"].endswith("-upgraded")
     _assert_hit(cache, template.outputs, calls, monkeypatch)  # with the new driver
-    monkeypatch.setattr(DeviceHandle, "identity", real_identity)
+    monkeypatch.setattr(DeviceProfile, "identity", real_identity)
     _assert_hit(cache, template.outputs, calls, monkeypatch)  # and back with the old one
 
 
@@ -313,12 +313,12 @@ _READ_ONLY_CHILD = textwrap.dedent(
     import base64, json, sys, warnings
     from cache_fault_helpers import infer
     from litekiln.cache import CacheStore
-    import litekiln.runtime.session as session
+    import litekiln.loading as loading
 
     def no_compiler(*a, **k):
         raise AssertionError("compile_for called")
 
-    session.compile_for = no_compiler
+    loading.compile_for = no_compiler
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = infer(sys.argv[1])

@@ -28,6 +28,8 @@ import numpy as np
 import pytest
 
 import litekiln.cache.store as store_mod
+import litekiln.cache.usage as usage_mod
+import litekiln.cache.writer as writer_mod
 from litekiln.cache import CacheError, CacheStore, CacheWarning, make_key
 from litekiln.cache.backend import DiskcacheBackend, SafeDisk
 
@@ -346,7 +348,7 @@ def _die_before_manifest(directory: str) -> None:
     def crash(*args, **kwargs):
         os._exit(3)  # the process dies after its parts are written, before the manifest
 
-    CacheStore._commit = crash  # type: ignore[method-assign]
+    writer_mod.commit = crash
     s = CacheStore.open(directory)
     _put(s)
 
@@ -603,7 +605,7 @@ def test_disk_full_while_committing_the_manifest(
 
 def test_lru_eviction_keeps_recently_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     clock = itertools.count(1000)
-    monkeypatch.setattr(store_mod, "_now", lambda: float(next(clock)))
+    monkeypatch.setattr(usage_mod, "now", lambda: float(next(clock)))
     entry_size = BIG * 4 + 2000
     s = CacheStore.open(tmp_path / "cache", size_limit=3 * entry_size)
     a, _ = _put(s, "a", 1)

@@ -31,7 +31,7 @@ from cache_fault_helpers import (
 )
 
 import litekiln
-import litekiln.runtime.session as session
+import litekiln.loading as loading
 from litekiln.cache import CacheStore
 from litekiln.cache.models import ModelCache
 from litekiln.cli import main
@@ -199,12 +199,12 @@ def _hit_only(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     hits: list[bool] = []
     real_load = ModelCache.load_program
 
-    def load_program(self, fields):
-        binary, choices = real_load(self, fields)
+    def load_program(self, *key):
+        binary, choices = real_load(self, *key)
         hits.append(binary is not None)
         return binary, choices
 
-    monkeypatch.setattr(session, "compile_for", no_compiler)
+    monkeypatch.setattr(loading, "compile_for", no_compiler)
     monkeypatch.setattr(ModelCache, "load_program", load_program)
     return hits
 

@@ -28,9 +28,9 @@ cl = pytest.importorskip("pyopencl")
 tvm = pytest.importorskip("tvm")
 from tvm import relax  # noqa: E402
 
+from litekiln.artifact.program import GpuProgram, ProgramFormatError  # noqa: E402
 from litekiln.compiler.codegen import CodegenError, compile_relax_full  # noqa: E402
 from litekiln.runtime.executor import PartitionExecutor  # noqa: E402
-from litekiln.runtime.program import GpuProgram, ProgramFormatError  # noqa: E402
 
 RTOL = 1e-5
 ATOL = 1e-5
@@ -98,7 +98,7 @@ def check(
 ) -> Any:
     outs, res = run_on_cl(cl_env, mod, args)
     assert len(outs) == len(refs)
-    for o, r in zip(outs, refs):
+    for o, r in zip(outs, refs, strict=True):
         assert o.shape == r.shape
         assert o.dtype == np.float32
         np.testing.assert_allclose(o, r, rtol=rtol, atol=atol)
@@ -491,7 +491,7 @@ def test_json_roundtrip_identical_results(cl_env: Any) -> None:
     # Rebuild from the first executor's device binary too (the cache's fast path).
     ex2 = PartitionExecutor(prog2, res.constants, ctx, queue, binary=ex1.binary)
     out2 = ex2(x)
-    for a, b in zip(out1, out2):
+    for a, b in zip(out1, out2, strict=True):
         np.testing.assert_array_equal(a, b)
 
 
@@ -527,10 +527,10 @@ def test_launch_sizes_static_and_valid(cl_env: Any) -> None:
     mod, _ = _mobilenet_block_chain(depth=1)
     prog = compile_relax_full(mod).program
     dev = cl_env[1].device
-    for l in prog.launches:
-        assert 1 <= len(l.global_size) <= 3
-        assert all(g % s == 0 for g, s in zip(l.global_size, l.local_size))
-        assert int(np.prod(l.local_size)) <= dev.max_work_group_size
+    for launch in prog.launches:
+        assert 1 <= len(launch.global_size) <= 3
+        assert all(g % s == 0 for g, s in zip(launch.global_size, launch.local_size, strict=True))
+        assert int(np.prod(launch.local_size)) <= dev.max_work_group_size
 
 
 def test_codegen_error_names_construct() -> None:
@@ -559,7 +559,8 @@ def test_compile_time_medium_module(capsys: Any) -> None:
     with capsys.disabled():
         print(
             f"\n[compile time] 10-block mobilenet chain: {len(res.program.launches)} launches, "
-            f"{total:.2f}s total, phases {{{', '.join(f'{k}: {v:.2f}s' for k, v in res.timings.items())}}}"
+            f"{total:.2f}s total, phases "
+            f"{{{', '.join(f'{k}: {v:.2f}s' for k, v in res.timings.items())}}}"
         )
     assert res.program.launches
 
@@ -569,13 +570,14 @@ def test_executor_hand_written_program_offsets_and_scalars(cl_env: Any) -> None:
 
     TVM 0.27 always plans tensors at offset 0, so the codegen tests never reach this path.
     """
-    from litekiln.runtime.program import BufferArg, Launch, ScalarArg, StorageSpec, TensorSpec
+    from litekiln.artifact.program import BufferArg, Launch, ScalarArg, StorageSpec, TensorSpec
 
     dev = cl_env[1].device
     align = dev.mem_base_addr_align // 8  # bits -> bytes
     n = 40
     src = """
-    __kernel void axpb(__global float* restrict out, __global const float* restrict x, float a, int n) {
+    __kernel void axpb(__global float* restrict out, __global const float* restrict x,
+                       float a, int n) {
       int i = get_global_id(0);
       if (i < n) out[i] = a * x[i] + (float)n;
     }
@@ -677,7 +679,7 @@ def test_cumsum_multi_kernel_host_loop(cl_env: Any) -> None:
     x = _rand(2, 3000)
     mod = build_module([("x", x.shape)], lambda bb, xv: relax.op.cumsum(xv, axis=1))
     outs, res = run_on_cl(cl_env, mod, [x])
-    assert [l.kernel for l in res.program.launches] == [
+    assert [la.kernel for la in res.program.launches] == [
         "gpu_2d_continuous_cumsum_kernel",
         "gpu_2d_continuous_cumsum_kernel_1",
         "gpu_2d_continuous_cumsum_kernel_3",
@@ -719,7 +721,7 @@ def test_runtime_imports_without_tvm(tmp_path: Any) -> None:
         import sys
         sys.modules["tvm"] = None  # any `import tvm` now raises ImportError
         import numpy as np
-        import litekiln.runtime.program as program
+        import litekiln.artifact.program as program
         import litekiln.runtime.executor as executor
         assert "tvm" not in [m.split(".")[0] for m in sys.modules if sys.modules[m] is not None]
         import pyopencl as cl
@@ -790,9 +792,9 @@ def test_conv_residual_relu_fuse_into_one_kernel(se_gate: bool) -> None:
     A broadcast of a computed gate stays out of the gate conv's kernel (it would recompute
     the conv per output element), so the gated block is conv | mean | conv+sigmoid | mul."""
     import litekiln
+    from litekiln.artifact.compiled import CompileOptions
     from litekiln.compiler.driver import compile_model
     from litekiln.model import load_model
-    from litekiln.runtime.artifact import CompileOptions
 
     data = _blaze_block_model(se_gate)
     model = load_model(data)

@@ -6,7 +6,7 @@ captured calls, replayed by cuGraphLaunch) and runs each kernel through a Python
 registered by the test. What this checks is everything but the GPU: PTX checks, the arena
 and pointer arithmetic, parameter packing (read back through the PTX signature), grid and
 block sizes, input/output staging, graph capture and replay, the session's comparison with
-the OpenCL path and its fallback. The H100 runs the real thing (scripts/h100/run.sh).
+the OpenCL path and its fallback. The H100 runs the real thing (scripts/remote_gpu/run.sh).
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ import types
 import numpy as np
 import pytest
 
-from litekiln.runtime import cuda
-from litekiln.runtime.program import (
+from litekiln.artifact.program import (
     BufferArg,
     GpuProgram,
     Launch,
@@ -27,6 +26,9 @@ from litekiln.runtime.program import (
     StorageSpec,
     TensorSpec,
 )
+from litekiln.cache.models import ModelCache
+from litekiln.runtime import cuda
+from litekiln.runtime.profile import DeviceProfile, family_of
 
 _FMT = {"u64": "<Q", "u32": "<I", "s32": "<i", "f32": "<f", "u16": "<H"}
 
@@ -422,32 +424,27 @@ def test_no_cuda_driver_is_a_clear_refusal(monkeypatch):
         cuda.driver()
 
 
-class _FakeClDevice:
-    class platform:  # noqa: N801 - mimics pyopencl's attribute
-        name = "Portable Computing Language"
+def _profile(platform: str) -> DeviceProfile:
+    return DeviceProfile(
+        platform=platform, platform_version="", vendor="", name="", version="", driver="",
+        kind="gpu", family=family_of(platform), extensions=frozenset(), max_work_group_size=1024,
+        max_work_item_sizes=(1024, 1024, 64), address_align=128,
+    )  # fmt: skip
 
 
 def test_only_nvidia_opencl_devices_are_matched(fake):
     with pytest.raises(cuda.NotNvidiaDevice, match="not an NVIDIA OpenCL device"):
-        cuda.cuda_device_for(_FakeClDevice())
-    nv = type(
-        "Dev",
-        (),
-        {
-            "platform": type("P", (), {"name": "NVIDIA CUDA"}),
-            "pci_bus_id_nv": 0,
-            "pci_slot_id_nv": 0,
-        },
-    )()
-    assert cuda.cuda_device_for(nv).name == "Fake GPU"
-    assert cuda.cuda_device_for(nv) is cuda.cuda_device_for(nv)  # one per device and process
+        cuda.cuda_device_for(object(), _profile("Portable Computing Language"))
+    nv = type("Dev", (), {"pci_bus_id_nv": 0, "pci_slot_id_nv": 0})()
+    profile = _profile("NVIDIA CUDA")
+    assert cuda.cuda_device_for(nv, profile).name == "Fake GPU"
+    assert cuda.cuda_device_for(nv, profile) is cuda.cuda_device_for(nv, profile)  # one per GPU
 
 
 def _ptx_like_nvidia(monkeypatch) -> None:
     """PoCL's executors report, as their binary, the program's signature as PTX (what NVIDIA's
     OpenCL would give), so that the session's CUDA graph path runs against the fake driver."""
     from litekiln.runtime import executor as cl_executor
-    from litekiln.runtime import session as session_mod
 
     ptx_for: dict = {}
 
@@ -466,9 +463,10 @@ def _ptx_like_nvidia(monkeypatch) -> None:
         return ptx_for[id(self.program)]
 
     monkeypatch.setattr(cl_executor.PartitionExecutor, "binary", property(fake_ptx))
-    monkeypatch.setattr(
-        session_mod, "_binary_key", lambda *a: {"kind": "binary", "test": "no-store"}
-    )
+    # The fake PTX must not reach the binary cache, and PoCL must look like NVIDIA's OpenCL.
+    monkeypatch.setattr(ModelCache, "load_program", lambda self, *key: (None, None))
+    monkeypatch.setattr(ModelCache, "save_program", lambda self, *key, **kw: False)
+    monkeypatch.setattr(DeviceProfile, "cuda_graph_candidate", property(lambda self: True))
 
 
 @pytest.mark.opencl
@@ -482,7 +480,7 @@ def test_session_compares_paths_and_falls_back(fake, monkeypatch, tmp_path):
 
     real_binary = cl_executor.PartitionExecutor.binary
     _ptx_like_nvidia(monkeypatch)
-    monkeypatch.setattr(cuda, "cuda_device_for", lambda dev: cuda.CudaDevice(0))
+    monkeypatch.setattr(cuda, "cuda_device_for", lambda dev, profile: cuda.CudaDevice(0))
     model = "tests/data/smoke.tflite"
 
     monkeypatch.setenv("LITEKILN_CUDA_GRAPH", "auto")
@@ -515,7 +513,7 @@ def test_session_starts_on_opencl_and_moves_to_the_graph_in_the_background(
     from litekiln.runtime import session as session_mod
 
     _ptx_like_nvidia(monkeypatch)
-    monkeypatch.setattr(cuda, "cuda_device_for", lambda dev: cuda.CudaDevice(0))
+    monkeypatch.setattr(cuda, "cuda_device_for", lambda dev, profile: cuda.CudaDevice(0))
     monkeypatch.setattr(session_mod, "_compare_paths", lambda a, b: "")  # the fake computes nothing
     gate = threading.Event()
 
@@ -532,7 +530,7 @@ def test_session_starts_on_opencl_and_moves_to_the_graph_in_the_background(
     x = interp.random_inputs(0)
     ref = Interpreter(model_path="tests/data/smoke.tflite", device="reference").run(x)
     for _ in range(2):  # while the graph is being made: OpenCL, right outputs
-        for got, want in zip(interp.run(x), ref):
+        for got, want in zip(interp.run(x), ref, strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert [type(e) for e in sess.executors] != [Gated] and fake.graph_launches == 0
     gate.set()

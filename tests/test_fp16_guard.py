@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from litekiln.artifact.compiled import CompileOptions
 from litekiln.model import load_model
-from litekiln.runtime.artifact import CompileOptions
 from tests.tflite_builder import ModelBuilder
 
 # y = 4096 * ((x + 2**-9) - x) = 8 in exact arithmetic. Storing t1 = x + 2**-9 (x in [0, 1),

@@ -141,8 +141,8 @@ CONV = Batch(
             "conv_k3_d2_same_n1to1", _conv([1, 10, 10, 4], 5, (3, 3), d=(2, 2), act="RELU_N1_TO_1")
         ),
         Case("conv_k3_s3_d2_valid", _conv([1, 13, 12, 3], 2, (3, 3), (3, 3), (2, 2), "VALID")),
-        # LiteRT's float CONV_2D refuses a missing bias (conv.cc: has_bias) and its DEPTHWISE_CONV_2D
-        # crashes on one: those cases are checked against the reference only.
+        # LiteRT's float CONV_2D refuses a missing bias (conv.cc: has_bias) and its
+        # DEPTHWISE_CONV_2D crashes on one: those cases are checked against the reference only.
         Case(
             "conv_k5x3_s2x1_same_nobias",
             _conv([1, 8, 7, 3], 4, (5, 3), (2, 1), bias=False),
@@ -342,7 +342,7 @@ def _concat(shapes, axis, out, act="NONE"):
 
 
 def _pad(shape, pads):
-    out = [d + a + b for d, (a, b) in zip(shape, pads)]
+    out = [d + a + b for d, (a, b) in zip(shape, pads, strict=True)]
     return lambda g: g.op("PAD", [g.x(shape), g.ints(pads)], out)
 
 
@@ -505,7 +505,7 @@ def _tconv_bias(shape, cout, k, stride, padding):
     # test_ops_conv_pool) is the oracle.
     n, h, w, c = shape
     tot = [max(0, k - (d - 1) % stride - 1) if padding == 1 else 0 for d in (h, w)]
-    out = [n, *(stride * (d - 1) + k - t for d, t in zip((h, w), tot)), cout]
+    out = [n, *(stride * (d - 1) + k - t for d, t in zip((h, w), tot, strict=True)), cout]
 
     def build(g: G):
         return g.b.custom_op(

@@ -26,7 +26,7 @@ def test_details_match_litert(fixture: str, request: pytest.FixtureRequest) -> N
         (ours.get_output_details(), theirs.get_output_details()),
     ]:
         assert len(a) == len(b)
-        for da, db in zip(a, b):
+        for da, db in zip(a, b, strict=True):
             for k in KEYS:
                 va, vb = da[k], db[k]
                 if isinstance(vb, np.ndarray):

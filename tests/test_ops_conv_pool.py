@@ -464,7 +464,7 @@ def test_convolution2d_transpose_bias_matches_transpose_conv(
     w = rng.uniform(-1, 1, [4, k, k, 3]).astype(np.float32)
     b = rng.uniform(-1, 1, [4]).astype(np.float32)
     tot = [max(0, k - (n - 1) % stride - 1) if padding == 1 else 0 for n in (5, 6)]
-    oh, ow = (stride * (n - 1) + k - t for n, t in zip((5, 6), tot))
+    oh, ow = (stride * (n - 1) + k - t for n, t in zip((5, 6), tot, strict=True))
     out = _run_custom(
         "Convolution2DTransposeBias",
         [x],

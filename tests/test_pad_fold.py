@@ -10,9 +10,9 @@ import pytest
 pytest.importorskip("tvm")
 
 import litekiln  # noqa: E402
+from litekiln.artifact.compiled import CompileOptions  # noqa: E402
 from litekiln.compiler.driver import compile_model  # noqa: E402
 from litekiln.model import load_model  # noqa: E402
-from litekiln.runtime.artifact import CompileOptions  # noqa: E402
 from tests.tflite_builder import ModelBuilder  # noqa: E402
 
 RNG = np.random.default_rng(7)
@@ -125,7 +125,7 @@ CASES = {
 def _run(data: bytes, xs: list[np.ndarray], **kw) -> list[np.ndarray]:
     it = litekiln.Interpreter(model_content=data, **kw)
     it.allocate_tensors()
-    for d, x in zip(it.get_input_details(), xs):
+    for d, x in zip(it.get_input_details(), xs, strict=True):
         it.set_tensor(d["index"], x)
     it.invoke()
     return [it.get_tensor(d["index"]) for d in it.get_output_details()]
@@ -153,6 +153,6 @@ def test_pad_fold(name: str, precision: str, tmp_path) -> None:
     want = _run(data, xs, device="reference")
     got = _run(data, xs, precision=precision, cache_dir=tmp_path)
     tol = 1e-5 if precision == "fp32" else 1e-2
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape
         np.testing.assert_allclose(g, w, atol=tol * max(1.0, float(np.abs(w).max())), rtol=0)

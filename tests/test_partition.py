@@ -9,6 +9,7 @@ device (CPU fallback between GPU partitions) and validate mode.
 
 from __future__ import annotations
 
+import itertools
 import struct
 from collections import defaultdict
 
@@ -274,7 +275,7 @@ def test_random_graphs_give_acyclic_maximal_plans(seed: int) -> None:
     # partition: each depends on a CPU op scheduled after that earlier partition.
     assert set(plan.cpu_reasons.values()) <= {"not in the GPU op table"}
     kinds = [s.kind for s in plan.steps]
-    assert all(not (a == b == "gpu") for a, b in zip(kinds, kinds[1:]))
+    assert all(not (a == b == "gpu") for a, b in itertools.pairwise(kinds))
     producers = g.producers()
 
     def op_deps(i: int, memo: dict[int, set[int]] = {}) -> set[int]:  # noqa: B006
@@ -576,7 +577,7 @@ def test_validate_mode_names_first_diverging_tensor(monkeypatch: pytest.MonkeyPa
     from tvm import relax
 
     from litekiln.compiler import lower
-    from litekiln.runtime.session import open_session
+    from litekiln.loading import open_session
 
     model = load_model(_validate_model())
     g = model.main

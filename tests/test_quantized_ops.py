@@ -418,7 +418,7 @@ def _litert_builtin(path: str, inputs: list[np.ndarray]) -> list[np.ndarray]:
         model_path=path, experimental_op_resolver_type=getattr(OpResolverType, LITERT_RESOLVER)
     )
     it.allocate_tensors()
-    for d, x in zip(it.get_input_details(), inputs):
+    for d, x in zip(it.get_input_details(), inputs, strict=True):
         it.set_tensor(d["index"], x)
     it.invoke()
     return [np.array(it.get_tensor(d["index"])) for d in it.get_output_details()]

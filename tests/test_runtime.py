@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import litekiln
+from litekiln.runtime.profile import HALF_OVERLOADS, DeviceProfile, family_of
 
 pytestmark = pytest.mark.opencl
 
@@ -44,7 +45,8 @@ def test_cached_model_runs_with_tvm_blocked(smoke_path: Path, tmp_path: Path) ->
         interp = litekiln.Interpreter(model_path={str(smoke_path)!r}, cache_dir={str(cache)!r})
         y = interp.run([np.load({str(tmp_path / "x.npy")!r})])[0]
         assert np.array_equal(y, np.load({str(tmp_path / "y.npy")!r})), "different result"
-        assert not any(m == 'tvm' or m.startswith('tvm.') for m in sys.modules if sys.modules[m] is not None)
+        loaded = [m for m in sys.modules if sys.modules[m] is not None]
+        assert not any(m == 'tvm' or m.startswith('tvm.') for m in loaded)
         print("OK", interp.device)
         """,
         dict(os.environ),
@@ -58,7 +60,10 @@ def test_uncached_model_without_tvm_is_a_clear_error(smoke_path: Path, tmp_path:
         f"""
         import litekiln
         try:
-            litekiln.Interpreter(model_path={str(smoke_path)!r}, cache_dir={str(tmp_path)!r}).allocate_tensors()
+            interp = litekiln.Interpreter(
+                model_path={str(smoke_path)!r}, cache_dir={str(tmp_path)!r}
+            )
+            interp.allocate_tensors()
         except litekiln.CompileError as e:
             print("CompileError:", e)
         """,
@@ -71,8 +76,9 @@ def test_uncached_model_without_tvm_is_a_clear_error(smoke_path: Path, tmp_path:
 def test_runtime_modules_do_not_import_tvm() -> None:
     proc = _run_blocked(
         """
-        import litekiln, litekiln.runtime.session, litekiln.runtime.executor, litekiln.runtime.device
-        import litekiln.cache, litekiln.cache.models, litekiln.interpreter, litekiln.ops, litekiln.bench
+        import litekiln, litekiln.runtime.session, litekiln.runtime.executor
+        import litekiln.runtime.device, litekiln.cache, litekiln.cache.models, litekiln.loading
+        import litekiln.interpreter, litekiln.ops, litekiln.bench
         print("OK")
         """,
         dict(os.environ),
@@ -85,12 +91,12 @@ def test_warm_start_uses_cache_and_skips_compile(
 ) -> None:
     cache = tmp_path / "c"
     litekiln.Interpreter(model_path=smoke_path, cache_dir=cache).allocate_tensors()
-    import litekiln.runtime.session as session
+    import litekiln.loading as loading
 
     def boom(*a: object, **k: object) -> None:
         raise AssertionError("compiled again despite a cache hit")
 
-    monkeypatch.setattr(session, "compile_for", boom)
+    monkeypatch.setattr(loading, "compile_for", boom)
     interp = litekiln.Interpreter(model_path=smoke_path, cache_dir=cache)
     out = interp.run(interp.random_inputs(0))[0]
     assert out.shape == (1, 10) and np.isfinite(out).all()
@@ -118,11 +124,101 @@ def test_outputs_are_read_into_the_same_host_arrays(smoke_path: Path, tmp_path: 
     y1 = interp.run(x1)[0]
     inter1 = interp.run(x1, intermediates=True)
     out_id = interp.get_output_details()[0]["index"]
-    held = sess.run(dict(zip(interp.model.main.inputs, x1)))[out_id]
+    held = sess.run(dict(zip(interp.model.main.inputs, x1, strict=True)))[out_id]
     y2 = interp.run(x2)[0]
-    again = sess.run(dict(zip(interp.model.main.inputs, x2)))[out_id]
+    again = sess.run(dict(zip(interp.model.main.inputs, x2, strict=True)))[out_id]
     assert again is held, "the session allocated a new output array"
     np.testing.assert_allclose(y1, ref.run(x1)[0], rtol=0, atol=1e-4)
     np.testing.assert_allclose(y2, ref.run(x2)[0], rtol=0, atol=1e-4)
     np.testing.assert_array_equal(inter1[out_id], y1)  # not overwritten by the later runs
     assert not np.array_equal(y1, y2)
+
+
+def test_binary_key_follows_the_exact_bytes_handed_to_the_driver(
+    smoke_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device binary is keyed by the sha256 of exactly the source and options the driver
+    was handed: a change to the device patch (here: one more line) is a miss and a rebuild
+    from source, never the old binary."""
+    import hashlib
+
+    import pyopencl as cl
+    from cache_fault_helpers import keys_by_kind, manifest
+
+    from litekiln.runtime import executor as executor_mod
+    from litekiln.runtime.profile import DeviceProfile, DriverProgram
+
+    built: list[str] = []  # every source handed to the driver
+    real_program = cl.Program
+
+    def recording_program(ctx, *args):  # cl.Program(ctx, source) or (ctx, devices, binaries)
+        if len(args) == 1:
+            built.append(args[0])
+        return real_program(ctx, *args)
+
+    monkeypatch.setattr(executor_mod.cl, "Program", recording_program)
+    cache = tmp_path / "cache"
+
+    def load() -> tuple[list[bool], list[np.ndarray]]:
+        interp = litekiln.Interpreter(model_path=smoke_path, cache_dir=cache, tune=False)
+        out = interp.run(interp.random_inputs(0))
+        return [ex.from_binary for ex in interp._backend.executors], out  # noqa: SLF001
+
+    def stored_sources() -> dict[str, list[str]]:
+        fields = [manifest(cache, k)["fields"] for k in keys_by_kind(cache)["program"]]
+        return {f["source"]: f["build_options"] for f in fields}
+
+    assert load()[0] == [False]  # first start: built from source, stored
+    (first,) = built
+    assert stored_sources() == {hashlib.sha256(first.encode()).hexdigest(): []}
+    assert load()[0] == [True]  # second start: the stored binary
+    assert len(built) == 1
+
+    real_driver_program = DeviceProfile.driver_program
+
+    def patched(self, source, build_options):  # a changed source patch of the executor
+        d = real_driver_program(self, source, build_options)
+        return DriverProgram("// patched\n" + d.source, (*d.options, "-DLITEKILN_PATCHED=1"))
+
+    monkeypatch.setattr(DeviceProfile, "driver_program", patched)
+    from_binary, out = load()
+    assert from_binary == [False], "the old binary was loaded for a different driver program"
+    assert len(built) == 2 and built[1] == "// patched\n" + first
+    assert stored_sources() == {
+        hashlib.sha256(first.encode()).hexdigest(): [],
+        hashlib.sha256(built[1].encode()).hexdigest(): ["-DLITEKILN_PATCHED=1"],
+    }
+    assert load()[0] == [True]  # and the patched program's own binary is a hit from now on
+
+
+def _profile(platform: str, kind: str = "gpu", extensions: str = "") -> DeviceProfile:
+    return DeviceProfile(
+        platform=platform, platform_version="OpenCL 3.0", vendor="v", name="dev", version="1",
+        driver="1", kind=kind, family=family_of(platform), extensions=frozenset(extensions.split()),
+        max_work_group_size=1024, max_work_item_sizes=(1024, 1024, 64), address_align=128,
+    )  # fmt: skip
+
+
+def test_device_profile_answers_the_vendor_questions() -> None:
+    half_source = "#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n__kernel void k() {}"
+    nvidia = _profile("NVIDIA CUDA")
+    pocl = _profile("Portable Computing Language", kind="cpu")
+    amd = _profile("AMD Accelerated Parallel Processing", extensions="cl_khr_fp16")
+    assert [p.family for p in (nvidia, pocl, amd)] == ["nvidia", "pocl", "generic"]
+    # Schedules by device type; the CUDA-graph path only on NVIDIA's OpenCL; the direct
+    # enqueue loop everywhere but on PoCL.
+    assert [p.schedules for p in (nvidia, pocl, amd)] == ["fast", "fast-cpu", "fast"]
+    assert [p.cuda_graph_candidate for p in (nvidia, pocl, amd)] == [True, False, False]
+    assert [p.direct_enqueue for p in (nvidia, pocl, amd)] == [True, False, True]
+    # Half code: patched (macro and built-in overloads) where the driver does not list the
+    # extension, handed over as it is where it does; float code is never patched.
+    patched = nvidia.driver_program(half_source, "-cl-fast-relaxed-math")
+    assert patched.source == HALF_OVERLOADS + half_source
+    assert patched.options == ("-cl-fast-relaxed-math", "-Dcl_khr_fp16=1")
+    assert amd.driver_program(half_source, "").source == half_source
+    assert nvidia.driver_program("__kernel void k() {}", "").options == ()
+    assert amd.half and not pocl.half  # listed; not listed and no context to probe on
+    # Work-group limits.
+    assert nvidia.fits((256,), 1024) and not nvidia.fits((2048,), 1024)
+    assert not nvidia.fits((8, 8, 128), 1024)  # the third axis allows 64
+    assert not nvidia.fits((512,), 256)  # the kernel's own limit

@@ -160,7 +160,7 @@ def check(
         assert "barrier(" not in res.program.source
     outs = run_guarded(cl_env, res, args)
     assert len(outs) == len(refs)
-    for o, r in zip(outs, refs):
+    for o, r in zip(outs, refs, strict=True):
         assert o.shape == r.shape
         np.testing.assert_allclose(o, r, rtol=RTOL, atol=ATOL * max(1.0, float(np.abs(r).max())))
     return res
@@ -611,7 +611,7 @@ def test_model_fast_matches_reference(
     inputs = gpu.random_inputs(seed=0)
     got, want = gpu.run(inputs), ref.run(inputs)
     assert len(got) == len(want)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         # float32 models: accumulated rounding over ~30 layers; 1e-4 of the output's range.
         w64 = np.asarray(w, np.float64)
         scale = max(float(np.abs(w64).max()), 1e-6)

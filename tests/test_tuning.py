@@ -1,7 +1,7 @@
 """Per-device tuning: schedule variants emitted by the compiler, timed and chosen at first load.
 
 The GPU profile (``schedules="fast"``) emits alternative schedules of the heavy kernels
-(`litekiln.runtime.program.Variant`); the runtime times them on the device once, keeps the
+(`litekiln.artifact.program.Variant`); the runtime times them on the device once, keeps the
 fastest and stores the choice beside the device binary. On PoCL the timings mean little, but
 everything else is checked: every option computes the same result as the numpy reference,
 the choice is stored and reused, ``tune=False`` skips it, and a bad stored choice is retuned.
@@ -18,8 +18,8 @@ import pytest
 pytest.importorskip("tvm")
 
 import litekiln  # noqa: E402
+from litekiln.artifact.program import GpuProgram  # noqa: E402
 from litekiln.runtime.executor import PartitionExecutor  # noqa: E402
-from litekiln.runtime.program import GpuProgram  # noqa: E402
 
 pytestmark = pytest.mark.opencl
 
@@ -32,7 +32,8 @@ def _interp(path: Path, cache: Path, **kw: Any) -> litekiln.Interpreter:
 
 def _err(ours: list[np.ndarray], ref: list[np.ndarray]) -> float:
     return max(
-        float(np.abs(o - r).max()) / max(1.0, float(np.abs(r).max())) for o, r in zip(ours, ref)
+        float(np.abs(o - r).max()) / max(1.0, float(np.abs(r).max()))
+        for o, r in zip(ours, ref, strict=True)
     )
 
 
@@ -107,19 +108,18 @@ def test_a_stored_choice_that_does_not_fit_is_retuned(
     smoke_path: Path, tmp_path: Path, counted_tune: list[int]
 ) -> None:
     from litekiln.cache.models import ModelCache
-    from litekiln.runtime.session import _binary_key
 
     interp = _interp(smoke_path, tmp_path)
     interp.allocate_tensors()
     sess = interp._backend  # noqa: SLF001
     prog, ex = sess.compiled.partitions[0].program, sess.executors[0]
-    key = _binary_key(prog.source, prog.build_options, sess.handle.identity())
+    key = (ex.driver.source_bytes, ex.driver.options, sess.handle.profile.identity())
     cache = ModelCache.open(tmp_path)
-    cache.save_binary(key, ex.binary, sess.handle.identity(), tuning=[7] * (len(prog.variants) + 1))
+    cache.save_program(*key, ex.binary, tuning=[7] * (len(prog.variants) + 1))
     again = _interp(smoke_path, tmp_path)
     again.allocate_tensors()
     assert counted_tune == [1, 1]
-    assert ModelCache.open(tmp_path).load_program(key)[1] == again._backend.executors[0].choices  # noqa: SLF001
+    assert ModelCache.open(tmp_path).load_program(*key)[1] == again._backend.executors[0].choices  # noqa: SLF001
 
 
 def test_program_json_keeps_variants_and_plan_checks_choices(
@@ -152,8 +152,8 @@ def test_launch_loops_agree_with_the_reference(
     interp = _interp(smoke_path, tmp_path, tune=False)
     interp.allocate_tensors()
     ex = interp._backend.executors[0]  # noqa: SLF001 - which loop runs
-    pocl = "portable computing language" in ex._platform_name().lower()  # noqa: SLF001
-    assert (ex._fast is not None) == (mode == "on" or (mode == "auto" and not pocl))  # noqa: SLF001
+    direct = ex.device_profile.direct_enqueue
+    assert (ex._fast is not None) == (mode == "on" or (mode == "auto" and direct))  # noqa: SLF001
     for _ in range(2):  # a second run reuses the converted launch arguments
         assert _err(interp.run(inputs), expected) <= TOL
 
@@ -173,9 +173,9 @@ def test_native_half_programs_have_no_half_vectors(smoke_path: Path) -> None:
     # fp16 programs, while fp32 programs keep it (float2 loads).
     import re
 
+    from litekiln.artifact.compiled import CompileOptions
     from litekiln.compiler.driver import compile_model
     from litekiln.model import load_model
-    from litekiln.runtime.artifact import CompileOptions
 
     model = load_model(smoke_path.read_bytes())
     half = (
@@ -204,10 +204,10 @@ def test_native_half_program_compiles_with_clang(name: str) -> None:
 
     from conftest import zoo_model
 
+    from litekiln.artifact.compiled import CompileOptions
     from litekiln.compiler.driver import compile_model
     from litekiln.model import load_model
-    from litekiln.runtime.artifact import CompileOptions
-    from litekiln.runtime.executor import _HALF_OVERLOADS
+    from litekiln.runtime.profile import HALF_OVERLOADS
 
     clang = shutil.which("clang-15") or shutil.which("clang")
     if clang is None:
@@ -234,7 +234,7 @@ def test_native_half_program_compiles_with_clang(name: str) -> None:
                 "-ferror-limit=0",
                 "-",
             ],
-            input=_HALF_OVERLOADS + source,
+            input=HALF_OVERLOADS + source,
             capture_output=True,
             text=True,
             timeout=300,

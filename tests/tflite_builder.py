@@ -34,7 +34,7 @@ import inspect
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import flatbuffers
 import numpy as np
@@ -65,7 +65,7 @@ TENSOR_TYPES: dict[str, int] = {
 }
 _TYPE_NAMES = {code: name for name, code in TENSOR_TYPES.items()}
 
-DType = Union[str, np.dtype, type]
+DType = str | np.dtype | type
 
 
 def dtype_name(dtype: DType) -> str:
@@ -131,7 +131,7 @@ class Quant:
         return ((q.astype(np.int64) - zp) * self.scales.reshape(shape)).astype(np.float32)
 
 
-QuantLike = Union[Quant, tuple, Mapping, None]
+QuantLike = Quant | tuple | Mapping | None
 
 DENSE, SPARSE_CSR = 0, 1
 _INDEX_VECTORS = {
@@ -253,7 +253,7 @@ class TensorRef:
     subgraph: int = 0
 
 
-TensorLike = Union[TensorRef, int, np.ndarray, None]
+TensorLike = TensorRef | int | np.ndarray | None
 
 
 @dataclass

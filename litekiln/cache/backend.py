@@ -226,7 +226,7 @@ class DiskcacheBackend(Backend):
 
     def get(self, key: str) -> bytes | None:
         value = self._cache.get(key, default=None, retry=True)
-        return value  # type: ignore[no-any-return]
+        return value
 
     def keys(self, prefix: str) -> list[str]:
         found = []

@@ -1,11 +1,31 @@
-"""Cache keys: a sha256 over canonical JSON of every field that changes what is stored."""
+"""Cache keys: the one place that says what every kind of entry is keyed by.
+
+A key is the sha256 of the canonical JSON of its fields; the fields are stored in the entry too,
+so that ``cache ls``/``info`` can show them. Two kinds of entries:
+
+* a **compiled model** (`model_key_fields`): the model token, every compile option, the
+  litekiln version, a hash of the compiler's own sources (`compiler_hash`) and the target. The
+  TVM version is not in the key, because a runtime-only install has no TVM to ask: the entry
+  records the version that made it, and where TVM is installed a different one is a miss
+  (`ModelCache.load_model`).
+* a **device program** (`program_key_fields`): the sha256 of the exact source bytes and the
+  exact build options handed to the OpenCL driver (after every device patch the runtime
+  applies), the device's identity (platform, vendor, name, versions, driver) and the litekiln
+  version. Whatever changes what the driver is given changes the key.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import re
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from litekiln.artifact.versions import compiler_hash, litekiln_version
+
+if TYPE_CHECKING:
+    from litekiln.artifact.compiled import CompileOptions
 
 _KEY_RE = re.compile(r"[0-9a-f]{64}")
 
@@ -31,12 +51,9 @@ def canonical_json(value: Any) -> bytes:
 def make_key(fields: dict[str, Any]) -> str:
     """The cache key of an entry: sha256 hex of the canonical JSON of `fields`.
 
-    The cache does not look at the world to build keys; callers pass everything that changes
-    what the entry holds. For a compiled model: model token, options, litekiln version, hash
-    of the compiler's sources, TVM version, target. For a device program binary: source hash,
-    build options, platform/device vendor, name, version and driver version. The fields are
-    stored in the entry too, so ``ls``/``info`` can show them; conventional names that
-    ``ls`` picks out are ``token``, ``model_name`` and ``options``.
+    The store does not look at the world to build keys: `model_key_fields` and
+    `program_key_fields` gather the fields. Conventional names that ``ls`` picks out are
+    ``token``, ``model_name`` and ``options``.
 
     Args:
         fields: JSON data (see `canonical_json`); nested dicts and lists are fine.
@@ -56,3 +73,34 @@ def make_key(fields: dict[str, Any]) -> str:
 def is_key(text: str) -> bool:
     """Whether `text` is a full cache key (64 lowercase hex digits)."""
     return isinstance(text, str) and _KEY_RE.fullmatch(text) is not None
+
+
+def model_key_fields(token: str, options: CompileOptions) -> dict[str, Any]:
+    """The fields of a compiled model's key (see the module docstring)."""
+    return {
+        "kind": "model",
+        "token": token,
+        "options": options.to_dict(),
+        "litekiln": litekiln_version(),
+        "compiler": compiler_hash(),
+        "target": options.target,
+    }
+
+
+def program_key_fields(
+    source: bytes, build_options: Sequence[str], identity: Mapping[str, str]
+) -> dict[str, Any]:
+    """The fields of a device program's key.
+
+    Args:
+        source: the exact OpenCL C bytes handed to the driver.
+        build_options: the exact build options handed to the driver, in order.
+        identity: the device's identity (platform, vendor, name, versions, driver).
+    """
+    return {
+        "kind": "binary",
+        "source": hashlib.sha256(source).hexdigest(),
+        "build_options": list(build_options),
+        "litekiln": litekiln_version(),
+        **identity,
+    }

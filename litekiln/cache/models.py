@@ -1,29 +1,24 @@
-"""The two cache levels litekiln uses, over :class:`~litekiln.cache.store.CacheStore`.
+"""The two kinds of entries litekiln caches, over :class:`~litekiln.cache.store.CacheStore`.
 
-(a) compiled models, keyed by model token + compile options + litekiln version + compiler
-    source hash + target; the TVM version that produced an entry is recorded and, where TVM is
-    installed, a different version is a miss (a runtime-only install has no TVM to compare and
-    accepts it);
-(b) device program binaries, keyed by source hash + build options + platform/device vendor,
-    name, version and driver version.
+(a) compiled models (`load_model`/`save_model`): the manifest of a
+    :class:`~litekiln.artifact.compiled.CompiledModel` and its constants;
+(b) device programs (`load_program`/`save_program`): the driver's binary of one partition's
+    program and the tuning choices made with it on that device.
 
-No TVM import here.
+What each is keyed by is said, and built, in `litekiln.cache.keys` only. No TVM import here.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from litekiln.cache.keys import make_key
+from litekiln.artifact.compiled import CompiledModel, CompileOptions
+from litekiln.artifact.versions import tvm_version
+from litekiln.cache.keys import make_key, model_key_fields, program_key_fields
 from litekiln.cache.store import CacheStore
-from litekiln.runtime.artifact import (
-    CompiledModel,
-    CompileOptions,
-    model_key_fields,
-    tvm_version,
-)
 
 _MANIFEST_PART = "artifact.json"
 _CONST_PREFIX = "const/"
@@ -97,11 +92,12 @@ class ModelCache:
 
     # -- device binaries ------------------------------------------------------------------
 
-    def load_binary(self, fields: dict[str, Any]) -> bytes | None:
-        return self.load_program(fields)[0]
-
-    def load_program(self, fields: dict[str, Any]) -> tuple[bytes | None, list[int] | None]:
-        """A device program entry: its binary and, if it was tuned, the chosen variants."""
+    def load_program(
+        self, source: bytes, build_options: Sequence[str], identity: Mapping[str, str]
+    ) -> tuple[bytes | None, list[int] | None]:
+        """The binary the driver built from exactly ``source`` and ``build_options`` on the
+        device ``identity`` names, and the variants chosen there if it was tuned."""
+        fields = program_key_fields(source, build_options, identity)
         entry = self.store.get(make_key(fields), kind="program")
         if entry is None:
             return None, None
@@ -119,17 +115,20 @@ class ModelCache:
                 choices = None  # retuned and stored again by the session
         return binary, choices
 
-    def save_binary(
+    def save_program(
         self,
-        fields: dict[str, Any],
+        source: bytes,
+        build_options: Sequence[str],
+        identity: Mapping[str, str],
         binary: bytes,
-        identity: dict[str, str],
         tuning: list[int] | None = None,
     ) -> bool:
-        """Store a device binary (and the tuning choices made on that device with it)."""
+        """Store the binary built from ``source`` and ``build_options`` on the device
+        ``identity`` names (and the tuning choices made on that device with it)."""
+        fields = program_key_fields(source, build_options, identity)
         parts: dict[str, Any] = {"binary": binary}
         if tuning is not None:
             parts["tuning"] = json.dumps(tuning).encode()
         return self.store.put(
-            make_key(fields), fields, parts, kind="program", meta={"device": identity}
+            make_key(fields), fields, parts, kind="program", meta={"device": dict(identity)}
         )

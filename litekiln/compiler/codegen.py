@@ -33,7 +33,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import tvm
@@ -41,11 +41,7 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.ir.expr import GenericConst
 
-_tir_build = importlib.import_module(
-    "tvm.tirx.build"
-)  # `tvm.tirx.build` the attribute is a function
-
-from litekiln.runtime.program import (
+from litekiln.artifact.program import (
     FORMAT_VERSION,
     SCALAR_TYPES,
     BufferArg,
@@ -57,6 +53,9 @@ from litekiln.runtime.program import (
     TensorSpec,
     Variant,
 )
+
+# `tvm.tirx.build` the attribute is a function: import the module by name.
+_tir_build = importlib.import_module("tvm.tirx.build")
 
 #: Options handed to clBuildProgram.  TVM's OpenCL runtime passes none either; the generated
 #: code relies on exact IEEE float semantics (no -cl-fast-relaxed-math) to match the numpy
@@ -83,7 +82,7 @@ class CodegenError(RuntimeError):
     """The lowered module contains a construct this code generator cannot translate."""
 
 
-SchedulePass = tvm.transform.Pass
+SchedulePass: TypeAlias = tvm.transform.Pass
 
 
 @dataclass
@@ -109,8 +108,8 @@ class CompileResult:
 def default_schedule() -> SchedulePass:
     """The default TIR schedule step: dlight's generic GPU rules.
 
-    Correct everywhere, slow on real GPUs (see DESIGN.md).  Replace it by passing
-    ``schedule=`` to `build_relax_pipeline` / `compile_relax`.
+    Correct everywhere, slow on real GPUs (see `litekiln.compiler.schedules`).  Replace it by
+    passing ``schedule=`` to `build_relax_pipeline` / `compile_relax`.
     """
     from tvm.s_tir import dlight as dl  # local import: heavy, only needed at compile time
 
@@ -212,7 +211,7 @@ def isolate_pools() -> tvm.transform.Pass:
     return _pass
 
 
-TargetLike = str | dict[str, Any] | tvm.target.Target
+TargetLike: TypeAlias = str | dict[str, Any] | tvm.target.Target
 
 
 def make_target(target: TargetLike) -> tvm.target.Target:
@@ -245,7 +244,8 @@ def _int(expr: Any, what: str) -> int:
     if isinstance(expr, tirx.IntImm):
         return int(expr.value)
     raise CodegenError(
-        f"{what}: expected a static integer, got {type(expr).__name__} `{expr}` (dynamic shapes are not supported)"
+        f"{what}: expected a static integer, got {type(expr).__name__} `{expr}` "
+        "(dynamic shapes are not supported)"
     )
 
 
@@ -383,7 +383,8 @@ class _MainPlanner:
             elif isinstance(op, relax.GlobalVar):
                 if op.name_hint not in func_names:
                     raise CodegenError(
-                        f"call to `{op.name_hint}`, which is not a TIR PrimFunc (nested Relax functions are unsupported)"
+                        f"call to `{op.name_hint}`, which is not a TIR PrimFunc "
+                        "(nested Relax functions are unsupported)"
                     )
                 args = [
                     self.tensor_arg(a, f"argument {i} of {op.name_hint}")
@@ -446,8 +447,8 @@ class _MainPlanner:
             )
             return
         raise CodegenError(
-            f"binding {name}: Relax op `{op_name}` survived lowering; no OpenCL kernel exists for it "
-            "(it needs a legalization or a CPU fallback)"
+            f"binding {name}: Relax op `{op_name}` survived lowering; no OpenCL kernel exists "
+            "for it (it needs a legalization or a CPU fallback)"
         )
 
     def _packed_call(self, k: int, name: str, symbol: str, call: Any) -> None:
@@ -560,9 +561,10 @@ class _HostFuncReader:
         self.calls: list[_KernelCall] = []
         if len(arg_shapes) != len(func.params):
             raise CodegenError(
-                f"{name}: called with {len(arg_shapes)} tensors, PrimFunc has {len(func.params)} parameters"
+                f"{name}: called with {len(arg_shapes)} tensors, "
+                f"PrimFunc has {len(func.params)} parameters"
             )
-        for p, shape in zip(func.params, arg_shapes):
+        for p, shape in zip(func.params, arg_shapes, strict=True):
             self._bind_shape(p, shape)
         self._visit(func.body)
 
@@ -573,14 +575,16 @@ class _HostFuncReader:
             raise CodegenError(f"{self.name}: parameter {param.name} is not a buffer ({ty})")
         if len(dims) != len(shape):
             raise CodegenError(
-                f"{self.name}: parameter {param.name} has rank {len(dims)}, argument has shape {shape}"
+                f"{self.name}: parameter {param.name} has rank {len(dims)}, "
+                f"argument has shape {shape}"
             )
-        for d, s in zip(dims, shape):
+        for d, s in zip(dims, shape, strict=True):
             if isinstance(d, tirx.Var) and _key(d) not in self.env:
                 self.env[_key(d)] = int(s)
             elif self._eval(d, f"shape of {param.name}") != s:
                 raise CodegenError(
-                    f"{self.name}: parameter {param.name} expects shape {list(dims)}, argument has {shape}"
+                    f"{self.name}: parameter {param.name} expects shape {list(dims)}, "
+                    f"argument has {shape}"
                 )
 
     # -- expressions
@@ -596,7 +600,8 @@ class _HostFuncReader:
             k = _key(expr)
             if k not in self.env:
                 raise CodegenError(
-                    f"{self.name}: {what}: `{expr.name}` is not known at compile time (dynamic shape?)"
+                    f"{self.name}: {what}: `{expr.name}` is not known at compile time "
+                    "(dynamic shape?)"
                 )
             return self.env[k]
         cls = type(expr).__name__
@@ -672,7 +677,8 @@ class _HostFuncReader:
             self._evaluate(stmt.value)
         else:
             raise CodegenError(
-                f"{self.name}: host code contains {type(stmt).__name__}, which litekiln cannot run ahead of time"
+                f"{self.name}: host code contains {type(stmt).__name__}, "
+                "which litekiln cannot run ahead of time"
             )
 
     def _evaluate(self, expr: Any) -> None:
@@ -697,10 +703,11 @@ class _HostFuncReader:
             if not (lp.startswith("blockIdx.") or lp.startswith("threadIdx.")):
                 # e.g. "tirx.use_dyn_shared_memory": would need a __local pointer argument.
                 raise CodegenError(
-                    f"{self.name}: {kernel} uses launch parameter {lp!r} (dynamic shared memory is unsupported)"
+                    f"{self.name}: {kernel} uses launch parameter {lp!r} "
+                    "(dynamic shared memory is unsupported)"
                 )
         args: list[tuple[str, Any]] = []
-        for (pname, pkind), value in zip(params, rest[: len(params)]):
+        for (pname, pkind), value in zip(params, rest[: len(params)], strict=True):
             what = f"{kernel} argument {pname}"
             if pkind == "handle":
                 args.append(self._buffer_source(value, what))
@@ -730,7 +737,8 @@ class _HostFuncReader:
                     expr = self.buffer_alias[k]
                     continue
             raise CodegenError(
-                f"{self.name}: {what}: cannot resolve the buffer `{expr}` to a parameter or workspace"
+                f"{self.name}: {what}: cannot resolve the buffer `{expr}` "
+                "to a parameter or workspace"
             )
         raise CodegenError(f"{self.name}: {what}: buffer alias chain too long")
 
@@ -753,7 +761,7 @@ def _ndrange(call: _KernelCall, where: str) -> tuple[tuple[int, ...], tuple[int,
     threads = [1, 1, 1]
     axes = {"x": 0, "y": 1, "z": 2}
     rank = 1
-    for lp, ext in zip(call.launch_params, call.extents):
+    for lp, ext in zip(call.launch_params, call.extents, strict=True):
         kind, axis_name = lp.split(".")
         if axis_name not in axes:
             raise CodegenError(f"{where}: launch parameter {lp!r}")
@@ -761,7 +769,7 @@ def _ndrange(call: _KernelCall, where: str) -> tuple[tuple[int, ...], tuple[int,
         rank = max(rank, axis + 1)
         (blocks if kind == "blockIdx" else threads)[axis] = int(ext)
     local = tuple(threads[:rank])
-    global_ = tuple(b * t for b, t in zip(blocks[:rank], threads[:rank]))
+    global_ = tuple(b * t for b, t in zip(blocks[:rank], threads[:rank], strict=True))
     return global_, local
 
 
@@ -780,13 +788,15 @@ def _shorten_kernel_names(source: str, launches: list[Launch]) -> tuple[str, lis
     """
     import re
 
-    long_names = sorted({l.kernel for l in launches if len(l.kernel) > _MAX_KERNEL_NAME})
+    long_names = sorted({ln.kernel for ln in launches if len(ln.kernel) > _MAX_KERNEL_NAME})
     if not long_names:
         return source, launches
     mapping = {n: f"{n[:40]}_k{i}" for i, n in enumerate(long_names)}
     pattern = re.compile(r"\b(" + "|".join(re.escape(n) for n in long_names) + r")\b")
     source = pattern.sub(lambda m: mapping[m.group(1)], source)
-    launches = [dataclasses.replace(l, kernel=mapping.get(l.kernel, l.kernel)) for l in launches]
+    launches = [
+        dataclasses.replace(ln, kernel=mapping.get(ln.kernel, ln.kernel)) for ln in launches
+    ]
     return source, launches
 
 
@@ -832,20 +842,62 @@ def compile_relax_full(
     """
     t_start = time.perf_counter()
     tgt = make_target(target)
-    if tgt.kind.name != "opencl":
-        raise CodegenError(f"target kind {tgt.kind.name!r}: litekiln generates OpenCL only")
+    _check_module(mod, tgt)
+    # 1. Relax pipeline.
+    relax_pass = _relax_pass(tgt, pipeline, schedule, schedules)
+    lowered, fused = _run_relax_pass(relax_pass, mod, tgt, capture_fused=bool(variant_rules))
+    t_relax = time.perf_counter()
+    planner, outputs = _plan_main(lowered)
+    # 2-3. TIR lowering and OpenCL C of the PrimFuncs that main calls, and their launches.
+    code = _device_code(lowered, fused, planner, variant_rules, tgt)
+    program = _program(code, build_options, planner, outputs, tgt)
+    t_end = time.perf_counter()
+    timings = {
+        "relax": t_relax - t_start,
+        "tir": code.t_tir - t_relax,
+        "opencl_codegen": code.t_codegen - code.t_tir,
+        "total": t_end - t_start,
+    }
+    return CompileResult(program, planner.constant_arrays, timings, lowered)
+
+
+def _check_module(mod: tvm.IRModule, target: tvm.target.Target) -> None:
+    if target.kind.name != "opencl":
+        raise CodegenError(f"target kind {target.kind.name!r}: litekiln generates OpenCL only")
     if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
         raise CodegenError("module has no `main` function")
 
-    # 1. Relax pipeline.
+
+def _relax_pass(
+    target: tvm.target.Target,
+    pipeline: tvm.transform.Pass | Callable[[tvm.target.Target], tvm.transform.Pass] | None,
+    schedule: SchedulePass | None,
+    schedules: str | None,
+) -> tvm.transform.Pass:
+    """The Relax pipeline to run: the one given, or ours with the chosen schedule."""
     if pipeline is None:
-        relax_pass = build_relax_pipeline(
-            tgt, schedule if schedule is not None else schedule_named(schedules)
+        return build_relax_pipeline(
+            target, schedule if schedule is not None else schedule_named(schedules)
         )
-    elif isinstance(pipeline, tvm.transform.Pass):
-        relax_pass = pipeline
-    else:
-        relax_pass = pipeline(tgt)
+    if isinstance(pipeline, tvm.transform.Pass):
+        return pipeline
+    return pipeline(target)
+
+
+def _run_relax_pass(
+    relax_pass: tvm.transform.Pass,
+    mod: tvm.IRModule,
+    target: tvm.target.Target,
+    *,
+    capture_fused: bool,
+) -> tuple[tvm.IRModule, tvm.IRModule | None]:
+    """Run the Relax pipeline on ``mod``.
+
+    Returns:
+        ``(lowered, fused)``: the lowered module and, with ``capture_fused``, a copy of the
+        module right after FuseTIR (its PrimFuncs as they were before scheduling; ``None``
+        if the pipeline has no FuseTIR), for the schedule variants to start from.
+    """
     captured: dict[str, tvm.IRModule] = {}
 
     @tvm.ir.instrument.pass_instrument
@@ -855,13 +907,16 @@ def compile_relax_full(
                 # A copy: the schedule pass updates the module in place.
                 captured["fused"] = tvm.IRModule(dict(m.functions.items()))
 
-    with tgt, tvm.transform.PassContext(instruments=[_CaptureFused()] if variant_rules else []):
+    with target, tvm.transform.PassContext(instruments=[_CaptureFused()] if capture_fused else []):
         lowered = relax_pass(mod)
-    t_relax = time.perf_counter()
+    return lowered, captured.get("fused")
 
+
+def _plan_main(lowered: tvm.IRModule) -> tuple[_MainPlanner, list[int]]:
+    """Walk the lowered ``main``: storages, tensors, PrimFunc calls and the output tensors."""
     main = lowered["main"]
     prim_funcs = {
-        gv.name_hint: f for gv, f in lowered.functions.items() if isinstance(f, tirx.PrimFunc)
+        gv.name_hint for gv, f in lowered.functions.items() if isinstance(f, tirx.PrimFunc)
     }
     planner = _MainPlanner()
     planner.add_params(main.params)
@@ -870,80 +925,184 @@ def compile_relax_full(
         raise CodegenError(f"main body is {type(body).__name__}, expected a SeqExpr")
     for block in body.blocks:
         for binding in block.bindings:
-            planner.add_binding(binding, set(prim_funcs))
-    outputs = planner.flat_tensors(body.body, "result of main")
+            planner.add_binding(binding, prim_funcs)
+    return planner, planner.flat_tensors(body.body, "result of main")
 
-    # 2. TIR lowering of the PrimFuncs actually called (the pipeline leaves dead ones, e.g. a
-    #    `reshape` PrimFunc replaced by vm.builtin.reshape).
+
+@dataclass
+class _LoweredFuncs:
+    """The called PrimFuncs (and their schedule variants) after TIR lowering."""
+
+    host_funcs: dict[str, Any]  # name -> host PrimFunc (post-SplitHostDevice)
+    kernel_funcs: dict[str, Any]  # kernel name -> device PrimFunc
+    source: str  # OpenCL C of every kernel
+    t_tir: float  # when the TIR pipeline ended (perf_counter)
+    # PrimFunc name -> names of its variants (`<name>__v<k>`), each a host function
+    variants_of: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass
+class _DeviceCode:
+    """What the program runs: OpenCL C, the launches in order, and the tuning variants."""
+
+    source: str
+    launches: list[Launch]
+    variants: list[Variant]
+    t_tir: float
+    t_codegen: float
+
+
+def _device_code(
+    lowered: tvm.IRModule,
+    fused: tvm.IRModule | None,
+    planner: _MainPlanner,
+    variant_rules: Sequence[Any],
+    target: tvm.target.Target,
+) -> _DeviceCode:
+    """Lower the called PrimFuncs (and variants) to OpenCL C and read their launches."""
+    # The pipeline leaves dead PrimFuncs (e.g. a `reshape` replaced by vm.builtin.reshape).
     used = sorted({c.func for c in planner.calls})
-    launches: list[Launch] = []
-    variants: list[Variant] = []
-    source = ""
-    t_tir = t_cg = time.perf_counter()
-    if used:
-        tir_mod = tvm.IRModule(
-            {gv: f for gv, f in lowered.functions.items() if gv.name_hint in used}
-        )
-        host_funcs, kernel_funcs, source, t_tir = _lower_tir(tir_mod, tgt)
-        options_of: dict[str, list[str]] = {}
-        if variant_rules and "fused" in captured:
-            # Alternative schedules of the same PrimFuncs, lowered as `<name>__v<k>`.
-            alt = _schedule_variants(captured["fused"], lowered, used, variant_rules, tgt)
-            if alt:
-                v_host, v_kernels, v_source, _ = _lower_tir(tvm.IRModule(alt), tgt)
-                host_funcs.update(v_host)
-                kernel_funcs.update(v_kernels)
-                source = source + "\n" + v_source
-                for gv in alt:
-                    options_of.setdefault(gv.name_hint.rsplit("__v", 1)[0], []).append(gv.name_hint)
-        t_cg = time.perf_counter()
-        kernel_params = {name: _kernel_params(f, name) for name, f in kernel_funcs.items()}
-        bodies = _kernel_bodies(source) if options_of else {}
-        vector_check = _HALF_PROGRAM_VECTOR if "cl_khr_fp16" in source else _HALF_VECTOR
+    now = time.perf_counter()
+    if not used:
+        return _DeviceCode("", [], [], now, now)
+    funcs = _lower_used(lowered, used, target)
+    if variant_rules and fused is not None:
+        _add_schedule_variants(funcs, fused, lowered, used, variant_rules, target)
+    t_codegen = time.perf_counter()
+    launches, variants = _LaunchReader(planner, funcs).read()
+    # Variants no option kept (equal to the default) need not be built.
+    prune = bool(funcs.variants_of)
+    source, launches, variants = _finish_kernels(funcs.source, launches, variants, prune=prune)
+    return _DeviceCode(source, launches, variants, funcs.t_tir, t_codegen)
 
-        def signature(ls: Sequence[Launch]) -> tuple[Any, ...]:
-            # What an option runs: kernel code (names blanked), NDRanges and arguments.
-            return tuple((bodies.get(l.kernel), l.global_size, l.local_size, l.args) for l in ls)
 
-        for call in planner.calls:
+def _lower_used(
+    lowered: tvm.IRModule, used: Sequence[str], target: tvm.target.Target
+) -> _LoweredFuncs:
+    tir_mod = tvm.IRModule({gv: f for gv, f in lowered.functions.items() if gv.name_hint in used})
+    host_funcs, kernel_funcs, source, t_tir = _lower_tir(tir_mod, target)
+    return _LoweredFuncs(host_funcs, kernel_funcs, source, t_tir)
+
+
+def _add_schedule_variants(
+    funcs: _LoweredFuncs,
+    fused: tvm.IRModule,
+    lowered: tvm.IRModule,
+    used: Sequence[str],
+    rules: Sequence[Any],
+    target: tvm.target.Target,
+) -> None:
+    """Lower alternative schedules of the used PrimFuncs, as `<name>__v<k>`, into ``funcs``."""
+    alt = _schedule_variants(fused, lowered, used, rules, target)
+    if not alt:
+        return
+    v_host, v_kernels, v_source, _ = _lower_tir(tvm.IRModule(alt), target)
+    funcs.host_funcs.update(v_host)
+    funcs.kernel_funcs.update(v_kernels)
+    funcs.source = funcs.source + "\n" + v_source
+    for gv in alt:
+        funcs.variants_of.setdefault(gv.name_hint.rsplit("__v", 1)[0], []).append(gv.name_hint)
+
+
+class _LaunchReader:
+    """Reads the launches of every PrimFunc call, and the variant options worth timing."""
+
+    def __init__(self, planner: _MainPlanner, funcs: _LoweredFuncs) -> None:
+        self.planner = planner
+        self.funcs = funcs
+        self.kernel_params = {
+            name: _kernel_params(f, name) for name, f in funcs.kernel_funcs.items()
+        }
+        self.bodies = _kernel_bodies(funcs.source) if funcs.variants_of else {}
+        self.vector_check = _HALF_PROGRAM_VECTOR if "cl_khr_fp16" in funcs.source else _HALF_VECTOR
+
+    def read(self) -> tuple[list[Launch], list[Variant]]:
+        """The launches of all calls, in order, and each call's variants (if any)."""
+        launches: list[Launch] = []
+        variants: list[Variant] = []
+        for call in self.planner.calls:
             start = len(launches)
-            launches.extend(_call_launches(call, call.func, planner, host_funcs, kernel_params))
-            seen = {signature(launches[start:])}
-            options = []
-            for vname in options_of.get(call.func, []):
-                try:
-                    option = _call_launches(
-                        call, vname, planner, host_funcs, kernel_params, workspaces=False
-                    )
-                except CodegenError:
-                    continue  # e.g. a variant that needs a workspace: keep the default only
-                if any(vector_check.search(bodies.get(l.kernel) or "") for l in option):
-                    # Vector half code (half2 loads of a vectorised matmul variant): NVIDIA's
-                    # OpenCL builds scalar half but rejects half vectors and their conversions,
-                    # and one such kernel fails the whole program's build. In a program with
-                    # half code, float vectors go too: the executor's `half max(half, half)`
-                    # (and co.) overloads capture `max(float2, float2)` (clang: "passing
-                    # float2 to parameter of incompatible type half").
-                    continue
-                if signature(option) not in seen:  # another rule, the same kernel
-                    seen.add(signature(option))
-                    options.append(tuple(option))
+            launches.extend(self._launches(call, call.func))
+            options = self._options(call, self._signature(launches[start:]))
             if options:
                 variants.append(Variant(start, len(launches), tuple(options), call.func))
-        launches_all = [*launches, *(l for v in variants for o in v.options for l in o)]
-        if options_of:  # variants no option kept (equal to the default) need not be built
-            source = _keep_kernels(source, {l.kernel for l in launches_all})
-        source, launches_all = _shorten_kernel_names(source, launches_all)
-        launches, rest = launches_all[: len(launches)], iter(launches_all[len(launches) :])
-        variants = [
-            dataclasses.replace(v, options=tuple(tuple(next(rest) for _ in o) for o in v.options))
-            for v in variants
-        ]
+        return launches, variants
+
+    def _launches(self, call: _Call, func_name: str, *, workspaces: bool = True) -> list[Launch]:
+        return _call_launches(
+            call,
+            func_name,
+            self.planner,
+            self.funcs.host_funcs,
+            self.kernel_params,
+            workspaces=workspaces,
+        )
+
+    def _signature(self, launches: Sequence[Launch]) -> tuple[Any, ...]:
+        # What an option runs: kernel code (names blanked), NDRanges and arguments.
+        return tuple(
+            (self.bodies.get(ln.kernel), ln.global_size, ln.local_size, ln.args) for ln in launches
+        )
+
+    def _options(self, call: _Call, default: tuple[Any, ...]) -> list[tuple[Launch, ...]]:
+        """The call's variants that build everywhere and run other code than the default."""
+        seen = {default}
+        options = []
+        for vname in self.funcs.variants_of.get(call.func, []):
+            option = self._variant(call, vname)
+            if option is None or self._signature(option) in seen:
+                continue  # unusable here, or another rule giving the same kernel
+            seen.add(self._signature(option))
+            options.append(tuple(option))
+        return options
+
+    def _variant(self, call: _Call, vname: str) -> list[Launch] | None:
+        """The variant's launches, or None where it cannot be offered."""
+        try:
+            option = self._launches(call, vname, workspaces=False)
+        except CodegenError:
+            return None  # e.g. a variant that needs a workspace: keep the default only
+        if any(self.vector_check.search(self.bodies.get(ln.kernel) or "") for ln in option):
+            # Vector half code (half2 loads of a vectorised matmul variant): NVIDIA's
+            # OpenCL builds scalar half but rejects half vectors and their conversions,
+            # and one such kernel fails the whole program's build. In a program with
+            # half code, float vectors go too: the executor's `half max(half, half)`
+            # (and co.) overloads capture `max(float2, float2)` (clang: "passing
+            # float2 to parameter of incompatible type half").
+            return None
+        return option
+
+
+def _finish_kernels(
+    source: str, launches: list[Launch], variants: list[Variant], *, prune: bool
+) -> tuple[str, list[Launch], list[Variant]]:
+    """Drop unused kernels (``prune``) and shorten long kernel names, in source and launches."""
+    launches_all = [*launches, *(ln for v in variants for o in v.options for ln in o)]
+    if prune:
+        source = _keep_kernels(source, {ln.kernel for ln in launches_all})
+    source, launches_all = _shorten_kernel_names(source, launches_all)
+    launches, rest = launches_all[: len(launches)], iter(launches_all[len(launches) :])
+    variants = [
+        dataclasses.replace(v, options=tuple(tuple(next(rest) for _ in o) for o in v.options))
+        for v in variants
+    ]
+    return source, launches, variants
+
+
+def _program(
+    code: _DeviceCode,
+    build_options: str,
+    planner: _MainPlanner,
+    outputs: list[int],
+    target: tvm.target.Target,
+) -> GpuProgram:
+    """Assemble and validate the plain-data program."""
+    launches, variants = code.launches, code.variants
     program = GpuProgram(
-        source=source,
+        source=code.source,
         build_options=build_options,
         kernels=sorted(
-            {l.kernel for l in [*launches, *(x for v in variants for o in v.options for x in o)]}
+            {ln.kernel for ln in [*launches, *(x for v in variants for o in v.options for x in o)]}
         ),
         storages=planner.storages,
         tensors=planner.tensors,
@@ -954,21 +1113,14 @@ def compile_relax_full(
         variants=variants,
         meta={
             "tvm_version": tvm.__version__,
-            "target": str(tgt.kind.name),
-            "target_full": tgt.export() if hasattr(tgt, "export") else str(tgt),
+            "target": str(target.kind.name),
+            "target_full": target.export() if hasattr(target, "export") else str(target),
         },
         format_version=FORMAT_VERSION,
     )
     program.meta = _jsonable(program.meta)
     program.validate()
-    t_end = time.perf_counter()
-    timings = {
-        "relax": t_relax - t_start,
-        "tir": t_tir - t_relax,
-        "opencl_codegen": t_cg - t_tir,
-        "total": t_end - t_start,
-    }
-    return CompileResult(program, planner.constant_arrays, timings, lowered)
+    return program
 
 
 def _call_launches(
@@ -999,7 +1151,8 @@ def _call_launches(
             if kind == "param":
                 if val >= len(call.args):
                     raise CodegenError(
-                        f"{func_name}: kernel {kc.kernel} uses parameter {val}, call has {len(call.args)}"
+                        f"{func_name}: kernel {kc.kernel} uses parameter {val}, "
+                        f"call has {len(call.args)}"
                     )
                 args.append(BufferArg(call.args[val]))
             elif kind == "workspace":

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from litekiln.compiler.partition import PartitionPlan, partition
+import numpy as np
+
+from litekiln.artifact.compiled import CompiledModel, CompileOptions, PartitionArtifact
+from litekiln.artifact.versions import compiler_hash, litekiln_version, tvm_version
+from litekiln.compiler.partition import Partition, PartitionPlan, partition
 from litekiln.errors import CompileError
 from litekiln.model.ir import Model
-from litekiln.runtime.artifact import (
-    CompiledModel,
-    CompileOptions,
-    PartitionArtifact,
-    compiler_hash,
-    litekiln_version,
-    tvm_version,
-)
+
+if TYPE_CHECKING:  # lower imports TVM, precision the numpy reference: loaded when compiling
+    from litekiln.compiler.lower import LowerOptions
+    from litekiln.compiler.precision import Fp16Plan
 
 Progress = Callable[[int, int, str], None]
 
@@ -53,96 +55,164 @@ def compile_model(
     Raises:
         CompileError: a partition cannot be lowered or code-generated.
     """
-    from litekiln.compiler.codegen import CodegenError, compile_relax_full
-    from litekiln.compiler.lower import LowerOptions, lower_partition
+    _import_tvm_side()
+    run = _Compilation(model, options or CompileOptions(), progress, warn)
+    plan = run.partition()
+    fp16_plan = run.plan_fp16(plan)
+    partitions, constants = run.compile_partitions(plan, fp16_plan)
+    return run.artifact(plan, partitions, constants, fp16_plan)
 
-    options = options or CompileOptions()
-    t0 = time.perf_counter()
-    plan = plan_partitions(model, options)
-    if warn:
-        plan.print_warnings()
-    timings: dict[str, float] = {"partition": time.perf_counter() - t0}
-    fp16_plan = None
-    fp32_tensors: frozenset[int] = frozenset()
-    if options.precision == "fp16" and options.fp16_budget is not None and plan.partitions:
+
+def _import_tvm_side() -> None:
+    # TVM loads (seconds) before the clock starts, so the timings are the compiler's own; and a
+    # missing TVM fails here, before any warning is printed, partitions or not.
+    importlib.import_module("litekiln.compiler.codegen")
+    importlib.import_module("litekiln.compiler.lower")
+
+
+class _Compilation:
+    """One `compile_model` call: its steps, in order, share the model, options and timings."""
+
+    def __init__(
+        self, model: Model, options: CompileOptions, progress: Progress | None, warn: bool
+    ) -> None:
+        self.model = model
+        self.options = options
+        self.progress = progress
+        self.warn = warn
+        self.t0 = time.perf_counter()
+        # Phase -> seconds, in the order the phases first ran (the manifest keeps that order).
+        self.timings: dict[str, float] = {}
+
+    def partition(self) -> PartitionPlan:
+        """Split the model into GPU partitions and CPU ops (and say so, when warning)."""
+        plan = plan_partitions(self.model, self.options)
+        if self.warn:
+            plan.print_warnings()
+        self.timings["partition"] = time.perf_counter() - self.t0
+        return plan
+
+    def plan_fp16(self, plan: PartitionPlan) -> Fp16Plan | None:
+        """The fp16 error guard: which tensors stay in float32 storage (fp16 with a budget)."""
+        options = self.options
+        if options.precision != "fp16" or options.fp16_budget is None or not plan.partitions:
+            return None
         from litekiln.compiler.precision import plan_fp16_storage
 
         t = time.perf_counter()
         fp16_plan = plan_fp16_storage(
-            model.main,
+            self.model.main,
             plan.partitions,
             budget=float(options.fp16_budget),
-            log=(lambda m: print(f"litekiln: {m}", file=sys.stderr)) if warn else None,
+            log=(lambda m: print(f"litekiln: {m}", file=sys.stderr)) if self.warn else None,
         )
-        fp32_tensors = fp16_plan.fp32_tensors
-        timings["fp16_guard"] = time.perf_counter() - t
-        if warn and fp32_tensors:
+        self.timings["fp16_guard"] = time.perf_counter() - t
+        if self.warn and fp16_plan.fp32_tensors:
             print(
-                f"litekiln: fp16: {len(fp32_tensors)} of {fp16_plan.candidates} tensors kept in "
-                f"float32 storage (simulated error {fp16_plan.error_all_half:.2e} all-half, "
-                f"{fp16_plan.error:.2e} now; budget {fp16_plan.budget:.1e})",
+                f"litekiln: fp16: {len(fp16_plan.fp32_tensors)} of {fp16_plan.candidates} "
+                f"tensors kept in float32 storage (simulated error "
+                f"{fp16_plan.error_all_half:.2e} all-half, {fp16_plan.error:.2e} now; "
+                f"budget {fp16_plan.budget:.1e})",
                 file=sys.stderr,
             )
-    lower_opts = LowerOptions(
-        precision=options.precision,
-        quant_simulation=options.quant_simulation,
-        half=options.half,
-        fp32_tensors=fp32_tensors,
-    )
-    partitions: list[PartitionArtifact] = []
-    constants = {}
-    total = len(plan.partitions)
-    for p in plan.partitions:
-        label = f"partition {p.index + 1}/{total} ({len(p.ops)} ops)"
-        if progress:
-            progress(p.index, total, label)
+        return fp16_plan
+
+    def compile_partitions(
+        self, plan: PartitionPlan, fp16_plan: Fp16Plan | None
+    ) -> tuple[list[PartitionArtifact], dict[str, np.ndarray]]:
+        """Lower and code-generate each GPU partition, reporting progress.
+
+        Returns:
+            The compiled partitions and their constants, named ``p<index>.<name>``.
+        """
+        from litekiln.compiler.lower import LowerOptions
+
+        lower_opts = LowerOptions(
+            precision=self.options.precision,
+            quant_simulation=self.options.quant_simulation,
+            half=self.options.half,
+            fp32_tensors=fp16_plan.fp32_tensors if fp16_plan is not None else frozenset(),
+        )
+        partitions: list[PartitionArtifact] = []
+        constants: dict[str, np.ndarray] = {}
+        total = len(plan.partitions)
+        for p in plan.partitions:
+            label = f"partition {p.index + 1}/{total} ({len(p.ops)} ops)"
+            if self.progress:
+                self.progress(p.index, total, label)
+            artifact, part_constants = self.compile_partition(p, lower_opts, label)
+            partitions.append(artifact)
+            constants.update(part_constants)
+        if self.progress:
+            self.progress(total, total, "done")
+        return partitions, constants
+
+    def compile_partition(
+        self, p: Partition, lower_opts: LowerOptions, label: str
+    ) -> tuple[PartitionArtifact, dict[str, np.ndarray]]:
+        """One GPU partition: our IR -> Relax -> OpenCL; its constants renamed ``p<index>.``.
+
+        Raises:
+            CompileError: code generation failed (the message names the model and partition).
+        """
+        from litekiln.compiler.codegen import CodegenError, compile_relax_full
+        from litekiln.compiler.lower import lower_partition
+
         t = time.perf_counter()
-        mod = lower_partition(model.main, p, lower_opts)
-        timings["lower"] = timings.get("lower", 0.0) + time.perf_counter() - t
+        mod = lower_partition(self.model.main, p, lower_opts)
+        self._add_time("lower", time.perf_counter() - t)
         try:
             result = compile_relax_full(
                 mod,
-                target=_target(options),
-                schedules=options.schedules,
-                variant_rules=_variant_rules(options),
+                target=_target(self.options),
+                schedules=self.options.schedules,
+                variant_rules=_variant_rules(self.options),
             )
         except CodegenError as exc:
-            raise CompileError(f"{model.name}: {label}: {exc}") from None
+            raise CompileError(f"{self.model.name}: {label}: {exc}") from None
         for k, v in result.timings.items():
-            timings[k] = timings.get(k, 0.0) + v
+            self._add_time(k, v)
+        # Every partition names its constants from const_0: prefix them to keep them apart.
         prefix = f"p{p.index}."
         program = result.program
         program.constants = {tid: prefix + name for tid, name in program.constants.items()}
-        constants.update({prefix + k: v for k, v in result.constants.items()})
-        partitions.append(PartitionArtifact(p.index, p.ops, p.inputs, p.outputs, program))
-    if progress:
-        progress(total, total, "done")
-    timings["total"] = time.perf_counter() - t0
-    steps = [
-        ("gpu", s.partition) if s.kind == "gpu" else ("cpu", s.op)
-        for s in plan.steps  # type: ignore[misc]
-    ]
-    return CompiledModel(
-        token=model.token,
-        model_name=model.name,
-        options=options,
-        steps=steps,  # type: ignore[arg-type]
-        partitions=partitions,
-        constants=constants,
-        cpu_reasons=plan.cpu_reasons,
-        versions={
-            "litekiln": litekiln_version(),
-            "compiler": compiler_hash(),
-            "tvm": tvm_version() or "",
-        },
-        stats={
-            "timings_s": {k: round(v, 4) for k, v in timings.items()},
-            "gpu_ops": plan.gpu_op_count,
-            "cpu_ops": plan.cpu_op_count,
-            "kernels": sum(len(p.program.launches) for p in partitions),
-            **({"fp16": fp16_plan.summary()} if fp16_plan is not None else {}),
-        },
-    )
+        constants = {prefix + k: v for k, v in result.constants.items()}
+        return PartitionArtifact(p.index, p.ops, p.inputs, p.outputs, program), constants
+
+    def artifact(
+        self,
+        plan: PartitionPlan,
+        partitions: list[PartitionArtifact],
+        constants: dict[str, np.ndarray],
+        fp16_plan: Fp16Plan | None,
+    ) -> CompiledModel:
+        """The compiled model: execution plan, programs, constants, versions and stats."""
+        self.timings["total"] = time.perf_counter() - self.t0
+        steps = [("gpu", s.partition) if s.kind == "gpu" else ("cpu", s.op) for s in plan.steps]
+        return CompiledModel(
+            token=self.model.token,
+            model_name=self.model.name,
+            options=self.options,
+            steps=steps,  # type: ignore[arg-type]
+            partitions=partitions,
+            constants=constants,
+            cpu_reasons=plan.cpu_reasons,
+            versions={
+                "litekiln": litekiln_version(),
+                "compiler": compiler_hash(),
+                "tvm": tvm_version() or "",
+            },
+            stats={
+                "timings_s": {k: round(v, 4) for k, v in self.timings.items()},
+                "gpu_ops": plan.gpu_op_count,
+                "cpu_ops": plan.cpu_op_count,
+                "kernels": sum(len(p.program.launches) for p in partitions),
+                **({"fp16": fp16_plan.summary()} if fp16_plan is not None else {}),
+            },
+        )
+
+    def _add_time(self, phase: str, seconds: float) -> None:
+        self.timings[phase] = self.timings.get(phase, 0.0) + seconds
 
 
 def _variant_rules(options: CompileOptions) -> list[object]:

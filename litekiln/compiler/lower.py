@@ -234,7 +234,7 @@ class _Lowering:
                     if fn is None:
                         raise CompileError(f"{op.describe()}: no GPU lowering for {op.name}")
                     outs = fn(_Ctx(self, op))
-                    for t, expr in zip(op.outputs, outs):
+                    for t, expr in zip(op.outputs, outs, strict=True):
                         tensor = self.graph.tensors[t]
                         expr = self._fix_shape(op, expr, tensor)
                         if self.options.quant_simulation and is_quantized(tensor):
@@ -416,15 +416,16 @@ def _conv_data(
     if fold is None:
         return (*_data_and_weights(ctx, 0, w), pads)
     src, extra = fold
-    total = tuple(a + b for a, b in zip(pads, extra))
+    top, left, bottom, right = (a + b for a, b in zip(pads, extra, strict=True))
+    total = (top, left, bottom, right)
     lw = ctx.lw
     if not (lw.half_stored(t) and lw.half_stored(src)):
         # A float32 padded tensor, or a float32 source (a partition input): float32 data and
         # weights, as `_data_and_weights` does for float32 operands (rounding the source
         # here would cost a cast kernel per convolution).
-        return lw.value(src), ctx.fconst(w), total  # type: ignore[return-value]
+        return lw.value(src), ctx.fconst(w), total
     x = lw.stored(src)
-    return x, ctx.wconst(w), total  # type: ignore[return-value]
+    return x, ctx.wconst(w), total
 
 
 # -- emitters ----------------------------------------------------------------------------------
@@ -718,8 +719,8 @@ def _strided_slice(ctx: _Ctx) -> list[Expr]:
         st = int(strides[i])
         # Resolve to python-slice semantics, then to explicit in-range bounds.
         if shrink & (1 << i):
-            b = int(begin[i]) % n
-            sl = slice(b, b + 1, 1)
+            first = int(begin[i]) % n
+            sl = slice(first, first + 1, 1)
         else:
             b = None if bm & (1 << i) else int(begin[i])
             e = None if em & (1 << i) else int(end[i])

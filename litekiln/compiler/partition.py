@@ -241,11 +241,16 @@ def _fill_boundaries(graph: Subgraph, partitions: list[Partition], steps: list[S
     producers = graph.producers()
     readers: dict[int, set[int | str]] = defaultdict(set)  # tensor -> partitions / "cpu"
     for s in steps:
-        ops = partitions[s.partition].ops if s.kind == "gpu" else [s.op]  # type: ignore[index]
+        if s.kind == "gpu":
+            assert s.partition is not None  # a GPU step names its partition
+            ops = partitions[s.partition].ops
+        else:
+            assert s.op is not None  # a CPU step names its op
+            ops = [s.op]
         for i in ops:
-            for t in graph.ops[i].inputs:  # type: ignore[index]
+            for t in graph.ops[i].inputs:
                 if t >= 0:
-                    readers[t].add(owner.get(i, "cpu"))  # type: ignore[arg-type]
+                    readers[t].add(owner.get(i, "cpu"))
     graph_outputs = set(graph.outputs)
     for p in partitions:
         seen: set[int] = set()

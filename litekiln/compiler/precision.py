@@ -32,11 +32,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from litekiln.model.ir import Op, Subgraph
 from litekiln.reference import gather_inputs
+
+if TYPE_CHECKING:
+    from litekiln.compiler.partition import Partition
 
 #: Default simulated-error budget of fp16 programs (relative to max(1, max|output|)).
 DEFAULT_BUDGET = 2.5e-3
@@ -92,12 +96,12 @@ def round_half(a: np.ndarray) -> np.ndarray:
     return np.clip(a, -_FP16_MAX, _FP16_MAX).astype(np.float16).astype(np.float32)
 
 
-def boundary_tensors(partitions: Iterable[object]) -> set[int]:
+def boundary_tensors(partitions: Iterable[Partition]) -> set[int]:
     """Tensors that cross a partition boundary (float32 storage under fp16)."""
     out: set[int] = set()
     for p in partitions:
-        out.update(p.inputs)  # type: ignore[attr-defined]
-        out.update(p.outputs)  # type: ignore[attr-defined]
+        out.update(p.inputs)
+        out.update(p.outputs)
     return out
 
 
@@ -141,7 +145,8 @@ class _Simulator:
         self.inputs = inputs
         self.exact: dict[int, np.ndarray] = dict(inputs)
         for _, op in self.ops:
-            for t, r in zip(op.outputs, run(op, graph, gather_inputs(op, graph, self.exact))):
+            results = run(op, graph, gather_inputs(op, graph, self.exact))
+            for t, r in zip(op.outputs, results, strict=True):
                 if t >= 0:
                     self.exact[t] = r
         self.scale = {
@@ -170,7 +175,7 @@ class _Simulator:
             xs = gather_inputs(op, g, v)
             if i in self.gpu:
                 xs = self._round_constants(op, xs, half)
-            for t, r in zip(op.outputs, self.run(op, g, xs)):
+            for t, r in zip(op.outputs, self.run(op, g, xs), strict=True):
                 if t >= 0:
                     v[t] = round_half(r) if t in half and r.dtype == np.float32 else r
         return self.error(v)
@@ -181,7 +186,7 @@ class _Simulator:
         g = self.graph
         slots = WEIGHTED_OPS.get(op.name)
         out = list(xs)
-        for s, (t, x) in enumerate(zip(op.inputs, xs)):
+        for s, (t, x) in enumerate(zip(op.inputs, xs, strict=True)):
             if x is None or t < 0 or g.tensors[t].data is None or x.dtype != np.float32:
                 continue
             if slots is not None:
@@ -204,7 +209,7 @@ class _Simulator:
 
 def plan_fp16_storage(
     graph: Subgraph,
-    partitions: Sequence[object],
+    partitions: Sequence[Partition],
     *,
     budget: float = DEFAULT_BUDGET,
     run: Callable[..., list[np.ndarray]] | None = None,
@@ -220,9 +225,11 @@ def plan_fp16_storage(
         log: called with progress messages.
     """
     if run is None:
-        from litekiln.ops import run_op as run
+        from litekiln.ops import run_op
+
+        run = run_op
     t0 = time.perf_counter()
-    gpu_ops = {i for p in partitions for i in p.ops}  # type: ignore[attr-defined]
+    gpu_ops = {i for p in partitions for i in p.ops}
     boundary = boundary_tensors(partitions)
     candidates = {
         t

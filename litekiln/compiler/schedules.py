@@ -141,9 +141,7 @@ class _GuardedRule(GPUScheduleRule):
     """A rule that declines (returns None) where TVM refuses one of its steps: subclasses
     implement `_apply`."""
 
-    def apply(  # type: ignore[override]
-        self, func: tirx.PrimFunc, target: Target, _tunable: bool
-    ) -> s_tir.Schedule | None:
+    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
         try:
@@ -175,9 +173,10 @@ class _SingleReductionRule(_GuardedRule):
         if set(kinds) - {"S", "R"} or kinds != "S" * n_s + "R" * (len(kinds) - n_s) or n_s == 0:
             return None
         dom = [int(d) if isinstance(d, (int, tirx.IntImm)) else None for d in red_info.dom()]
-        if any(d is None for d in dom):
+        extents = [d for d in dom if d is not None]
+        if len(extents) != len(dom):
             return None  # dynamic shapes
-        return self._schedule(sch, target, infos, red_info, dom[:n_s], dom[n_s:])  # type: ignore[arg-type]
+        return self._schedule(sch, target, infos, red_info, extents[:n_s], extents[n_s:])
 
     def _schedule(
         self,
@@ -243,8 +242,8 @@ class SerialReduction(_SingleReductionRule):
         r_ext: list[int],
     ) -> s_tir.Schedule | None:
         n_s = len(s_ext)
-        outputs = math.prod(s_ext)  # type: ignore[arg-type]
-        terms = math.prod(r_ext)  # type: ignore[arg-type]
+        outputs = math.prod(s_ext)
+        terms = math.prod(r_ext)
         if terms > _SHORT_REDUCTION and outputs < _OUTPUTS_PER_TERM * terms:
             return None
         red = red_info.block_rv
@@ -278,7 +277,7 @@ class SerialReduction(_SingleReductionRule):
         if channel_reduction and not self.channel_reductions:
             return None
         width = s_ext[-2] if n_s >= 2 else 1
-        fv, pv = self._tile(s_ext[-1], width, outputs, channel_reduction)  # type: ignore[arg-type]
+        fv, pv = self._tile(s_ext[-1], width, outputs, channel_reduction)
         f_o, f_i = sch.split(s_loops[-1], factors=[None, fv])
         if n_s >= 2:
             w_o, w_i = sch.split(s_loops[-2], factors=[None, pv])
@@ -307,10 +306,10 @@ class SerialReduction(_SingleReductionRule):
 
         # Unroll the kernel window (small reduction loops) and the tile.
         sch.decompose_reduction(red, r_loops[0])
-        for loop, ext in zip(r_loops, r_ext):
+        for loop, ext in zip(r_loops, r_ext, strict=True):
             if ext <= 1:
                 continue
-            if ext <= _UNROLL_EXTENT and self._unroll_ok(r_ext, ext):  # type: ignore[arg-type]
+            if ext <= _UNROLL_EXTENT and self._unroll_ok(r_ext, ext):
                 sch.unroll(loop)
         for loop in inner:
             sch.unroll(loop)
@@ -363,14 +362,15 @@ class WindowReduction(_SingleReductionRule):
         r_ext: list[int],
     ) -> s_tir.Schedule | None:
         n_s = len(s_ext)
-        outputs = math.prod(s_ext)  # type: ignore[arg-type]
-        terms = math.prod(r_ext)  # type: ignore[arg-type]
+        outputs = math.prod(s_ext)
+        terms = math.prod(r_ext)
         # Long reductions over few outputs: what SerialReduction leaves (more than 512 terms)
         # and, ahead of it, windows of 64+ terms for fewer than _FEW_OUTPUTS outputs (selfie's
         # 16x16 pools over 96 channels: 96 serial work-items took 0.10-0.16 ms each).
-        if terms < _WINDOW_TERMS or outputs >= _FEW_OUTPUTS:
-            if terms <= _SHORT_REDUCTION or outputs >= _OUTPUTS_PER_TERM * terms:
-                return None
+        if (terms < _WINDOW_TERMS or outputs >= _FEW_OUTPUTS) and (
+            terms <= _SHORT_REDUCTION or outputs >= _OUTPUTS_PER_TERM * terms
+        ):
+            return None
         red_name = red_info.name
         if _reduces_innermost_axis(sch.get(red_info.block_rv)) != 1:
             return None
@@ -392,7 +392,6 @@ class WindowReduction(_SingleReductionRule):
                 return None
 
         cap = min(self.threads, int(max_threads_per_block(target)))
-        channels = int(s_ext[-1])  # type: ignore[arg-type]
         # Slices divide the window exactly (rfactor over an inexact split sums wrongly in TVM
         # 0.27): the most slices, at most _SLICES, of at least 8 terms each.
         slices = max(
@@ -401,7 +400,7 @@ class WindowReduction(_SingleReductionRule):
         if slices < 16:
             return None
         loops = sch.get_loops(red)
-        s_loops, r_loops = loops[:n_s], loops[n_s:]
+        r_loops = loops[n_s:]
         r = sch.fuse(*r_loops)
         r_s, r_i = sch.split(r, factors=[slices, None])
         # Stage 1 (its own kernel): partial sums of each slice of the window, one work-item
@@ -481,12 +480,13 @@ class Injective(_GuardedRule):
         loops = sch.get_loops(block)
         if not loops:
             return None
-        exts = [_static_extent(sch, l) for l in loops]
-        if any(e is None for e in exts):
+        static = [_static_extent(sch, loop) for loop in loops]
+        exts = [e for e in static if e is not None]
+        if len(exts) != len(static):
             return None
-        total = math.prod(exts)  # type: ignore[arg-type]
+        total = math.prod(exts)
         vec = 1
-        inner_ext = int(exts[-1])  # type: ignore[arg-type]
+        inner_ext = exts[-1]
         if self.vector > 1 and inner_ext % self.vector == 0 and _vector_friendly(sch.get(block)):
             vec = self.vector
         threads = _threads_per_group(total // vec, target)
@@ -502,7 +502,7 @@ class Injective(_GuardedRule):
 
 
 #: Rule settings per device class (see `fast_rules`).
-PROFILES: dict[str, dict[str, object]] = {
+PROFILES: dict[str, dict[str, int | bool]] = {
     # Large GPU (H100): our rules where they beat dlight there (depthwise, pooling: 10-40x);
     # channel reductions and elementwise kernels stay with dlight (measured faster there).
     # Global pooling (selfie's 128x128 squeeze-and-excite pools): `WindowReduction`.
@@ -551,7 +551,7 @@ def fast_rules(
     rules: list[GPUScheduleRule] = [WindowReduction()] if cfg.get("window_reduction") else []
     rules.append(
         SerialReduction(
-            min_work_items=int(cfg["min_work_items"]),  # type: ignore[call-overload]
+            min_work_items=int(cfg["min_work_items"]),
             channel_reductions=bool(cfg["channel_reductions"]),
         )
     )
@@ -619,7 +619,7 @@ class FewOutputsReduction(_SingleReductionRule):
     def _apply(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
         if super()._apply(func, target) is None:  # (the shape checks, in `_schedule`)
             return None
-        return dl.gpu.GeneralReduction().apply(func, target, False)  # type: ignore[no-any-return]
+        return dl.gpu.GeneralReduction().apply(func, target, False)
 
     def _schedule(
         self,
@@ -649,7 +649,7 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
     """Alternative schedules the compiler emits for the runtime to time on the device.
 
     Each rule is tried on its own on every kernel; where it applies and differs from the
-    profile's choice it becomes an option (`litekiln.runtime.program.Variant`). For the
+    profile's choice it becomes an option (`litekiln.artifact.program.Variant`). For the
     ``gpu`` profile they target what dominates the H100 profiles: convolutions over input
     channels (dlight's Matmul by default, 32x32 output tiles per 64-thread group, too few
     groups for a 14x14x512 layer on 132 SMs):

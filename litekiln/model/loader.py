@@ -451,26 +451,28 @@ class _Loader:
             if not 0 <= sg < len(subgraphs):
                 raise self.fail(f"signature {i} refers to missing subgraph {sg}")
             n_t = len(subgraphs[sg].tensors)
-
-            def tmap(get: Callable[[int], Any], n: int, what: str) -> dict[str, int]:
-                m = {}
-                for j in range(self.length(n, what)):
-                    e = get(j)
-                    t = int(e.TensorIndex())
-                    if not 0 <= t < n_t:
-                        raise self.fail(f"signature {i} {what} refers to missing tensor {t}")
-                    m[self.string(e, 4, f"signature {i} {what} name")] = t
-                return m
-
             out.append(
                 SignatureDef(
                     key=self.string(s, 8, f"signature {i} key"),
                     subgraph_index=sg,
-                    inputs=tmap(s.Inputs, s.InputsLength(), "input"),
-                    outputs=tmap(s.Outputs, s.OutputsLength(), "output"),
+                    inputs=self._signature_tensors(i, n_t, s.Inputs, s.InputsLength(), "input"),
+                    outputs=self._signature_tensors(i, n_t, s.Outputs, s.OutputsLength(), "output"),
                 )
             )
         return out
+
+    def _signature_tensors(
+        self, sig: int, n_tensors: int, get: Callable[[int], Any], n: int, what: str
+    ) -> dict[str, int]:
+        """Name -> tensor index of signature ``sig``'s inputs or outputs (``what``)."""
+        m = {}
+        for j in range(self.length(n, what)):
+            e = get(j)
+            t = int(e.TensorIndex())
+            if not 0 <= t < n_tensors:
+                raise self.fail(f"signature {sig} {what} refers to missing tensor {t}")
+            m[self.string(e, 4, f"signature {sig} {what} name")] = t
+        return m
 
 
 def _unpack_int4(packed: np.ndarray, count: int) -> np.ndarray:
@@ -510,10 +512,7 @@ def _fold_constants(sg: Subgraph, fail: Callable[[str], ModelError]) -> None:
         )
         if src is None or src.data is None:
             continue
-        if op.name == "DENSIFY":
-            data = src.data
-        else:
-            data = dequantize_array(src.data, src.quantization)
+        data = src.data if op.name == "DENSIFY" else dequantize_array(src.data, src.quantization)
         if data.shape != dst.shape and data.size == dst.size:
             data = data.reshape(dst.shape)
         if data.shape != dst.shape:

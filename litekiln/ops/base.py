@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeGuard
 
 import numpy as np
 
@@ -90,7 +90,7 @@ class OpDef:
     Attributes:
         name: TFLite builtin name or custom code.
         aliases: other names served by the same definition.
-        gpu: the op is in the documented GPU op table (DESIGN.md).
+        gpu: the op is in the documented GPU op table (docs/architecture.md, "Op tables").
         gpu_extended: not in the documented table, but the TFLite GPU delegate runs it and
             so can we; used when the extended op table is selected.
         gpu_max_version: newest version the GPU path accepts for float models.
@@ -171,6 +171,17 @@ class OpDef:
 # -- fused activations ----------------------------------------------------------------------
 
 
+#: ActivationFunctionType codes -> names; a name (or None) passed instead maps to itself.
+_ACTIVATION_NAMES: dict[int | str | None, str] = {
+    0: "NONE",
+    1: "RELU",
+    2: "RELU_N1_TO_1",
+    3: "RELU6",
+    4: "TANH",
+    5: "SIGN_BIT",
+}
+
+
 def apply_activation(x: np.ndarray, code: int | str | None) -> np.ndarray:
     """Apply a TFLite fused activation (ActivationFunctionType code or name) as LiteRT does.
 
@@ -179,10 +190,7 @@ def apply_activation(x: np.ndarray, code: int | str | None) -> np.ndarray:
     an unbounded range, i.e. they are ignored (measured against LiteRT's conv, pool and
     elementwise kernels). The reference follows LiteRT, not the schema's names.
     """
-    name = {0: "NONE", 1: "RELU", 2: "RELU_N1_TO_1", 3: "RELU6", 4: "TANH", 5: "SIGN_BIT"}.get(
-        code,
-        code,  # type: ignore[arg-type]
-    )
+    name = _ACTIVATION_NAMES.get(code, code)
     if name in (None, "NONE", "TANH", "SIGN_BIT"):
         return x
     if name == "RELU":
@@ -225,7 +233,10 @@ class UnaryOp(OpDef):
 class BinaryOp(OpDef):
     """z = act(fn(x, y)) with numpy broadcasting (TFLite's broadcast rules are numpy's)."""
 
-    fn: ClassVar[Callable[[np.ndarray, np.ndarray], np.ndarray]]
+    # numpy ufuncs (np.add...) and lambdas of two arrays. Typed loosely: numpy's stubs type
+    # ufunc calls as returning Any, and mypy binds a fixed-arity Callable class attribute like
+    # a method (dropping its first parameter), which a staticmethod'd ufunc would not match.
+    fn: ClassVar[Callable[..., np.ndarray]]
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -260,9 +271,10 @@ def _compute_dtype(tensor_dtype: np.dtype, value_dtype: np.dtype) -> np.dtype:
 
 def required(ctx: OpContext, inputs: Sequence[np.ndarray | None], i: int) -> np.ndarray:
     """Input `i` of the op, which must be present (not an omitted optional input)."""
-    if i >= len(inputs) or inputs[i] is None:
+    x = inputs[i] if i < len(inputs) else None
+    if x is None:
         raise ctx.fail(f"input {i} is required but missing")
-    return inputs[i]  # type: ignore[return-value]
+    return x
 
 
 def int_input(ctx: OpContext, inputs: Sequence[np.ndarray | None], i: int) -> np.ndarray:
@@ -297,7 +309,7 @@ def dequantize(x: np.ndarray, tensor: Tensor) -> np.ndarray:
     )
 
 
-def is_quantized(tensor: Tensor | None) -> bool:
+def is_quantized(tensor: Tensor | None) -> TypeGuard[Tensor]:
     return tensor is not None and tensor.quantization is not None and tensor.dtype.kind in "iu"
 
 
@@ -334,7 +346,7 @@ def run_op(op: Op, graph: Subgraph, inputs: list[np.ndarray | None]) -> list[np.
                     dequantize(x, graph.tensors[t])
                     if x is not None and is_quantized(graph.tensors[t])
                     else x
-                    for x, t in zip(inputs, op.inputs)
+                    for x, t in zip(inputs, op.inputs, strict=True)
                 ]
             )
             results = cls.reference(ctx, values)
@@ -343,7 +355,7 @@ def run_op(op: Op, graph: Subgraph, inputs: list[np.ndarray | None]) -> list[np.
     except (ValueError, IndexError) as exc:
         raise ModelError(f"{op.describe()}: cannot execute: {exc}") from None
     outs: list[np.ndarray] = []
-    for r, t in zip(results, op.outputs):
+    for r, t in zip(results, op.outputs, strict=True):
         tensor = graph.tensors[t]
         r = np.asarray(r)
         if tensor.shape and r.shape != tensor.shape:

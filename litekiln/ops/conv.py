@@ -290,7 +290,7 @@ class DepthwiseConv2D(_ConvLike):
 
     name = "DEPTHWISE_CONV_2D"
     gpu = True
-    gpu_max_version = 2  # v2 adds dilation (DESIGN.md GPU table: v1-2)
+    gpu_max_version = 2  # v2 adds dilation (documented GPU table: v1-2, docs/architecture.md)
     # The TFLite GPU delegate accepts DEPTHWISE_CONV_2D up to v6 with quantized models.
     gpu_quant_max_version = 6
 

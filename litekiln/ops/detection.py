@@ -85,7 +85,8 @@ def nms_single_class(
         stop = min(start + chunk, len(order))
         c, ca = cand[start:stop], areas[start:stop]
         if selected:
-            suppressed = (_iou(cand[selected], areas[selected], c, ca) > iou_th32).any(axis=0)
+            iou = _iou(cand[selected], areas[selected], c, ca)
+            suppressed = np.asarray((iou > iou_th32).any(axis=0))
         else:
             suppressed = np.zeros(stop - start, bool)
         within = _iou(c, ca, c, ca) > iou_th32

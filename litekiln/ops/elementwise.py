@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from litekiln.model.ir import Op, Subgraph
@@ -75,7 +77,7 @@ def _mul_quantized(ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.n
 class Add(BinaryOp):
     name = "ADD"
     gpu = True
-    gpu_quant_max_version = 2  # ADD v2 is the int8 kernel (DESIGN.md)
+    gpu_quant_max_version = 2  # ADD v2 is the int8 kernel (docs/architecture.md, "Op tables")
     fn = staticmethod(np.add)
 
     @classmethod
@@ -218,7 +220,7 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return (0.5 * x * (1.0 + erf(x / sqrt(2.0)))).astype(x.dtype)
 
 
-_UNARY: dict[str, tuple[object, bool | str]] = {
+_UNARY: dict[str, tuple[Callable[[np.ndarray], np.ndarray], bool | str]] = {
     # name: (fn, in the documented GPU table; "extended": the TFLite GPU delegate runs it too)
     "RELU": (lambda x: np.maximum(x, 0), True),
     "RELU6": (lambda x: np.clip(x, 0, 6), True),
@@ -254,8 +256,8 @@ def _logistic_quantized(
     xt, yt = ctx.input_tensor(0), ctx.output_tensor()
     if not (qmath.is_integer_quantized(xt) and qmath.is_integer_quantized(yt)):
         return None
-    (xs, xz), (ys, yz) = qmath.scale_zp(xt), qmath.scale_zp(yt)  # type: ignore[arg-type]
-    info = np.iinfo(xt.dtype)  # type: ignore[union-attr]
+    (xs, xz), (ys, yz) = qmath.scale_zp(xt), qmath.scale_zp(yt)
+    info = np.iinfo(xt.dtype)
     q = np.arange(info.min, info.max + 1)
     real = np.float32(xs) * (q - xz).astype(np.float32)
     e = np.exp(-real.astype(np.float64)).astype(np.float32)  # expf, correctly rounded
@@ -270,10 +272,10 @@ def _logistic_quantized(
 #: Integer semantics of unary ops that have them.
 _UNARY_QUANTIZED = {"LOGISTIC": _logistic_quantized}
 
-for _name, (_fn, _gpu) in _UNARY.items():
+for _name, (_unary_fn, _gpu) in _UNARY.items():
     _attrs: dict[str, object] = {
         "name": _name,
-        "fn": staticmethod(_fn),
+        "fn": staticmethod(_unary_fn),
         "gpu": _gpu is True,
         "gpu_extended": _gpu == "extended",
         "gpu_quant_max_version": 2,

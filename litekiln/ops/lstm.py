@@ -32,7 +32,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 class Lstm(OpDef):
     name = "LSTM"
     gpu = True
-    gpu_max_version = 2  # DESIGN.md GPU table: LSTM v2, basic kernel only
+    gpu_max_version = 2  # documented GPU table: LSTM v2, basic kernel only (docs/architecture.md)
     gpu_quant_max_version = 2
 
     @classmethod

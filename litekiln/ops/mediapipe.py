@@ -185,10 +185,7 @@ class Landmarks2TransformMatrix(OpDef):
         if lm.size % 3:
             raise ctx.fail(f"landmarks of {lm.size} values are not (x, y, z) triples")
         pts = lm.reshape(-1, 3).astype(np.float64)
-        if ctx.op.version >= 2:
-            out = cls._v2(ctx, pts, opts)
-        else:
-            out = cls._v1(ctx, pts, opts)
+        out = cls._v2(ctx, pts, opts) if ctx.op.version >= 2 else cls._v1(ctx, pts, opts)
         return [out.astype(_F).reshape(1, 4, 4)]
 
     @staticmethod
@@ -210,8 +207,8 @@ class Landmarks2TransformMatrix(OpDef):
             raise ctx.fail(f"custom options lack {exc}") from None
         if out_h <= 0 or out_w <= 0 or scale_x <= 0 or scale_y <= 0 or not subset:
             raise ctx.fail("output size and scales must be positive, subset non-empty")
-        r = np.float32(target - np.float32(np.arctan2(right[1] - left[1], right[0] - left[0])))
-        r = float(r)
+        angle = np.float32(np.arctan2(right[1] - left[1], right[0] - left[0]))
+        r = float(np.float32(target - angle))
         sub = np.stack([cls._index(ctx, pts, i) for i in subset])
         xy1 = np.concatenate([sub[:, :2], np.ones((len(sub), 1))], axis=1)
         rot = _mat3(np.cos(r), -np.sin(r), 0, np.sin(r), np.cos(r), 0, 0, 0, 1)

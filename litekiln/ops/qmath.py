@@ -23,8 +23,10 @@ Hybrid (dynamic-range) ops quantize float activations on the fly; the helpers at
 from __future__ import annotations
 
 import math
+from typing import TypeGuard
 
 import numpy as np
+import numpy.typing as npt
 
 from litekiln.model.ir import Tensor
 
@@ -34,7 +36,7 @@ SINGLE_ROUNDING = False
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
-def round_half_away(x: np.ndarray | float) -> np.ndarray:
+def round_half_away(x: npt.ArrayLike) -> np.ndarray:
     """``TfLiteRound`` / ``std::round``: halves go away from zero (numpy's round is to even)."""
     x = np.asarray(x)
     return np.sign(x) * np.floor(np.abs(x) + 0.5)
@@ -183,7 +185,9 @@ def activation_range(code: int, tensor: Tensor) -> tuple[int, int]:
     return qmin, qmax
 
 
-def is_integer_quantized(tensor: Tensor | None, kinds: tuple[str, ...] = ("int8", "uint8")) -> bool:
+def is_integer_quantized(
+    tensor: Tensor | None, kinds: tuple[str, ...] = ("int8", "uint8")
+) -> TypeGuard[Tensor]:
     """The tensor holds affine-quantized integers of one of ``kinds``."""
     return tensor is not None and tensor.quantization is not None and tensor.dtype.name in kinds
 

@@ -28,7 +28,7 @@ class Quantize(OpDef):
         x = required(ctx, inputs, 0)
         src, dst = ctx.input_tensor(0), ctx.output_tensor()
         if is_quantized(src):  # requantize: int -> float -> int with the output's parameters
-            x = dequantize(x, src)  # type: ignore[arg-type]
+            x = dequantize(x, src)
         return [quantize(x.astype(np.float32), dst)]
 
 
@@ -43,4 +43,4 @@ class Dequantize(OpDef):
         src = ctx.input_tensor(0)
         if x.dtype == np.float16 or not is_quantized(src):
             return [x.astype(np.float32)]
-        return [dequantize(x, src)]  # type: ignore[arg-type]
+        return [dequantize(x, src)]

@@ -13,7 +13,8 @@ from litekiln.ops.base import OpContext, OpDef, int_input, register, required
 
 
 class _Reduce(OpDef):
-    fn: ClassVar[Callable[..., np.ndarray]]
+    # A numpy reduction: an array, or a numpy scalar when every axis goes (hence np.asarray).
+    fn: ClassVar[Callable[..., np.ndarray | np.generic]]
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -116,7 +117,7 @@ class Softmax(OpDef):
         if not (qmath.is_integer_quantized(xt) and qmath.is_integer_quantized(yt)):
             return None
         x = required(ctx, inputs, 0).astype(np.int64)
-        xs, _ = qmath.scale_zp(xt)  # type: ignore[arg-type]
+        xs, _ = qmath.scale_zp(xt)
         ys, yz = qmath.scale_zp(yt)
         beta = np.float32(ctx.options.get("beta", 1.0))
         scale = np.float32(-np.float32(xs) * beta)
@@ -155,7 +156,8 @@ class LogSoftmax(OpDef):
 
 
 class _Arg(OpDef):
-    fn: ClassVar[Callable[..., np.ndarray]]
+    # np.argmax / np.argmin: an array, or a numpy scalar for a 1-D input.
+    fn: ClassVar[Callable[..., np.ndarray | np.generic]]
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:

@@ -39,10 +39,7 @@ def _bilinear_axis(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(lower index, upper index, fraction) per output coordinate, as ComputeInterpolationValues."""
     v = np.arange(out_size, dtype=np.float32)
-    if half_pixel:
-        src = (v + np.float32(0.5)) * scale - np.float32(0.5)
-    else:
-        src = v * scale
+    src = (v + np.float32(0.5)) * scale - np.float32(0.5) if half_pixel else v * scale
     src = src.astype(np.float32)
     lo = np.maximum(np.floor(src), 0).astype(np.int64)
     hi = np.minimum(np.ceil(src).astype(np.int64), in_size - 1)

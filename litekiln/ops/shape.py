@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from types import EllipsisType
+from typing import Literal
+
 import numpy as np
 
 from litekiln.model.ir import Op, Subgraph
@@ -200,7 +203,9 @@ class MirrorPad(_Movement):
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
         x = required(ctx, inputs, 0)
         pads = [tuple(p) for p in int_input(ctx, inputs, 1).reshape(-1, 2)]
-        mode = "reflect" if int(ctx.options.get("mode", 0)) == 0 else "symmetric"
+        mode: Literal["reflect", "symmetric"] = (
+            "reflect" if int(ctx.options.get("mode", 0)) == 0 else "symmetric"
+        )
         return [np.pad(x, pads, mode=mode)]
 
 
@@ -240,7 +245,9 @@ class Slice(_Movement):
         x = required(ctx, inputs, 0)
         begin = int_input(ctx, inputs, 1).reshape(-1)
         size = int_input(ctx, inputs, 2).reshape(-1)
-        idx = tuple(slice(int(b), None if s == -1 else int(b + s)) for b, s in zip(begin, size))
+        idx = tuple(
+            slice(int(b), None if s == -1 else int(b + s)) for b, s in zip(begin, size, strict=True)
+        )
         return [x[idx]]
 
 
@@ -263,7 +270,7 @@ class StridedSlice(_Movement):
         bm, em = int(o.get("begin_mask", 0)), int(o.get("end_mask", 0))
         ell, new = int(o.get("ellipsis_mask", 0)), int(o.get("new_axis_mask", 0))
         shrink, offset = int(o.get("shrink_axis_mask", 0)), bool(o.get("offset", False))
-        idx: list[object] = []
+        idx: list[EllipsisType | None | int | slice] = []
         for i in range(begin.size):
             bit = 1 << i
             if ell & bit:

@@ -1,7 +1,7 @@
 """NVIDIA launch path: a partition's driver-built program replayed as one CUDA graph.
 
 NO TVM IMPORT here. Why this exists: on NVIDIA's OpenCL every ``clEnqueueNDRangeKernel`` costs
-~5.2 us of host time (measured on the H100, docs/results/h100/probe.json) and the in-order
+~5.2 us of host time (measured on the H100, results/h100/probe.json) and the in-order
 queue has no command buffers (no ``cl_khr_command_buffer``), so models of 40-100 small
 kernels were bound by the host's launch loop, not by the GPU. NVIDIA's OpenCL compiler turns
 our OpenCL C into PTX (the device binary that the binary cache already stores); the CUDA
@@ -27,6 +27,7 @@ Only ctypes and numpy: libcuda.so.1 is part of every NVIDIA driver install that 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import re
 import threading
 import weakref
@@ -36,8 +37,9 @@ from typing import Any
 
 import numpy as np
 
+from litekiln.artifact.program import SCALAR_TYPES, BufferArg, GpuProgram, Launch, TensorSpec
 from litekiln.runtime.partition_io import PartitionIO, constant_arrays
-from litekiln.runtime.program import SCALAR_TYPES, BufferArg, GpuProgram, Launch, TensorSpec
+from litekiln.runtime.profile import DeviceProfile
 
 _NOT_READY = 600  # CUDA_ERROR_NOT_READY from cuStreamQuery
 _EVENT_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING
@@ -46,6 +48,12 @@ _LOAD_CHECK_SECONDS = 10.0
 #: Byte alignment of storages in the device arena (cudaMalloc's own is 256).
 _ALIGN = 256
 _MIN_BYTES = 4
+
+
+def _slot_bytes(nbytes: int) -> int:
+    """Bytes a buffer of ``nbytes`` takes in the arena or the staging block (aligned)."""
+    return -(-max(nbytes, _MIN_BYTES) // _ALIGN) * _ALIGN
+
 
 _CTYPES: dict[str, Any] = {
     "char": ctypes.c_int8,
@@ -275,21 +283,21 @@ _DEVICES: dict[int, CudaDevice] = {}
 _ATTR_PCI_BUS_ID, _ATTR_PCI_DEVICE_ID = 33, 34
 
 
-def cuda_device_for(cl_device: Any) -> CudaDevice:
+def cuda_device_for(cl_device: Any, profile: DeviceProfile) -> CudaDevice:
     """The CUDA device that is the same GPU as an OpenCL device of NVIDIA's platform.
 
     Matched by PCI bus and device id (OpenCL's ``cl_nv_device_attribute_query``); with that
     query unavailable, only a single-GPU machine is matched.
 
+    Args:
+        cl_device: the pyopencl device.
+        profile: its profile (`DeviceProfile.cuda_graph_candidate` decides first).
+
     Raises:
         CudaUnsupported: not an NVIDIA OpenCL device, no CUDA driver, or no unambiguous match.
     """
-    try:
-        platform = str(cl_device.platform.name)
-    except Exception:  # noqa: BLE001 - any pyopencl failure means "not NVIDIA's OpenCL"
-        platform = ""
-    if "nvidia" not in platform.lower():
-        raise NotNvidiaDevice(f"not an NVIDIA OpenCL device (platform {platform!r})")
+    if not profile.cuda_graph_candidate:
+        raise NotNvidiaDevice(f"not an NVIDIA OpenCL device (platform {profile.platform!r})")
     drv = driver()
     count = ctypes.c_int()
     drv.check("cuDeviceGetCount", drv.cuDeviceGetCount(ctypes.byref(count)))
@@ -368,7 +376,7 @@ def check_ptx(ptx: str, program: GpuProgram, launches: list[Launch]) -> None:
                 f"kernel {launch.kernel}: {len(params)} PTX parameters "
                 f"for {len(launch.args)} arguments"
             )
-        for j, (ptype, arg) in enumerate(zip(params, launch.args)):
+        for j, (ptype, arg) in enumerate(zip(params, launch.args, strict=True)):
             want = 8 if isinstance(arg, BufferArg) else ctypes.sizeof(_CTYPES[arg.ctype])
             if _PTX_SIZES.get(ptype) != want:
                 what = (
@@ -381,7 +389,7 @@ def check_ptx(ptx: str, program: GpuProgram, launches: list[Launch]) -> None:
                 )
         if len(launch.local_size) > 3 or len(launch.global_size) != len(launch.local_size):
             raise CudaUnsupported(f"kernel {launch.kernel}: {len(launch.global_size)}-d launch")
-        if any(g % max(1, n) for g, n in zip(launch.global_size, launch.local_size)):
+        if any(g % max(1, n) for g, n in zip(launch.global_size, launch.local_size, strict=True)):
             raise CudaUnsupported(
                 f"kernel {launch.kernel}: global size not a multiple of the local size"
             )
@@ -449,7 +457,7 @@ def branch_plan(program: GpuProgram, launches: list[Launch], streams: int) -> li
     before: list[set[int]] = []  # per call: every call that has finished when it starts
     # storage -> (call, lo, hi, whether the call writes that range)
     by_storage: dict[int, list[tuple[int, int, int, bool]]] = {}
-    for g, ((start, stop), (w, r)) in enumerate(zip(calls, ranges)):
+    for g, ((start, stop), (w, r)) in enumerate(zip(calls, ranges, strict=True)):
         found: set[int] = set()
         for spans, is_write in ((w, True), (r, False)):
             for storage, lo, hi in spans:
@@ -527,69 +535,17 @@ class CudaGraphExecutor(PartitionIO):
         self.device = device
         self.choices = list(choices) if choices else [0] * len(program.variants)
         self._launches = program.plan(self.choices)
-        text = ptx_for_cuda(ptx.rstrip(b"\0").decode("latin-1"))
-        check_ptx(text, program, self._launches)
-        drv = self._drv = driver()
-        device.make_current()
         self._tensor_specs: dict[int, TensorSpec] = {t.id: t for t in program.tensors}
-        self._res: dict[str, Any] = {
-            "module": None,
-            "arena": None,
-            "host": None,
-            "graph": None,
-            "exec": None,
-            "events": [],
-        }
         self._streams = max(1, int(streams))
         self.branches = 1
-        weakref.finalize(self, _release, drv, device, self._res)
-
-        module = ctypes.c_void_p()
-        drv.check(
-            "cuModuleLoadData (PTX)",
-            drv.cuModuleLoadData(ctypes.byref(module), text.encode("latin-1") + b"\0"),
-        )
-        self._res["module"] = module
-
-        # One arena for every storage.
-        offsets: dict[int, int] = {}
-        total = 0
-        for s in program.storages:
-            offsets[s.id] = total
-            total += -(-max(s.nbytes, _MIN_BYTES) // _ALIGN) * _ALIGN
-        arena = ctypes.c_uint64()
-        drv.check("cuMemAlloc", drv.cuMemAlloc(ctypes.byref(arena), max(total, _ALIGN)))
-        self._res["arena"] = arena
-        self._ptr = {t.id: arena.value + offsets[t.storage] + t.offset for t in program.tensors}
-
-        for tid, arr in constant_arrays(program, constants, self._tensor_specs, CudaUnsupported):
-            if arr.nbytes:
-                drv.check(
-                    "cuMemcpyHtoD", drv.cuMemcpyHtoD(self._ptr[tid], arr.ctypes.data, arr.nbytes)
-                )
-
-        # Pinned host staging: inputs then outputs, each aligned.
-        io = [self._tensor_specs[t] for t in (*program.inputs, *program.outputs)]
-        host_off, pos = [], 0
-        for spec in io:
-            host_off.append(pos)
-            pos += -(-max(spec.nbytes, _MIN_BYTES) // _ALIGN) * _ALIGN
-        host = ctypes.c_void_p()
-        drv.check("cuMemHostAlloc", drv.cuMemHostAlloc(ctypes.byref(host), max(pos, _ALIGN), 0))
-        if not host.value:
-            raise CudaUnsupported("cuMemHostAlloc returned no memory")
-        # The pinned block lives as long as the last array viewing it (`output_buffers` hands
-        # them out), not just as long as the executor: its own finalizer frees it.
-        block = (ctypes.c_uint8 * max(pos, _ALIGN)).from_address(host.value)
-        weakref.finalize(block, _free_host, drv, device, host)
-        whole = np.ctypeslib.as_array(block)
-        staging = [
-            whole[off : off + spec.nbytes].view(spec.dtype).reshape(spec.shape)
-            for spec, off in zip(io, host_off)
-        ]
-        n_in = len(program.inputs)
-        self._in_stage, self._out_stage = staging[:n_in], staging[n_in:]
-
+        text = self._checked_ptx(ptx)
+        self._drv = driver()
+        device.make_current()
+        self._res = self._track_resources()
+        self._load_module(text)
+        self._ptr = self._allocate_arena()
+        self._upload_constants(constants)
+        self._in_stage, self._out_stage = self._stage_io()
         self._functions: dict[str, ctypes.c_void_p] = {}
         self._calls = [self._prepare(launch) for launch in self._launches]
         self._capture()
@@ -600,6 +556,81 @@ class CudaGraphExecutor(PartitionIO):
         self._wait_at_most(_LOAD_CHECK_SECONDS)
 
     # ------------------------------------------------------------------ set-up helpers
+    def _checked_ptx(self, ptx: bytes) -> str:
+        """The PTX text CUDA is to load (`ptx_for_cuda`), refused unless `check_ptx` passes."""
+        text = ptx_for_cuda(ptx.rstrip(b"\0").decode("latin-1"))
+        check_ptx(text, self.program, self._launches)
+        return text
+
+    def _track_resources(self) -> dict[str, Any]:
+        """The driver objects this executor will own, empty for now; its finalizer frees
+        whatever they hold, so a set-up that fails half-way leaks nothing."""
+        res: dict[str, Any] = {
+            "module": None,
+            "arena": None,
+            "host": None,
+            "graph": None,
+            "exec": None,
+            "events": [],
+        }
+        weakref.finalize(self, _release, self._drv, self.device, res)
+        return res
+
+    def _load_module(self, text: str) -> None:
+        module = ctypes.c_void_p()
+        self._drv.check(
+            "cuModuleLoadData (PTX)",
+            self._drv.cuModuleLoadData(ctypes.byref(module), text.encode("latin-1") + b"\0"),
+        )
+        self._res["module"] = module
+
+    def _allocate_arena(self) -> dict[int, int]:
+        """One device allocation for every storage; returns tensor id -> device address."""
+        offsets: dict[int, int] = {}
+        total = 0
+        for s in self.program.storages:
+            offsets[s.id] = total
+            total += _slot_bytes(s.nbytes)
+        arena = ctypes.c_uint64()
+        self._drv.check("cuMemAlloc", self._drv.cuMemAlloc(ctypes.byref(arena), max(total, _ALIGN)))
+        self._res["arena"] = arena
+        return {t.id: arena.value + offsets[t.storage] + t.offset for t in self.program.tensors}
+
+    def _upload_constants(self, constants: Mapping[str, np.ndarray]) -> None:
+        drv = self._drv
+        for tid, arr in constant_arrays(
+            self.program, constants, self._tensor_specs, CudaUnsupported
+        ):
+            if arr.nbytes:
+                drv.check(
+                    "cuMemcpyHtoD", drv.cuMemcpyHtoD(self._ptr[tid], arr.ctypes.data, arr.nbytes)
+                )
+
+    def _stage_io(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Pinned host staging for the graph's copies: (input arrays, output arrays), each
+        array aligned in one pinned block."""
+        drv, program = self._drv, self.program
+        io = [self._tensor_specs[t] for t in (*program.inputs, *program.outputs)]
+        host_off, pos = [], 0
+        for spec in io:
+            host_off.append(pos)
+            pos += _slot_bytes(spec.nbytes)
+        host = ctypes.c_void_p()
+        drv.check("cuMemHostAlloc", drv.cuMemHostAlloc(ctypes.byref(host), max(pos, _ALIGN), 0))
+        if not host.value:
+            raise CudaUnsupported("cuMemHostAlloc returned no memory")
+        # The pinned block lives as long as the last array viewing it (`output_buffers` hands
+        # them out), not just as long as the executor: its own finalizer frees it.
+        block = (ctypes.c_uint8 * max(pos, _ALIGN)).from_address(host.value)
+        weakref.finalize(block, _free_host, drv, self.device, host)
+        whole = np.ctypeslib.as_array(block)
+        staging = [
+            whole[off : off + spec.nbytes].view(spec.dtype).reshape(spec.shape)
+            for spec, off in zip(io, host_off, strict=True)
+        ]
+        n_in = len(program.inputs)
+        return staging[:n_in], staging[n_in:]
+
     def _function(self, name: str) -> ctypes.c_void_p:
         fn = self._functions.get(name)
         if fn is None:
@@ -624,7 +655,7 @@ class CudaGraphExecutor(PartitionIO):
                 )
         params = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
         block = [*launch.local_size, 1, 1, 1][:3]
-        grid = [g // max(1, n) for g, n in zip(launch.global_size, launch.local_size)]
+        grid = [g // max(1, n) for g, n in zip(launch.global_size, launch.local_size, strict=True)]
         grid = [*grid, 1, 1, 1][:3]
         return (self._function(launch.kernel), grid, block, params, values)
 
@@ -667,7 +698,8 @@ class CudaGraphExecutor(PartitionIO):
                 )
             if side:
                 drv.check("cuEventRecord", drv.cuEventRecord(events[g], st))
-        for st, ev in zip(side, events[len(plan) :]):  # join: the output copies follow all
+        # join: the output copies follow all
+        for st, ev in zip(side, events[len(plan) :], strict=True):
             drv.check("cuEventRecord", drv.cuEventRecord(ev, st))
             drv.check("cuStreamWaitEvent", drv.cuStreamWaitEvent(stream0, ev, 0))
 
@@ -676,7 +708,7 @@ class CudaGraphExecutor(PartitionIO):
         plan, side, events = self._branches()
         drv.check("cuStreamBeginCapture", drv.cuStreamBeginCapture(stream, 1))
         try:
-            for tid, stage in zip(self.program.inputs, self._in_stage):
+            for tid, stage in zip(self.program.inputs, self._in_stage, strict=True):
                 if stage.nbytes:
                     drv.check(
                         "cuMemcpyHtoDAsync",
@@ -685,7 +717,7 @@ class CudaGraphExecutor(PartitionIO):
                         ),
                     )
             self._enqueue_kernels(stream, plan, side, events)
-            for tid, stage in zip(self.program.outputs, self._out_stage):
+            for tid, stage in zip(self.program.outputs, self._out_stage, strict=True):
                 if stage.nbytes:
                     drv.check(
                         "cuMemcpyDtoHAsync",
@@ -811,7 +843,7 @@ class CudaGraphExecutor(PartitionIO):
             drv.check("cuEventSynchronize", drv.cuEventSynchronize(events[-1]))
             out = []
             ms = ctypes.c_float()
-            for a, b in zip(events, events[1:]):
+            for a, b in itertools.pairwise(events):
                 drv.cuEventElapsedTime(ctypes.byref(ms), a, b)
                 out.append(ms.value * 1e-3)
             return out

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from litekiln.errors import DeviceError
+from litekiln.runtime.profile import DeviceProfile
 
 _INSTALL_HINT = (
     "litekiln runs kernels through OpenCL and found no OpenCL device. Install a driver: your "
@@ -21,39 +19,27 @@ _INSTALL_HINT = (
 
 @dataclass
 class DeviceHandle:
-    """A chosen device with its context and in-order queue."""
+    """A chosen device with its context, in-order queue and profile."""
 
-    context: object
-    queue: object
-    device: object
-    #: Whether half kernels build here (see supports_half); probed once per handle.
-    half: bool | None = None
+    context: Any
+    queue: Any
+    device: Any
+    #: Every vendor question about the device (read once, when the device is opened).
+    profile: DeviceProfile
 
     @property
     def description(self) -> str:
-        d = self.device
-        return f"{d.name.strip()} ({d.platform.name.strip()}, OpenCL)"  # type: ignore[attr-defined]
-
-    def identity(self) -> dict[str, str]:
-        """What a device-binary cache key needs: vendor, name, version and driver."""
-        d = self.device
-        return {
-            "platform": d.platform.name.strip(),  # type: ignore[attr-defined]
-            "platform_version": d.platform.version.strip(),  # type: ignore[attr-defined]
-            "vendor": d.vendor.strip(),  # type: ignore[attr-defined]
-            "name": d.name.strip(),  # type: ignore[attr-defined]
-            "version": d.version.strip(),  # type: ignore[attr-defined]
-            "driver": d.driver_version.strip(),  # type: ignore[attr-defined]
-        }
+        """The device, in words."""
+        return self.profile.description
 
 
-def list_devices() -> list[tuple[int, int, object]]:
+def list_devices() -> list[tuple[int, int, Any]]:
     """All OpenCL devices as (platform index, device index, device)."""
     try:
         import pyopencl as cl
     except ImportError as exc:  # pragma: no cover - pyopencl is a hard dependency
         raise DeviceError(f"pyopencl is not installed ({exc}); pip install pyopencl") from None
-    out = []
+    out: list[tuple[int, int, Any]] = []  # (platform, device, pyopencl device)
     try:
         platforms = cl.get_platforms()
     except cl.Error:
@@ -131,7 +117,7 @@ def _select_device(choice: str) -> DeviceHandle:
         )
     ctx = _create_context(pick)
     queue = cl.CommandQueue(ctx, pick)
-    return DeviceHandle(ctx, queue, pick)
+    return DeviceHandle(ctx, queue, pick, DeviceProfile.of(pick, ctx))
 
 
 class DeviceOpener:
@@ -229,45 +215,3 @@ def _create_context(device: Any) -> Any:
         if err.value == 0 and ptr:
             return cl.Context.from_int_ptr(ptr, retain=False)
     return cl.Context([device])  # pyopencl raises a proper error if this fails too
-
-
-_HALF_PROBE = """#pragma OPENCL EXTENSION cl_khr_fp16 : enable
-__kernel void litekiln_half_probe(__global half* x) { x[0] = x[0] * (half)2.0f; }"""
-
-
-def supports_half(handle: DeviceHandle) -> bool:
-    """Whether the device builds half-precision kernels.
-
-    Checked by building a one-line half kernel, not by the extension list: NVIDIA's OpenCL
-    builds half arithmetic without listing cl_khr_fp16, PoCL lists nothing and fails.
-    """
-    import pyopencl as cl
-
-    if handle.half is None:
-        if "cl_khr_fp16" in handle.device.extensions:  # type: ignore[attr-defined]
-            handle.half = True
-        else:
-            with _quiet_stderr():  # a failing probe is expected; PoCL's compiler prints to fd 2
-                try:
-                    cl.Program(handle.context, _HALF_PROBE).build()
-                    handle.half = True
-                except cl.Error:
-                    handle.half = False
-    return handle.half
-
-
-@contextlib.contextmanager
-def _quiet_stderr() -> Iterator[None]:
-    """Silence file descriptor 2 (drivers' compilers write there directly, not via Python)."""
-    try:
-        saved = os.dup(2)
-    except OSError:  # no fd 2 (embedded interpreters): nothing to silence
-        yield
-        return
-    try:
-        with open(os.devnull, "wb") as null:
-            os.dup2(null.fileno(), 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)

@@ -1,7 +1,7 @@
 """Run one compiled GPU partition (`GpuProgram`) with pyopencl.
 
 NO TVM IMPORT here, not even indirectly: this module is what apps that ship precompiled
-models load.  Dependencies: pyopencl, numpy, `litekiln.runtime.program`.
+models load.  Dependencies: pyopencl, numpy, `litekiln.artifact.program`.
 
 Everything is done once at load: program build (or load from a device binary), buffer
 allocation, constant upload, ``kernel.set_args``.  `PartitionExecutor.run` then only calls
@@ -21,8 +21,9 @@ import pyopencl as cl
 import pyopencl.characterize  # noqa: F401
 import pyopencl.invoker  # noqa: F401
 
+from litekiln.artifact.program import SCALAR_TYPES, BufferArg, GpuProgram, Launch, TensorSpec
 from litekiln.runtime.partition_io import PartitionIO, constant_arrays
-from litekiln.runtime.program import SCALAR_TYPES, BufferArg, GpuProgram, TensorSpec
+from litekiln.runtime.profile import DeviceProfile
 
 # clCreateBuffer rejects size 0; empty tensors still need a valid handle to bind.
 _MIN_BUFFER_BYTES = 4
@@ -62,63 +63,8 @@ class ExecutorError(RuntimeError):
     """The program cannot be loaded or run on this device (message says why)."""
 
 
-# A driver that builds half code without claiming cl_khr_fp16 (NVIDIA) has no half overloads
-# of the built-ins, so `max(half, half)` and `convert_float(half)` are ambiguous between the
-# float/double/integer versions (measured on the H100: 5443 such errors in one model). The
-# conversions become casts (same rounding: to nearest even float <-> half, and exact
-# half -> float); the overloads compute in float and round back, the numerics of any half
-# built-in.
-_HALF_OVERLOADS = (
-    (
-        "#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n"
-        "#define convert_float(x) ((float)(x))\n"
-        "#define convert_half(x) ((half)(x))\n"
-    )
-    + "".join(
-        f"half __attribute__((overloadable)) {name}(half a, half b) {{ return (half){name}((float)a, (float)b); }}\n"
-        for name in ("max", "min", "fmax", "fmin", "pow", "fmod")
-    )
-    + "".join(
-        f"half __attribute__((overloadable)) {name}(half a) {{ return (half){name}((float)a); }}\n"
-        for name in (
-            "fabs",
-            "exp",
-            "exp2",
-            "log",
-            "log2",
-            "sqrt",
-            "rsqrt",
-            "tanh",
-            "floor",
-            "ceil",
-            "round",
-            "rint",
-            "trunc",
-            "sin",
-            "cos",
-            "erf",
-        )
-    )
-)
-
-
-def device_source(program: GpuProgram, device: cl.Device) -> tuple[str, list[str]]:
-    """The OpenCL C source and build options the executor builds ``program`` with on ``device``.
-
-    Half code on a device that does not list cl_khr_fp16: TVM guards it with
-    ``#ifdef cl_khr_fp16 ... #else #error``, and NVIDIA's OpenCL builds half arithmetic
-    without listing (or defining) the extension (GPU.md), so the macro is defined and the
-    built-ins it lacks for half are supplied (`_HALF_OVERLOADS`); a device that really lacks
-    half still fails to build.
-    """
-    options = program.build_options.split() if program.build_options else []
-    if not program.source:
-        # A partition without kernels (pure reshapes/aliases): an empty program keeps the
-        # rest of the code uniform.
-        return "__kernel void litekiln_empty(void) {}\n", options
-    if "cl_khr_fp16" in program.source and "cl_khr_fp16" not in device.extensions:
-        return _HALF_OVERLOADS + program.source, [*options, "-Dcl_khr_fp16=1"]
-    return program.source, options
+#: A launch ready to enqueue: kernel object (arguments set), global size, local size.
+_Prepared = tuple[cl.Kernel, tuple[int, ...], tuple[int, ...]]
 
 
 class PartitionExecutor(PartitionIO):
@@ -129,6 +75,8 @@ class PartitionExecutor(PartitionIO):
         binary: The device binary of the built cl.Program (for the binary cache), or None if
             the driver does not report one.
         device: The OpenCL device of ``queue``.
+        device_profile: The device's profile (vendor facts).
+        driver: Exactly the source and options the driver was (or would be) handed.
     """
 
     def __init__(
@@ -138,6 +86,7 @@ class PartitionExecutor(PartitionIO):
         context: cl.Context,
         queue: cl.CommandQueue,
         binary: bytes | None = None,
+        profile: DeviceProfile | None = None,
     ) -> None:
         """Build, allocate, upload and bind everything.
 
@@ -146,8 +95,9 @@ class PartitionExecutor(PartitionIO):
             constants: Constant name -> array, for every name in ``program.constants``.
             context: OpenCL context.
             queue: In-order command queue on the device to run on.
-            binary: A device binary from a previous load (`binary`) of the same source, build
-                options and device; if given, the program is built from it (fast path).
+            binary: A device binary from a previous load (`binary`) of the same driver program
+                and device; if given, the program is built from it (fast path).
+            profile: The device's profile (default: read from ``queue``'s device).
 
         Raises:
             ExecutorError: A constant is missing or mismatched, the binary or source fails to
@@ -159,70 +109,16 @@ class PartitionExecutor(PartitionIO):
         self.context = context
         self.queue = queue
         self.device: cl.Device = queue.device
+        self.device_profile = profile or DeviceProfile.of(self.device, context)
+        self.driver = self.device_profile.driver_program(program.source, program.build_options)
         self._tensor_specs: dict[int, TensorSpec] = {t.id: t for t in program.tensors}
-
         self._cl_program = self._build(binary)
         self._given_binary = binary
-
-        # Storages: one buffer each, allocated once.
-        mf = cl.mem_flags
-        self._storage_buffers: dict[int, cl.Buffer] = {}
-        for s in program.storages:
-            flags = mf.READ_WRITE
-            self._storage_buffers[s.id] = cl.Buffer(
-                context, flags, size=max(s.nbytes, _MIN_BUFFER_BYTES)
-            )
-        self._tensor_buffers: dict[int, cl.Buffer] = {}
-        for t in program.tensors:
-            self._tensor_buffers[t.id] = self._view(t)
-
+        #: Built from a stored binary (else from source: a binary worth storing).
+        self.from_binary = binary is not None
+        self._allocate()
         self._upload_constants(constants)
-
-        # Kernels: one cl.Kernel per launch (a kernel object holds its argument values, and the
-        # same kernel may be launched several times with different buffers).
-        # Names from the program's info string: all_kernels() would create (and pyopencl set up)
-        # a kernel object per kernel only to read its name.
-        names = set(self._cl_program.get_info(cl.program_info.KERNEL_NAMES).split(";"))
-        missing = [k for k in program.kernels if k not in names]
-        if missing:
-            raise ExecutorError(f"kernels {missing} not found in the built OpenCL program")
-        self._arg_slots: dict[int, list[tuple[cl.Kernel, int]]] = {}  # tensor id -> uses
-        prepared: list[tuple[cl.Kernel, tuple[int, ...], tuple[int, ...]]] = []
-        max_wg = self.device.max_work_group_size
-        max_items = self.device.max_work_item_sizes
-        first_of: dict[str, cl.Kernel] = {}
-        wg_limit: dict[str, int] = {}
-        for i, launch in enumerate(program.all_launches()):
-            # One kernel object per launch (each holds its own argument values); the work-group
-            # limit is the same for every object of a kernel, so it is asked once per name.
-            kernel = cl.Kernel(self._cl_program, launch.kernel)
-            values: list[Any] = []
-            for j, arg in enumerate(launch.args):
-                if isinstance(arg, BufferArg):
-                    values.append(self._tensor_buffers[arg.tensor])
-                    self._arg_slots.setdefault(arg.tensor, []).append((kernel, j))
-                else:
-                    values.append(np.array(arg.value, dtype=SCALAR_TYPES[arg.ctype]))
-            # set_arg per argument, not set_args: set_args generates and compiles a Python
-            # argument-setter per kernel on first use (~1 ms each, 100+ kernels per model).
-            for j, value in enumerate(values):
-                kernel.set_arg(j, value)
-            wg = int(np.prod(launch.local_size))
-            if launch.kernel not in first_of:
-                first_of[launch.kernel] = kernel
-                wg_limit[launch.kernel] = kernel.get_work_group_info(
-                    cl.kernel_work_group_info.WORK_GROUP_SIZE, self.device
-                )
-            kernel_wg = wg_limit[launch.kernel]
-            if wg > min(max_wg, kernel_wg) or any(
-                l > m for l, m in zip(launch.local_size, max_items)
-            ):
-                raise ExecutorError(
-                    f"launch {i} ({launch.kernel}): work-group {launch.local_size} ({wg} items) exceeds "
-                    f"device limit {max_wg} / kernel limit {kernel_wg} / per-axis {list(max_items)} "
-                    f"on {self.device.name}; compile with a smaller max_num_threads"
-                )
-            prepared.append((kernel, launch.global_size, launch.local_size))
+        prepared = self._bind_launches()
         # Option 0 of every variant is the default launches; the other options follow them.
         n = len(program.launches)
         self._default = prepared[:n]
@@ -232,11 +128,66 @@ class PartitionExecutor(PartitionIO):
         self._launches = self._plan(self.choices)
         self._fast = self._make_fast_launcher()
 
+    def _allocate(self) -> None:
+        """One buffer per storage, allocated once; a (sub-)buffer view per tensor."""
+        self._storage_buffers: dict[int, cl.Buffer] = {
+            s.id: cl.Buffer(
+                self.context, cl.mem_flags.READ_WRITE, size=max(s.nbytes, _MIN_BUFFER_BYTES)
+            )
+            for s in self.program.storages
+        }
+        self._tensor_buffers: dict[int, cl.Buffer] = {
+            t.id: self._view(t) for t in self.program.tensors
+        }
+
+    def _bind_launches(self) -> list[_Prepared]:
+        """One kernel object per launch, its arguments set once, its work-group checked.
+
+        A kernel object holds its argument values, and the same kernel may be launched
+        several times with different buffers, hence one object per launch. Kernel names come
+        from the program's info string: all_kernels() would create (and pyopencl set up) a
+        kernel object per kernel only to read its name.
+        """
+        names = set(str(self._cl_program.get_info(cl.program_info.KERNEL_NAMES)).split(";"))
+        missing = [k for k in self.program.kernels if k not in names]
+        if missing:
+            raise ExecutorError(f"kernels {missing} not found in the built OpenCL program")
+        self._arg_slots: dict[int, list[tuple[cl.Kernel, int]]] = {}  # tensor id -> uses
+        wg_limit: dict[str, int] = {}  # the same for every object of a kernel: asked once
+        prepared: list[_Prepared] = []
+        for i, launch in enumerate(self.program.all_launches()):
+            kernel = cl.Kernel(self._cl_program, launch.kernel)
+            self._set_args(kernel, launch)
+            if launch.kernel not in wg_limit:
+                wg_limit[launch.kernel] = kernel.get_work_group_info(
+                    cl.kernel_work_group_info.WORK_GROUP_SIZE, self.device
+                )
+            if not self.device_profile.fits(launch.local_size, wg_limit[launch.kernel]):
+                p = self.device_profile
+                raise ExecutorError(
+                    f"launch {i} ({launch.kernel}): work-group {launch.local_size} exceeds device "
+                    f"limit {p.max_work_group_size} / kernel limit {wg_limit[launch.kernel]} / "
+                    f"per-axis {list(p.max_work_item_sizes)} on {p.name}; compile with a smaller "
+                    "max_num_threads"
+                )
+            prepared.append((kernel, launch.global_size, launch.local_size))
+        return prepared
+
+    def _set_args(self, kernel: cl.Kernel, launch: Launch) -> None:
+        # set_arg per argument, not set_args: set_args generates and compiles a Python
+        # argument-setter per kernel on first use (~1 ms each, 100+ kernels per model).
+        for j, arg in enumerate(launch.args):
+            if isinstance(arg, BufferArg):
+                kernel.set_arg(j, self._tensor_buffers[arg.tensor])
+                self._arg_slots.setdefault(arg.tensor, []).append((kernel, j))
+            else:
+                kernel.set_arg(j, np.array(arg.value, dtype=SCALAR_TYPES[arg.ctype]))
+
     # ------------------------------------------------------------------ tuning
-    def _plan(self, choices: list[int]) -> list[tuple[cl.Kernel, tuple[int, ...], tuple[int, ...]]]:
+    def _plan(self, choices: list[int]) -> list[_Prepared]:
         out = []
         pos = 0
-        for v, opts, c in zip(self.program.variants, self._options, choices):
+        for v, opts, c in zip(self.program.variants, self._options, choices, strict=True):
             out.extend(self._default[pos : v.start])
             out.extend(self._default[v.start : v.stop] if c == 0 else opts[c - 1])
             pos = v.stop
@@ -271,12 +222,12 @@ class PartitionExecutor(PartitionIO):
         pq = self._profiling()
         self.queue.finish()
         choices = []
-        for v, opts in zip(self.program.variants, self._options):
+        for v, opts in zip(self.program.variants, self._options, strict=True):
             timings = []
             for launches in [self._default[v.start : v.stop], *opts]:
                 samples = []
                 for r in range(reps + 1):
-                    events = [cl.enqueue_nd_range_kernel(pq, k, g, l) for k, g, l in launches]
+                    events = [cl.enqueue_nd_range_kernel(pq, k, g, loc) for k, g, loc in launches]
                     pq.finish()
                     if r:  # the first run is the warm-up
                         samples.append(sum(e.profile.end - e.profile.start for e in events))
@@ -304,32 +255,32 @@ class PartitionExecutor(PartitionIO):
         """
         if self._given_binary is not None:
             return self._given_binary
-        binaries = self._cl_program.get_info(cl.program_info.BINARIES)
+        binaries: list[bytes] = self._cl_program.get_info(cl.program_info.BINARIES)  # type: ignore[assignment]  # pyopencl types get_info as object
         return bytes(binaries[0]) if binaries and binaries[0] else None
 
     # ------------------------------------------------------------------ load helpers
     def _build(self, binary: bytes | None) -> cl.Program:
-        options = self.program.build_options.split() if self.program.build_options else []
+        options = list(self.driver.options)
         if binary is not None:
             try:
                 prg = cl.Program(self.context, [self.device], [binary])
                 return prg.build(options=options)
             except cl.Error as e:
                 raise ExecutorError(f"building from the cached device binary failed: {e}") from e
-        uses_half = "cl_khr_fp16" in self.program.source
-        src, options = device_source(self.program, self.device)
         try:
-            return cl.Program(self.context, src).build(options=options, devices=[self.device])
+            prg = cl.Program(self.context, self.driver.source)
+            return prg.build(options=options, devices=[self.device])
         except cl.RuntimeError as e:
-            if uses_half:
+            if self.program.uses_half:
                 # Tried rather than checked against the extension list: NVIDIA builds half
-                # kernels without listing cl_khr_fp16 (GPU.md); PoCL cannot.
+                # kernels without listing cl_khr_fp16, PoCL cannot (docs/vendors.md).
                 raise ExecutorError(
-                    f"{self.device.name} cannot build half-precision kernels (cl_khr_fp16); "
+                    f"{self.device_profile.name} cannot build half-precision kernels "
+                    "(cl_khr_fp16); "
                     "use precision='fp32', or compile the fp16 variant for devices without half "
                     "arithmetic (`litekiln compile --precision fp16 --half emulated`)"
                 ) from e
-            raise ExecutorError(f"OpenCL build failed on {self.device.name}: {e}") from e
+            raise ExecutorError(f"OpenCL build failed on {self.device_profile.name}: {e}") from e
 
     def _view(self, t: TensorSpec) -> cl.Buffer:
         base = self._storage_buffers[t.storage]
@@ -337,11 +288,11 @@ class PartitionExecutor(PartitionIO):
             return base
         # Kernels take plain pointers: a tensor at an offset needs a sub-buffer, whose origin
         # must be a multiple of CL_DEVICE_MEM_BASE_ADDR_ALIGN (given in bits).
-        align = self.device.mem_base_addr_align // 8
+        align = self.device_profile.address_align
         if t.offset % align:
             raise ExecutorError(
                 f"tensor {t.name or t.id} at byte offset {t.offset}: sub-buffer origins must be "
-                f"multiples of {align} bytes on {self.device.name}"
+                f"multiples of {align} bytes on {self.device_profile.name}"
             )
         return base.get_sub_region(t.offset, max(t.nbytes, _MIN_BUFFER_BYTES))
 
@@ -400,7 +351,8 @@ class PartitionExecutor(PartitionIO):
         the host work per launch drops to the driver's own cost plus ~1 us (H100: 6.0-7.4 us
         per launch against pyopencl's 7.2-10.8; the driver's bare enqueue is 5.2 us). On PoCL
         it is slower (5.0 us vs 3.9 us, PoCL's own enqueue dominating). ``LITEKILN_FAST_LAUNCH``
-        (config.FAST_LAUNCH): ``auto`` (default) uses it except on PoCL, ``on``/``off`` force.
+        (config.FAST_LAUNCH): ``auto`` (default) uses it where the profile says
+        (`DeviceProfile.direct_enqueue`), ``on``/``off`` force.
         Returns None (the pyopencl loop) when not used or libOpenCL cannot be loaded.
         """
         from litekiln import config
@@ -408,7 +360,7 @@ class PartitionExecutor(PartitionIO):
         mode = config.FAST_LAUNCH.get()
         if mode == "off":
             return None
-        if mode == "auto" and "portable computing language" in self._platform_name().lower():
+        if mode == "auto" and not self.device_profile.direct_enqueue:
             return None
         import ctypes
 
@@ -434,12 +386,6 @@ class PartitionExecutor(PartitionIO):
         launch_all.keep = keep  # type: ignore[attr-defined]
         return launch_all
 
-    def _platform_name(self) -> str:
-        try:
-            return str(self.queue.device.platform.name)
-        except cl.Error:
-            return ""
-
     @property
     def num_launches(self) -> int:
         """Number of kernel launches one `run` enqueues."""
@@ -462,7 +408,7 @@ class PartitionExecutor(PartitionIO):
         """
         pq = self._profiling()
         self.queue.finish()
-        events = [cl.enqueue_nd_range_kernel(pq, k, g, l) for k, g, l in self._launches]
+        events = [cl.enqueue_nd_range_kernel(pq, k, g, loc) for k, g, loc in self._launches]
         pq.finish()
         return [(e.profile.end - e.profile.start) * 1e-9 for e in events]
 
@@ -494,10 +440,6 @@ class PartitionExecutor(PartitionIO):
         if out.nbytes:
             cl.enqueue_copy(self.queue, out, self._tensor_buffers[spec.id], is_blocking=True)
         return out
-
-    def input_buffer(self, i: int) -> cl.Buffer:
-        """The device buffer of input ``i`` (to fill it from another partition's kernels)."""
-        return self._tensor_buffers[self.program.inputs[i]]
 
     def output_buffer(self, i: int) -> cl.Buffer:
         """The device buffer of output ``i`` (valid after `run`; overwritten by the next run).

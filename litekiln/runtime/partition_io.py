@@ -9,7 +9,7 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from litekiln.runtime.program import GpuProgram, TensorSpec
+from litekiln.artifact.program import GpuProgram, TensorSpec
 
 
 class PartitionIO:

@@ -1,35 +1,35 @@
-"""A loaded model on an OpenCL device: the runtime's executor of a :class:`CompiledModel`.
+"""A compiled model on an OpenCL device: the runtime's executor of a :class:`CompiledModel`.
 
-Never imports TVM. On a cache hit the whole start-up is: read the manifest and constants,
-build each partition's program from the cached device binary, allocate buffers once, upload
-constants once, bind kernel arguments once. ``run`` then only copies inputs in, enqueues the
-pre-bound launches, runs CPU ops in between and copies outputs out.
+The runtime only runs compiled models: it imports nothing of the cache, the compiler or TVM
+(`litekiln.loading` decides between a cache hit and a compile, then hands the compiled model
+here). On a cache hit the whole start-up is: build each partition's program from the stored
+device binary, allocate buffers once, upload constants once, bind kernel arguments once.
+``run`` then only copies inputs in, enqueues the pre-bound launches, runs CPU ops in between
+and copies outputs out.
 """
 
 from __future__ import annotations
 
 import atexit
-import dataclasses
-import hashlib
 import logging
-import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from litekiln.errors import CompileError, DeviceError
+from litekiln import config
+from litekiln.artifact.compiled import CompiledModel, PartitionArtifact
+from litekiln.errors import DeviceError
 from litekiln.model.ir import Model
 from litekiln.ops.base import dequantize, is_quantized, quantize
-from litekiln.runtime.artifact import CompiledModel, CompileOptions
-from litekiln.runtime.device import DeviceHandle, DeviceOpener, select_device, supports_half
+from litekiln.reference import run_ops
+from litekiln.runtime.device import DeviceHandle
+from litekiln.runtime.executor import ExecutorError, PartitionExecutor
 
 log = logging.getLogger("litekiln")
-
-_OPTION_NAMES = set(CompileOptions.__dataclass_fields__) - {"precision"}
 
 
 @dataclass
@@ -54,155 +54,22 @@ class DivergenceReport:
         )
 
 
-def split_options(
-    options: Mapping[str, Any], precision: str
-) -> tuple[CompileOptions, dict[str, Any]]:
-    """Separate compile options (part of the cache key) from runtime-only options.
+class ProgramStore(Protocol):
+    """Where device binaries are kept between starts (the cache implements it; the runtime
+    never imports the cache). Keyed by exactly what the driver is handed and the device."""
 
-    Raises:
-        TypeError: an option name is unknown.
-    """
-    from litekiln import config
+    def load_program(
+        self, source: bytes, build_options: Sequence[str], identity: Mapping[str, str]
+    ) -> tuple[bytes | None, list[int] | None]: ...
 
-    compile_kw = {k: v for k, v in options.items() if k in _OPTION_NAMES}
-    compile_kw.setdefault("op_table", config.OP_TABLE.get())
-    compile_kw.setdefault("allow_quantized", config.ALLOW_QUANTIZED.get())
-    compile_kw.setdefault("max_partitions", config.MAX_PARTITIONS.get())
-    compile_kw.setdefault("min_partition_ops", config.MIN_PARTITION_OPS.get())
-    runtime_kw = {k: v for k, v in options.items() if k not in _OPTION_NAMES}
-    unknown = set(runtime_kw) - {"validate", "use_cache", "progress", "tune"}
-    if unknown:
-        raise TypeError(
-            f"unknown option(s) {sorted(unknown)}; compile options are "
-            f"{sorted(_OPTION_NAMES | {'precision'})}, runtime options are validate, use_cache, tune"
-        )
-    return CompileOptions(precision=precision, **compile_kw), runtime_kw
-
-
-def open_session(
-    model: Model,
-    *,
-    model_path: str | None = None,
-    model_bytes: bytes | None = None,
-    device: str | DeviceOpener | None = None,
-    precision: str = "fp32",
-    cache_dir: str | None = None,
-    **options: Any,
-) -> Session:
-    """Load (or compile, then cache) a model and bind it to an OpenCL device.
-
-    Args:
-        model: the loaded model IR (its token keys the cache).
-        model_path: where the model came from (informative).
-        model_bytes: unused; reserved for re-loading.
-        device: device choice (see :func:`~litekiln.runtime.device.select_device`), or a
-            :class:`~litekiln.runtime.device.DeviceOpener` already opening it.
-        precision: "fp32" or "fp16".
-        cache_dir: cache directory; None for the default; the option ``use_cache=False``
-            disables the cache.
-        options: compile options (:class:`CompileOptions` fields) and runtime options
-            (``validate``, ``use_cache``).
-
-    Returns:
-        A ready :class:`Session`.
-
-    Raises:
-        DeviceError: no usable OpenCL device.
-        CompileError: the model is not cached and cannot be compiled here.
-    """
-    from litekiln import config
-
-    copts, rt = split_options(options, precision)
-    handle = device.result() if isinstance(device, DeviceOpener) else select_device(device)
-    if "schedules" not in options:
-        copts = dataclasses.replace(copts, schedules=default_schedules(handle))
-    if copts.precision == "fp16" and copts.half == "native" and not supports_half(handle):
-        log.warning(
-            "%s has no half-precision arithmetic: precision='fp16' runs fp32 kernels that round "
-            "every value to fp16 (half-storage numerics)",
-            handle.description,
-        )
-        copts = dataclasses.replace(copts, half="emulated")
-    use_cache = bool(rt.get("use_cache", True)) and not config.NO_CACHE.get()
-    store = None
-    if use_cache:
-        from litekiln.cache.models import ModelCache
-
-        store = ModelCache.open(cache_dir)
-    validate = bool(rt.get("validate", False))
-    tune = config.TUNE.get(rt.get("tune"))
-    try:
-        return Session(
-            model,
-            _load_or_compile(model, copts, store, rt),
-            handle,
-            store=store,
-            validate=validate,
-            tune=tune,
-        )
-    except DeviceError as exc:
-        if not (
-            copts.precision == "fp16" and copts.half == "native" and "half-precision" in str(exc)
-        ):
-            raise
-        # The driver rejects the half kernels (NVIDIA's OpenCL compiler does not accept all of
-        # TVM's half code): run the fp16-rounding fp32 kernels instead, and say so.
-        log.warning("%s; using fp32 kernels that round every value to fp16", exc)
-        copts = dataclasses.replace(copts, half="emulated")
-        return Session(
-            model,
-            _load_or_compile(model, copts, store, rt),
-            handle,
-            store=store,
-            validate=validate,
-            tune=tune,
-        )
-
-
-def _load_or_compile(
-    model: Model, copts: CompileOptions, store: Any, rt: dict[str, Any]
-) -> CompiledModel:
-    compiled = store.load_model(model.token, copts) if store is not None else None
-    if compiled is None:
-        compiled = compile_for(model, copts, progress=rt.get("progress"))
-        if store is not None:
-            store.save_model(compiled)
-    return compiled
-
-
-def default_schedules(handle: DeviceHandle) -> str:
-    """``LITEKILN_SCHEDULES`` if set, else the profile measured best for the device type:
-    "fast-cpu" on CPU OpenCL devices (PoCL: 50-150x faster than dlight's), "fast" on GPUs."""
-    import pyopencl as cl
-
-    from litekiln import config
-
-    if os.environ.get(config.SCHEDULES.env):
-        return config.SCHEDULES.get()
-    return "fast-cpu" if handle.device.type & cl.device_type.CPU else "fast"  # type: ignore[attr-defined]
-
-
-def compile_for(model: Model, options: CompileOptions, *, progress: Any = None) -> CompiledModel:
-    """Compile with TVM, or explain why that is impossible on this machine.
-
-    Raises:
-        CompileError: TVM is not installed (a runtime-only install met an uncached model).
-    """
-    import importlib.util
-
-    try:
-        # Asked of the import system, not imported: the runtime never imports the compiler's
-        # dependencies itself (a blocked import, sys.modules["tvm"] = None, raises ValueError).
-        if importlib.util.find_spec("tvm") is None:
-            raise ImportError("apache-tvm is not installed")
-        from litekiln.compiler.driver import compile_model, stderr_progress
-    except (ImportError, ValueError) as exc:
-        raise CompileError(
-            f"{model.name} (token {model.token}) is not in the cache and the compiler is not "
-            f"available here ({exc}). Compile at build time with `litekiln compile MODEL "
-            "--cache-dir DIR` and ship DIR, or install the compiler: pip install 'litekiln[compiler]'"
-        ) from None
-    return compile_model(model, options, progress=progress or stderr_progress)
+    def save_program(
+        self,
+        source: bytes,
+        build_options: Sequence[str],
+        identity: Mapping[str, str],
+        binary: bytes,
+        tuning: list[int] | None = None,
+    ) -> bool: ...
 
 
 class Session:
@@ -220,12 +87,23 @@ class Session:
         compiled: CompiledModel,
         handle: DeviceHandle,
         *,
-        store: Any = None,
+        programs: ProgramStore | None = None,
         validate: bool = False,
         tune: bool = True,
     ) -> None:
-        from litekiln.runtime.executor import ExecutorError, PartitionExecutor
+        """Load every partition's program onto the device.
 
+        Args:
+            model: the model IR (its CPU ops run on the numpy reference).
+            compiled: what the compiler made of it.
+            handle: the device, its context, queue and profile.
+            programs: where device binaries and tuning choices are kept (None: nowhere).
+            validate: re-run each GPU partition on the reference and report divergences.
+            tune: time the schedule variants of programs not yet tuned on this device.
+
+        Raises:
+            DeviceError: a partition's program does not build or load on the device.
+        """
         t0 = time.perf_counter()
         self.model = model
         self.graph = model.main
@@ -239,49 +117,9 @@ class Session:
         #: None (the default) costs nothing.
         self.step_times: list[tuple[str, int, float]] | None = None
         self.last_report: DivergenceReport | None = None
-        identity = handle.identity()
-        self.executors: list[Any] = []
-        for part in compiled.partitions:
-            prog = part.program
-            consts = _partition_constants(compiled, part)
-            bkey = _binary_key(prog.source, prog.build_options, identity)
-            binary, choices = store.load_program(bkey) if store is not None else (None, None)
-            try:
-                ex = PartitionExecutor(prog, consts, handle.context, handle.queue, binary=binary)
-            except ExecutorError as exc:
-                if binary is None:
-                    raise DeviceError(f"{model.name}: partition {part.index}: {exc}") from None
-                # A binary the driver rejects (new driver, corrupted entry): rebuild from source.
-                log.warning("cached device binary rejected (%s); rebuilding from source", exc)
-                try:
-                    ex = PartitionExecutor(prog, consts, handle.context, handle.queue)
-                except ExecutorError as exc2:
-                    raise DeviceError(f"{model.name}: partition {part.index}: {exc2}") from None
-                binary = None
-            save = binary is None
-            if prog.variants:
-                try:
-                    if choices is None:
-                        raise ValueError("not tuned on this device yet")
-                    ex.select(choices)
-                except ValueError:
-                    # First load on this device (or choices of another program): time the
-                    # variants once and store the choice with the binary.
-                    if tune:
-                        choices = ex.tune()
-                        log.info(
-                            "%s: partition %d tuned: %d of %d kernels changed",
-                            model.name,
-                            part.index,
-                            sum(1 for c in choices if c),
-                            len(choices),
-                        )
-                        save = True
-            if save and store is not None and ex.binary:
-                store.save_binary(
-                    bkey, ex.binary, identity, tuning=ex.choices if prog.variants and tune else None
-                )
-            self.executors.append(ex)
+        self._programs = programs
+        self._tune = tune
+        self.executors: list[Any] = [self._load_partition(p) for p in compiled.partitions]
         self._outputs = [_output_arrays(ex) for ex in self.executors]
         # `run` holds the lock; the CUDA graph upgrade takes it to check a graph against the
         # OpenCL executor and to swap it in, so an inference never sees a half-made switch.
@@ -289,6 +127,57 @@ class Session:
         self._graph_thread: threading.Thread | None = None
         self._start_graph_upgrade()
         self.load_seconds = time.perf_counter() - t0
+
+    def _load_partition(self, part: PartitionArtifact) -> PartitionExecutor:
+        """The partition's executor: built from the stored binary when there is one, tuned on
+        this device unless its choices are stored, and what is new stored back."""
+        prog = part.program
+        profile = self.handle.profile
+        driver = profile.driver_program(prog.source, prog.build_options)
+        key = (driver.source_bytes, driver.options, profile.identity())
+        binary, choices = self._programs.load_program(*key) if self._programs else (None, None)
+        ex = self._executor(part, binary)
+        changed = not ex.from_binary  # built from source: a binary to store
+        if prog.variants and self._tuned(ex, part, choices):
+            changed = True
+        if changed and self._programs is not None and ex.binary:
+            tuning = ex.choices if prog.variants and self._tune else None
+            self._programs.save_program(*key, ex.binary, tuning=tuning)
+        return ex
+
+    def _executor(self, part: PartitionArtifact, binary: bytes | None) -> PartitionExecutor:
+        """Build the partition's executor; a stored binary the driver rejects (a new driver, a
+        damaged entry) is dropped and the program built from source."""
+        h = self.handle
+        consts = partition_constants(self.compiled, part)
+        try:
+            return PartitionExecutor(part.program, consts, h.context, h.queue, binary, h.profile)
+        except ExecutorError as exc:
+            if binary is None:
+                raise DeviceError(f"{self.model.name}: partition {part.index}: {exc}") from None
+            log.warning("cached device binary rejected (%s); rebuilding from source", exc)
+        try:
+            return PartitionExecutor(part.program, consts, h.context, h.queue, None, h.profile)
+        except ExecutorError as exc:
+            raise DeviceError(f"{self.model.name}: partition {part.index}: {exc}") from None
+
+    def _tuned(self, ex: PartitionExecutor, part: PartitionArtifact, choices: Any) -> bool:
+        """Apply the stored variant choices; without valid ones (first load on this device, or
+        choices of another program), time the variants once. True if it tuned."""
+        if choices is not None:
+            try:
+                ex.select(choices)
+                return False
+            except ValueError:
+                pass
+        if not self._tune:
+            return False
+        picked = ex.tune()
+        log.info(
+            "%s: partition %d tuned: %d of %d kernels changed",
+            self.model.name, part.index, sum(1 for c in picked if c), len(picked),
+        )  # fmt: skip
+        return True
 
     def _start_graph_upgrade(self) -> None:
         """Move the partitions onto CUDA graphs (NVIDIA; `_graph_path`).
@@ -300,11 +189,16 @@ class Session:
         is built and checked. `wait_for_graph` waits for that. ``on`` does it here, now, and
         fails if any partition cannot take the graph path; ``off`` never touches CUDA.
         """
-        from litekiln import config
-
         mode = config.CUDA_GRAPH.get()
         todo = [(slot, ex) for slot, ex in enumerate(self.executors) if ex.program.launches]
         if mode == "off" or not todo:
+            return
+        if not self.handle.profile.cuda_graph_candidate:
+            if mode == "on":
+                raise DeviceError(
+                    f"{self.model.name}: LITEKILN_CUDA_GRAPH=on, but {self.device_name} is not "
+                    "an NVIDIA OpenCL device"
+                )
             return
         if mode == "on":
             self._upgrade(todo)
@@ -348,7 +242,6 @@ class Session:
         OpenCL executor, one inference on seeded inputs must give the same outputs on both
         (the same PTX runs in both, so they agree to the bit unless something is wrong).
         """
-        from litekiln import config
         from litekiln.runtime.cuda import (
             CudaGraphExecutor,
             CudaUnsupported,
@@ -358,11 +251,11 @@ class Session:
 
         part = self.compiled.partitions[slot]
         try:
-            device = cuda_device_for(self.handle.device)  # first: refuses non-NVIDIA at once
+            device = cuda_device_for(self.handle.device, self.handle.profile)
             binary = ex.binary  # (copied out of the driver when it was built from source)
             if not binary:
                 raise CudaUnsupported("the OpenCL driver reports no program binary")
-            consts = _partition_constants(self.compiled, part)
+            consts = partition_constants(self.compiled, part)
             cu = CudaGraphExecutor(
                 ex.program,
                 consts,
@@ -412,8 +305,6 @@ class Session:
             return self._run(inputs)
 
     def _run(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
-        from litekiln.reference import run_ops
-
         g = self.graph
         values: dict[int, np.ndarray] = dict(inputs)
         report = DivergenceReport(ok=True) if self.validate else None
@@ -464,8 +355,6 @@ class Session:
         self, part: Any, values: dict[int, np.ndarray], report: DivergenceReport
     ) -> None:
         """Re-run the partition's ops on the reference and compare every tensor the GPU kept."""
-        from litekiln.reference import run_ops
-
         g = self.graph
         ref: dict[int, np.ndarray] = {t: values[t] for t in part.inputs}
         run_ops([g.ops[i] for i in part.ops], g, ref)
@@ -487,7 +376,7 @@ class Session:
                     return
 
 
-def _partition_constants(compiled: CompiledModel, part: Any) -> dict[str, np.ndarray]:
+def partition_constants(compiled: CompiledModel, part: PartitionArtifact) -> dict[str, np.ndarray]:
     """The constant arrays one partition's program uploads, by name."""
     return {name: compiled.constants[name] for name in part.program.constants.values()}
 
@@ -498,7 +387,7 @@ def _output_arrays(ex: Any) -> list[np.ndarray]:
     copies its outputs into pinned buffers of its own: those are the arrays (no second host
     copy; 5.5 MB per inference for DeepLab's output)."""
     if hasattr(ex, "output_buffers"):
-        return ex.output_buffers()  # type: ignore[no-any-return]
+        return list(ex.output_buffers())
     return [
         np.empty(ex.output_spec(i).shape, ex.output_spec(i).dtype) for i in range(ex.num_outputs)
     ]
@@ -549,12 +438,3 @@ def _compare_paths(a: Any, b: Any, seed: int = 0) -> str:
             if err > tol:
                 return f"output {i}: max |diff| {err:.3g} > {tol:.3g}"
     return ""
-
-
-def _binary_key(source: str, build_options: str, identity: dict[str, str]) -> dict[str, Any]:
-    return {
-        "kind": "binary",
-        "source": hashlib.sha256(source.encode()).hexdigest(),
-        "build_options": build_options,
-        **identity,
-    }

@@ -195,6 +195,11 @@ class GpuProgram:
     meta: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 
+    @property
+    def uses_half(self) -> bool:
+        """Whether the kernels compute in half precision (TVM enables cl_khr_fp16 for them)."""
+        return "cl_khr_fp16" in self.source
+
     def plan(self, choices: list[int] | None = None) -> list[Launch]:
         """The launches to run with option ``choices[i]`` for variant ``i`` (0: default).
 
@@ -207,7 +212,7 @@ class GpuProgram:
             raise ValueError(f"{len(choices)} choices for {len(self.variants)} variants")
         out: list[Launch] = []
         pos = 0
-        for v, c in zip(self.variants, choices):
+        for v, c in zip(self.variants, choices, strict=True):
             if not 0 <= c <= len(v.options):
                 raise ValueError(f"choice {c} for {v.func}, which has {len(v.options) + 1} options")
             out.extend(self.launches[pos : v.start])
@@ -218,7 +223,7 @@ class GpuProgram:
 
     def all_launches(self) -> list[Launch]:
         """Every launch of every option (what the runtime prepares kernels for)."""
-        return [*self.launches, *(l for v in self.variants for o in v.options for l in o)]
+        return [*self.launches, *(la for v in self.variants for o in v.options for la in o)]
 
     # ------------------------------------------------------------------ lookups
     def tensor(self, tensor_id: int) -> TensorSpec:
@@ -242,11 +247,6 @@ class GpuProgram:
             if s.id == storage_id:
                 return s
         raise KeyError(f"no storage {storage_id} in program")
-
-    @property
-    def workspace_nbytes(self) -> int:
-        """Bytes of device memory used by intermediates (memory-plan quality metric)."""
-        return sum(s.nbytes for s in self.storages if s.role == "workspace")
 
     # ------------------------------------------------------------------ checks
     def validate(self) -> None:
@@ -310,7 +310,7 @@ class GpuProgram:
                 or not 1 <= len(launch.global_size) <= 3
             ):
                 raise ProgramFormatError(f"launch {i} ({launch.kernel}): bad NDRange rank")
-            for g, loc in zip(launch.global_size, launch.local_size):
+            for g, loc in zip(launch.global_size, launch.local_size, strict=True):
                 if loc <= 0 or g % loc:
                     raise ProgramFormatError(
                         f"launch {i} ({launch.kernel}): global {launch.global_size} "
@@ -350,13 +350,13 @@ class GpuProgram:
             "constants": [[tid, name] for tid, name in self.constants.items()],
             "inputs": list(self.inputs),
             "outputs": list(self.outputs),
-            "launches": [_launch_to_dict(l) for l in self.launches],
+            "launches": [_launch_to_dict(la) for la in self.launches],
             "variants": [
                 {
                     "start": v.start,
                     "stop": v.stop,
                     "func": v.func,
-                    "options": [[_launch_to_dict(l) for l in o] for o in v.options],
+                    "options": [[_launch_to_dict(la) for la in o] for o in v.options],
                 }
                 for v in self.variants
             ],
@@ -387,12 +387,12 @@ class GpuProgram:
                 f"program format version {version!r}, this runtime reads {FORMAT_VERSION}"
             )
         try:
-            launches = [_launch_from_dict(l) for l in d["launches"]]
+            launches = [_launch_from_dict(la) for la in d["launches"]]
             variants = [
                 Variant(
                     int(v["start"]),
                     int(v["stop"]),
-                    tuple(tuple(_launch_from_dict(l) for l in o) for o in v["options"]),
+                    tuple(tuple(_launch_from_dict(la) for la in o) for o in v["options"]),
                     str(v.get("func", "")),
                 )
                 for v in d.get("variants", [])
@@ -450,32 +450,32 @@ class GpuProgram:
         return cls.from_dict(d)
 
 
-def _launch_to_dict(l: Launch) -> dict[str, Any]:
+def _launch_to_dict(launch: Launch) -> dict[str, Any]:
     return {
-        "kernel": l.kernel,
-        "func": l.func,
+        "kernel": launch.kernel,
+        "func": launch.func,
         "args": [
             {"buffer": a.tensor}
             if isinstance(a, BufferArg)
             else {"scalar": a.value, "type": a.ctype}
-            for a in l.args
+            for a in launch.args
         ],
-        "global_size": list(l.global_size),
-        "local_size": list(l.local_size),
+        "global_size": list(launch.global_size),
+        "local_size": list(launch.local_size),
     }
 
 
-def _launch_from_dict(l: dict[str, Any]) -> Launch:
+def _launch_from_dict(d: dict[str, Any]) -> Launch:
     args: list[KernelArg] = []
-    for a in l["args"]:
+    for a in d["args"]:
         if "buffer" in a:
             args.append(BufferArg(int(a["buffer"])))
         else:
             args.append(ScalarArg(a["scalar"], str(a["type"])))
     return Launch(
-        kernel=l["kernel"],
+        kernel=d["kernel"],
         args=tuple(args),
-        global_size=tuple(int(x) for x in l["global_size"]),
-        local_size=tuple(int(x) for x in l["local_size"]),
-        func=l.get("func", ""),
+        global_size=tuple(int(x) for x in d["global_size"]),
+        local_size=tuple(int(x) for x in d["local_size"]),
+        func=d.get("func", ""),
     )

@@ -1,7 +1,7 @@
 """Time SSD's TFLite_Detection_PostProcess (litekiln's numpy op) and its parts on this host,
 on inputs shaped like ssd_mobilenet's (1917 anchors, 91 classes), random like the bench's.
 
-    python scripts/h100/probe_postprocess.py [MODEL.tflite]
+    python scripts/remote_gpu/probe_postprocess.py [MODEL.tflite]
 """
 
 from __future__ import annotations

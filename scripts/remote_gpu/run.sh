@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# GPU-machine side of the H100 kit: runtime only (no TVM, no package index). Installs the
+# GPU-machine side of the remote-GPU kit: runtime only (no TVM, no package index). Installs the
 # carried wheels, points OpenCL at NVIDIA's driver and LiteRT's WebGPU at Vulkan, blocks TVM,
-# then over the models that scripts/h100/prepare.sh compiled into .devcache/:
+# then over the models that scripts/remote_gpu/prepare.sh compiled into .devcache/:
 #   1. accuracy   litekiln vs LiteRT CPU, max|ours - ref| / max(1, max|ref|) within the
 #                 per-model tolerance (1e-4 unless litekiln/check.py says otherwise)
 #   2. start-up   litekiln bench --startup --warm-only (see docs/benchmarks.md for what cold,
@@ -10,9 +10,9 @@
 #                 (WebGPU over Vulkan), with per-kernel profile and launch overhead
 # and writes to $OUT: log.txt env.txt accuracy.json startup.json latency.json build.json.
 #
-# On the device (repo root; carry .whl .gl .devcache):   bash scripts/h100/run.sh
+# On the device (repo root; carry .whl .gl .devcache):   bash scripts/remote_gpu/run.sh
 # (.devcache/kit.tar.xz holds the models and the cache compiled by prepare.sh)
-# Rehearsal here on PoCL with the project venv:          LOCAL=1 scripts/h100/run.sh
+# Rehearsal here on PoCL with the project venv:          LOCAL=1 scripts/remote_gpu/run.sh
 # Knobs: MODELS="a b" (names from .devcache/models.txt), RUNS, REPEAT, STEPS="accuracy startup latency",
 #        KEEP_KIT=1 (keep the kit a previous call on this warm machine unpacked, tuned binaries included),
 #        T_ACCURACY/T_STARTUP/T_LATENCY (seconds per step; the device tool allows 600 in all).
@@ -21,7 +21,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
-OUT=${OUT:-/tmp/litekiln-h100-out}
+OUT=${OUT:-/tmp/litekiln-gpukit-out}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
 export PYTHONUNBUFFERED=1
@@ -62,7 +62,7 @@ unset LITEKILN_NO_CACHE LITEKILN_PRECISION LITEKILN_CACHE_DIR LITEKILN_OP_TABLE
 
 # Unpack the kit (models + compiled cache) into a private, writable folder: the cache store
 # refuses folders that others could write to.
-KIT=/tmp/litekiln-h100-kit
+KIT=/tmp/litekiln-gpukit
 TARBALL=.devcache/kit.tar.xz
 if [ ! -f "$TARBALL" ]; then  # a kit carried in parts (prepare.sh SPLIT_MB)
   TARBALL=/tmp/litekiln-kit.tar.xz
@@ -91,11 +91,11 @@ cp .devcache/build.json "$OUT/build.json" 2>/dev/null
 # would miss everywhere and, with TVM blocked, fail model by model. Stop at once instead.
 "$PY" - .devcache/build.json <<'EOF' || exit 1
 import json, sys
-from litekiln.runtime.artifact import compiler_hash
+from litekiln.artifact.versions import compiler_hash
 want, have = json.load(open(sys.argv[1])).get("compiler_hash", ""), compiler_hash()
 if want != have:
     sys.exit(f"run.sh: the kit was compiled from other litekiln sources (kit {want[:12]}, "
-             f"tree {have[:12]}): run scripts/h100/prepare.sh on this tree, then call again")
+             f"tree {have[:12]}): run scripts/remote_gpu/prepare.sh on this tree, then call again")
 print(f"kit matches this tree's compiler sources ({have[:12]})")
 EOF
 # The kit's models were compiled with this op table (prepare.sh OP_TABLE): open them with it.
@@ -155,37 +155,37 @@ EOF
 }
 
 startup() {
-  timeout "$T_STARTUP" "$PY" -m litekiln.bench --startup --warm-only --cache-dir "$CACHE" \
+  timeout "$T_STARTUP" "$PY" -m litekiln.cli bench --startup --warm-only --cache-dir "$CACHE" \
     --repeat "$REPEAT" --out "$OUT/startup.json" "${PATHS[@]}"
 }
 
 latency() {
-  timeout "$T_LATENCY" "$PY" -m litekiln.bench --cache-dir "$CACHE" --runs "$RUNS" --profile \
+  timeout "$T_LATENCY" "$PY" -m litekiln.cli bench --cache-dir "$CACHE" --runs "$RUNS" --profile \
     --out "$OUT/latency.json" "${PATHS[@]}"
 }
 
 halflog() {  # why the device's OpenCL compiler rejects TVM's half kernels: the build log
-  PYOPENCL_COMPILER_OUTPUT=1 "$PY" scripts/h100/halflog.py "$CACHE" "${PATHS[@]}" \
+  PYOPENCL_COMPILER_OUTPUT=1 "$PY" scripts/remote_gpu/halflog.py "$CACHE" "${PATHS[@]}" \
     > "$OUT/halflog.txt" 2>&1
   head -c 2000 "$OUT/halflog.txt"
 }
 
 profilewarm() {  # cProfile of one warm start per model (after the steps above warmed the cache)
   for p in "${PATHS[@]}"; do
-    "$PY" scripts/h100/profile_warm.py "$p" --cache-dir "$CACHE" --top 25 2>/dev/null
+    "$PY" scripts/remote_gpu/profile_warm.py "$p" --cache-dir "$CACHE" --top 25 2>/dev/null
   done > "$OUT/profile_warm.txt"
   grep "^== " "$OUT/profile_warm.txt"
 }
 
 breakdown() {  # where a warm start's time goes, per model, each in a fresh process
   for p in "${PATHS[@]}"; do
-    "$PY" scripts/h100/breakdown.py "$p" --cache-dir "$CACHE" 2>/dev/null | tail -1
+    "$PY" scripts/remote_gpu/breakdown.py "$p" --cache-dir "$CACHE" 2>/dev/null | tail -1
   done > "$OUT/breakdown.jsonl"
   cat "$OUT/breakdown.jsonl"
 }
 
 latencypy() {  # pyopencl's enqueue loop (LITEKILN_FAST_LAUNCH=off) against the default ctypes one
-  LITEKILN_FAST_LAUNCH=off timeout "$T_LATENCY" "$PY" -m litekiln.bench --cache-dir "$CACHE" \
+  LITEKILN_FAST_LAUNCH=off timeout "$T_LATENCY" "$PY" -m litekiln.cli bench --cache-dir "$CACHE" \
     --runs "$RUNS" --out "$OUT/latency_pyopencl.json" "${PATHS[@]}"
 }
 
@@ -193,7 +193,7 @@ graphprobe() {  # which launch path each partition takes (CUDA graph or OpenCL) 
   local rc=0 p
   : > "$OUT/graph_probe.jsonl"
   for p in "${PATHS[@]}"; do  # one process per model: a hang costs one model's limit only
-    timeout "${T_PROBE:-90}" "$PY" scripts/h100/graph_probe.py "$p" --cache-dir "$CACHE" \
+    timeout "${T_PROBE:-90}" "$PY" scripts/remote_gpu/graph_probe.py "$p" --cache-dir "$CACHE" \
       --ptx-out /tmp/ptx >> "$OUT/graph_probe.jsonl" || { rc=1; echo "{\"model\": \"$p\", \"exit\": $?}" >> "$OUT/graph_probe.jsonl"; }
   done
   cat "$OUT/graph_probe.jsonl"
@@ -202,17 +202,17 @@ graphprobe() {  # which launch path each partition takes (CUDA graph or OpenCL) 
 }
 
 probeinit() {  # the device opening's parts on NVIDIA (OpenCL, CUDA, both), fresh processes
-  "$PY" scripts/h100/probe_init.py > "$OUT/probe_init.jsonl"
+  "$PY" scripts/remote_gpu/probe_init.py > "$OUT/probe_init.jsonl"
   cat "$OUT/probe_init.jsonl"
 }
 
 latencycl() {  # the OpenCL launch loop (LITEKILN_CUDA_GRAPH=off), for comparison with the graphs
-  LITEKILN_CUDA_GRAPH=off timeout "$T_LATENCY" "$PY" -m litekiln.bench --cache-dir "$CACHE" \
+  LITEKILN_CUDA_GRAPH=off timeout "$T_LATENCY" "$PY" -m litekiln.cli bench --cache-dir "$CACHE" \
     --runs "$RUNS" --out "$OUT/latency_opencl.json" "${PATHS[@]}"
 }
 
 latency16() {
-  timeout "$T_LATENCY" "$PY" -m litekiln.bench --cache-dir "$CACHE" --runs "$RUNS" --profile \
+  timeout "$T_LATENCY" "$PY" -m litekiln.cli bench --cache-dir "$CACHE" --runs "$RUNS" --profile \
     --precision fp16 --out "$OUT/latency_fp16.json" "${PATHS[@]}"
 }
 

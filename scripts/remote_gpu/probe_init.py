@@ -1,11 +1,11 @@
 """Where a warm start's device opening goes on NVIDIA: the OpenCL device and the CUDA driver,
 each alone and both (one after the other, and in two threads), each case in a fresh process
 (3 each, milliseconds from after the imports). Measured on the H100 (2026-11-24,
-docs/results/h100/startup_graph/probe_init.jsonl): OpenCL 234, CUDA init 127, CUDA init +
+results/h100/startup_graph/probe_init.jsonl): OpenCL 234, CUDA init 127, CUDA init +
 primary context 233, OpenCL then CUDA 337, both in two threads 392 (the drivers contend:
 starting CUDA beside OpenCL is slower than after it).
 
-    python scripts/h100/probe_init.py        # prints one JSON line per case
+    python scripts/remote_gpu/probe_init.py  # prints one JSON line per case
 """
 
 from __future__ import annotations

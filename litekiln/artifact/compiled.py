@@ -1,22 +1,19 @@
 """The compiled model: what the compiler produces and the runtime loads (no TVM here).
 
 A :class:`CompiledModel` is plain data: the execution plan (GPU partitions and CPU ops in
-order), one :class:`~litekiln.runtime.program.GpuProgram` per partition and the constant arrays
+order), one :class:`~litekiln.artifact.program.GpuProgram` per partition and the constant arrays
 the programs upload. It serialises to a JSON manifest plus raw little-endian arrays (no pickle)
 for the cache, and the runtime needs nothing else from the compiler.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.metadata
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from litekiln.runtime.program import GpuProgram
+from litekiln.artifact.program import GpuProgram
 
 ARTIFACT_FORMAT = 1
 
@@ -172,51 +169,3 @@ class CompiledModel:
             versions=dict(m.get("versions", {})),
             stats=dict(m.get("stats", {})),
         )
-
-
-def litekiln_version() -> str:
-    from litekiln import __version__
-
-    return __version__
-
-
-def tvm_version() -> str | None:
-    """Installed apache-tvm version, read from package metadata (never imports TVM)."""
-    try:
-        return importlib.metadata.version("apache-tvm")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-_COMPILER_HASH: str | None = None
-
-
-def compiler_hash() -> str:
-    """sha256 of the sources that decide what the compiler emits (compiler/ and ops/).
-
-    Reading ~20 small files costs well under a millisecond; a changed emitter or schedule then
-    invalidates every cached program, which a version number alone would not.
-    """
-    global _COMPILER_HASH
-    if _COMPILER_HASH is None:
-        root = Path(__file__).resolve().parent.parent
-        h = hashlib.sha256()
-        for sub in ("compiler", "ops", "model"):
-            for f in sorted((root / sub).glob("*.py")):
-                h.update(f.name.encode())
-                h.update(f.read_bytes())
-        h.update((root / "runtime" / "program.py").read_bytes())
-        _COMPILER_HASH = h.hexdigest()[:16]
-    return _COMPILER_HASH
-
-
-def model_key_fields(token: str, options: CompileOptions) -> dict[str, Any]:
-    """The fields of the compiled-model cache key (TVM version is checked at load)."""
-    return {
-        "kind": "model",
-        "token": token,
-        "options": options.to_dict(),
-        "litekiln": litekiln_version(),
-        "compiler": compiler_hash(),
-        "target": options.target,
-    }

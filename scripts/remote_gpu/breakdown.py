@@ -1,6 +1,6 @@
 """Where a warm start's time goes, step by step (run in a fresh process on a warm cache).
 
-python scripts/h100/breakdown.py MODEL [--cache-dir D]
+python scripts/remote_gpu/breakdown.py MODEL [--cache-dir D]
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ def main() -> None:
     a = p.parse_args()
     import pyopencl as cl
 
+    from litekiln.artifact.compiled import CompileOptions
     from litekiln.cache.models import ModelCache
+    from litekiln.loading import default_schedules
     from litekiln.model import load_model
-    from litekiln.runtime.artifact import CompileOptions
     from litekiln.runtime.device import select_device
-    from litekiln.runtime.session import Session, default_schedules
+    from litekiln.runtime.session import Session
 
     marks: dict[str, object] = {
         "model": a.model.rsplit("/", 1)[-1],
@@ -57,12 +58,12 @@ def main() -> None:
     compiled = cache.load_model(model.token, CompileOptions(schedules=default_schedules(handle)))
     mark("cache_load_model_ms")
     assert compiled is not None, "not cached"
-    sess = Session(model, compiled, handle, store=cache)
+    sess = Session(model, compiled, handle, programs=cache)
     mark("session_load_ms")
     interp = litekiln.interpreter.Interpreter(model_path=a.model)
     x = interp.random_inputs(0)
     mark("(inputs)")
-    sess.run(dict(zip(model.main.inputs, x)))
+    sess.run(dict(zip(model.main.inputs, x, strict=True)))
     mark("first_run_ms")
     print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in marks.items()}))
 

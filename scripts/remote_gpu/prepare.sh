@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# Build machine side of the H100 kit: compile the chosen models ahead of time (fp32, default
+# Build machine side of the remote-GPU kit: compile the chosen models ahead of time (fp32, default
 # options but the op table, the same ones run.sh uses), so that the GPU machine, which has no
 # TVM, only loads them. OP_TABLE (default extended: the ops LiteRT's GPU delegate, the peer
 # of the benchmark, runs too, such as HARD_SWISH and MediaPipe's transposed conv) is recorded
 # in build.json and run.sh opens the models with it.
 #
-#   scripts/h100/prepare.sh                      # the default MediaPipe models
-#   scripts/h100/prepare.sh face_landmark /path/to/model.tflite ...
+#   scripts/remote_gpu/prepare.sh                # the default MediaPipe models
+#   scripts/remote_gpu/prepare.sh face_landmark /path/to/model.tflite ...
 #
-# Work folder build/h100-kit/ (git-ignored): models/NAME.tflite and cache/ (the litekiln cache:
+# Work folder build/gpu-kit/ (git-ignored): models/NAME.tflite and cache/ (the litekiln cache:
 # compiled models only; this machine's device binaries are dropped, being useless there).
 # What travels, .devcache/ (git-ignored, carried by the device call):
-#   kit.tar.xz     build/h100-kit's models/ and cache/ (xz: the fp32 constants halve; the
+#   kit.tar.xz     build/gpu-kit's models/ and cache/ (xz: the fp32 constants halve; the
 #                  carried tree must stay under 64 MiB with the wheels)
 #   build.json     where and how long each compile took (the cold estimate's compile part)
 #   models.txt     the model names run.sh reads
@@ -37,7 +37,7 @@ resolve() {  # NAME or path -> a .tflite path
   return 1
 }
 
-KIT=build/h100-kit
+KIT=build/gpu-kit
 rm -rf .devcache "$KIT"
 mkdir -p .devcache "$KIT/models"
 chmod 700 .devcache "$KIT"
@@ -77,7 +77,7 @@ import json, os, platform, subprocess, sys, time
 from pathlib import Path
 
 from litekiln.bench import _strip_binaries
-from litekiln.runtime.artifact import compiler_hash
+from litekiln.artifact.versions import compiler_hash
 
 dropped = _strip_binaries(os.path.join(os.environ["KIT"], "cache"))
 t = time.perf_counter()
@@ -90,7 +90,7 @@ try:
 except OSError:
     rev = ""
 build = {
-    "what": "ahead-of-time compile of the H100 kit's models (scripts/h100/prepare.sh)",
+    "what": "ahead-of-time compile of the remote-GPU kit's models (scripts/remote_gpu/prepare.sh)",
     "host": platform.node(),
     "cpu": platform.processor() or platform.machine(),
     "cpu_count": os.cpu_count(),

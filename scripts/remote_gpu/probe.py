@@ -1,6 +1,6 @@
 """Driver facts the runtime's design depends on, measured on the device in fresh processes.
 
-    python scripts/h100/probe.py [--json OUT]
+    python scripts/remote_gpu/probe.py [--json OUT]
 
 1. start-up floor: the time a process needs for OpenCL alone (ICD load + clGetPlatformIDs,
    clCreateContext, clCreateCommandQueue), through pyopencl and through bare ctypes calls,

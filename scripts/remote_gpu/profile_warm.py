@@ -1,6 +1,6 @@
 """Where a warm start's time goes inside litekiln: cProfile of Interpreter() + first run.
 
-    python scripts/h100/profile_warm.py MODEL --cache-dir D [--top 30]
+    python scripts/remote_gpu/profile_warm.py MODEL --cache-dir D [--top 30]
 
 Run it on a warm cache (after a start that stored the device binaries). Prints the wall
 time and the functions with the largest cumulative time (litekiln and pyopencl calls), so

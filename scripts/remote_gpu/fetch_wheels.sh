@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fetch what the H100 machine lacks (no package index there), into git-ignored folders:
+# Fetch what the GPU machine lacks (no package index there), into git-ignored folders:
 #   .whl/  cp312 manylinux wheels: the litekiln runtime's dependencies and LiteRT (the peer)
 #   .gl/   the Vulkan loader (and GL/EGL loaders) as Debian packages, for LiteRT's GPU path
 #          (WebGPU over Vulkan); run.sh unpacks them into / on the device.
@@ -8,7 +8,7 @@
 # Left out on purpose, because the device image already has them (PyTorch/JAX image):
 # numpy, tqdm, protobuf, ml_dtypes. run.sh checks that they import.
 #
-#   scripts/h100/fetch_wheels.sh            # idempotent: skips what is already there
+#   scripts/remote_gpu/fetch_wheels.sh      # idempotent: skips what is already there
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 

@@ -1,6 +1,6 @@
-"""Tables and docs/benchmarks/h100.json from the H100 kit's raw results (scripts/h100/run.sh).
+"""Tables and a summary JSON from the remote-GPU kit's raw results (scripts/remote_gpu/run.sh).
 
-    python scripts/h100/summarize.py DIR... [--json docs/benchmarks/h100.json] [--command TEXT]
+    python scripts/remote_gpu/summarize.py DIR... [--json docs/benchmarks/h100.json] [--command T]
 
 Each DIR holds one call's files (latency.json, latency_fp16.json, startup.json,
 accuracy.json, accuracy_fp16.json; any may be missing). Every model's figures come from the
@@ -17,6 +17,19 @@ import json
 import math
 from pathlib import Path
 from typing import Any
+
+
+def _header(*names: str) -> None:
+    _row(*names)
+    _row(*["---"] * len(names))
+
+
+def _row(*cells: str) -> None:
+    print("| " + " | ".join(cells) + " |")
+
+
+def _verdict(r: dict) -> str:
+    return "ok" if r.get("ok") else "FAIL" if r else ""
 
 
 def _load(d: Path, name: str) -> Any:
@@ -39,7 +52,9 @@ def main() -> None:
     )
     ap.add_argument("dirs", nargs="+", type=Path)
     ap.add_argument("--json", type=Path, help="write the issue's JSON here")
-    ap.add_argument("--command", default="bash scripts/h100/run.sh", help="recorded as 'command'")
+    ap.add_argument(
+        "--command", default="bash scripts/remote_gpu/run.sh", help="recorded as 'command'"
+    )
     a = ap.parse_args()
 
     lat: dict[str, dict[str, Any]] = {}
@@ -90,19 +105,20 @@ def main() -> None:
 
     if any(m.get("host_breakdown") for m in lat.values()):
         print(
-            "\n### Where one inference's time goes, fp32 (ms, medians; litekiln bench's host_breakdown)\n"
+            "\n### Where one inference's time goes, fp32 "
+            "(ms, medians; litekiln bench's host_breakdown)\n"
         )
-        print(
-            "| model | litekiln | inputs staged | launch | wait + outputs | CPU ops | rest of run() | graph device time |"
-        )
-        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        _header(
+            "model", "litekiln", "inputs staged", "launch", "wait + outputs", "CPU ops",
+            "rest of run()", "graph device time",
+        )  # fmt: skip
         for m in lat.values():
             b = m.get("host_breakdown") or {}
-            print(
-                f"| {m['model']} | {_f(m['litekiln_ms'])} | {_f(b.get('inputs_ms'))} | "
-                f"{_f(b.get('launch_ms'))} | {_f(b.get('wait_outputs_ms'))} | {_f(b.get('cpu_ops_ms'))} | "
-                f"{_f(b.get('other_ms'))} | {_f(m.get('graph_device_ms'))} |"
-            )
+            _row(
+                m["model"], _f(m["litekiln_ms"]), _f(b.get("inputs_ms")), _f(b.get("launch_ms")),
+                _f(b.get("wait_outputs_ms")), _f(b.get("cpu_ops_ms")), _f(b.get("other_ms")),
+                _f(m.get("graph_device_ms")),
+            )  # fmt: skip
 
     if lat16:
         print("\n### Latency, fp16 against fp32 (ms, median)\n")
@@ -118,19 +134,25 @@ def main() -> None:
 
     if start:
         print("\n### Start-up (ms, median of fresh processes, runtime only)\n")
-        print(
-            "| model | cold (device) | cold + compile | shipped | warm | warm/cold | warm/(cold+compile) | parse / open / load / run1 |"
-        )
-        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        _header(
+            "model", "cold (device)", "cold + compile", "shipped", "warm", "warm/cold",
+            "warm/(cold+compile)", "parse / open / load / run1",
+        )  # fmt: skip
         for m in start.values():
             b = m.get("warm_breakdown") or {}
-            print(
-                f"| {m['model']} | {_f(m['cold_ms'], '.0f')} | {_f(m.get('cold_estimate_ms'), '.0f')} | "
-                f"{_f(m['shipped_ms'], '.0f')} | {_f(m['warm_ms'], '.0f')} | "
-                f"{_f(m.get('warm_vs_cold_pct'), '.2f')}% | {_f(m.get('warm_vs_cold_estimate_pct'), '.2f')}% | "
-                f"{_f(b.get('construct_ms'), '.0f')} / {_f(b.get('open_ms'), '.0f')} / "
-                f"{_f(b.get('load_ms'), '.0f')} / {_f(b.get('first_run_ms'), '.1f')} |"
-            )
+            phases = " / ".join(
+                _f(b.get(k), spec)
+                for k, spec in (
+                    ("construct_ms", ".0f"), ("open_ms", ".0f"), ("load_ms", ".0f"),
+                    ("first_run_ms", ".1f"),
+                )
+            )  # fmt: skip
+            _row(
+                m["model"], _f(m["cold_ms"], ".0f"), _f(m.get("cold_estimate_ms"), ".0f"),
+                _f(m["shipped_ms"], ".0f"), _f(m["warm_ms"], ".0f"),
+                f"{_f(m.get('warm_vs_cold_pct'), '.2f')}%",
+                f"{_f(m.get('warm_vs_cold_estimate_pct'), '.2f')}%", phases,
+            )  # fmt: skip
 
     if acc or acc16:
         print("\n### Accuracy against LiteRT CPU fp32 (max|ours - LiteRT| / max(1, max|LiteRT|))\n")
@@ -138,11 +160,10 @@ def main() -> None:
         print("| --- | --- | --- | --- | --- |")
         for name in list(dict.fromkeys([*acc, *acc16])):
             r, r16 = acc.get(name, {}), acc16.get(name, {})
-            print(
-                f"| {name} | {_f(r.get('rel_err'), '.2e')} {'ok' if r.get('ok') else 'FAIL' if r else ''} | "
-                f"{_f(r.get('tolerance'), '.0e')} | {_f(r16.get('rel_err'), '.2e')} "
-                f"{'ok' if r16.get('ok') else 'FAIL' if r16 else ''} | {_f(r16.get('tolerance'), '.0e')} |"
-            )
+            _row(
+                name, f"{_f(r.get('rel_err'), '.2e')} {_verdict(r)}", _f(r.get("tolerance"), ".0e"),
+                f"{_f(r16.get('rel_err'), '.2e')} {_verdict(r16)}", _f(r16.get("tolerance"), ".0e"),
+            )  # fmt: skip
 
     if a.json:
         models = [

@@ -1,6 +1,6 @@
 """Which launch path each partition takes on this device, and why (CUDA graph or OpenCL).
 
-    python scripts/h100/graph_probe.py MODEL.tflite... --cache-dir C [--ptx-out DIR]
+    python scripts/remote_gpu/graph_probe.py MODEL.tflite... --cache-dir C [--ptx-out DIR]
 
 For each model: opens it with LITEKILN_CUDA_GRAPH=on (a refusal is an error, so its reason is
 printed), reports each partition's executor, and with --ptx-out writes the first partition's

@@ -1,0 +1,43 @@
+"""What produced a compiled model: the versions recorded in it and used in its cache key."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+from pathlib import Path
+
+from litekiln.version import __version__
+
+#: The packages whose sources decide what the compiler emits: a changed emitter, schedule, op
+#: rule or artifact field makes every earlier compilation stale, which a version number alone
+#: would not say.
+_COMPILER_SOURCES = ("compiler", "ops", "model", "artifact")
+
+
+def litekiln_version() -> str:
+    """This litekiln's version (declared once, in ``litekiln/version.py``)."""
+    return __version__
+
+
+def tvm_version() -> str | None:
+    """Installed apache-tvm version, read from package metadata (never imports TVM)."""
+    try:
+        return importlib.metadata.version("apache-tvm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.cache
+def compiler_hash() -> str:
+    """sha256 (16 hex digits) of the sources that decide what the compiler emits.
+
+    Reading ~40 small files costs about a millisecond, once per process.
+    """
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for sub in _COMPILER_SOURCES:
+        for f in sorted((root / sub).glob("*.py")):
+            h.update(f"{sub}/{f.name}".encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]

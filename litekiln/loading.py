@@ -1,0 +1,243 @@
+"""Loading a model onto a device: a cache hit or a compile-and-store, then a runtime session.
+
+This is the one place that decides where a compiled model comes from. It sits above the
+runtime, the cache and the compiler, which never call each other: the runtime runs compiled
+models, the cache stores them, the compiler makes them. The interpreter, ``precompile``, the
+CLI and the bench all come through here::
+
+    Interpreter.allocate_tensors -> open_session -> (cache hit | compile_for + store) -> Session
+
+The compiler (and TVM) is imported only when a model is not in the cache; an app that ships
+its cache never imports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import logging
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from litekiln import config
+from litekiln.artifact.compiled import CompiledModel, CompileOptions
+from litekiln.cache.models import ModelCache
+from litekiln.errors import CompileError, DeviceError
+from litekiln.model import Model, load_model
+from litekiln.runtime.device import DeviceHandle, DeviceOpener, select_device
+from litekiln.runtime.session import Session
+
+log = logging.getLogger("litekiln")
+
+_COMPILE_OPTIONS = set(CompileOptions.__dataclass_fields__) - {"precision"}
+_RUNTIME_OPTIONS = {"validate", "use_cache", "progress", "tune"}
+
+
+def split_options(
+    options: Mapping[str, Any], precision: str
+) -> tuple[CompileOptions, dict[str, Any]]:
+    """Separate compile options (part of the cache key) from runtime-only options, filling
+    unset compile options from the environment (`litekiln.config`).
+
+    Raises:
+        TypeError: an option name is unknown.
+    """
+    compile_kw = {k: v for k, v in options.items() if k in _COMPILE_OPTIONS}
+    compile_kw.setdefault("op_table", config.OP_TABLE.get())
+    compile_kw.setdefault("allow_quantized", config.ALLOW_QUANTIZED.get())
+    compile_kw.setdefault("max_partitions", config.MAX_PARTITIONS.get())
+    compile_kw.setdefault("min_partition_ops", config.MIN_PARTITION_OPS.get())
+    runtime_kw = {k: v for k, v in options.items() if k not in _COMPILE_OPTIONS}
+    unknown = set(runtime_kw) - _RUNTIME_OPTIONS
+    if unknown:
+        raise TypeError(
+            f"unknown option(s) {sorted(unknown)}; compile options are "
+            f"{sorted(_COMPILE_OPTIONS | {'precision'})}, runtime options are "
+            f"{', '.join(sorted(_RUNTIME_OPTIONS))}"
+        )
+    return CompileOptions(precision=precision, **compile_kw), runtime_kw
+
+
+def open_session(
+    model: Model,
+    *,
+    device: str | DeviceOpener | None = None,
+    precision: str = "fp32",
+    cache_dir: str | os.PathLike[str] | None = None,
+    **options: Any,
+) -> Session:
+    """Load (or compile, then cache) a model and bind it to an OpenCL device.
+
+    Args:
+        model: the loaded model IR (its token keys the cache).
+        device: device choice (see :func:`~litekiln.runtime.device.select_device`), or a
+            :class:`~litekiln.runtime.device.DeviceOpener` already opening it.
+        precision: "fp32" or "fp16".
+        cache_dir: cache directory; None for the default; the option ``use_cache=False``
+            disables the cache.
+        options: compile options (:class:`CompileOptions` fields) and runtime options
+            (``validate``, ``use_cache``, ``progress``, ``tune``).
+
+    Returns:
+        A ready :class:`~litekiln.runtime.session.Session`.
+
+    Raises:
+        DeviceError: no usable OpenCL device.
+        CompileError: the model is not cached and cannot be compiled here.
+    """
+    copts, rt = split_options(options, precision)
+    handle = device.result() if isinstance(device, DeviceOpener) else select_device(device)
+    copts = _for_device(copts, handle, explicit=options)
+    use_cache = bool(rt.get("use_cache", True)) and not config.NO_CACHE.get()
+    cache = ModelCache.open(cache_dir) if use_cache else None
+    validate = bool(rt.get("validate", False))
+    tune = config.TUNE.get(rt.get("tune"))
+    compiled = load_or_compile(model, copts, cache, progress=rt.get("progress"))
+    try:
+        return Session(model, compiled, handle, programs=cache, validate=validate, tune=tune)
+    except DeviceError as exc:
+        half_refused = "half-precision" in str(exc)
+        if not (copts.precision == "fp16" and copts.half == "native" and half_refused):
+            raise
+        # The driver rejects the half kernels (not every OpenCL compiler accepts all of TVM's
+        # half code): run the fp16-rounding fp32 kernels instead, and say so.
+        log.warning("%s; using fp32 kernels that round every value to fp16", exc)
+        copts = dataclasses.replace(copts, half="emulated")
+        compiled = load_or_compile(model, copts, cache, progress=rt.get("progress"))
+        return Session(model, compiled, handle, programs=cache, validate=validate, tune=tune)
+
+
+def _for_device(
+    copts: CompileOptions, handle: DeviceHandle, *, explicit: Mapping[str, Any]
+) -> CompileOptions:
+    """The compile options completed for the device: its schedule family unless the caller
+    chose one, and emulated half where the device has no half arithmetic."""
+    if "schedules" not in explicit:
+        copts = dataclasses.replace(copts, schedules=default_schedules(handle))
+    if copts.precision == "fp16" and copts.half == "native" and not handle.profile.half:
+        log.warning(
+            "%s has no half-precision arithmetic: precision='fp16' runs fp32 kernels that round "
+            "every value to fp16 (half-storage numerics)",
+            handle.description,
+        )
+        copts = dataclasses.replace(copts, half="emulated")
+    return copts
+
+
+def load_or_compile(
+    model: Model,
+    options: CompileOptions,
+    cache: ModelCache | None,
+    *,
+    progress: Any = None,
+    force: bool = False,
+) -> CompiledModel:
+    """The compiled model from the cache, else compiled here and stored.
+
+    Raises:
+        CompileError: not cached, and the compiler is not available or fails.
+    """
+    compiled = None if cache is None or force else cache.load_model(model.token, options)
+    if compiled is None:
+        compiled = compile_for(model, options, progress=progress)
+        if cache is not None:
+            cache.save_model(compiled)
+    return compiled
+
+
+def default_schedules(handle: DeviceHandle) -> str:
+    """``LITEKILN_SCHEDULES`` if set, else the schedule family the device's profile names."""
+    if os.environ.get(config.SCHEDULES.env):
+        return config.SCHEDULES.get()
+    return handle.profile.schedules
+
+
+def schedules_for(device: str | None) -> str:
+    """The schedule family for the device an app will run on: ``LITEKILN_SCHEDULES`` if set,
+    else that of this machine's default (or named) OpenCL device, else the GPU family."""
+    if os.environ.get(config.SCHEDULES.env):
+        return config.SCHEDULES.get()
+    try:
+        return default_schedules(select_device(device))
+    except DeviceError:
+        return "fast"
+
+
+def compile_for(model: Model, options: CompileOptions, *, progress: Any = None) -> CompiledModel:
+    """Compile with TVM, or explain why that is impossible on this machine.
+
+    Raises:
+        CompileError: TVM is not installed (a runtime-only install met an uncached model).
+    """
+    try:
+        # Asked of the import system, not imported: an app without the compiler never imports
+        # its dependencies (a blocked import, sys.modules["tvm"] = None, raises ValueError).
+        if importlib.util.find_spec("tvm") is None:
+            raise ImportError("apache-tvm is not installed")
+        from litekiln.compiler.driver import compile_model, stderr_progress
+    except (ImportError, ValueError) as exc:
+        raise CompileError(
+            f"{model.name} (token {model.token}) is not in the cache and the compiler is not "
+            f"available here ({exc}). Compile at build time with `litekiln compile MODEL "
+            "--cache-dir DIR` and ship DIR, or install the compiler: "
+            "pip install 'litekiln[compiler]'"
+        ) from None
+    return compile_model(model, options, progress=progress or stderr_progress)
+
+
+def precompile(
+    model_path: str | os.PathLike[str],
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    precision: str | None = None,
+    model_token: str | None = None,
+    force: bool = False,
+    **options: Any,
+) -> dict[str, Any]:
+    """Compile a model into the cache at build time, without opening any device.
+
+    The compiled program is device-independent OpenCL; device binaries are built and cached
+    at the first load on each device.
+
+    Args:
+        model_path: the .tflite file.
+        cache_dir: the cache to fill (default: the default cache directory).
+        precision: "fp32" or "fp16"; with fp16, ``half="emulated"`` compiles the variant for
+            devices without half arithmetic (the default "native" is for GPUs).
+        model_token: the token the app will use (default: Fingerprint64 of the file).
+        force: recompile even if the cache already holds the model.
+        options: compile options (:class:`~litekiln.artifact.compiled.CompileOptions` fields);
+            ``device`` names the OpenCL device whose schedule family to use (default: this
+            machine's default device; "fast" for GPUs when there is none).
+
+    Returns:
+        A summary: token, cached (bool), partitions, kernels, gpu/cpu op counts, seconds.
+
+    Raises:
+        ModelError, CompileError, CacheError: as their names say.
+    """
+    t0 = time.perf_counter()
+    model = load_model(model_path, token=model_token)
+    device = options.pop("device", None)
+    if "schedules" not in options:
+        options["schedules"] = schedules_for(device)
+    copts, _ = split_options(options, config.PRECISION.get(precision))
+    cache = ModelCache.open(cache_dir)
+    compiled = None if force else cache.load_model(model.token, copts)
+    hit = compiled is not None
+    info = compiled or load_or_compile(model, copts, cache, force=True)
+    return {
+        "model": os.fspath(model_path),
+        "token": model.token,
+        "cached": hit,
+        "options": copts.to_dict(),
+        "partitions": len(info.partitions),
+        "gpu_ops": info.stats.get("gpu_ops"),
+        "cpu_ops": info.stats.get("cpu_ops"),
+        "kernels": info.stats.get("kernels"),
+        "compile_seconds": info.stats.get("timings_s", {}).get("total"),
+        "seconds": round(time.perf_counter() - t0, 3),
+        "cache_dir": str(cache.store.directory),
+    }

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The project's own checks, all of which CI requires clean: the import layers (lint-imports,
+# contracts in pyproject.toml), ruff's lint and format, mypy, and dead code (vulture at 80%).
+# Needs the `lint` extra in .venv (scripts/test.sh installs it). Safe to re-run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+status=0
+run() {
+  echo "check: $*"
+  "$@" || status=1
+}
+run .venv/bin/lint-imports --no-cache
+run .venv/bin/ruff check litekiln tests scripts
+run .venv/bin/ruff format --check litekiln tests scripts
+run .venv/bin/mypy litekiln
+run .venv/bin/vulture litekiln --min-confidence 80
+exit $status
