@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's own checks, all of which CI requires clean: the import layers (lint-imports,
-# contracts in pyproject.toml), ruff's lint and format, mypy, and dead code (vulture at 80%).
+# contracts in pyproject.toml), ruff's lint and format, mypy, dead code (vulture at 80%) and
+# the repository's own links (every relative link in a Markdown file resolves).
 # Needs the `lint` extra in .venv (scripts/test.sh installs it). Safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,4 +15,5 @@ run .venv/bin/ruff check litekiln tests scripts
 run .venv/bin/ruff format --check litekiln tests scripts
 run .venv/bin/mypy litekiln
 run .venv/bin/vulture litekiln --min-confidence 80
+run .venv/bin/python scripts/check_links.py
 exit $status
