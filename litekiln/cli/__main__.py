@@ -1,0 +1,7 @@
+"""``python -m litekiln.cli``."""
+
+import sys
+
+from litekiln.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,319 @@
+"""The model commands: compile, run, inspect, bench; and devices and config."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+from litekiln.errors import LitekilnError
+
+if TYPE_CHECKING:
+    _Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
+from litekiln.cli.common import (
+    add_json_option,
+    add_model_options,
+    interpreter_kwargs,
+    print_json,
+)
+
+
+def cmd_compile(a: argparse.Namespace) -> int:
+    from litekiln.loading import precompile
+
+    kw = interpreter_kwargs(a)
+    if kw.get("device") == "reference":
+        raise LitekilnError(
+            "compile produces OpenCL programs; --device reference has nothing to compile"
+        )
+    kw.pop("use_cache", None)
+    if a.half:
+        kw["half"] = a.half
+    if a.schedules:
+        kw["schedules"] = a.schedules
+    results = []
+    for path in a.models:
+        info = precompile(path, force=a.force, **kw)
+        results.append(info)
+        if not a.json:
+            state = (
+                "already cached"
+                if info["cached"]
+                else f"compiled in {info['compile_seconds']:.1f} s"
+            )
+            print(
+                f"{path}: token {info['token']}, {info['partitions']} GPU partition(s), "
+                f"{info['kernels']} kernels, {info['gpu_ops']} ops on the GPU / "
+                f"{info['cpu_ops']} on the CPU; {state} -> {info['cache_dir']}"
+            )
+    if a.json:
+        print_json(results)
+    return 0
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    from litekiln.interpreter import Interpreter
+
+    interp = Interpreter(model_path=a.model, **interpreter_kwargs(a))
+    details = interp.get_input_details()
+    if a.inputs:
+        try:
+            npz = np.load(a.inputs)
+        except (OSError, ValueError) as exc:
+            raise LitekilnError(
+                f"{a.inputs}: cannot read inputs ({exc}); expected an .npz file"
+            ) from None
+        inputs = []
+        for i, d in enumerate(details):
+            for k in (d["name"], f"input_{i}", f"arr_{i}"):
+                if k in npz:
+                    inputs.append(npz[k])
+                    break
+            else:
+                raise LitekilnError(
+                    f"{a.inputs}: no array for input {i} ({d['name']!r}); name arrays by input "
+                    f"name, input_{i} or arr_{i}. Found: {sorted(npz.files)}"
+                )
+    else:
+        inputs = interp.random_inputs(a.seed)
+    t0 = time.perf_counter()
+    outs = cast("list[np.ndarray]", interp.run(inputs))  # (a list without intermediates)
+    dt = time.perf_counter() - t0
+    out_details = interp.get_output_details()
+    if a.save:
+        # Any, not np.ndarray: mypy matches ** against savez's allow_pickle: bool as well
+        arrays: dict[str, Any] = {d["name"]: o for d, o in zip(out_details, outs, strict=True)}
+        np.savez(a.save, **arrays)
+    if a.json:
+        print_json(
+            {
+                "model": a.model,
+                "device": interp.device,
+                "seconds": dt,
+                "outputs": [
+                    {
+                        "name": d["name"],
+                        "shape": list(o.shape),
+                        "dtype": o.dtype.name,
+                        "min": float(o.min()) if o.size else None,
+                        "max": float(o.max()) if o.size else None,
+                        "mean": float(o.astype(np.float64).mean()) if o.size else None,
+                    }
+                    for d, o in zip(out_details, outs, strict=True)
+                ],
+            }
+        )
+        return 0
+    print(f"{a.model} on {interp.device}: {dt * 1000:.1f} ms")
+    for d, o in zip(out_details, outs, strict=True):
+        flat = o.reshape(-1)
+        preview = np.array2string(flat[:6], precision=4, separator=", ")
+        more = " ..." if flat.size > 6 else ""
+        print(f"  {d['name']} {list(o.shape)} {o.dtype.name}: {preview}{more}")
+    if a.save:
+        print(f"outputs saved to {a.save}")
+    return 0
+
+
+def cmd_inspect(a: argparse.Namespace) -> int:
+    from litekiln.model import load_model
+    from litekiln.placement import cached_kernels, placement
+
+    model = load_model(a.model, token=a.token)
+    kw = interpreter_kwargs(a)
+    info, plan = placement(model, **kw)
+    info = {"model": a.model, **info}
+    if a.compiled:
+        device = a.device if a.device != "reference" else None
+        info["kernels"] = cached_kernels(model, info, cache_dir=a.cache_dir, device=device)
+    if a.json:
+        print_json(info)
+        return 0
+    g = model.main
+    print(f"{a.model}: token {model.token}, schema v{model.version}, {len(g.tensors)} tensors")
+    for kind in ("inputs", "outputs"):
+        for t in info[kind]:
+            print(f"  {kind[:-1]:6s} {t['index']:4d} {t['name']} {t['shape']} {t['dtype']}")
+    print("  ops: " + ", ".join(f"{k} x{v}" for k, v in info["op_histogram"].items()))
+    for line in plan.warning_lines():
+        print(line)
+    for p in plan.partitions:
+        print(
+            f"  partition {p.index}: {len(p.ops)} ops (#{p.ops[0]}..#{p.ops[-1]}), "
+            f"{len(p.inputs)} inputs, {len(p.outputs)} outputs"
+        )
+    if a.ops:
+        for o in info["ops"]:
+            extra = f"  <- {o['reason']}" if o["reason"] else ""
+            print(f"    #{o['index']:4d} {o['op']:28s} v{o['version']} {o['where']}{extra}")
+    if a.compiled:
+        kernels = info["kernels"] if info["kernels"] is not None else "not compiled yet"
+        print(f"  kernels (cached compilation): {kernels}")
+    return 0
+
+
+def cmd_devices(a: argparse.Namespace) -> int:
+    from litekiln.runtime.device import list_devices
+    from litekiln.runtime.profile import DeviceProfile
+
+    profiles = [(p, i, DeviceProfile.of(d)) for p, i, d in list_devices()]
+    devs = [
+        {
+            "id": f"{p}:{i}",
+            "name": prof.name,
+            "platform": prof.platform,
+            "type": prof.kind,
+            "version": prof.version,
+            "driver": prof.driver,
+        }
+        for p, i, prof in profiles
+    ]
+    if a.json:
+        print_json(devs)
+    elif not devs:
+        print("no OpenCL devices; install a driver (e.g. `apt-get install pocl-opencl-icd`)")
+    else:
+        for d in devs:
+            print(
+                f"{d['id']}  {d['type']:5s} {d['name']} "
+                f"({d['platform']}, {d['version']}, driver {d['driver']})"
+            )
+    return 0
+
+
+def cmd_config(a: argparse.Namespace) -> int:
+    from litekiln import config
+
+    if a.markdown:
+        print(config.markdown_table(), end="")
+        return 0
+    rows = []
+    for s in config.SETTINGS:
+        try:
+            value: Any = s.get()
+        except ValueError as exc:
+            value = f"invalid: {exc}"
+        rows.append({"env": s.env, "value": value, "default": s.default, "doc": s.doc})
+    if a.json:
+        print_json(rows)
+    else:
+        for r in rows:
+            print(f"{r['env']:28s} = {r['value']!s:12s}  {r['doc']}")
+    return 0
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    from litekiln import bench
+
+    if a.startup:
+        return bench.startup_main(a, interpreter_kwargs(a))
+    return bench.latency_main(a, interpreter_kwargs(a))
+
+
+def add_compile_parser(sub: _Subcommands) -> None:
+    p = sub.add_parser(
+        "compile",
+        help="compile models ahead of time into the cache",
+        description="Compile each model's GPU partitions to OpenCL and store them in "
+        "the cache, so that the app's first Interpreter start is a cache hit. No "
+        "device is needed: the program is device-independent OpenCL, and each "
+        "device builds and caches its binary at first load. Ship the cache "
+        "directory (or `litekiln cache export`) with the app.",
+    )
+    p.add_argument("models", nargs="+", metavar="MODEL")
+    add_model_options(p)
+    p.add_argument(
+        "--half",
+        choices=["native", "emulated"],
+        help="with --precision fp16: half kernels (GPUs, default) or fp32 kernels "
+        "rounding to fp16 (devices without half arithmetic, e.g. PoCL)",
+    )
+    p.add_argument("--force", action="store_true", help="recompile even if cached")
+    p.add_argument(
+        "--schedules",
+        choices=["fast", "fast-cpu", "default"],
+        help="kernel schedules: fast (GPUs), fast-cpu (CPU OpenCL such as PoCL) or "
+        "default (TVM's generic rules); default: the profile of --device, or of this "
+        "machine's default OpenCL device, else fast",
+    )
+    add_json_option(p)
+    p.set_defaults(func=cmd_compile)
+
+
+def add_run_parser(sub: _Subcommands) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run a model once and print its outputs",
+        description="Run a model (compiling it first if it is not cached) on seeded "
+        "random inputs or on inputs from an .npz file.",
+    )
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument(
+        "--inputs", help=".npz with one array per input (by input name, input_N or arr_N)"
+    )
+    p.add_argument("--save", help="write the outputs to this .npz (keyed by output name)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    add_json_option(p)
+    add_model_options(p)
+    p.set_defaults(func=cmd_run)
+
+
+def add_inspect_parser(sub: _Subcommands) -> None:
+    p = sub.add_parser(
+        "inspect",
+        help="show ops, which run where and why, and partitions",
+        description="Load and partition a model without compiling it: inputs, "
+        "outputs, op histogram, GPU partitions and the reason for each CPU op.",
+    )
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("--ops", action="store_true", help="list every op with its placement")
+    p.add_argument(
+        "--compiled", action="store_true", help="also report the cached compilation's kernel count"
+    )
+    add_json_option(p)
+    add_model_options(p)
+    p.set_defaults(func=cmd_inspect)
+
+
+def add_bench_parser(sub: _Subcommands) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="benchmark latency or start-up time",
+        description="Warm latency against LiteRT (CPU and, where it loads, GPU), or "
+        "with --startup the time from constructing the Interpreter to the first "
+        "result, cold (empty cache) versus warm (cache hit), in fresh processes.",
+    )
+    p.add_argument("models", nargs="+", metavar="MODEL")
+    p.add_argument("--startup", action="store_true", help="measure cold vs warm start-up")
+    p.add_argument(
+        "--warm-only",
+        action="store_true",
+        help="start-up without a compiler: --cache-dir holds the models compiled "
+        "elsewhere; cold runs start from a copy without device binaries and the "
+        "recorded compile time is added as an estimate",
+    )
+    p.add_argument(
+        "--repeat", type=int, default=3, help="fresh processes per measurement (start-up)"
+    )
+    p.add_argument("--runs", type=int, default=100, help="timed runs per model (latency)")
+    p.add_argument("--profile", action="store_true", help="per-kernel GPU profile (latency)")
+    p.add_argument("--plot", help="write a PNG of speed-ups (latency)")
+    add_json_option(p)
+    p.add_argument("--out", help="also write the JSON results to this file")
+    add_model_options(p)
+    p.set_defaults(func=cmd_bench)
+
+
+def add_devices_parser(sub: _Subcommands) -> None:
+    p = sub.add_parser("devices", help="list OpenCL devices")
+    add_json_option(p, help_text=None)
+    p.set_defaults(func=cmd_devices)
+
+
+def add_config_parser(sub: _Subcommands) -> None:
+    p = sub.add_parser("config", help="show every setting, its environment variable and value")
+    add_json_option(p, help_text=None)
+    p.add_argument("--markdown", action="store_true", help="print the docs table")
+    p.set_defaults(func=cmd_config)
