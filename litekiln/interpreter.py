@@ -1,16 +1,24 @@
 """``litekiln.Interpreter``: the app-side API, shaped like LiteRT's ``Interpreter``.
 
-Code written against LiteRT's Python interpreter works unchanged: ``allocate_tensors``,
-``get_input_details``, ``get_output_details``, ``set_tensor``, ``invoke``, ``get_tensor``,
-``tensor``, ``get_tensor_details``, ``get_signature_list``, ``get_signature_runner``; the
-detail dicts and tensor indices are LiteRT's. litekiln adds keyword options (device,
-precision, cache) and never needs TVM when the compiled model is already cached.
+Code written against LiteRT's Python interpreter works unchanged: the constructor's
+arguments, ``allocate_tensors``, ``get_input_details``, ``get_output_details``,
+``get_tensor_details``, ``set_tensor``, ``resize_tensor_input``, ``invoke``, ``get_tensor``,
+``tensor``, ``reset_all_variables``, ``get_signature_list``, ``get_signature_runner`` (a
+runner object with LiteRT's methods), ``num_subgraphs``; the detail dicts and tensor indices
+are LiteRT's. litekiln adds keyword options (device, precision, cache) and never needs TVM
+when the compiled model is already cached.
+
+Threads: one Interpreter may serve several threads. Each thread has its own inputs (what it
+set, or wrote through ``tensor()``) and its own outputs (those of its own last ``invoke``);
+inferences run one at a time. A thread therefore never reads another thread's results.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import threading
+import weakref
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, overload
 
 import numpy as np
@@ -22,12 +30,35 @@ import numpy as np
 import litekiln.model.schema  # noqa: F401  (op names and options, read while parsing)
 from litekiln import config
 from litekiln.errors import InputError
-from litekiln.loading import open_session
+from litekiln.loading import open_session, split_options
 from litekiln.model import Model, Tensor, load_model
 from litekiln.reference import run_graph
+from litekiln.resize import resized
 from litekiln.runtime.device import DeviceOpener
+from litekiln.runtime.threads import cpu_thread_limit
 
 REFERENCE = "reference"
+
+#: LiteRT's experimental constructor flags that change nothing litekiln does (delegate
+#: clustering, node fusion and profiling of LiteRT's own delegates); accepted as booleans.
+_LITERT_FLAGS = (
+    "experimental_disable_delegate_clustering",
+    "experimental_default_delegate_latest_features",
+    "experimental_compress_quantization_zero_points",
+    "experimental_disable_delegate_node_fusion",
+    "experimental_force_delegate_node_profiling",
+)
+#: LiteRT's op resolvers: all of them resolve to litekiln's own registry.
+_RESOLVERS = ("AUTO", "BUILTIN", "BUILTIN_REF", "BUILTIN_WITHOUT_DEFAULT_DELEGATES")
+
+
+class _ThreadState:
+    """One thread's view of an Interpreter: its input buffers and its last results."""
+
+    def __init__(self) -> None:
+        self.inputs: dict[int, np.ndarray] = {}  # written by set_tensor / through tensor()
+        self.values: dict[int, np.ndarray] | None = None  # its last invoke's tensors
+        self.zeros: dict[int, np.ndarray] = {}  # outputs read before any invoke
 
 
 class Interpreter:
@@ -36,9 +67,14 @@ class Interpreter:
     Args:
         model_path: path of a ``.tflite`` file.
         model_content: the model's bytes (instead of ``model_path``).
-        experimental_delegates: accepted for LiteRT compatibility; must be empty.
-        num_threads: accepted for LiteRT compatibility; not used: the GPU runs the kernels,
-            and the few ops left on the CPU run on numpy in the calling thread.
+        experimental_delegates: accepted for LiteRT compatibility; must be empty (litekiln
+            is itself the GPU path).
+        num_threads: threads the CPU ops may use (their matrix products); None: numpy's
+            default. An int >= 1, as for LiteRT.
+        experimental_op_resolver_type: LiteRT's op resolver choice; every value runs
+            litekiln's own ops.
+        experimental_preserve_all_tensors: keep every intermediate tensor readable after
+            ``invoke`` (on the GPU too: each becomes an output of its partition).
         device: ``"reference"`` for the numpy reference on the CPU; otherwise an OpenCL
             device choice (``"gpu"``, ``"opencl"``, ``"P:D"`` indices or a name substring).
             Default ``$LITEKILN_DEVICE``, else the first OpenCL GPU, else the first device.
@@ -46,10 +82,13 @@ class Interpreter:
         cache_dir: the compiled-model cache directory (default: XDG cache dir).
         model_token: identity of the model in the cache (default: farmhash Fingerprint64
             of the model bytes).
-        options: further compiler/runtime options (see :mod:`litekiln.config`).
+        options: further compiler/runtime options (see :mod:`litekiln.config`); LiteRT's
+            other ``experimental_*`` flags are accepted and change nothing here.
 
     Raises:
         ModelError: the model cannot be loaded.
+        ValueError: an argument has the wrong type or value (as LiteRT raises).
+        TypeError: an unknown keyword argument.
         DeviceError: no usable OpenCL device.
     """
 
@@ -59,6 +98,8 @@ class Interpreter:
         model_content: bytes | None = None,
         experimental_delegates: list[Any] | None = None,
         num_threads: int | None = None,
+        experimental_op_resolver_type: Any = None,
+        experimental_preserve_all_tensors: bool = False,
         *,
         device: str | None = None,
         precision: str | None = None,
@@ -66,15 +107,11 @@ class Interpreter:
         model_token: str | None = None,
         **options: Any,
     ) -> None:
-        if (model_path is None) == (model_content is None):
-            raise ValueError("give exactly one of model_path or model_content")
-        if num_threads is not None and (not isinstance(num_threads, int) or num_threads < -1):
-            raise ValueError(f"num_threads must be an int >= -1 or None, got {num_threads!r}")
+        self._check_arguments(
+            model_path, model_content, experimental_delegates, num_threads,
+            experimental_op_resolver_type, experimental_preserve_all_tensors, options,
+        )  # fmt: skip
         self.num_threads = num_threads
-        if experimental_delegates:
-            raise ValueError(
-                "litekiln is itself the GPU path; experimental_delegates must be empty"
-            )
         self._device_choice = config.DEVICE.get(device) or ""
         # The OpenCL driver starts up (and the context is made) in the background while the
         # model is parsed; allocate_tensors() waits for it.
@@ -83,32 +120,83 @@ class Interpreter:
         )
         source = model_path if model_path is not None else model_content
         assert source is not None
-        self._model: Model = load_model(source, token=model_token)
+        self._original: Model = load_model(source, token=model_token)
+        self._model = self._original
         self._graph = self._model.main
         self._precision = config.PRECISION.get(precision)
         self._cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
-        self._options = options
-        self._inputs: dict[int, np.ndarray] = {}
-        self._values: dict[int, np.ndarray] = {}
+        self._options = {k: v for k, v in options.items() if k not in _LITERT_FLAGS}
+        if experimental_preserve_all_tensors:
+            self._options["preserve_all_tensors"] = True
+        self._preserve_all = bool(experimental_preserve_all_tensors)
+        split_options(self._options, self._precision)  # unknown options fail here, now
+        self._shapes: dict[int, tuple[int, ...]] = {}  # resized inputs (resize_tensor_input)
+        self._lock = threading.RLock()
+        self._states: weakref.WeakKeyDictionary[threading.Thread, _ThreadState] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._last_invoker: _ThreadState | None = None
+        self._variables = self._initial_variables()
         self._backend: Any = None
+
+    @staticmethod
+    def _check_arguments(
+        model_path: Any,
+        model_content: Any,
+        delegates: Any,
+        num_threads: Any,
+        resolver: Any,
+        preserve: Any,
+        options: Mapping[str, Any],
+    ) -> None:
+        """LiteRT's argument checks (same exception types), at construction."""
+        if (model_path is None) == (model_content is None):
+            raise ValueError("give exactly one of model_path or model_content")
+        if num_threads is not None:
+            if not isinstance(num_threads, int) or isinstance(num_threads, bool):
+                raise ValueError(f"type of num_threads should be int, got {num_threads!r}")
+            if num_threads < 1:
+                raise ValueError(f"num_threads should be >= 1, got {num_threads}")
+        if delegates:
+            raise ValueError(
+                "litekiln is itself the GPU path; experimental_delegates must be empty"
+            )
+        name = getattr(resolver, "name", resolver)
+        if resolver is not None and name not in _RESOLVERS:
+            raise ValueError(f"unrecognized experimental_op_resolver_type {resolver!r}")
+        for flag, value in [("experimental_preserve_all_tensors", preserve)] + [
+            (k, options[k]) for k in _LITERT_FLAGS if k in options
+        ]:
+            if not isinstance(value, bool):
+                raise ValueError(f"{flag} must be a bool, got {value!r}")
 
     # -- LiteRT API -------------------------------------------------------------------------
 
     def allocate_tensors(self) -> None:
-        """Prepare execution: compile (or load from the cache) and allocate device memory."""
-        if self._backend is not None:
-            return
-        if self._device_choice == REFERENCE:
-            self._backend = _ReferenceBackend(self._model)
-        else:
-            assert self._opener is not None
-            self._backend = open_session(
-                self._model,
-                device=self._opener,
-                precision=self._precision,
-                cache_dir=self._cache_dir,
-                **self._options,
-            )
+        """Prepare execution: re-plan for resized inputs, then compile (or load from the
+        cache) and allocate device memory.
+
+        Raises:
+            InputError: the model cannot run at the shapes its inputs were resized to.
+            CompileError, DeviceError: as their names say.
+        """
+        with self._lock:
+            if self._backend is not None:
+                return
+            self._model = resized(self._original, self._shapes)
+            self._graph = self._model.main
+            if self._device_choice == REFERENCE:
+                self._backend = _ReferenceBackend(self._model)
+            else:
+                assert self._opener is not None
+                self._backend = open_session(
+                    self._model,
+                    device=self._opener,
+                    precision=self._precision,
+                    cache_dir=self._cache_dir,
+                    **self._options,
+                )
+            self._backend.cpu_threads = self.num_threads
 
     @property
     def device(self) -> str:
@@ -118,25 +206,37 @@ class Interpreter:
 
     @property
     def model(self) -> Model:
-        """The loaded graph IR."""
+        """The loaded graph IR (re-planned for resized inputs after ``allocate_tensors``)."""
         return self._model
 
     def get_input_details(self) -> list[dict[str, Any]]:
-        return [self._details(self._graph.tensors[t]) for t in self._graph.inputs]
+        return [self._details(self._input_view(t)) for t in self._graph.inputs]
 
     def get_output_details(self) -> list[dict[str, Any]]:
         return [self._details(self._graph.tensors[t]) for t in self._graph.outputs]
 
-    def get_tensor_details(self) -> list[dict[str, Any]]:
-        return [self._details(t) for t in self._graph.tensors]
+    def get_tensor_details(self, subgraph_index: int = 0) -> list[dict[str, Any]]:
+        """Details of every tensor of a subgraph (LiteRT's list).
+
+        Raises:
+            ValueError: no such subgraph.
+        """
+        graph = self._subgraph(subgraph_index)
+        if graph is self._original.main:
+            graph = self._graph
+        return [self._details(self._input_view(t.index) if t.index in graph.inputs else t)
+                for t in graph.tensors]  # fmt: skip
+
+    def num_subgraphs(self) -> int:
+        return len(self._model.subgraphs)
 
     def set_tensor(self, tensor_index: int, value: Any) -> None:
-        """Set a graph input. The value must have the input's exact shape and dtype.
+        """Set a graph input (a copy of ``value``) for this thread's next ``invoke``.
 
         Raises:
             InputError: not an input index, or a wrong shape or dtype.
         """
-        t = self._input_tensor(tensor_index)
+        t = self._input_view(tensor_index)
         arr = np.asarray(value)
         if arr.dtype != t.dtype:
             raise InputError(
@@ -146,18 +246,26 @@ class Interpreter:
         if arr.shape != t.shape:
             raise InputError(
                 f"input {tensor_index} ({t.name!r}) expects shape {list(t.shape)}, got "
-                f"{list(arr.shape)}"
+                f"{list(arr.shape)}; resize_tensor_input() changes it"
             )
-        self._inputs[tensor_index] = np.ascontiguousarray(arr)
+        np.copyto(self._input_buffer(tensor_index), arr)
 
     def resize_tensor_input(self, input_index: int, tensor_size: Any, strict: bool = False) -> None:
-        """Only the compiled (static) shape is accepted: the plan is static.
+        """Give an input another shape; ``allocate_tensors`` then re-plans the model for it
+        (compiled once for that shape and cached under it).
+
+        Args:
+            input_index: the input's tensor index.
+            tensor_size: the new shape.
+            strict: allow only the dimensions the model leaves open (-1 in
+                ``shape_signature``) to change, as LiteRT's ``strict``.
 
         Raises:
-            InputError: the requested shape differs from the model's.
+            InputError: not an input, a non-positive dimension, or a strict resize of a fixed
+                dimension.
         """
         t = self._input_tensor(input_index)
-        shape = tuple(int(d) for d in tensor_size)
+        shape = tuple(int(d) for d in np.asarray(tensor_size).reshape(-1))
         signature = t.shape_signature or t.shape
         if strict and (
             len(shape) != len(signature)
@@ -167,56 +275,65 @@ class Interpreter:
                 f"input {input_index} ({t.name!r}): strict resizing may change only the "
                 f"dimensions the model leaves open (-1 in {list(signature)}), got {list(shape)}"
             )
-        if shape != t.shape:
-            raise InputError(
-                f"input {input_index} ({t.name!r}): litekiln compiles static shapes; the model's "
-                f"shape is {list(t.shape)}, resizing to {list(shape)} is not supported"
-            )
+        if any(d <= 0 for d in shape):
+            raise InputError(f"input {input_index} ({t.name!r}): dimensions must be positive")
+        with self._lock:
+            if shape == self._input_view(input_index).shape:
+                return
+            self._shapes[input_index] = shape
+            self._backend = None  # re-planned by the next allocate_tensors
+            self._last_invoker = None
+            for state in self._states.values():
+                state.inputs.pop(input_index, None)
+                state.values = None
+                state.zeros.clear()
 
     def invoke(self) -> None:
-        """Run the model on the inputs set with :meth:`set_tensor`.
+        """Run the model on this thread's inputs (set with ``set_tensor`` or ``tensor()``).
 
         Raises:
-            InputError: an input has not been set.
+            InputError: an input has not been set in this thread.
         """
-        self.allocate_tensors()
-        missing = [t for t in self._graph.inputs if t not in self._inputs]
-        if missing:
-            names = ", ".join(f"{t} ({self._graph.tensors[t].name!r})" for t in missing)
-            raise InputError(f"inputs not set before invoke(): {names}; call set_tensor first")
-        self._values = self._backend.run(self._inputs)
+        with self._lock:
+            self.allocate_tensors()
+            state = self._state()
+            inputs = self._inputs_for_invoke(state)
+            if self._last_invoker is not None and self._last_invoker is not state:
+                self._last_invoker.values = _detached(self._last_invoker)
+            state.values = self._backend.run({**self._variables, **inputs})
+            self._last_invoker = state
 
     def get_tensor(self, tensor_index: int, subgraph_index: int = 0) -> np.ndarray:
-        """A copy of a tensor's value after :meth:`invoke` (outputs, inputs, constants).
+        """A copy of a tensor's value: this thread's inputs and results (zeros before its
+        first ``invoke``), constants, and intermediates with
+        ``experimental_preserve_all_tensors``.
 
         Raises:
-            InputError: unknown index, or a tensor whose value is not kept.
+            InputError: unknown index, or an intermediate tensor that is not kept.
         """
-        if subgraph_index != 0:
-            raise InputError("only subgraph 0 is executed")
-        if not 0 <= tensor_index < len(self._graph.tensors):
-            raise InputError(
-                f"tensor index {tensor_index} out of range: the model has "
-                f"{len(self._graph.tensors)} tensors"
-            )
-        if tensor_index in self._values:
-            return np.array(self._values[tensor_index], copy=True)
-        if tensor_index in self._inputs:
-            return np.array(self._inputs[tensor_index], copy=True)
-        data = self._graph.tensors[tensor_index].data
-        if data is not None:
-            return np.array(data, copy=True)
-        if tensor_index in self._graph.outputs:
-            raise InputError(f"tensor {tensor_index} has no value yet: call invoke() first")
-        raise InputError(
-            f"tensor {tensor_index} ({self._graph.tensors[tensor_index].name!r}) is an "
-            "intermediate tensor, whose value is not kept on the GPU path; use "
-            "device='reference' or run(..., intermediates=True) to inspect it"
-        )
+        return np.array(self._value(tensor_index, subgraph_index), copy=True)
 
     def tensor(self, tensor_index: int) -> Callable[[], np.ndarray]:
-        """LiteRT's accessor: a callable returning the tensor's current value."""
-        return lambda: self.get_tensor(tensor_index)
+        """LiteRT's accessor: a callable returning a numpy view of the tensor's current buffer.
+
+        Writes through an input's view reach this thread's next ``invoke`` (LiteRT's
+        ``interp.tensor(i)()[0][:] = image``). An output's view shows this thread's last
+        results; a constant's view is read-only.
+        """
+        self._check_index(tensor_index)
+
+        def view() -> np.ndarray:
+            with self._lock:
+                if tensor_index in self._graph.inputs:
+                    return self._input_buffer(tensor_index)
+                return self._value(tensor_index, 0)
+
+        return view
+
+    def reset_all_variables(self) -> None:
+        """Reset the model's variable tensors (state kept across invocations) to zero."""
+        with self._lock:
+            self._variables = self._initial_variables()
 
     def get_signature_list(self) -> dict[str, dict[str, list[str]]]:
         return {
@@ -224,30 +341,31 @@ class Interpreter:
             for s in self._model.signatures
         }
 
-    def get_signature_runner(
-        self, signature_key: str | None = None
-    ) -> Callable[..., dict[str, np.ndarray]]:
-        """A callable taking named inputs and returning named outputs, as LiteRT's runner."""
-        sigs = {s.key: s for s in self._model.signatures}
-        if signature_key is None and len(sigs) == 1:
+    def get_signature_runner(self, signature_key: str | None = None) -> SignatureRunner:
+        """The runner of one signature (LiteRT's ``SignatureRunner``).
+
+        Raises:
+            ValueError: no such signature, or None with several signatures.
+        """
+        sigs = {s.key: s for s in self._original.signatures}
+        if signature_key is None:
+            if len(sigs) != 1:
+                raise ValueError(
+                    f"signature_key is None and the model has {len(sigs)} signatures "
+                    f"{sorted(sigs)}; None is only allowed with exactly one"
+                )
             signature_key = next(iter(sigs))
         if signature_key not in sigs:
-            raise InputError(f"no signature {signature_key!r}; the model has {sorted(sigs)}")
+            raise ValueError(
+                f"invalid signature_key {signature_key!r}; the model has {sorted(sigs)}"
+            )
         sig = sigs[signature_key]
-
-        def runner(**kwargs: Any) -> dict[str, np.ndarray]:
-            unknown = set(kwargs) - set(sig.inputs)
-            if unknown:
-                raise InputError(f"unknown inputs {sorted(unknown)}; expected {sorted(sig.inputs)}")
-            for name, value in kwargs.items():
-                self.set_tensor(sig.inputs[name], value)
-            self.invoke()
-            return {name: self.get_tensor(t) for name, t in sig.outputs.items()}
-
-        return runner
-
-    def num_subgraphs(self) -> int:
-        return len(self._model.subgraphs)
+        if sig.subgraph_index != 0:
+            raise ValueError(
+                f"signature {signature_key!r} runs subgraph {sig.subgraph_index}; litekiln runs "
+                "the primary subgraph (0) only"
+            )
+        return SignatureRunner(self, sig.inputs, sig.outputs)
 
     # -- litekiln additions -------------------------------------------------------------------
 
@@ -265,6 +383,9 @@ class Interpreter:
         Returns:
             The outputs in graph order, or with ``intermediates=True`` every tensor value the
             execution kept (all tensors on the reference device).
+
+        Raises:
+            InputError: a wrong number of inputs, or a wrong shape or dtype.
         """
         if not isinstance(inputs, dict):
             inputs = list(inputs)
@@ -274,19 +395,37 @@ class Interpreter:
                     f"({[self._graph.tensors[t].name for t in self._graph.inputs]})"
                 )
             inputs = dict(zip(self._graph.inputs, inputs, strict=True))
-        for t, v in inputs.items():
-            self.set_tensor(t, v)
-        self.invoke()
-        if intermediates:
-            # Copies: the GPU session reuses its output buffers on the next inference.
-            return {t: np.array(v, copy=True) for t, v in self._values.items()}
-        return [self.get_tensor(t) for t in self._graph.outputs]
+        with self._lock:
+            for t, v in inputs.items():
+                self.set_tensor(t, v)
+            self.invoke()
+            values = self._state().values
+            assert values is not None
+            if intermediates:
+                # Copies: the GPU session reuses its output buffers on the next inference.
+                return {t: np.array(v, copy=True) for t, v in values.items()}
+            return [self.get_tensor(t) for t in self._graph.outputs]
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Seeded random inputs of the right shapes and dtypes (uniform in the input's range)."""
-        return random_inputs(self._model, seed)
+        return _random_arrays([self._input_view(t) for t in self._graph.inputs], seed)
 
     # -- helpers ------------------------------------------------------------------------------
+
+    def _state(self) -> _ThreadState:
+        me = threading.current_thread()
+        state = self._states.get(me)
+        if state is None:
+            state = self._states[me] = _ThreadState()
+        return state
+
+    def _input_view(self, index: int) -> Tensor:
+        """An input tensor with its current shape (resized ones before allocate_tensors)."""
+        t = self._input_tensor(index)
+        shape = self._shapes.get(index)
+        if shape is None or shape == t.shape:
+            return t
+        return Tensor(t.index, t.name, shape, t.dtype, t.shape_signature, t.quantization)
 
     def _input_tensor(self, index: int) -> Tensor:
         if index not in self._graph.inputs:
@@ -295,6 +434,88 @@ class Interpreter:
                 f"{[(t, self._graph.tensors[t].name) for t in self._graph.inputs]}"
             )
         return self._graph.tensors[index]
+
+    def _input_buffer(self, index: int) -> np.ndarray:
+        """This thread's buffer of an input (zeros until written)."""
+        state = self._state()
+        buf = state.inputs.get(index)
+        t = self._input_view(index)
+        if buf is None or buf.shape != t.shape:
+            buf = state.inputs[index] = np.zeros(t.shape, t.dtype)
+        return buf
+
+    def _inputs_for_invoke(self, state: _ThreadState) -> dict[int, np.ndarray]:
+        missing = [t for t in self._graph.inputs if t not in state.inputs]
+        if missing:
+            names = ", ".join(f"{t} ({self._graph.tensors[t].name!r})" for t in missing)
+            elsewhere = any(t in s.inputs for s in self._states.values() for t in missing)
+            hint = (
+                ": they were set in another thread, and each thread keeps its own inputs"
+                if elsewhere
+                else "; call set_tensor first"
+            )
+            raise InputError(f"inputs not set before invoke() in this thread: {names}{hint}")
+        return {t: state.inputs[t] for t in self._graph.inputs}
+
+    def _check_index(self, tensor_index: int) -> None:
+        if not 0 <= tensor_index < len(self._graph.tensors):
+            raise InputError(
+                f"tensor index {tensor_index} out of range: the model has "
+                f"{len(self._graph.tensors)} tensors"
+            )
+
+    def _subgraph(self, subgraph_index: int) -> Any:
+        n = len(self._original.subgraphs)
+        if not 0 <= int(subgraph_index) < n:
+            raise ValueError(
+                f"subgraph_index is out of range: {subgraph_index} for the model, which has "
+                f"{n} subgraphs"
+            )
+        return self._original.subgraphs[int(subgraph_index)]
+
+    def _value(self, tensor_index: int, subgraph_index: int) -> np.ndarray:
+        """The array behind a tensor for this thread (not a copy)."""
+        if subgraph_index != 0:
+            self._subgraph(subgraph_index)
+            raise InputError(f"only subgraph 0 runs; subgraph {subgraph_index} has no values")
+        self._check_index(tensor_index)
+        with self._lock:
+            state = self._state()
+            if tensor_index in self._graph.inputs:
+                return self._input_buffer(tensor_index)
+            if state.values is not None and tensor_index in state.values:
+                return state.values[tensor_index]
+            t = self._graph.tensors[tensor_index]
+            if t.data is not None:
+                view = t.data.view()
+                view.flags.writeable = False
+                return view
+            if tensor_index in self._variables:
+                return self._variables[tensor_index]
+            kept = tensor_index in self._graph.outputs or self._preserve_all
+            if not kept:
+                raise InputError(
+                    f"tensor {tensor_index} ({t.name!r}) is an intermediate tensor, whose "
+                    "value is not kept; construct the Interpreter with "
+                    "experimental_preserve_all_tensors=True to read it"
+                )
+            if state.values is None and self._last_invoker is not None:
+                raise InputError(
+                    f"tensor {tensor_index} ({t.name!r}): this thread has not invoked the "
+                    "model; each thread reads the results of its own invoke()"
+                )
+            if tensor_index not in state.zeros:  # LiteRT: zeros before the first invoke
+                state.zeros[tensor_index] = np.zeros(t.shape, t.dtype)
+            return state.zeros[tensor_index]
+
+    def _initial_variables(self) -> dict[int, np.ndarray]:
+        """Variable tensors at their reset value: zero (the zero point when quantized)."""
+        out = {}
+        for t in self._original.main.tensors:
+            if t.is_variable and t.data is None:
+                zero = int(t.quantization.zero_point.reshape(-1)[0]) if t.quantization else 0
+                out[t.index] = np.full(t.shape, zero, t.dtype)
+        return out
 
     @staticmethod
     def _details(t: Tensor) -> dict[str, Any]:
@@ -312,9 +533,70 @@ class Interpreter:
                 "scales": scales,
                 "zero_points": zps,
                 "quantized_dimension": int(q.axis) if q is not None else 0,
+                "block_size": 0,  # blockwise quantization: not in the models litekiln loads
             },
             "sparsity_parameters": {},
         }
+
+
+class SignatureRunner:
+    """LiteRT's ``SignatureRunner``: ``runner(**inputs)`` returns ``{output name: array}``.
+
+    Inputs are given by their signature names; an input of another shape than the current
+    one resizes it first (and re-plans the model, as LiteRT's runner does).
+    """
+
+    def __init__(
+        self, interpreter: Interpreter, inputs: Mapping[str, int], outputs: Mapping[str, int]
+    ) -> None:
+        self._interpreter = interpreter
+        self._inputs = dict(inputs)
+        self._outputs = dict(outputs)
+
+    def __call__(self, **kwargs: Any) -> dict[str, np.ndarray]:
+        """Run the signature.
+
+        Raises:
+            ValueError: a wrong number of inputs or an unknown input name.
+            InputError: a value of the wrong dtype.
+        """
+        if len(kwargs) != len(self._inputs):
+            raise ValueError(
+                f"invalid number of inputs for the signature: expected {len(self._inputs)} "
+                f"({sorted(self._inputs)}), got {len(kwargs)}"
+            )
+        unknown = sorted(set(kwargs) - set(self._inputs))
+        if unknown:
+            raise ValueError(f"invalid input names {unknown}; expected {sorted(self._inputs)}")
+        interp = self._interpreter
+        with interp._lock:
+            arrays = {name: np.asarray(v) for name, v in kwargs.items()}
+            for name, arr in arrays.items():
+                interp.resize_tensor_input(self._inputs[name], arr.shape)
+            interp.allocate_tensors()
+            for name, arr in arrays.items():
+                interp.set_tensor(self._inputs[name], arr)
+            interp.invoke()
+            return {name: interp.get_tensor(t) for name, t in self._outputs.items()}
+
+    def get_input_details(self) -> dict[str, dict[str, Any]]:
+        """Input name -> LiteRT's tensor details."""
+        interp = self._interpreter
+        return {n: interp._details(interp._input_view(t)) for n, t in self._inputs.items()}
+
+    def get_output_details(self) -> dict[str, dict[str, Any]]:
+        """Output name -> LiteRT's tensor details."""
+        g = self._interpreter._graph
+        return {n: Interpreter._details(g.tensors[t]) for n, t in self._outputs.items()}
+
+
+def _detached(state: _ThreadState) -> dict[int, np.ndarray] | None:
+    """A thread's last results, copied out of the buffers the next inference will overwrite
+    (its own input buffers stay shared: they are its own)."""
+    if state.values is None:
+        return None
+    own = {id(a) for a in state.inputs.values()}
+    return {t: (v if id(v) in own else v.copy()) for t, v in state.values.items()}
 
 
 class _ReferenceBackend:
@@ -324,17 +606,22 @@ class _ReferenceBackend:
 
     def __init__(self, model: Model) -> None:
         self._graph = model.main
+        self.cpu_threads: int | None = None
 
     def run(self, inputs: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-        return run_graph(self._graph, inputs, intermediates=True)
+        with cpu_thread_limit(self.cpu_threads):
+            return run_graph(self._graph, inputs, intermediates=True)
 
 
 def random_inputs(model: Model, seed: int = 0) -> list[np.ndarray]:
     """Seeded random values for each graph input: floats in [-1, 1), integers over their range."""
+    return _random_arrays([model.main.tensors[t] for t in model.main.inputs], seed)
+
+
+def _random_arrays(tensors: list[Tensor], seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     out = []
-    for t in model.main.inputs:
-        tensor = model.main.tensors[t]
+    for tensor in tensors:
         if tensor.dtype.kind == "f":
             out.append(rng.uniform(-1, 1, tensor.shape).astype(tensor.dtype))
         elif tensor.dtype.kind == "b":

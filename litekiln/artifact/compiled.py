@@ -38,6 +38,9 @@ class CompileOptions:
             set explicitly (argument or LITEKILN_SCHEDULES).
         tuning: with "fast" schedules, also emit alternative schedules of the heavy kernels
             (`GpuProgram.variants`) for the runtime to time on the device at first load.
+        preserve_all_tensors: every tensor an op computes is a partition output, kept after
+            each inference (LiteRT's ``experimental_preserve_all_tensors``: for inspection;
+            costs memory and fusion across the kept tensors).
         fp16_budget: fp16 only: the largest error (relative to max(1, max|output|)) that the
             compiler's simulation of half storage may show on its calibration inputs; tensors
             whose rounding costs most are kept in float32 until it holds
@@ -54,6 +57,7 @@ class CompileOptions:
     half: str = "native"
     schedules: str = "fast"
     tuning: bool = True
+    preserve_all_tensors: bool = False
     fp16_budget: float | None = 2.5e-3
 
     def __post_init__(self) -> None:

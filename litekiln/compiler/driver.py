@@ -31,6 +31,7 @@ def plan_partitions(model: Model, options: CompileOptions) -> PartitionPlan:
         max_partitions=options.max_partitions,
         min_partition_ops=options.min_partition_ops,
         extended_table=options.op_table == "extended",
+        keep_all_outputs=options.preserve_all_tensors,
     )
 
 

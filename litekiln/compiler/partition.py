@@ -136,6 +136,7 @@ def partition(
     min_partition_ops: int = 1,
     force_cpu: set[int] | None = None,
     extended_table: bool = False,
+    keep_all_outputs: bool = False,
 ) -> PartitionPlan:
     """Split a subgraph into GPU partitions and CPU ops.
 
@@ -147,6 +148,8 @@ def partition(
         force_cpu: op indices to keep on the CPU regardless (debugging, validation).
         extended_table: also delegate ops the TFLite GPU delegate runs beyond its documented
             table (see :func:`gpu_reason`).
+        keep_all_outputs: every tensor a partition's ops compute is one of its outputs (kept
+            after the inference), not only those read outside it.
 
     Returns:
         The plan: partitions, steps in execution order, reasons for CPU ops.
@@ -197,7 +200,7 @@ def partition(
             partitions.append(Partition(len(partitions), []))
             steps.append(Step("gpu", partition=partitions[-1].index))
         partitions[-1].ops.append(i)
-    _fill_boundaries(graph, partitions, steps)
+    _fill_boundaries(graph, partitions, steps, keep_all=keep_all_outputs)
     return PartitionPlan(partitions, steps, {i: reasons[i] for i in order if i in reasons}, graph)
 
 
@@ -233,7 +236,9 @@ def _clustered_order(graph: Subgraph, live: list[Op], cpu: set[int]) -> list[int
     return order
 
 
-def _fill_boundaries(graph: Subgraph, partitions: list[Partition], steps: list[Step]) -> None:
+def _fill_boundaries(
+    graph: Subgraph, partitions: list[Partition], steps: list[Step], *, keep_all: bool = False
+) -> None:
     owner: dict[int, int] = {}
     for p in partitions:
         for i in p.ops:
@@ -267,5 +272,5 @@ def _fill_boundaries(graph: Subgraph, partitions: list[Partition], steps: list[S
             for t in op.outputs:
                 if t < 0:
                     continue
-                if t in graph_outputs or readers[t] - {p.index}:
+                if keep_all or t in graph_outputs or readers[t] - {p.index}:
                     p.outputs.append(t)

@@ -28,6 +28,7 @@ from litekiln.ops.base import dequantize, is_quantized, quantize
 from litekiln.reference import run_ops
 from litekiln.runtime.device import DeviceHandle
 from litekiln.runtime.executor import ExecutorError, PartitionExecutor
+from litekiln.runtime.threads import cpu_thread_limit
 
 log = logging.getLogger("litekiln")
 
@@ -119,6 +120,10 @@ class Session:
         self.last_report: DivergenceReport | None = None
         self._programs = programs
         self._tune = tune
+        #: Threads the ops left on the CPU may use for their matrix products (None: numpy's
+        #: own default); the Interpreter's ``num_threads``.
+        self.cpu_threads: int | None = None
+        self._cpu_steps = any(kind == "cpu" for kind, _ in compiled.steps)
         self.executors: list[Any] = [self._load_partition(p) for p in compiled.partitions]
         self._outputs = [_output_arrays(ex) for ex in self.executors]
         # `run` holds the lock; the CUDA graph upgrade takes it to check a graph against the
@@ -301,7 +306,7 @@ class Session:
             partition boundary. GPU outputs live in host arrays that the next `run`
             overwrites: copy what must outlive it.
         """
-        with self._lock:
+        with self._lock, cpu_thread_limit(self.cpu_threads if self._cpu_steps else None):
             return self._run(inputs)
 
     def _run(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
