@@ -17,6 +17,7 @@ import dataclasses
 import importlib.util
 import logging
 import os
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -26,7 +27,8 @@ from litekiln.artifact.compiled import CompiledModel, CompileOptions
 from litekiln.cache.models import ModelCache
 from litekiln.errors import CompileError, DeviceError
 from litekiln.model import Model, load_model
-from litekiln.runtime.device import DeviceHandle, DeviceOpener, select_device
+from litekiln.runtime.device import DeviceHandle, DeviceOpener, list_devices, select_device
+from litekiln.runtime.profile import DeviceProfile
 from litekiln.runtime.session import Session
 
 log = logging.getLogger("litekiln")
@@ -89,6 +91,7 @@ def open_session(
     """
     copts, rt = split_options(options, precision)
     handle = device.result() if isinstance(device, DeviceOpener) else select_device(device)
+    _say_if_cpu_only(handle)
     copts = _for_device(copts, handle, explicit=options)
     use_cache = bool(rt.get("use_cache", True)) and not config.NO_CACHE.get()
     cache = ModelCache.open(cache_dir) if use_cache else None
@@ -107,6 +110,25 @@ def open_session(
         copts = dataclasses.replace(copts, half="emulated")
         compiled = load_or_compile(model, copts, cache, progress=rt.get("progress"))
         return Session(model, compiled, handle, programs=cache, validate=validate, tune=tune)
+
+
+_SAID_CPU_ONLY = threading.Event()
+
+
+def _say_if_cpu_only(handle: DeviceHandle) -> None:
+    """Once per process: running on a CPU OpenCL driver because no GPU driver is installed."""
+    if handle.profile.kind != "cpu" or _SAID_CPU_ONLY.is_set():
+        return
+    _SAID_CPU_ONLY.set()
+    if any(DeviceProfile.of(d).kind == "gpu" for _, _, d in list_devices()):
+        return  # a GPU is there: the CPU device was chosen on purpose
+    log.warning(
+        "litekiln runs on %s, a CPU OpenCL driver: it is there for testing, and litekiln's "
+        "kernels run many times slower on it than LiteRT's CPU path (XNNPACK). For speed, "
+        "install your GPU's OpenCL driver; on a machine without a GPU, run the model with "
+        "LiteRT's CPU path instead.",
+        handle.description,
+    )
 
 
 def _for_device(

@@ -222,3 +222,25 @@ def test_device_profile_answers_the_vendor_questions() -> None:
     assert nvidia.fits((256,), 1024) and not nvidia.fits((2048,), 1024)
     assert not nvidia.fits((8, 8, 128), 1024)  # the third axis allows 64
     assert not nvidia.fits((512,), 256)  # the kernel's own limit
+
+
+def test_a_cpu_only_opencl_driver_is_named_once(
+    smoke_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a machine whose only OpenCL device is a CPU driver (PoCL here), the first session
+    says so, with the fix; later ones do not repeat it."""
+    import logging
+
+    from litekiln import loading
+    from litekiln.runtime.device import list_devices
+    from litekiln.runtime.profile import DeviceProfile
+
+    if any(DeviceProfile.of(d).kind == "gpu" for _, _, d in list_devices()):
+        pytest.skip("this machine has an OpenCL GPU")
+    loading._SAID_CPU_ONLY.clear()  # noqa: SLF001 - earlier tests of this process said it
+    with caplog.at_level(logging.WARNING, logger="litekiln"):
+        for _ in range(2):
+            litekiln.Interpreter(model_path=smoke_path, cache_dir=tmp_path).allocate_tensors()
+    said = [r.getMessage() for r in caplog.records if "CPU OpenCL driver" in r.getMessage()]
+    assert len(said) == 1
+    assert "GPU's OpenCL driver" in said[0] and "LiteRT's CPU path" in said[0]
