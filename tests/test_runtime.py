@@ -244,3 +244,16 @@ def test_a_cpu_only_opencl_driver_is_named_once(
     said = [r.getMessage() for r in caplog.records if "CPU OpenCL driver" in r.getMessage()]
     assert len(said) == 1
     assert "GPU's OpenCL driver" in said[0] and "LiteRT's CPU path" in said[0]
+
+
+def test_build_options_the_compiler_never_writes_are_refused(smoke_path: Path) -> None:
+    """A stored program carrying other clBuildProgram options than the compiler's own is
+    refused before anything reaches the driver (a tampered but checksummed entry)."""
+    from litekiln.artifact.program import GpuProgram, ProgramFormatError
+
+    interp = litekiln.Interpreter(model_path=smoke_path)
+    interp.allocate_tensors()
+    program = interp._backend.compiled.partitions[0].program  # noqa: SLF001
+    program.validate()
+    with pytest.raises(ProgramFormatError, match=r"build options \['-I/tmp', '-DX=1'\]"):
+        GpuProgram.from_dict({**program.to_dict(), "build_options": "-I/tmp -DX=1"})

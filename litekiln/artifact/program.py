@@ -39,6 +39,11 @@ FORMAT_VERSION = 2
 StorageRole = Literal["input", "constant", "workspace"]
 _STORAGE_ROLES = ("input", "constant", "workspace")
 
+#: Every clBuildProgram option the compiler may write into a program (today: none; the code
+#: relies on exact IEEE float semantics). A stored program with any other option is refused,
+#: whatever its checksums say: options reach the driver's compiler as they are.
+BUILD_OPTIONS: frozenset[str] = frozenset()
+
 #: OpenCL C scalar types a launch may pass by value, with their numpy equivalent.
 SCALAR_TYPES: dict[str, str] = {
     "char": "int8",
@@ -258,6 +263,13 @@ class GpuProgram:
         if self.format_version != FORMAT_VERSION:
             raise ProgramFormatError(
                 f"program format version {self.format_version}, this runtime reads {FORMAT_VERSION}"
+            )
+        foreign = [o for o in self.build_options.split() if o not in BUILD_OPTIONS]
+        if foreign:
+            # Handed to clBuildProgram as they are: only what the compiler itself writes.
+            raise ProgramFormatError(
+                f"build options {foreign} are not ones the compiler produces "
+                f"({sorted(BUILD_OPTIONS) or 'none'})"
             )
         storages = {s.id: s for s in self.storages}
         if len(storages) != len(self.storages):
