@@ -94,6 +94,21 @@ CACHE_SIZE: Setting[int] = Setting(
 NO_CACHE: Setting[bool] = Setting(
     "LITEKILN_NO_CACHE", _bool, False, "Disable the on-disk cache (always compile)."
 )
+SIGN_KEY: Setting[str] = Setting(
+    "LITEKILN_SIGN_KEY",
+    str,
+    "",
+    "Private key file (`litekiln cache keygen KEY`) that `litekiln cache export` signs with "
+    "when no `--sign-key` is given (docs/security.md).",
+)
+TRUSTED_KEYS: Setting[str] = Setting(
+    "LITEKILN_TRUSTED_KEYS",
+    str,
+    "",
+    "Public key files (`KEY.pub` from `litekiln cache keygen`), separated by `:` (`;` on "
+    "Windows): `litekiln cache import` accepts only exports signed by one of them, unless "
+    "`--trust` is given (docs/security.md).",
+)
 ALLOW_QUANTIZED: Setting[bool] = Setting(
     "LITEKILN_ALLOW_QUANTIZED",
     _bool,
@@ -178,6 +193,8 @@ SETTINGS: tuple[Setting, ...] = (
     CACHE_DIR,
     CACHE_SIZE,
     NO_CACHE,
+    SIGN_KEY,
+    TRUSTED_KEYS,
     ALLOW_QUANTIZED,
     OP_TABLE,
     MAX_PARTITIONS,

@@ -20,9 +20,11 @@ import numpy as np
 
 import litekiln
 from litekiln.cache import CacheStore
-from litekiln.cache.manifest import decode_manifest
+from litekiln.cache.manifest import SCHEMA_VERSION, decode_manifest
+from litekiln.cache.seal import Seal, load_secret
 
 SMOKE = Path(__file__).parent / "data" / "smoke.tflite"
+DATA = f"v{SCHEMA_VERSION}"  # the schema folder inside a cache directory
 
 
 def smoke_inputs() -> dict[int, np.ndarray]:
@@ -102,7 +104,7 @@ def the_key(directory: Path, kind: str) -> str:
 
 
 def _db(directory: Path) -> sqlite3.Connection:
-    return sqlite3.connect(Path(directory) / "v1" / "cache.db", isolation_level=None)
+    return sqlite3.connect(Path(directory) / DATA / "cache.db", isolation_level=None)
 
 
 def row(directory: Path, storage_key: str) -> tuple[int, str | None, bytes | None]:
@@ -119,7 +121,7 @@ def row(directory: Path, storage_key: str) -> tuple[int, str | None, bytes | Non
 
 def manifest(directory: Path, key: str) -> dict[str, Any]:
     _, _, raw = row(directory, f"manifest:{key}")
-    return decode_manifest(bytes(raw), key)
+    return decode_manifest(bytes(raw), key, Seal(load_secret(Path(directory), create=False)))
 
 
 def part_storage_key(directory: Path, key: str, name: str) -> str:
@@ -147,7 +149,7 @@ def rewrite(directory: Path, storage_key: str, change: Callable[[bytes], bytes |
         finally:
             con.close()
         return "sqlite"
-    path = Path(directory) / "v1" / filename
+    path = Path(directory) / DATA / filename
     new = change(path.read_bytes())
     if new is None:
         path.unlink()
@@ -170,7 +172,7 @@ def storage_keys(directory: Path) -> list[str]:
 
 
 def val_files(directory: Path) -> list[Path]:
-    return sorted((Path(directory) / "v1").rglob("*.val"))
+    return sorted((Path(directory) / DATA).rglob("*.val"))
 
 
 def snapshot(directory: Path) -> list[tuple[str, int, int]]:

@@ -12,7 +12,9 @@ The smoke model is compiled once per module into a template cache, copied per te
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
+import hashlib
 import json
 import multiprocessing
 import os
@@ -28,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cache_fault_helpers import (
+    DATA,
     Template,
     copy_cache,
     flip,
@@ -45,7 +48,7 @@ from cache_fault_helpers import (
 )
 
 import litekiln.loading as loading
-from litekiln.cache import CacheError, CacheStore, CacheWarning
+from litekiln.cache import CacheError, CacheStore, CacheWarning, make_key
 from litekiln.cache.backend import DiskcacheBackend
 from litekiln.cache.models import ModelCache
 from litekiln.errors import DeviceError
@@ -451,6 +454,7 @@ def test_full_disk(
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
     cache.chmod(0o700)
+    CacheStore.open(cache).close()  # its secret is made at first use, before the disk fills
     with monkeypatch.context() as m:
         FULL[where](m)
         with pytest.warns(CacheWarning, match="could not store .*(No space left|disk is full)"):
@@ -461,3 +465,268 @@ def test_full_disk(
     assert [k for k in storage_keys(cache) if not k.startswith("use:")] == []
     assert val_files(cache) == []
     _assert_clean(cache, models=0, programs=0)
+
+
+# ---------------------------------------------------------------- trust
+
+
+def _changed_with_checksums(change):
+    """Change a part, then recompute what a reader can check without the cache's secret:
+    the part's sha256 in its manifest and the manifest's own checksum header."""
+
+    def tamper(directory: Path, key: str, part: str) -> None:
+        store_key = part_storage_key(directory, key, part)
+        rewrite(directory, store_key, change)
+        new = bytes(rewrite_read(directory, store_key))
+
+        def manifest_change(raw: bytes) -> bytes:
+            body = json.loads(raw[70:])
+            for rec in body["parts"]:
+                if rec["store"] == store_key:
+                    rec["size"], rec["sha256"] = len(new), hashlib.sha256(new).hexdigest()
+            text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+            data = text.encode()
+            return raw[:5] + hashlib.sha256(data).hexdigest().encode() + b"\n" + data
+
+        rewrite(directory, f"manifest:{key}", manifest_change)
+
+    return tamper
+
+
+def rewrite_read(directory: Path, storage_key: str) -> bytes:
+    got: list[bytes] = []
+    rewrite(directory, storage_key, lambda data: got.append(data) or data)
+    return got[0]
+
+
+def _scale_constant(data: bytes) -> bytes:
+    return (np.frombuffer(data, dtype="<f4") * 3 + 1).astype("<f4").tobytes()
+
+
+def _add_build_option(data: bytes) -> bytes:
+    text = data.decode()
+    return text.replace('"build_options":[', '"build_options":["-DLITEKILN_PWNED",', 1).encode()
+
+
+TAMPERED = {
+    "a constant": ("model", "const/", _scale_constant),
+    "the OpenCL build options": ("model", "artifact.json", _add_build_option),
+    "the device binary": ("program", "binary", flip),
+}
+
+
+@pytest.mark.parametrize("what", list(TAMPERED))
+def test_tampered_but_checksummed_entry_is_refused(
+    template: Template, cache: Path, calls: Calls, monkeypatch: pytest.MonkeyPatch, what: str
+) -> None:
+    kind, part, change = TAMPERED[what]
+    key = the_key(cache, kind)
+    _changed_with_checksums(change)(cache, key, part)
+    with pytest.warns(CacheWarning, match=f"{key[:12]} .*signature check"):
+        out = infer(cache)
+    assert same(out, template.outputs)
+    _assert_clean(cache)
+    _assert_hit(cache, template.outputs, calls, monkeypatch)
+
+
+# ---------------------------------------------------------------- a damaged database
+
+
+def _scribble(cache: Path, start: int, length: int) -> None:
+    db = cache / DATA / "cache.db"
+    assert not (cache / DATA / "cache.db-wal").exists() or True
+    data = bytearray(db.read_bytes())
+    end = min(start + length, len(data))
+    data[start:end] = bytes((i * 37 + 11) & 0xFF for i in range(end - start))
+    db.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("where", ["header", "a middle page"])
+def test_scribbled_database_is_started_afresh(
+    template: Template,
+    cache: Path,
+    calls: Calls,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    where: str,
+) -> None:
+    size = (cache / DATA / "cache.db").stat().st_size
+    _scribble(cache, 0, 100) if where == "header" else _scribble(cache, size // 2, 4096)
+    with pytest.warns(CacheWarning, match="damaged.*started it afresh"):
+        out = infer(cache)
+    assert same(out, template.outputs)
+    _assert_clean(cache)
+    _assert_hit(cache, template.outputs, calls, monkeypatch)
+    # Nothing was left behind beside the new folder.
+    assert sorted(p.name for p in cache.iterdir() if not p.name.startswith(".reset")) == [
+        "secret",
+        DATA,
+    ]
+
+
+def test_clear_and_verify_on_a_scribbled_database(cache: Path, tmp_path: Path) -> None:
+    from litekiln.cli import main
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me")
+    _scribble(cache, 0, 100)
+    with pytest.warns(CacheWarning, match="started it afresh"):
+        assert main(["cache", "--cache-dir", str(cache), "clear"]) == 0
+    _assert_clean(cache, models=0, programs=0)
+    _scribble(cache, 0, 100)
+    with pytest.warns(CacheWarning, match="started it afresh"), CacheStore.open(cache) as s:
+        report = s.verify()
+    assert not report.clean and "started it afresh" in report.storage[0]
+    _assert_clean(cache, models=0, programs=0)
+    assert outside.read_text() == "keep me"
+
+
+# ---------------------------------------------------------------- links
+
+
+def test_symlinked_hash_folder_never_leads_outside(
+    template: Template, cache: Path, tmp_path: Path, calls: Calls
+) -> None:
+    from litekiln.cli import main
+
+    (victim, *_) = val_files(cache)
+    folder = victim.parent.parent  # v2/ab, holding cd/<hex>.val
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.move(folder, outside / folder.name)
+    folder.symlink_to(outside / folder.name, target_is_directory=True)
+    kept = sorted(p for p in outside.rglob("*") if p.is_file())
+    assert kept
+
+    with pytest.warns(CacheWarning, match="symbolic link"):
+        out = infer(cache)  # the entry behind the link is refused and rebuilt
+    assert same(out, template.outputs)
+    with CacheStore.open(cache) as s:
+        assert any("symbolic link" in p for p in s.verify().storage)
+    assert main(["cache", "--cache-dir", str(cache), "prune", "--max-size", "0"]) == 0
+    assert main(["cache", "--cache-dir", str(cache), "clear"]) == 0
+    assert sorted(p for p in outside.rglob("*") if p.is_file()) == kept  # untouched
+    assert kept[0].read_bytes()
+
+
+def test_dangling_cache_symlink_is_a_clear_error(
+    cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from litekiln.cli import main
+
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(CacheError, match="symbolic link to .*nowhere.*does not exist"):
+        infer(link)
+    capsys.readouterr()
+    assert main(["cache", "--cache-dir", str(link), "ls"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("litekiln: error:") and "does not exist" in err
+    assert "Traceback" not in err and not (tmp_path / "nowhere").exists()
+
+
+def test_cache_warnings_are_printed_once(template: Template, tmp_path: Path) -> None:
+    xdg = tmp_path / "xdg"
+    xdg.mkdir()
+    copy_cache(template, xdg / "litekiln").chmod(0o770)
+    env = {**os.environ, "XDG_CACHE_HOME": str(xdg), "PYTHONPATH": str(REPO)}
+    env.pop("LITEKILN_CACHE_DIR", None)
+    child = "from litekiln.cache import CacheStore; CacheStore.open()"
+    proc = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("group- or other-writable") == 1, proc.stderr
+
+
+# ---------------------------------------------------------------- a really full disk
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path):
+    """A 2 MB tmpfs (needs root, as in CI)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a 2 MB tmpfs needs root (CI runs as root)")
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(disk)],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def _fill(cache: Path) -> int:
+    """Store entries of 240 KB until the disk refuses one; how many went in."""
+    with CacheStore.open(cache) as s:
+        for i in range(40):
+            fields = {"token": f"filler-{i}"}
+            data = np.random.default_rng(i).standard_normal(60_000).astype(np.float32)
+            with warnings.catch_warnings(record=True):
+                warnings.simplefilter("always")
+                if not s.put(make_key(fields), fields, {"w": data, "s": b"x" * 1000}):
+                    return i
+    raise AssertionError("a 2 MB disk took 40 entries of 240 KB")
+
+
+@pytest.mark.parametrize("reserve", ["kept free", "none (ENOSPC)"])
+def test_a_store_that_fills_a_real_disk(
+    template: Template,
+    tiny_disk: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    reserve: str,
+) -> None:
+    import litekiln.cache.store as store_mod
+    from litekiln.cli import main
+
+    if reserve != "kept free":
+        monkeypatch.setattr(store_mod, "RESERVE_MIN", 0)
+        monkeypatch.setattr(store_mod, "RESERVE_MAX", 0)
+    cache = tiny_disk / "cache"
+    stored = _fill(cache)
+    assert stored >= 2
+    # The failed put left nothing behind (and, if the disk filled, made room evicting the
+    # oldest entries), and the next open can write.
+    with CacheStore.open(cache) as s:
+        assert not s.read_only, s.reason
+        report = s.verify()
+        assert report.clean and 1 <= report.entries <= stored, report.as_dict()
+    args = ["cache", "--cache-dir", str(cache)]
+    assert main([*args, "verify", "--fix"]) == 0
+    assert main([*args, "prune", "--max-size", "300K"]) == 0
+    assert main([*args, "clear"]) == 0
+    out = capsys.readouterr().out
+    assert "removed" in out
+    assert same(infer(cache), template.outputs)  # and the cache works again
+    _assert_clean(cache)
+
+
+def test_a_disk_filled_by_someone_else(tiny_disk: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from litekiln.cli import main
+
+    cache = tiny_disk / "cache"
+    stored = _fill(cache)
+    ballast = tiny_disk / "ballast"
+    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT, 0o600)
+    with contextlib.suppress(OSError):  # every byte left
+        while True:
+            os.write(fd, bytes(4096))
+    os.close(fd)
+    assert shutil.disk_usage(tiny_disk).free < 8192
+    args = ["cache", "--cache-dir", str(cache)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CacheWarning)
+        assert main([*args, "verify", "--fix"]) == 0
+        assert main([*args, "prune", "--max-size", "0"]) == 0
+        assert main([*args, "clear"]) == 0
+        ballast.unlink()
+        with CacheStore.open(cache) as s:
+            assert not s.read_only and s.ls() == [] and s.verify().clean
+    assert stored >= 2

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -32,8 +33,10 @@ import litekiln.cache.usage as usage_mod
 import litekiln.cache.writer as writer_mod
 from litekiln.cache import CacheError, CacheStore, CacheWarning, make_key
 from litekiln.cache.backend import DiskcacheBackend, SafeDisk
+from litekiln.cache.manifest import SCHEMA_VERSION
 
 _FORK = multiprocessing.get_context("fork")
+DATA = f"v{SCHEMA_VERSION}"  # the schema folder inside a cache directory
 BIG = 40_000  # float32 elements: 160 KB, above diskcache's 32 KiB file threshold
 
 
@@ -76,6 +79,16 @@ def _assert_entry(entry, parts: dict, seed: int) -> None:
     assert entry.meta == {"kernels": [f"k{seed}"], "seed": seed}
 
 
+@pytest.fixture(scope="module")
+def signing_key(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A build key pair: (private key file, public key file)."""
+    from litekiln.cache.signing import generate_key
+
+    private = tmp_path_factory.mktemp("keys") / "build.key"
+    public, _ = generate_key(private)
+    return private, public
+
+
 @pytest.fixture
 def store(tmp_path: Path):
     s = CacheStore.open(tmp_path / "cache", explicit=True)
@@ -87,7 +100,7 @@ def store(tmp_path: Path):
 
 
 def _db(store: CacheStore) -> sqlite3.Connection:
-    return sqlite3.connect(store.directory / "v1" / "cache.db", isolation_level=None)
+    return sqlite3.connect(store.directory / DATA / "cache.db", isolation_level=None)
 
 
 def _row(store: CacheStore, storage_key: str) -> tuple[int, str | None, bytes | None]:
@@ -121,7 +134,7 @@ def _rewrite(store: CacheStore, storage_key: str, change) -> None:
             else:
                 con.execute("UPDATE Cache SET value = ? WHERE key = ?", (new, storage_key))
     else:  # held in a file
-        path = store.directory / "v1" / filename
+        path = store.directory / DATA / filename
         new = change(path.read_bytes())
         if new is None:
             path.unlink()
@@ -140,7 +153,7 @@ def _storage_keys(store: CacheStore) -> list[str]:
 
 
 def _val_files(store: CacheStore) -> list[Path]:
-    return sorted((store.directory / "v1").rglob("*.val"))
+    return sorted((store.directory / DATA).rglob("*.val"))
 
 
 def _assert_clean_and_empty(store: CacheStore) -> None:
@@ -218,7 +231,7 @@ def test_nothing_is_pickled(store: CacheStore) -> None:
         assert raw == 1 and key_type == "text"
         assert (mode, value_type) in ((1, "blob"), (2, "null"))
     # The Disk under it refuses anything that would go through pickle, keys included.
-    raw_cache = diskcache.Cache(str(store.directory / "v1"), disk=SafeDisk)
+    raw_cache = diskcache.Cache(str(store.directory / DATA), disk=SafeDisk)
     with pytest.raises(TypeError):
         raw_cache.set("manifest:x", {"a": 1})
     with pytest.raises(TypeError):
@@ -279,12 +292,12 @@ def _manifest_body_flip(data: bytes) -> bytes:
 
 
 def _manifest_checksum_flip(data: bytes) -> bytes:
-    return _flip(data, 10)  # inside the sha256 hex of the header
+    return _flip(data, 10)  # inside the HMAC hex of the header
 
 
 DAMAGE = {
-    "flipped manifest byte": ("manifest", _manifest_body_flip, "sha256"),
-    "flipped manifest checksum": ("manifest", _manifest_checksum_flip, "sha256"),
+    "flipped manifest byte": ("manifest", _manifest_body_flip, "signature"),
+    "flipped manifest signature": ("manifest", _manifest_checksum_flip, "signature"),
     "flipped byte in part held in SQLite": ("source", _flip, "sha256"),
     "flipped byte in part held in a file": ("weights", _flip, "sha256"),
     "truncated part in SQLite": ("source", lambda d: d[: len(d) // 2], "truncated"),
@@ -494,7 +507,7 @@ def test_new_directory_is_private(tmp_path: Path) -> None:
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
-    assert stat.S_IMODE(os.stat(directory / "v1").st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(directory / DATA).st_mode) == 0o700
 
 
 def test_default_dir_follows_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -637,30 +650,34 @@ def test_lru_eviction_keeps_recently_used(tmp_path: Path, monkeypatch: pytest.Mo
 # ---------------------------------------------------------------- export / import
 
 
-def test_export_import_round_trip(store: CacheStore, tmp_path: Path) -> None:
+def test_export_import_round_trip(
+    store: CacheStore, tmp_path: Path, signing_key: tuple[Path, Path]
+) -> None:
+    private, public = signing_key
     a, a_parts = _put(store, "a", 1)
     b, b_parts = _put(store, "b", 2)
     archive = tmp_path / "models.tar"
-    assert sorted(store.export(archive)) == sorted([a, b])
+    assert sorted(store.export(archive, sign_key=private)) == sorted([a, b])
     assert tarfile.is_tarfile(archive)
 
     with CacheStore.open(tmp_path / "other") as other:
-        assert sorted(other.import_(archive)) == sorted([a, b])
+        assert sorted(other.import_(archive, trusted_keys=[public])) == sorted([a, b])
         _assert_entry(other.get(a), a_parts, 1)
         _assert_entry(other.get(b), b_parts, 2)
         assert {x.key: x.created for x in other.ls()} == {x.key: x.created for x in store.ls()}
         assert other.verify().clean
 
     only_b = tmp_path / "b.tar"
-    assert store.export(only_b, keys=[b[:10]]) == [b]
+    assert store.export(only_b, keys=[b[:10]], sign_key=private) == [b]
     with CacheStore.open(tmp_path / "third") as third:
-        assert third.import_(only_b) == [b]
+        assert third.import_(only_b, trusted_keys=[public]) == [b]
         assert [x.key for x in third.ls()] == [b]
 
 
 def _rewrite_tar(src: Path, dst: Path, edit) -> None:
     with tarfile.open(src) as tar:
         members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    assert "litekiln-cache-export.sig" in members
     edit(members)
     with tarfile.open(dst, "w") as tar:
         for name, data in members.items():
@@ -692,28 +709,33 @@ TAMPER = {
 }
 
 
+@pytest.mark.parametrize("trust", [False, True])
 @pytest.mark.parametrize("tamper", list(TAMPER))
 def test_tampered_export_is_refused_and_inserts_nothing(
-    store: CacheStore, tmp_path: Path, tamper: str
+    store: CacheStore, tmp_path: Path, tamper: str, trust: bool, signing_key: tuple[Path, Path]
 ) -> None:
+    private, public = signing_key
     _put(store, "a", 1)
     _put(store, "b", 2)
     good = tmp_path / "good.tar"
-    store.export(good)
+    store.export(good, sign_key=private)
     bad = tmp_path / "bad.tar"
     _rewrite_tar(good, bad, TAMPER[tamper])
     with CacheStore.open(tmp_path / "target") as target:
-        with pytest.raises(CacheError, match="refusing to import.*nothing was imported"):
-            target.import_(bad)
+        # Refused by the signature, and by the checksums even when the caller says --trust.
+        with pytest.raises(CacheError, match="(?i)refusing to import.*nothing was imported"):
+            target.import_(bad, trusted_keys=[public], trust=trust)
         assert target.ls() == [] and _storage_keys(target) == []
         assert _val_files(target) == []
-        assert len(target.import_(good)) == 2  # the untouched export still imports
+        assert len(target.import_(good, trusted_keys=[public])) == 2  # the untouched one
 
 
-def test_truncated_or_foreign_export_is_refused(store: CacheStore, tmp_path: Path) -> None:
+def test_truncated_or_foreign_export_is_refused(
+    store: CacheStore, tmp_path: Path, signing_key: tuple[Path, Path]
+) -> None:
     _put(store)
     good = tmp_path / "good.tar"
-    store.export(good)
+    store.export(good, sign_key=signing_key[0])
     cut = tmp_path / "cut.tar"
     cut.write_bytes(good.read_bytes()[: good.stat().st_size // 3])
     junk = tmp_path / "junk.tar"
@@ -721,5 +743,58 @@ def test_truncated_or_foreign_export_is_refused(store: CacheStore, tmp_path: Pat
     with CacheStore.open(tmp_path / "target") as target:
         for path in (cut, junk):
             with pytest.raises(CacheError, match="refusing to import"):
-                target.import_(path)
+                target.import_(path, trusted_keys=[signing_key[1]])
         assert _storage_keys(target) == []
+
+
+# ---------------------------------------------------------------- orphans, collected on open
+
+
+def _crashed_writer_parts(store: CacheStore, n: int, age_s: float = 3600.0) -> list[str]:
+    """Parts a writer that crashed `age_s` ago left behind (no manifest names them)."""
+    backend = store._backend
+    when = time.time_ns() - int(age_s * 1e9)
+    keys = []
+    for i in range(n):
+        key = make_key(_fields(f"crashed-{i}"))
+        store_key = f"part:{key}:{when:016x}{i:08x}:0"
+        big = i == 0 and age_s > 60  # one part in a file, the rest in SQLite
+        backend.set(store_key, bytes(BIG * 4) if big else b"half an entry")
+        keys.append(store_key)
+    return keys
+
+
+def test_orphans_are_collected_on_open_a_bounded_slice_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = tmp_path / "cache"
+    with CacheStore.open(directory) as s:
+        key, parts = _put(s)
+        orphans = _crashed_writer_parts(s, 5)
+        young = _crashed_writer_parts(s, 1, age_s=1.0)  # a writer at work: kept
+        assert s.verify().orphan_parts == 6
+    assert len(_val_files(s)) == 2
+    monkeypatch.setattr(store_mod, "ORPHAN_SCAN_PARTS", 2)  # a slice of 2 parts per open
+    left = []
+    for _ in range(6):
+        with CacheStore.open(directory) as s:
+            left.append(len([k for k in _storage_keys(s) if k in orphans]))
+    assert left[0] < 5 and left[-1] == 0 and left == sorted(left, reverse=True), left
+    with CacheStore.open(directory) as s:
+        assert [k for k in _storage_keys(s) if k.startswith("part:") and k in young] == young
+        _assert_entry(s.get(key), parts, 0)  # the entry's own parts are no orphans
+        assert len(_val_files(s)) == 1  # the orphan's file is gone too
+        assert s.verify().orphan_parts == 1
+
+
+def test_opening_spends_little_on_orphans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    directory = tmp_path / "cache"
+    with CacheStore.open(directory) as s:
+        for i in range(20):
+            _put(s, f"model-{i}", seed=i)
+        _crashed_writer_parts(s, 300)
+    start = time.perf_counter()
+    with CacheStore.open(directory) as s:
+        took = time.perf_counter() - start
+        assert s.verify().orphan_parts < 300  # some collected
+    assert took < 1.0, took  # a 20 ms budget, plus the open itself

@@ -96,8 +96,10 @@ class EntrySummary:
     Attributes:
         key: the full cache key.
         kind: ``"model"`` or ``"program"``.
-        token: ``fields["token"]`` if present.
+        token: the model token: ``fields["token"]``, else ``meta["model_token"]`` (the model a
+            device program was built for), if present.
         model_name: ``fields["model_name"]``, else ``meta["model_name"]``, if present.
+        device: the device a program binary was built on (its name), else None.
         options: ``fields["options"]`` if present.
         size: bytes held (manifest and parts).
         created: when stored (Unix time).
@@ -109,6 +111,7 @@ class EntrySummary:
     kind: str
     token: Any
     model_name: Any
+    device: Any
     options: Any
     size: int
     created: float
@@ -143,7 +146,7 @@ def load(backend: Backend, key: str) -> Loaded:
         if raw is None:
             return Loaded()
         try:
-            manifest = decode_manifest(raw, key)
+            manifest = decode_manifest(raw, key, backend.seal)
             parts = {rec["name"]: _read_part(backend, rec) for rec in manifest["parts"]}
         except (CorruptError, UnsafeValueError) as e:
             # A writer may have swapped the manifest and deleted the parts we were
@@ -167,13 +170,14 @@ def _read_part(backend: Backend, rec: dict[str, Any]) -> bytes:
 
 def summarize(backend: Backend, manifest: dict[str, Any], manifest_size: int) -> EntrySummary:
     """The `EntrySummary` of a decoded manifest of `manifest_size` stored bytes."""
-    fields = manifest["fields"]
+    fields, meta = manifest["fields"], manifest["meta"]
     created = float(manifest["created"])
     return EntrySummary(
         key=manifest["key"],
         kind=manifest["kind"],
-        token=fields.get("token"),
-        model_name=fields.get("model_name", manifest["meta"].get("model_name")),
+        token=fields.get("token", meta.get("model_token")),
+        model_name=fields.get("model_name", meta.get("model_name")),
+        device=fields.get("name") if manifest["kind"] == "program" else None,
         options=fields.get("options"),
         size=manifest_size + sum(rec["size"] for rec in manifest["parts"]),
         created=created,
@@ -190,7 +194,7 @@ def scan(backend: Backend) -> list[EntrySummary]:
         if raw is None:
             continue
         try:
-            out.append(summarize(backend, decode_manifest(raw, key), len(raw)))
+            out.append(summarize(backend, decode_manifest(raw, key, backend.seal), len(raw)))
         except CorruptError:
             continue
     return out
@@ -204,7 +208,7 @@ def describe(backend: Backend, key: str, raw: bytes) -> dict[str, Any]:
         ``{"key", "problem"}`` if the manifest is damaged.
     """
     try:
-        manifest = decode_manifest(raw, key)
+        manifest = decode_manifest(raw, key, backend.seal)
     except CorruptError as e:
         return {"key": key, "problem": str(e)}
     info = summarize(backend, manifest, len(raw)).as_dict()

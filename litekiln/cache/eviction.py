@@ -62,3 +62,23 @@ def evict_unused(backend: Backend, older_than: float) -> list[str]:
             remove(backend, s.key)
             evicted.append(s.key)
     return evicted
+
+
+def choose(backend: Backend, limit: int, older_than: float | None) -> list[str]:
+    """The keys `evict_unused` and then `evict_to` would evict, without evicting them
+    (on a full disk their files are removed first, to make room).
+
+    Raises:
+        OSError, sqlite3.Error, diskcache.Timeout, UnsafeValueError: the storage failed.
+    """
+    entries = sorted(scan(backend), key=lambda s: s.last_use)
+    cutoff = None if older_than is None else usage.now() - older_than
+    chosen = [s for s in entries if cutoff is not None and s.last_use < cutoff]
+    total = sum(s.size for s in entries) - sum(s.size for s in chosen)
+    for s in entries:
+        if total <= limit:
+            break
+        if s not in chosen:
+            chosen.append(s)
+            total -= s.size
+    return [s.key for s in chosen]

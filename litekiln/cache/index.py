@@ -65,7 +65,7 @@ def parts_of(backend: Backend, key: str, raw: bytes | None) -> list[str]:
     """Storage keys of the parts a stored manifest owns (all of the key's if damaged)."""
     if raw is not None:
         try:
-            return [rec["store"] for rec in decode_manifest(raw, key)["parts"]]
+            return [rec["store"] for rec in decode_manifest(raw, key, backend.seal)["parts"]]
         except CorruptError:
             pass
     # A damaged manifest cannot say which parts are its own: take every part of this
@@ -74,8 +74,15 @@ def parts_of(backend: Backend, key: str, raw: bytes | None) -> list[str]:
 
 
 def discard(backend: Backend, store_keys: list[str]) -> None:
-    """Best-effort removal of parts that no manifest will reference."""
+    """Best-effort removal of parts that no manifest will reference.
+
+    Each part's file goes first, then its row: on a full disk deleting a row can fail (SQLite
+    needs room in its journal), and the file is where the space is. A row left behind names
+    a missing file; it is an orphan that the next open collects.
+    """
     for store_key in store_keys:
+        with contextlib.suppress(*STORAGE_ERRORS):
+            backend.free_value_file(store_key)
         with contextlib.suppress(*STORAGE_ERRORS):
             backend.delete(store_key)
 

@@ -1,15 +1,19 @@
 """The entry manifest: JSON that lists an entry's parts with their sizes and sha256.
 
-Stored form: ``b"LKM1 " + sha256(body) hex + b"\\n" + body``, body being canonical JSON of::
+Stored form: ``b"LKM2 " + HMAC-SHA256(cache secret, body) hex + b"\\n" + body``, body being
+canonical JSON of::
 
     {"schema": 1, "key": <64 hex>, "kind": "model" | "program", "fields": {...},
      "meta": {...}, "created": <unix time>,
      "parts": [{"name": str, "store": <storage key>, "size": int, "sha256": <64 hex>,
                 ["dtype": "<f4", "shape": [..]]}, ...]}
 
-The manifest checksums itself, so a flipped byte anywhere (even one that keeps the JSON
-valid) is caught, and its key must equal `make_key(fields)`, so an entry cannot pretend to be
-another one. Parts with ``dtype``/``shape`` are raw little-endian arrays.
+The manifest is signed with the cache's own secret (``seal.py``), and lists each part's
+sha256, so a flipped byte anywhere (even one that keeps the JSON valid), or an entry changed
+outside litekiln with its checksums recomputed, is caught. Its key must equal
+`make_key(fields)`, so an entry cannot pretend to be another one. Parts with
+``dtype``/``shape`` are raw little-endian arrays. An export carries the bodies alone
+(``archive.py``): another cache has another secret.
 """
 
 from __future__ import annotations
@@ -21,14 +25,16 @@ from typing import Any
 import numpy as np
 
 from litekiln.cache.keys import canonical_json, is_key, make_key
+from litekiln.cache.seal import Seal
 
 #: Bump when the entry layout changes; the store keeps each schema in its own subfolder.
-SCHEMA_VERSION = 1
+#: 2: manifests signed with the cache's secret (1: a plain sha256).
+SCHEMA_VERSION = 2
 
 #: What an entry can hold: a compiled model, or one device program binary.
 KINDS = ("model", "program")
 
-_MAGIC = b"LKM1 "
+_MAGIC = b"LKM2 "
 _HEADER_LEN = len(_MAGIC) + 64 + 1
 # Array parts hold plain numbers only: bool, ints, floats, complex (never objects).
 ARRAY_KINDS = "biufc"
@@ -38,10 +44,19 @@ class CorruptError(Exception):
     """A stored manifest or part fails its checks; the message says which and how."""
 
 
-def encode_manifest(manifest: dict[str, Any]) -> bytes:
-    """Serialize `manifest` with its self-checksum header."""
+def encode_manifest(manifest: dict[str, Any], seal: Seal) -> bytes:
+    """Serialize `manifest` with its signature header.
+
+    Raises:
+        OSError: `seal` has no secret.
+    """
     body = canonical_json(manifest)
-    return _MAGIC + hashlib.sha256(body).hexdigest().encode("ascii") + b"\n" + body
+    return _MAGIC + seal.sign(body) + b"\n" + body
+
+
+def manifest_body(raw: bytes) -> bytes:
+    """The body (canonical JSON) of a stored manifest, without its signature header."""
+    return raw[_HEADER_LEN:]
 
 
 def part_store_prefix(key: str) -> str:
@@ -49,34 +64,50 @@ def part_store_prefix(key: str) -> str:
     return f"part:{key}:"
 
 
-def decode_manifest(raw: bytes, key: str) -> dict[str, Any]:
+def decode_manifest(raw: bytes, key: str, seal: Seal) -> dict[str, Any]:
     """Check and parse a stored manifest of entry `key`.
 
     Args:
         raw: the stored bytes.
         key: the key the manifest was found under.
+        seal: the cache's secret, which signed it.
 
     Returns:
         The manifest dict (see the module docstring).
 
     Raises:
-        CorruptError: bad header or checksum, bad JSON, other schema, wrong key, or a
+        CorruptError: bad header or signature, bad JSON, other schema, wrong key, or a
             malformed field; the message names the problem.
     """
+    if len(raw) < _HEADER_LEN or not raw.startswith(_MAGIC) or raw[_HEADER_LEN - 1] != 0x0A:
+        raise CorruptError("manifest header is damaged")
+    mac, body = raw[len(_MAGIC) : _HEADER_LEN - 1], raw[_HEADER_LEN:]
+    if not seal.check(body, mac):
+        raise CorruptError(
+            "manifest fails its signature check (damaged, changed outside litekiln, or "
+            "signed with another cache's secret)"
+            if seal.usable
+            else "manifest cannot be checked: the cache has no secret"
+        )
+    return decode_body(body, key)
+
+
+def decode_body(body: bytes, key: str) -> dict[str, Any]:
+    """Parse and check the body of a manifest of entry `key` (its signature is checked
+    elsewhere: `decode_manifest`, or an export's signed index).
+
+    Raises:
+        CorruptError: bad JSON, other schema, wrong key, or a malformed field.
+    """
     try:
-        return _decode_manifest(raw, key)
+        return _decode_body(body, key)
     except (ValueError, TypeError, OverflowError, RecursionError) as e:
-        # Only a crafted manifest with a valid checksum gets here (NaN in its fields, absurd
+        # Only a crafted body that passed its signature gets here (NaN in its fields, absurd
         # nesting or numbers): still just a corrupt entry, never a crash.
         raise CorruptError(f"manifest is malformed ({type(e).__name__}: {e})") from None
 
 
-def _decode_manifest(raw: bytes, key: str) -> dict[str, Any]:
-    if len(raw) < _HEADER_LEN or not raw.startswith(_MAGIC) or raw[_HEADER_LEN - 1] != 0x0A:
-        raise CorruptError("manifest header is damaged")
-    digest, body = raw[len(_MAGIC) : _HEADER_LEN - 1], raw[_HEADER_LEN:]
-    if hashlib.sha256(body).hexdigest().encode("ascii") != digest:
-        raise CorruptError("manifest fails its sha256 check")
+def _decode_body(body: bytes, key: str) -> dict[str, Any]:
     try:
         manifest = json.loads(body)
     except ValueError as e:

@@ -122,13 +122,33 @@ class ModelCache:
         identity: Mapping[str, str],
         binary: bytes,
         tuning: list[int] | None = None,
+        *,
+        model_name: str | None = None,
+        model_token: str | None = None,
     ) -> bool:
         """Store the binary built from ``source`` and ``build_options`` on the device
-        ``identity`` names (and the tuning choices made on that device with it)."""
+        ``identity`` names (and the tuning choices made on that device with it).
+
+        Args:
+            source: the exact OpenCL C bytes handed to the driver.
+            build_options: the exact build options handed to the driver.
+            identity: the device's identity (`DeviceProfile.identity`).
+            binary: the driver's binary.
+            tuning: the schedule variants chosen on this device, if tuned.
+            model_name: the model the program belongs to (``CompiledModel.model_name``), for
+                ``litekiln cache ls``/``info``; not part of the key.
+            model_token: that model's token (``CompiledModel.token``), likewise.
+
+        Returns:
+            True if stored.
+        """
         fields = program_key_fields(source, build_options, identity)
         parts: dict[str, Any] = {"binary": binary}
         if tuning is not None:
             parts["tuning"] = json.dumps(tuning).encode()
-        return self.store.put(
-            make_key(fields), fields, parts, kind="program", meta={"device": dict(identity)}
-        )
+        meta: dict[str, Any] = {"device": dict(identity)}
+        if model_name is not None:
+            meta["model_name"] = model_name
+        if model_token is not None:
+            meta["model_token"] = model_token
+        return self.store.put(make_key(fields), fields, parts, kind="program", meta=meta)

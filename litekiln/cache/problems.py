@@ -1,7 +1,7 @@
 """How the cache reports what goes wrong: a warning it survives, or one `CacheError`.
 
-On the inference path a problem is logged and warned as a `CacheWarning` and the caller goes
-on uncached (`warn`). A management command (``ls``, ``verify``, ``prune``...) has no cheaper
+On the inference path a problem is warned (once) as a `CacheWarning` and the caller goes on
+uncached (`warn`). A management command (``ls``, ``verify``, ``prune``...) has no cheaper
 way out than failing, so there a storage failure becomes one `CacheError` (`storage_errors`).
 """
 
@@ -23,14 +23,17 @@ STORAGE_OR_UNSAFE: tuple[type[BaseException], ...] = (*STORAGE_ERRORS, UnsafeVal
 
 
 def warn(message: str, stacklevel: int = 2) -> None:
-    """Log `message` and warn it as a `CacheWarning`.
+    """Warn `message` as a `CacheWarning`, once: the warning is what the user sees (and what
+    an app filters, or routes to logging with ``logging.captureWarnings``); the log gets it
+    at debug level only, so that a logger with no handler (Python's last resort prints
+    warnings) does not print it a second time.
 
     Args:
         message: what the cache skipped, and why.
         stacklevel: the frame the warning names, counted from the caller of `warn` as
             `warnings.warn` counts: 2 is the code that called the caller.
     """
-    log.warning(message)
+    log.debug("%s", message)
     warnings.warn(message, CacheWarning, stacklevel=stacklevel + 1)
 
 

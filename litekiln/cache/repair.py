@@ -1,16 +1,19 @@
 """Checking and repairing a store: bad entries, orphan parts, stale use records.
 
 An orphan part is one that no manifest references: a writer crashed between its parts and
-its manifest, or is still at work. Only orphans older than a grace period are collected.
+its manifest, or is still at work. Only orphans older than a grace period are collected:
+by `verify(fix=True)` and `prune` all at once, and at every open a bounded slice of them
+(`collect_orphans`), resuming where the last open stopped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from litekiln.cache.backend import Backend
+from litekiln.cache.backend import STORAGE_ERRORS, Backend
 from litekiln.cache.entries import load
 from litekiln.cache.index import (
     PART,
@@ -22,6 +25,10 @@ from litekiln.cache.index import (
     parts_of,
     stored_manifest,
 )
+
+#: Parts that no manifest references and that are older than this are garbage (a writer that
+#: crashed between its parts and its manifest). Younger ones may belong to a writer at work.
+ORPHAN_GRACE_S = 600.0
 
 
 @dataclass
@@ -125,3 +132,55 @@ def _delete_stale_uses(backend: Backend) -> None:
     """Remove last-use records of entries that no longer exist (harmless, but clutter)."""
     entries = set(entry_keys(backend))
     discard(backend, [k for k in backend.keys(USE) if k[len(USE) :] not in entries])
+
+
+# Parts looked at whatever the time budget, so that every open makes progress.
+_AT_LEAST = 32
+
+#: Where the last open's orphan scan stopped (a part key), when it did not reach the end.
+CURSOR = "gc:cursor"
+
+
+def collect_orphans(backend: Backend, grace_s: float, max_parts: int, budget_s: float) -> int:
+    """Delete orphan parts older than `grace_s`, looking at `max_parts` parts or for
+    `budget_s` seconds at most; the next call goes on where this one stopped.
+
+    A part is an orphan when the manifest of its entry is gone or names another write (its
+    nonce is not in the manifest's bytes; a damaged manifest that still names it keeps it
+    until `verify(fix=True)` judges the entry).
+
+    Returns:
+        How many orphan parts were deleted.
+
+    Raises:
+        OSError, sqlite3.Error, diskcache.Timeout, UnsafeValueError: the storage failed.
+    """
+    deadline = time.monotonic() + budget_s
+    cursor = backend.get(CURSOR)
+    after = cursor.decode("ascii", "replace") if cursor else PART
+    store_keys = backend.keys_after(PART, after, max_parts)
+    cutoff = time.time_ns() - int(grace_s * 1e9)
+    orphans: list[str] = []
+    manifests: dict[str, bytes | None] = {}
+    last = after
+    for looked, store_key in enumerate(store_keys):
+        if looked >= _AT_LEAST and time.monotonic() > deadline:
+            break  # but always some progress, however slow the machine
+        last = store_key
+        fields = store_key.split(":")
+        if len(fields) != 4 or nonce_time_ns(store_key) >= cutoff:
+            continue  # young: may belong to a writer at work
+        key, nonce = fields[1], fields[2]
+        if key not in manifests:
+            manifests[key] = stored_manifest(backend, key)
+        raw = manifests[key]
+        if raw is None or nonce.encode("ascii") not in raw:
+            orphans.append(store_key)
+    discard(backend, orphans)
+    finished = len(store_keys) < max_parts and last == (store_keys[-1] if store_keys else after)
+    with contextlib.suppress(*STORAGE_ERRORS):
+        if not finished:
+            backend.set(CURSOR, last.encode("ascii"))
+        elif cursor is not None:
+            backend.delete(CURSOR)
+    return len(orphans)

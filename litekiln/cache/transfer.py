@@ -1,6 +1,7 @@
-"""Moving entries between stores through an export archive (``archive.py``).
+"""Moving entries between stores through a signed export archive (``archive.py``).
 
-Importing this module imports tarfile; the store does so only when exporting or importing.
+Importing this module imports tarfile and cryptography; the store does so only when exporting
+or importing.
 """
 
 from __future__ import annotations
@@ -16,11 +17,15 @@ from litekiln.cache.entries import Entry, load
 from litekiln.cache.errors import CacheError
 from litekiln.cache.index import drop, remove
 from litekiln.cache.problems import storage_errors, warn
+from litekiln.cache.signing import Signer
 from litekiln.cache.writer import NewEntry
 
 
-def export_archive(backend: Backend, directory: Path, path: Path, keys: list[str]) -> list[str]:
-    """Write entries `keys` of the store in `directory` to the archive `path`.
+def export_archive(
+    backend: Backend, directory: Path, path: Path, keys: list[str], signer: Signer
+) -> list[str]:
+    """Write entries `keys` of the store in `directory` to the archive `path`, signed by
+    `signer`.
 
     Each entry is verified while read; a corrupt one is dropped with a warning and left
     out. The file appears atomically (written aside, then renamed).
@@ -33,7 +38,7 @@ def export_archive(backend: Backend, directory: Path, path: Path, keys: list[str
     """
     with storage_errors("export", directory):
         entries = _readable_entries(backend, keys)
-    archive.write_archive(path, entries)
+    archive.write_archive(path, entries, signer)
     return [entry.key for _, entry in entries]
 
 
@@ -50,25 +55,38 @@ def _readable_entries(backend: Backend, keys: list[str]) -> list[tuple[bytes, En
     return entries
 
 
-def import_archive(backend: Backend, path: Path, store: Callable[[NewEntry], bool]) -> list[str]:
+def import_archive(
+    backend: Backend,
+    path: Path,
+    store: Callable[[NewEntry], bool],
+    keys: list[bytes],
+    trust: bool,
+    limits: archive.Limits,
+) -> list[str]:
     """Insert the entries of the archive `path`, after verifying all of it.
+
+    The entries are written like any new entry, so they are signed with this cache's own
+    secret.
 
     Args:
         backend: the storage, to remove what was inserted if the import fails.
         path: the archive.
         store: stores one entry (with the store's size limit); False if it could not.
+        keys: the trusted public keys (raw Ed25519).
+        trust: accept an unsigned export or one signed by another key.
+        limits: what may be read from the archive.
 
     Returns:
         The keys imported.
 
     Raises:
-        CacheError: the archive is damaged, modified or not an export (nothing is inserted),
-            or storing failed (whatever was inserted is removed again).
+        CacheError: the archive is untrusted, damaged, modified, too large or not an export
+            (nothing is inserted), or storing failed (whatever was inserted is removed again).
     """
-    manifests = archive.verify_archive(path)
+    manifests = archive.verify_archive(path, limits, keys, trust)
     inserted: list[str] = []
     try:
-        for manifest, blobs in archive.read_archive(path, manifests):
+        for manifest, blobs in archive.read_archive(path, manifests, limits, keys, trust):
             new = _new_entry(manifest, blobs)
             if not store(new):
                 raise CacheError(f"could not store entry {new.key[:12]} from {path}")

@@ -67,7 +67,8 @@ def write(backend: Backend, new: NewEntry) -> bool:
             backend.set(store_key, data)
             written.append(store_key)
             records.append(_part_record(name, store_key, data, extra))
-        committed = commit(backend, new.key, encode_manifest(_manifest(new, records)), written)
+        manifest = encode_manifest(_manifest(new, records), backend.seal)
+        committed = commit(backend, new.key, manifest, written)
     except STORAGE_ERRORS:
         discard(backend, written)
         raise
