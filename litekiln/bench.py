@@ -30,13 +30,19 @@ and, where it loads, LiteRT's GPU path (``CompiledModel`` with GPU|CPU accelerat
 median of ``--runs`` timed runs after warm-up, on the same seeded inputs. Speed-ups are
 ``peer_ms / litekiln_ms`` (above 1: litekiln is faster). Also the host cost of enqueueing one
 kernel launch and, with ``--profile``, every kernel's device time from OpenCL profiling events.
+LiteRT's own C++ logging (TFLite, absl, Dawn's Vulkan/WebGPU start-up: some 30 lines per
+model) is held back while it runs (`peer_logs`) unless ``litekiln -v``; what it said is used to
+explain a peer that fails (e.g. no GPU adapter).
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import statistics
@@ -44,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +98,64 @@ def _fmt(x: float | None, spec: str = "8.2f") -> str:
     if x is None:
         return f"{'n/a':>{int(spec.split('.')[0])}s}"
     return format(x, spec)
+
+
+@contextlib.contextmanager
+def peer_logs(quiet: bool = True) -> Iterator[list[str]]:
+    """Hold back what LiteRT, TFLite, absl and Dawn (Vulkan/WebGPU) log while inside.
+
+    Their C++ logging writes to file descriptor 2 directly, below Python's ``sys.stderr`` and
+    regardless of ``TF_CPP_MIN_LOG_LEVEL`` for most of it, so fd 2 points at a temporary file
+    for the duration. Objects the block dropped are collected before it ends, so that their
+    destructors' lines are held back too.
+
+    Args:
+        quiet: False (``litekiln -v``) leaves fd 2 alone.
+
+    Yields:
+        A list that holds the lines logged once the block has ended (also when it raised),
+        for an error message (`peer_error`); empty when not ``quiet``.
+    """
+    lines: list[str] = []
+    if not quiet:
+        yield lines
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            gc.collect()
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            lines.extend(capture.read().decode(errors="replace").splitlines())
+
+
+#: A C++ log line's prefix: LiteRT's ``ERROR: [file.cc:12] ``, absl's
+#: ``E0000 00:00:17.84 28776 file.cc:736] ``, Dawn's ``Warning: ``.
+_LOG_PREFIX = re.compile(
+    r"^(?:(?:ERROR|WARNING|INFO):\s*(?:\[[^\]]*\]\s*)?|[EWIF]\d{4} [^\]]*\]\s*|Warning:\s*)"
+)
+_FAILURE = re.compile(r"^(?:ERROR:|E\d{4} )")
+
+
+def peer_error(exc: tuple[str, str], lines: list[str]) -> str:
+    """One line for a peer library's failure: the first error it logged (with its source
+    location dropped), else the first line of its exception that says more than a location.
+
+    Args:
+        exc: the exception's type name and text (not the exception: its traceback would keep
+            the peer's objects alive past `peer_logs`, whose destructors log).
+        lines: what the peer logged (`peer_logs`).
+    """
+    said = [_LOG_PREFIX.sub("", ln).strip() for ln in lines if _FAILURE.match(ln)]
+    own = [_LOG_PREFIX.sub("", ln.strip(" └")).strip() for ln in exc[1].splitlines()]
+    why = next((x for x in said + own if x), "")
+    return f"{exc[0]}: {why}"[:300]
 
 
 def _write_json(results: dict[str, Any], a: Any) -> None:
@@ -164,6 +229,28 @@ def _spawn(
     return r
 
 
+def startup_process(
+    path: str, cache_dir: str, kwargs: dict[str, Any] | None = None, *, driver_cache: bool
+) -> dict[str, Any]:
+    """One start-up measurement in a fresh process (the clock of the module docstring).
+
+    Args:
+        path: the .tflite file.
+        cache_dir: the litekiln cache the process uses (empty: a cold start).
+        kwargs: Interpreter keyword arguments (device, precision, ...; no cache_dir).
+        driver_cache: let the OpenCL driver reuse (and keep) its compiled kernels.
+
+    Returns:
+        Seconds: ``total_s`` and its parts (``construct_s``, ``open_s``, ``load_s``,
+        ``first_run_s``), ``process_s``; ``compile_s_recorded`` and ``kernels`` of the
+        compiled model; the device; whether TVM was imported; an output checksum.
+
+    Raises:
+        LitekilnError: the process failed (its stderr is in the message).
+    """
+    return _spawn(path, cache_dir, kwargs or {}, driver_cache=driver_cache)
+
+
 def _strip_binaries(cache_dir: str) -> int:
     """Drop every device-program binary from a cache copy (keep the compiled models)."""
     from litekiln.cache.store import CacheStore
@@ -190,6 +277,8 @@ def startup_model(
     warm_only: bool,
     cache_dir: str | None,
     progress: bool = True,
+    cold_repeat: int | None = None,
+    shipped: bool = True,
 ) -> dict[str, Any]:
     """Cold, shipped and warm start-up of one model (see the module docstring).
 
@@ -197,6 +286,9 @@ def startup_model(
         path: the .tflite file.
         kwargs: Interpreter keyword arguments (device, precision, ...; no cache_dir).
         repeat: fresh processes per measurement.
+        cold_repeat: fresh processes for the cold and shipped measurements, which can take
+            seconds each (default: ``repeat``).
+        shipped: also measure the shipped start (False: ``shipped_ms`` is None).
         warm_only: start cold runs from a binary-free copy of ``cache_dir`` instead of an
             empty cache (no compiler here).
         cache_dir: the prebuilt cache (``warm_only``); otherwise unused.
@@ -218,7 +310,8 @@ def startup_model(
         cold: list[dict[str, Any]] = []
         stripped = 0
         work = ""
-        for r in range(max(1, repeat)):
+        slow_repeat = max(1, repeat if cold_repeat is None else cold_repeat)
+        for r in range(slow_repeat):
             work = os.path.join(root, f"cold{r}")
             if warm_only:
                 shutil.copytree(cache_dir, work)  # type: ignore[arg-type]
@@ -228,12 +321,15 @@ def startup_model(
             if progress:
                 print(f"  {name}: cold {cold[-1]['total_s'] * 1e3:.0f} ms", file=sys.stderr)
         # `work` now holds the model and this device's binary (written by the last cold run).
-        shipped = [_spawn(path, work, kwargs, driver_cache=False) for _ in range(max(1, repeat))]
+        shipped_runs = [
+            _spawn(path, work, kwargs, driver_cache=False)
+            for _ in range(slow_repeat if shipped else 0)
+        ]
         prime = _spawn(path, work, kwargs, driver_cache=True)
         warm = [_spawn(path, work, kwargs, driver_cache=True) for _ in range(max(1, repeat))]
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    cs, ss, ws = _summary(cold), _summary(shipped), _summary(warm)
+    cs, ss, ws = _summary(cold), _summary(shipped_runs), _summary(warm)
     cold_ms, warm_ms = cs["total_ms"], ws["total_ms"]
     compile_s = cold[-1].get("compile_s_recorded")
     rec: dict[str, Any] = {
@@ -250,11 +346,11 @@ def startup_model(
         "warm_breakdown": ws,
         "compile_s_recorded": compile_s,
         "cold_compiled_here": any(c["tvm_imported"] for c in cold),
-        "warm_imported_tvm": any(w["tvm_imported"] for w in warm + shipped + [prime]),
-        "outputs_agree": len({round(s["checksum"], 3) for s in cold + shipped + warm}) == 1,
+        "warm_imported_tvm": any(w["tvm_imported"] for w in warm + shipped_runs + [prime]),
+        "outputs_agree": len({round(s["checksum"], 3) for s in cold + shipped_runs + warm}) == 1,
         "samples_ms": {
             "cold": [_ms(s["total_s"]) for s in cold],
-            "shipped": [_ms(s["total_s"]) for s in shipped],
+            "shipped": [_ms(s["total_s"]) for s in shipped_runs],
             "prime": _ms(prime["total_s"]),
             "warm": [_ms(s["total_s"]) for s in warm],
         },
@@ -534,9 +630,31 @@ def _litert_gpu(
 
 
 def latency_model(
-    path: str, kwargs: dict[str, Any], *, runs: int, profile: bool, litert_gpu: bool = True
+    path: str,
+    kwargs: dict[str, Any],
+    *,
+    runs: int,
+    profile: bool,
+    litert_gpu: bool = True,
+    breakdown: bool = True,
+    quiet_peers: bool = True,
 ) -> dict[str, Any]:
-    """Warm latency of litekiln and LiteRT CPU/GPU on one model, same process, same inputs."""
+    """Warm latency of litekiln and LiteRT CPU/GPU on one model, same process, same inputs.
+
+    Args:
+        path: the .tflite file.
+        kwargs: Interpreter keyword arguments (device, cache_dir, precision, ...).
+        runs: timed runs of each (after ``min(20, max(3, runs // 10))`` untimed ones).
+        profile: also time every kernel with OpenCL profiling events.
+        litert_gpu: also time LiteRT's GPU path (where it loads).
+        breakdown: also measure the host cost of a launch and where an inference's host
+            time goes (100 more inferences).
+        quiet_peers: hold back LiteRT's own logging (`peer_logs`).
+
+    Returns:
+        A JSON-ready record; a peer that cannot load or run the model leaves its figures None
+        and says why in ``litert_cpu_error`` / ``litert_gpu_error``.
+    """
     from litekiln.check import relative_error
     from litekiln.interpreter import Interpreter
 
@@ -566,8 +684,8 @@ def latency_model(
         "gpu_ops": (getattr(sess, "compiled", None) and sess.compiled.stats.get("gpu_ops")),
         "cpu_ops": (getattr(sess, "compiled", None) and sess.compiled.stats.get("cpu_ops")),
         "partitions": len(getattr(sess, "executors", []) or []),
-        "launch_overhead": _launch_overhead(sess),
-        "host_breakdown": _host_breakdown(interp, inputs),
+        "launch_overhead": _launch_overhead(sess) if breakdown else None,
+        "host_breakdown": _host_breakdown(interp, inputs) if breakdown else None,
     }
     graph_times = [
         ex.graph_time() for ex in getattr(sess, "executors", []) or [] if hasattr(ex, "graph_time")
@@ -578,35 +696,45 @@ def latency_model(
         rec["graph_device_ms"] = round(sum(graph_times) * 1e3, 4)
     if profile:
         rec["profile"] = _kernel_profile(sess)
-    try:
-        cpu, ref = _litert_cpu(path, inputs, runs, warmup)
+    ref = None
+    failure: tuple[str, str] | None = None
+    with peer_logs(quiet_peers) as said:
+        try:
+            cpu, ref = _litert_cpu(path, inputs, runs, warmup)
+        except Exception as exc:  # noqa: BLE001 - LiteRT cannot load or run it: report, go on
+            failure = (type(exc).__name__, str(exc))
+    if ref is not None:
         rec["litert_cpu_ms"] = round(cpu["median_ms"], 4)
         rec["speedup_vs_litert_cpu"] = _ratio(cpu["median_ms"], lk["median_ms"])
         rec["max_rel_err_vs_litert_cpu"] = relative_error(ours, ref)
-    except Exception as exc:  # noqa: BLE001 - LiteRT cannot load or run it: report, go on
-        ref = None
-        first = (str(exc).strip().splitlines() or [""])[0]
-        rec["litert_cpu_error"] = f"{type(exc).__name__}: {first}"[:300]
+    elif failure is not None:
+        rec["litert_cpu_error"] = peer_error(failure, said)
     if litert_gpu:
-        try:
-            gpu, gout = _litert_gpu(path, interp.model, inputs, runs, warmup)
+        gout = None
+        failure = None
+        with peer_logs(quiet_peers) as said:
+            try:
+                gpu, gout = _litert_gpu(path, interp.model, inputs, runs, warmup)
+            except Exception as exc:  # noqa: BLE001 - no GPU path here (no Vulkan adapter...)
+                failure = (type(exc).__name__, str(exc))
+        if gout is not None:
             rec["litert_gpu_ms"] = round(gpu["median_ms"], 4)
             rec["speedup_vs_litert_gpu"] = _ratio(gpu["median_ms"], lk["median_ms"])
             rec["litert_gpu_fully_accelerated"] = gpu["fully_accelerated"]
             if ref is not None:
                 rec["litert_gpu_max_rel_err_vs_litert_cpu"] = relative_error(gout, ref)
-        except Exception as exc:  # noqa: BLE001 - no GPU path here (no Vulkan adapter...)
-            msg = " / ".join(ln.strip() for ln in str(exc).strip().splitlines())
-            rec["litert_gpu_error"] = f"{type(exc).__name__}: {msg}"[:300]
+        elif failure is not None:
+            rec["litert_gpu_error"] = peer_error(failure, said)
     return rec
 
 
-def latency_main(a: Any, kwargs: dict[str, Any]) -> int:
+def latency_main(a: Any, kwargs: dict[str, Any], *, quiet_peers: bool = True) -> int:
     """``litekiln bench``: warm latency against LiteRT CPU and GPU.
 
     Args:
         a: the command's options (models, runs, profile, json, out, plot).
         kwargs: the Interpreter's keyword arguments the options stand for.
+        quiet_peers: hold back LiteRT's own logging (False with ``litekiln -v``).
     """
     runs = max(1, int(a.runs))
     results: dict[str, Any] = {
@@ -622,7 +750,14 @@ def latency_main(a: Any, kwargs: dict[str, Any]) -> int:
         "models": [],
     }
     for path in a.models:
-        rec = latency_model(path, kwargs, runs=runs, profile=bool(a.profile), litert_gpu=True)
+        rec = latency_model(
+            path,
+            kwargs,
+            runs=runs,
+            profile=bool(a.profile),
+            litert_gpu=True,
+            quiet_peers=quiet_peers,
+        )
         results["device"] = results["device"] or rec["device"]
         results["models"].append(rec)
         if not a.json:

@@ -100,3 +100,42 @@ def test_plot_draws_latencies_and_speedups(tmp_path: Path) -> None:
     png = tmp_path / "p.png"
     assert plot_latency(results, str(png))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_bench_holds_back_peer_logs_unless_verbose(
+    capfd: pytest.CaptureFixture[str], smoke_path: Path
+) -> None:
+    """LiteRT's C++ logging (TFLite, absl, Dawn: about 30 lines a model) writes to fd 2
+    directly: `litekiln bench` holds it back, `litekiln -v bench` lets it through."""
+    pytest.importorskip("ai_edge_litert.interpreter")
+    from litekiln.cli import main
+
+    argv = ["bench", "--device", "reference", "--runs", "2", str(smoke_path)]
+    assert main(argv) == 0
+    out, err = capfd.readouterr()
+    assert "warm latency on reference" in out
+    for line in (out + err).splitlines():
+        assert not line.startswith(("INFO:", "I0000", "W0000", "E0000", "WARNING: [")), line
+    assert main(["-v", *argv]) == 0
+    out, err = capfd.readouterr()
+    assert "INFO:" in err or "I0000" in err  # the same run says it all with -v
+
+
+def test_a_failing_peer_is_explained_by_what_it_logged() -> None:
+    from litekiln.bench import peer_error
+
+    logged = [  # LiteRT 2.3 on a machine without a Vulkan adapter
+        "INFO: [delegate_webgpu.cc:342] Create WebGPU environment (use_low_power=0)",
+        "Warning: Couldn't load Vulkan: libvulkan.so.1: cannot open shared object file",
+        "ERROR: [delegate_webgpu.cc:359] Failed to initialize WebGPU environment: INTERNAL: "
+        "No adapters found",
+        "E0000 00:00:1795573831.843247   28776 delegate_webgpu.cc:736] Failed to get or "
+        "create delegate WebGPU environment",
+    ]
+    exc = ("RuntimeError", "ERROR: [./litert/cc/litert_compiled_model.h:1961]\n└ ERROR: [x.cc:1]")
+    assert peer_error(exc, logged) == (
+        "RuntimeError: Failed to initialize WebGPU environment: INTERNAL: No adapters found"
+    )
+    assert peer_error(("ValueError", "Encountered unresolved custom op: X"), []) == (
+        "ValueError: Encountered unresolved custom op: X"
+    )
