@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -15,9 +16,28 @@ if TYPE_CHECKING:
 from litekiln.cli.common import (
     add_json_option,
     add_model_options,
+    examples,
+    existing_file,
+    int_at_least,
     interpreter_kwargs,
+    output_file,
     print_json,
 )
+
+
+def writes_nothing(a: argparse.Namespace) -> bool:
+    """Whether the command stores nothing: inspect, devices and config; run with --no-cache
+    (or ``LITEKILN_NO_CACHE``) or on the numpy reference. `litekiln.cli.main` runs these in
+    a read-only environment (`litekiln.cli.common.read_only_environment`)."""
+    from litekiln import config
+
+    if a.cmd in ("inspect", "devices", "config"):
+        return True
+    if a.cmd == "run":
+        return bool(
+            a.no_cache or config.NO_CACHE.get() or config.DEVICE.get(a.device) == "reference"
+        )
+    return False
 
 
 def cmd_compile(a: argparse.Namespace) -> int:
@@ -79,8 +99,11 @@ def cmd_run(a: argparse.Namespace) -> int:
     else:
         inputs = interp.random_inputs(a.seed)
     t0 = time.perf_counter()
+    interp.allocate_tensors()  # the cache lookup (or compile), device program, constants
+    t1 = time.perf_counter()
     outs = cast("list[np.ndarray]", interp.run(inputs))  # (a list without intermediates)
-    dt = time.perf_counter() - t0
+    t2 = time.perf_counter()
+    load_s, dt = t1 - t0, t2 - t1
     out_details = interp.get_output_details()
     if a.save:
         # Any, not np.ndarray: mypy matches ** against savez's allow_pickle: bool as well
@@ -91,6 +114,7 @@ def cmd_run(a: argparse.Namespace) -> int:
             {
                 "model": a.model,
                 "device": interp.device,
+                "load_seconds": load_s,
                 "seconds": dt,
                 "outputs": [
                     {
@@ -106,10 +130,13 @@ def cmd_run(a: argparse.Namespace) -> int:
             }
         )
         return 0
-    print(f"{a.model} on {interp.device}: {dt * 1000:.1f} ms")
+    print(
+        f"{a.model} on {interp.device}: loaded in {load_s * 1000:.1f} ms (cache lookup or "
+        f"compile, device program, constants), inference {dt * 1000:.1f} ms"
+    )
     for d, o in zip(out_details, outs, strict=True):
         flat = o.reshape(-1)
-        preview = np.array2string(flat[:6], precision=4, separator=", ")
+        preview = np.array2string(flat[:6], precision=4, separator=", ", max_line_width=1000)
         more = " ..." if flat.size > 6 else ""
         print(f"  {d['name']} {list(o.shape)} {o.dtype.name}: {preview}{more}")
     if a.save:
@@ -127,7 +154,11 @@ def cmd_inspect(a: argparse.Namespace) -> int:
     info = {"model": a.model, **info}
     if a.compiled:
         device = a.device if a.device != "reference" else None
-        info["kernels"] = cached_kernels(model, info, cache_dir=a.cache_dir, device=device)
+        info["kernels"] = (
+            cached_kernels(model, info, cache_dir=a.cache_dir, device=device)
+            if _cache_exists(a.cache_dir)
+            else None
+        )
     if a.json:
         print_json(info)
         return 0
@@ -137,6 +168,15 @@ def cmd_inspect(a: argparse.Namespace) -> int:
         for t in info[kind]:
             print(f"  {kind[:-1]:6s} {t['index']:4d} {t['name']} {t['shape']} {t['dtype']}")
     print("  ops: " + ", ".join(f"{k} x{v}" for k, v in info["op_histogram"].items()))
+    folded: dict[str, int] = {}
+    for o in info["ops"]:
+        if o["where"] == "folded":
+            folded[o["op"]] = folded.get(o["op"], 0) + 1
+    if folded:
+        print(
+            "  folded at load (constant results computed once, no op at run time): "
+            + ", ".join(f"{k} x{v}" for k, v in folded.items())
+        )
     for line in plan.warning_lines():
         print(line)
     for p in plan.partitions:
@@ -152,6 +192,16 @@ def cmd_inspect(a: argparse.Namespace) -> int:
         kernels = info["kernels"] if info["kernels"] is not None else "not compiled yet"
         print(f"  kernels (cached compilation): {kernels}")
     return 0
+
+
+def _cache_exists(cache_dir: str | None) -> bool:
+    """Whether the cache directory holds a cache (so that reading it creates nothing)."""
+    from litekiln.cache.backend import DBNAME
+    from litekiln.cache.location import default_cache_dir
+    from litekiln.cache.manifest import SCHEMA_VERSION
+
+    root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    return (root / f"v{SCHEMA_VERSION}" / DBNAME).is_file()
 
 
 def cmd_devices(a: argparse.Namespace) -> int:
@@ -209,7 +259,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
     if a.startup:
         return bench.startup_main(a, interpreter_kwargs(a))
-    return bench.latency_main(a, interpreter_kwargs(a))
+    return bench.latency_main(a, interpreter_kwargs(a), quiet_peers=not a.verbose)
 
 
 def add_compile_parser(sub: _Subcommands) -> None:
@@ -221,8 +271,14 @@ def add_compile_parser(sub: _Subcommands) -> None:
         "device is needed: the program is device-independent OpenCL, and each "
         "device builds and caches its binary at first load. Ship the cache "
         "directory (or `litekiln cache export`) with the app.",
+        epilog=examples(
+            "  litekiln compile face_detection.tflite --cache-dir build/litekiln-cache\n"
+            "  litekiln compile models/zoo/*.tflite --precision fp16\n"
+            "  litekiln compile model.tflite --schedules fast-cpu --force   # for PoCL, again\n"
+            "  litekiln compile model.tflite --json\n"
+        ),
     )
-    p.add_argument("models", nargs="+", metavar="MODEL")
+    p.add_argument("models", nargs="+", metavar="MODEL", type=existing_file)
     add_model_options(p)
     p.add_argument(
         "--half",
@@ -247,14 +303,31 @@ def add_run_parser(sub: _Subcommands) -> None:
         "run",
         help="run a model once and print its outputs",
         description="Run a model (compiling it first if it is not cached) on seeded "
-        "random inputs or on inputs from an .npz file.",
+        "random inputs or on inputs from an .npz file; prints the load time, the "
+        "inference time and a preview of each output.",
+        epilog=examples(
+            "  litekiln run face_detection.tflite                     # seeded random inputs\n"
+            "  litekiln run model.tflite --inputs in.npz --save out.npz\n"
+            "  litekiln run model.tflite --device reference --json    # numpy, no OpenCL\n"
+            "  litekiln run model.tflite --no-cache                   # stores nothing\n"
+        ),
     )
-    p.add_argument("model", metavar="MODEL")
+    p.add_argument("model", metavar="MODEL", type=existing_file)
     p.add_argument(
-        "--inputs", help=".npz with one array per input (by input name, input_N or arr_N)"
+        "--inputs",
+        type=existing_file,
+        help=".npz with one array per input (by input name, input_N or arr_N)",
     )
-    p.add_argument("--save", help="write the outputs to this .npz (keyed by output name)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument(
+        "--save", type=output_file, help="write the outputs to this .npz (keyed by output name)"
+    )
+    p.add_argument(
+        "--seed",
+        type=int_at_least(0),
+        default=0,
+        metavar="N",
+        help="seed of the random inputs (default 0)",
+    )
     add_json_option(p)
     add_model_options(p)
     p.set_defaults(func=cmd_run)
@@ -265,9 +338,16 @@ def add_inspect_parser(sub: _Subcommands) -> None:
         "inspect",
         help="show ops, which run where and why, and partitions",
         description="Load and partition a model without compiling it: inputs, "
-        "outputs, op histogram, GPU partitions and the reason for each CPU op.",
+        "outputs, op histogram, ops folded at load, GPU partitions and the reason for each "
+        "CPU op. Stores nothing.",
+        epilog=examples(
+            "  litekiln inspect face_detection.tflite\n"
+            "  litekiln inspect model.tflite --ops | grep cpu        # the CPU ops, and why\n"
+            "  litekiln inspect model.tflite --op-table extended --json\n"
+            "  litekiln inspect model.tflite --compiled --cache-dir build/litekiln-cache\n"
+        ),
     )
-    p.add_argument("model", metavar="MODEL")
+    p.add_argument("model", metavar="MODEL", type=existing_file)
     p.add_argument("--ops", action="store_true", help="list every op with its placement")
     p.add_argument(
         "--compiled", action="store_true", help="also report the cached compilation's kernel count"
@@ -284,8 +364,14 @@ def add_bench_parser(sub: _Subcommands) -> None:
         description="Warm latency against LiteRT (CPU and, where it loads, GPU), or "
         "with --startup the time from constructing the Interpreter to the first "
         "result, cold (empty cache) versus warm (cache hit), in fresh processes.",
+        epilog=examples(
+            "  litekiln bench face_detection.tflite                   # vs LiteRT CPU and GPU\n"
+            "  litekiln bench models/zoo/*.tflite --runs 200 --out lat.json --plot lat.png\n"
+            "  litekiln bench --startup face_detection.tflite --repeat 5\n"
+            "  litekiln bench --startup --warm-only --cache-dir kit/cache model.tflite\n"
+        ),
     )
-    p.add_argument("models", nargs="+", metavar="MODEL")
+    p.add_argument("models", nargs="+", metavar="MODEL", type=existing_file)
     p.add_argument("--startup", action="store_true", help="measure cold vs warm start-up")
     p.add_argument(
         "--warm-only",
@@ -295,11 +381,21 @@ def add_bench_parser(sub: _Subcommands) -> None:
         "recorded compile time is added as an estimate",
     )
     p.add_argument(
-        "--repeat", type=int, default=3, help="fresh processes per measurement (start-up)"
+        "--repeat",
+        type=int_at_least(1),
+        default=3,
+        metavar="N",
+        help="fresh processes per measurement (start-up; default 3)",
     )
-    p.add_argument("--runs", type=int, default=100, help="timed runs per model (latency)")
+    p.add_argument(
+        "--runs",
+        type=int_at_least(1),
+        default=100,
+        metavar="N",
+        help="timed runs per model (latency; default 100)",
+    )
     p.add_argument("--profile", action="store_true", help="per-kernel GPU profile (latency)")
-    p.add_argument("--plot", help="write a PNG of speed-ups (latency)")
+    p.add_argument("--plot", type=output_file, help="write a PNG of speed-ups (latency)")
     add_json_option(p)
     p.add_argument("--out", help="also write the JSON results to this file")
     add_model_options(p)
@@ -307,13 +403,36 @@ def add_bench_parser(sub: _Subcommands) -> None:
 
 
 def add_devices_parser(sub: _Subcommands) -> None:
-    p = sub.add_parser("devices", help="list OpenCL devices")
-    add_json_option(p, help_text=None)
+    p = sub.add_parser(
+        "devices",
+        help="list OpenCL devices",
+        description="List the OpenCL devices litekiln can run on: the PLATFORM:DEVICE id "
+        "that --device and LITEKILN_DEVICE take, type, name, platform, OpenCL version and "
+        "driver.",
+        epilog=examples(
+            "  litekiln devices\n"
+            "  litekiln devices --json\n"
+            "  litekiln run model.tflite --device 0:0                 # one of them by id\n"
+        ),
+    )
+    add_json_option(p)
     p.set_defaults(func=cmd_devices)
 
 
 def add_config_parser(sub: _Subcommands) -> None:
-    p = sub.add_parser("config", help="show every setting, its environment variable and value")
-    add_json_option(p, help_text=None)
+    p = sub.add_parser(
+        "config",
+        help="show every setting, its environment variable and value",
+        description="Show every setting: its environment variable, its value here (or why "
+        "the value cannot be read) and what it does. An explicit option wins over the "
+        "environment, which wins over the default.",
+        epilog=examples(
+            "  litekiln config\n"
+            "  litekiln config --json\n"
+            "  LITEKILN_PRECISION=fp16 litekiln config                # what a variable changes\n"
+            "  litekiln config --markdown                             # the docs' table\n"
+        ),
+    )
+    add_json_option(p)
     p.add_argument("--markdown", action="store_true", help="print the docs table")
     p.set_defaults(func=cmd_config)

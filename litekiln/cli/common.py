@@ -1,10 +1,18 @@
-"""What the commands share: model options, JSON output, sizes and ages in words."""
+"""What the commands share: options and their types, examples, JSON output, logging, a
+read-only environment, sizes and ages in words."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +23,10 @@ if TYPE_CHECKING:
 
 
 JSON_HELP = "machine-readable output"
+VERBOSE_HELP = (
+    "also show litekiln's progress (info log) and the peer libraries' own logs (LiteRT, "
+    "TFLite, absl, Vulkan/WebGPU), which are silenced otherwise"
+)
 
 
 EPILOG = """\
@@ -26,8 +38,109 @@ examples:
   litekiln cache ls
   litekiln bench --startup models/zoo/*.tflite
 
+Every command has its own --help with examples; options go anywhere after the command.
 environment: LITEKILN_DEVICE, LITEKILN_CACHE_DIR, LITEKILN_PRECISION ... (`litekiln config`)
 """
+
+#: Examples of the ``cache`` command and its actions, by action ("" for ``cache`` itself);
+#: `litekiln.cli.main` gives them to the parsers that have none of their own.
+CACHE_EXAMPLES = {
+    "": """\
+  litekiln cache ls
+  litekiln cache verify --fix                 # drop damaged entries
+  litekiln cache prune --max-size 500M
+  litekiln cache export app-cache.tar && litekiln cache import app-cache.tar
+""",
+    "ls": "  litekiln cache ls\n  litekiln cache ls --json --cache-dir build/litekiln-cache\n",
+    "info": "  litekiln cache info 3f2a9c                  # a key prefix from `cache ls`\n",
+    "verify": "  litekiln cache verify\n  litekiln cache verify --fix --json\n",
+    "prune": "  litekiln cache prune --max-size 500M\n  litekiln cache prune --older-than 30d\n",
+    "clear": "  litekiln cache clear --cache-dir build/litekiln-cache\n",
+    "export": "  litekiln cache export app-cache.tar\n  litekiln cache export one.tar 3f2a9c\n",
+    "import": "  litekiln cache import app-cache.tar         # every part's checksum verified\n",
+}
+
+
+def examples(text: str) -> str:
+    """An epilog of examples (lines indented by two spaces, as typed in a shell)."""
+    return "examples:\n" + text
+
+
+def add_global_options(p: argparse.ArgumentParser, *, top_level: bool = False) -> None:
+    """Options every command takes, before or after its name (``-v``).
+
+    The top-level parser holds the default; a command's own copy sets the value only when
+    given (argparse copies a subcommand's defaults over the top level's).
+    """
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=False if top_level else argparse.SUPPRESS,
+        help=VERBOSE_HELP,
+    )
+
+
+# ---------------------------------------------------------------------------- option types
+# Each raises argparse.ArgumentTypeError: argparse turns it into the command's usage line,
+# "error: argument --X: ..." and exit status 2.
+
+
+def existing_file(text: str) -> str:
+    """A path that names an existing file (models, input .npz files)."""
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"no such file: {text!r}")
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"not a file: {text!r}")
+    return text
+
+
+def output_file(text: str) -> str:
+    """A file to write, in a directory that exists (checked before any work is done)."""
+    parent = Path(text).expanduser().parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: directory {str(parent)!r} does not exist")
+    return text
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An integer type with a lower bound (``--runs``, ``--seed``, ``--max-partitions``)."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if v < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        return v
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def size_type(text: str) -> int:
+    """A size in bytes: ``500M``, ``2G``, ``1.5GiB``, ``1000000`` (``cache prune --max-size``)."""
+    from litekiln.config import parse_size
+
+    try:
+        n = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a size >= 0, got {text!r}")
+    return n
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's help, where text written with line breaks (the examples) is kept as written
+    and a one-paragraph text (a description) is wrapped to the terminal as usual."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text.strip("\n"):
+            return super()._fill_text(text, width, indent)
+        return argparse.HelpFormatter._fill_text(self, text, width, indent)
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
@@ -42,11 +155,20 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         choices=["documented", "extended"],
         help="GPU op table: the documented TFLite GPU table (default) or extended",
     )
-    p.add_argument("--max-partitions", type=int, help="most GPU partitions to delegate")
+    p.add_argument(
+        "--max-partitions",
+        type=int_at_least(0),
+        metavar="N",
+        help="most GPU partitions to delegate",
+    )
     p.add_argument(
         "--no-quantized", action="store_true", help="run quantized op versions on the CPU"
     )
-    p.add_argument("--no-cache", action="store_true", help="do not read or write the cache")
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="do not read or write the cache (nor the OpenCL driver's): nothing is stored",
+    )
     p.add_argument(
         "--fp16-budget",
         type=_budget,
@@ -131,3 +253,88 @@ def add_cache_dir_option(p: argparse.ArgumentParser) -> None:
 
 def add_json_option(p: argparse.ArgumentParser, help_text: str | None = JSON_HELP) -> None:
     p.add_argument("--json", action="store_true", help=help_text)
+
+
+# ---------------------------------------------------------------------------- environment
+
+
+def check_environment() -> str | None:
+    """Why a ``LITEKILN_*`` variable cannot be read (the first such), or None."""
+    from litekiln import config
+
+    for setting in config.SETTINGS:
+        try:
+            setting.get()
+        except ValueError as exc:
+            return f"{exc} (`litekiln config` lists every setting)"
+    return None
+
+
+class _CurrentStderr(logging.Handler):
+    """Writes each record to ``sys.stderr`` as it is when the record comes (a redirect, a
+    test's capture), as Python's last-resort handler does."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+        except Exception:  # noqa: BLE001 - logging must never break the command
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def cli_logging(verbose: bool) -> Iterator[None]:
+    """litekiln's log on stderr while a command runs: info and above with ``-v``, else the
+    level of ``LITEKILN_LOG`` (default warning). The logger is as before afterwards."""
+    from litekiln import config
+
+    logger = logging.getLogger("litekiln")
+    saved = logger.level
+    handler = _CurrentStderr()
+    logger.setLevel("INFO" if verbose else config.LOG_LEVEL.get().upper())
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved)
+
+
+@contextlib.contextmanager
+def read_only_environment() -> Iterator[None]:
+    """Keep the OpenCL stack from storing anything while a read-only command runs.
+
+    pyopencl keeps an invoker cache under the user's cache directory unless
+    ``PYOPENCL_NO_CACHE`` is set when it is imported; the drivers keep compiled kernels unless
+    told not to (`DRIVER_CACHES_OFF`); and PoCL writes a scratch file into its cache
+    directory at start-up even with its kernel cache off, so that directory points into a
+    temporary folder that goes when the command ends. A library that has already started in
+    this process keeps its settings (the commands import them lazily, so a CLI process has
+    not).
+    """
+    from litekiln.runtime.profile import DRIVER_CACHES_OFF
+
+    scratch = tempfile.mkdtemp(prefix="litekiln-scratch-")
+    env = {"PYOPENCL_NO_CACHE": "1", **DRIVER_CACHES_OFF, "POCL_CACHE_DIR": scratch}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def stdout_to_devnull() -> None:
+    """After a broken pipe (``litekiln ... | head``): point fd 1 at /dev/null so that Python's
+    final flush at exit finds somewhere to write instead of printing a second traceback."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return  # not a real file (a test's capture): nothing to flush at exit
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
