@@ -49,15 +49,18 @@ CACHE_EXAMPLES = {
   litekiln cache ls
   litekiln cache verify --fix                 # drop damaged entries
   litekiln cache prune --max-size 500M
-  litekiln cache export app-cache.tar && litekiln cache import app-cache.tar
+  litekiln cache export app-cache.tar --sign-key build.key
 """,
     "ls": "  litekiln cache ls\n  litekiln cache ls --json --cache-dir build/litekiln-cache\n",
-    "info": "  litekiln cache info 3f2a9c                  # a key prefix from `cache ls`\n",
+    "info": "  litekiln cache info face_detection.tflite   # by model file, token or key prefix\n"
+    "  litekiln cache info dd31aa6841afdfa1 --json\n",
     "verify": "  litekiln cache verify\n  litekiln cache verify --fix --json\n",
     "prune": "  litekiln cache prune --max-size 500M\n  litekiln cache prune --older-than 30d\n",
     "clear": "  litekiln cache clear --cache-dir build/litekiln-cache\n",
-    "export": "  litekiln cache export app-cache.tar\n  litekiln cache export one.tar 3f2a9c\n",
-    "import": "  litekiln cache import app-cache.tar         # every part's checksum verified\n",
+    "export": "  litekiln cache export app-cache.tar --sign-key build.key\n"
+    "  litekiln cache export one.tar 3f2a9c --unsigned\n",
+    "import": "  litekiln cache import app-cache.tar --trusted-key build.key.pub\n",
+    "keygen": "  litekiln cache keygen build.key            # build.key (0600) and build.key.pub\n",
 }
 
 
@@ -118,19 +121,6 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
 
     parse.__name__ = f"integer >= {minimum}"
     return parse
-
-
-def size_type(text: str) -> int:
-    """A size in bytes: ``500M``, ``2G``, ``1.5GiB``, ``1000000`` (``cache prune --max-size``)."""
-    from litekiln.config import parse_size
-
-    try:
-        n = parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected a size >= 0, got {text!r}")
-    return n
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

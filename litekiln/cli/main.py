@@ -93,8 +93,9 @@ def _finish_subcommands(parser: argparse.ArgumentParser, path: str = "") -> None
             _inherit_options(parser, child)
             child.formatter_class = HelpFormatter
             words = [*path.split(), name]
-            if child.epilog is None and words[0] == "cache":
-                child.epilog = examples(CACHE_EXAMPLES.get(" ".join(words[1:]), ""))
+            cache_action = " ".join(words[1:])
+            if child.epilog is None and words[0] == "cache" and cache_action in CACHE_EXAMPLES:
+                child.epilog = examples(CACHE_EXAMPLES[cache_action])
             _finish_subcommands(child, " ".join(words))
 
 
