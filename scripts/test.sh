@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # The test suite: set up (PoCL, .venv with the compiler, test and zoo extras), materialise the
 # model zoo (MediaPipe models from PyPI, example models generated with TensorFlow), run pytest.
-# Extra arguments go to pytest. Safe to re-run.
+# Extra arguments go to pytest. Safe to re-run; set-up prints one line per step it takes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh "compiler,test,zoo,lint"
-.venv/bin/python scripts/make_zoo.py
+scripts/setup.sh "compiler,test,zoo,lint" --zoo all
 exec .venv/bin/python -m pytest "$@"
