@@ -405,13 +405,16 @@ def test_options_after_the_action(capsys, cache: Path) -> None:
 
 def test_info_by_token_and_by_model_file(capsys, cache: Path) -> None:
     token = litekiln.Interpreter(model_path=SMOKE, device="reference").model.token
-    model_key = the_key(cache, "model")
+    model_key, program_key = the_key(cache, "model"), the_key(cache, "program")
     for query in (token, str(SMOKE)):
         rc, out, err = cli(capsys, cache, "info", query)
         assert rc == 0, err
         assert model_key[:12] in out and token in out and "{" not in out  # words, not JSON
         rc, out, _ = cli(capsys, cache, "info", query, "--json")
-        assert rc == 0 and [e["key"] for e in json.loads(out)] == [model_key]
+        # The compiled model, and the device binary the session stored for it.
+        assert rc == 0 and sorted(e["key"] for e in json.loads(out)) == sorted(
+            [model_key, program_key]
+        )
 
 
 def test_verify_prints_words(capsys, cache: Path) -> None:

@@ -70,6 +70,9 @@ class ProgramStore(Protocol):
         identity: Mapping[str, str],
         binary: bytes,
         tuning: list[int] | None = None,
+        *,
+        model_name: str | None = None,
+        model_token: str | None = None,
     ) -> bool: ...
 
 
@@ -147,7 +150,10 @@ class Session:
             changed = True
         if changed and self._programs is not None and ex.binary:
             tuning = ex.choices if prog.variants and self._tune else None
-            self._programs.save_program(*key, ex.binary, tuning=tuning)
+            self._programs.save_program(
+                *key, ex.binary, tuning=tuning,
+                model_name=self.compiled.model_name, model_token=self.compiled.token,
+            )  # fmt: skip
         return ex
 
     def _executor(self, part: PartitionArtifact, binary: bytes | None) -> PartitionExecutor:
