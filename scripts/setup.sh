@@ -32,8 +32,15 @@ need_apt=()
 dpkg -s pocl-opencl-icd >/dev/null 2>&1 || need_apt+=(pocl-opencl-icd)
 dpkg -s ocl-icd-libopencl1 >/dev/null 2>&1 || need_apt+=(ocl-icd-libopencl1)
 dpkg -s clinfo >/dev/null 2>&1 || need_apt+=(clinfo)
+# The view extra's tests drive a real headless browser (tests/test_view.py).
+case ",$extras," in
+  *,view,*)
+    dpkg -s chromium >/dev/null 2>&1 || need_apt+=(chromium)
+    dpkg -s chromium-driver >/dev/null 2>&1 || need_apt+=(chromium-driver)
+    ;;
+esac
 if [ ${#need_apt[@]} -gt 0 ]; then
-  echo "setup: installing ${need_apt[*]} (OpenCL on the CPU through PoCL)"
+  echo "setup: installing ${need_apt[*]} (OpenCL on the CPU through PoCL; a browser for the view's tests)"
   SUDO=""
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   step apt-update $SUDO apt-get update -qq
@@ -54,6 +61,12 @@ if [ ! -f "$stamp" ]; then
   step import-check .venv/bin/python -c "import litekiln, pyopencl"
   touch "$stamp"
 fi
+
+# With the test extra: Intel's OpenCL CPU runtime beside PoCL, the GPU-path tests' second
+# vendor (scripts/setup_intel_opencl.sh; LITEKILN_INTEL_OPENCL=0 skips it).
+case ",$extras," in
+  *,test,*) scripts/setup_intel_opencl.sh ;;
+esac
 
 if [ ${#zoo[@]} -gt 0 ]; then
   echo "setup: model zoo: ${zoo[*]} (models/zoo; made once, checked after)"

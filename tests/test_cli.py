@@ -14,6 +14,7 @@ import runpy
 import shlex
 import subprocess
 import sys
+import json
 from pathlib import Path
 
 import pytest
@@ -306,3 +307,11 @@ def test_cli_reference_is_generated_from_the_parser() -> None:
     """docs/cli.md is `scripts/gen_docs.py`'s output for the parser as it is."""
     gen = runpy.run_path(str(REPO / "scripts" / "gen_docs.py"))
     assert (REPO / "docs" / "cli.md").read_text() == gen["cli_md"]()
+
+
+def test_inspect_view_writes_the_page_and_the_explorer_data(tmp_path: Path) -> None:
+    page, data = tmp_path / "smoke.html", tmp_path / "smoke.json"
+    assert main(["inspect", SMOKE, "--view", str(page), "--explorer", str(data)]) == 0
+    html = page.read_text()
+    assert html.startswith("<!DOCTYPE html>") and "<svg" in html and "CONV_2D" in html
+    assert json.loads(data.read_text())  # node data, checked in detail by tests/test_view.py

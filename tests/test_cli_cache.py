@@ -480,3 +480,12 @@ def test_ls_names_the_model_and_the_whole_device_of_a_program(
     assert compiled["token"] in program and str(compiled["name"]) in program
     rc, out, _ = cli(capsys, cache, "info", compiled["token"])
     assert rc == 0 and out.count(compiled["token"]) >= 2  # the model and its program
+
+
+def test_prune_with_a_bad_age_is_an_argparse_error(capsys, cache: Path) -> None:
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main(["cache", "prune", "--older-than", "3x", "--cache-dir", str(cache)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "cannot read '3x' as an age" in err
+    assert "Traceback" not in err

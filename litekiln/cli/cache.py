@@ -208,7 +208,7 @@ def _print_report(store: CacheStore, report: Any) -> None:
 def _prune(store: CacheStore, a: argparse.Namespace) -> int:
     removed = store.prune(
         max_size=a.max_size,
-        older_than=parse_age(a.older_than) if a.older_than else None,
+        older_than=a.older_than,
     )
     if a.json:
         print_json({"removed": removed})
@@ -315,7 +315,9 @@ def _add_cache_actions(actions: _Subcommands) -> None:
     p.add_argument("--fix", action="store_true", help="drop damaged entries and orphan parts")
     p = _action(actions, "prune", "evict least-recently-used entries", json=True)
     p.add_argument("--max-size", type=parse_size_arg, help="shrink to this size (e.g. 0, 500M, 2G)")
-    p.add_argument("--older-than", help="drop entries unused for this long (e.g. 30d, 12h)")
+    p.add_argument(
+        "--older-than", type=parse_age, help="drop entries unused for this long (e.g. 30d, 12h)"
+    )
     _action(actions, "clear", "remove every entry")
     p = _action(actions, "export", "write entries to one signed file (to ship with an app)")
     p.add_argument("file")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -144,6 +145,20 @@ def cmd_run(a: argparse.Namespace) -> int:
     return 0
 
 
+def _write_views(a: argparse.Namespace, model: Any, info: dict[str, Any]) -> None:
+    """``inspect --view`` / ``--explorer``: the placement as a page and as node data."""
+    if a.profile and not a.view:
+        raise LitekilnError("--profile adds kernel times to the page of --view OUT.html")
+    from litekiln.view import write_model_explorer_data, write_view
+
+    if a.view:
+        path = write_view(model, info, a.view, profile=a.profile)
+        print(f"view written to {path}", file=sys.stderr)
+    if a.explorer:
+        path = write_model_explorer_data(model, info, a.explorer)
+        print(f"Model Explorer node data written to {path}", file=sys.stderr)
+
+
 def cmd_inspect(a: argparse.Namespace) -> int:
     from litekiln.model import load_model
     from litekiln.placement import cached_kernels, placement
@@ -152,6 +167,7 @@ def cmd_inspect(a: argparse.Namespace) -> int:
     kw = interpreter_kwargs(a)
     info, plan = placement(model, **kw)
     info = {"model": a.model, **info}
+    _write_views(a, model, info)
     if a.compiled:
         device = a.device if a.device != "reference" else None
         info["kernels"] = (
@@ -345,12 +361,32 @@ def add_inspect_parser(sub: _Subcommands) -> None:
             "  litekiln inspect model.tflite --ops | grep cpu        # the CPU ops, and why\n"
             "  litekiln inspect model.tflite --op-table extended --json\n"
             "  litekiln inspect model.tflite --compiled --cache-dir build/litekiln-cache\n"
+            "  litekiln inspect model.tflite --view model.html      # the graph, as a page\n"
+            "  litekiln bench model.tflite --profile --out prof.json && \\\n"
+            "    litekiln inspect model.tflite --view model.html --profile prof.json\n"
         ),
     )
     p.add_argument("model", metavar="MODEL", type=existing_file)
     p.add_argument("--ops", action="store_true", help="list every op with its placement")
     p.add_argument(
         "--compiled", action="store_true", help="also report the cached compilation's kernel count"
+    )
+    p.add_argument(
+        "--view", metavar="OUT.html", type=output_file,
+        help="write the op graph as one self-contained HTML page: ops coloured by GPU "
+        "partition or CPU, with the reason for each CPU op and the ops folded at load",
+    )  # fmt: skip
+    p.add_argument(
+        "--explorer",
+        metavar="OUT.json",
+        type=output_file,
+        help="write the placement as node data for Google's AI Edge Model Explorer",
+    )
+    p.add_argument(
+        "--profile",
+        metavar="BENCH.json",
+        type=existing_file,
+        help="with --view: kernel times from `litekiln bench --profile --out BENCH.json`",
     )
     add_json_option(p)
     add_model_options(p)

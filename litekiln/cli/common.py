@@ -301,10 +301,10 @@ def read_only_environment() -> Iterator[None]:
     this process keeps its settings (the commands import them lazily, so a CLI process has
     not).
     """
-    from litekiln.runtime.profile import DRIVER_CACHES_OFF
+    from litekiln.runtime.profile import DRIVER_CACHES_OFF, driver_scratch_env
 
     scratch = tempfile.mkdtemp(prefix="litekiln-scratch-")
-    env = {"PYOPENCL_NO_CACHE": "1", **DRIVER_CACHES_OFF, "POCL_CACHE_DIR": scratch}
+    env = {"PYOPENCL_NO_CACHE": "1", **DRIVER_CACHES_OFF, **driver_scratch_env(scratch)}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:

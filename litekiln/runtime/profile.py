@@ -27,6 +27,13 @@ FAMILIES = ("nvidia", "pocl", "intel", "generic")
 #: device-cold start): NVIDIA's compute cache and PoCL's kernel cache.
 DRIVER_CACHES_OFF = {"CUDA_CACHE_DISABLE": "1", "POCL_KERNEL_CACHE": "0"}
 
+
+def driver_scratch_env(folder: str) -> dict[str, str]:
+    """Environment variables that send the drivers' scratch files into ``folder``: PoCL
+    writes one into its cache directory at start-up even with its kernel cache off."""
+    return {"POCL_CACHE_DIR": folder}
+
+
 # A driver that builds half code without claiming cl_khr_fp16 (NVIDIA) has no half overloads
 # of the built-ins, so `max(half, half)` and `convert_float(half)` are ambiguous between the
 # float/double/integer versions (measured on the H100: 5443 such errors in one model). The
