@@ -248,7 +248,8 @@ class Interpreter:
                 f"input {tensor_index} ({t.name!r}) expects shape {list(t.shape)}, got "
                 f"{list(arr.shape)}; resize_tensor_input() changes it"
             )
-        np.copyto(self._input_buffer(tensor_index), arr)
+        with self._lock:
+            np.copyto(self._input_buffer(tensor_index), arr)
 
     def resize_tensor_input(self, input_index: int, tensor_size: Any, strict: bool = False) -> None:
         """Give an input another shape; ``allocate_tensors`` then re-plans the model for it
@@ -414,10 +415,11 @@ class Interpreter:
 
     def _state(self) -> _ThreadState:
         me = threading.current_thread()
-        state = self._states.get(me)
-        if state is None:
-            state = self._states[me] = _ThreadState()
-        return state
+        with self._lock:  # (the states are iterated under the lock by invoke)
+            state = self._states.get(me)
+            if state is None:
+                state = self._states[me] = _ThreadState()
+            return state
 
     def _input_view(self, index: int) -> Tensor:
         """An input tensor with its current shape (resized ones before allocate_tensors)."""
