@@ -34,3 +34,32 @@ class CompileError(LitekilnError):
 
 class CacheError(LitekilnError):
     """The cache directory cannot be used (unsafe permissions, foreign owner, unwritable)."""
+
+
+class ModelValidationError(ModelError):
+    """The model breaks a rule LiteRT checks before it runs one (a kernel's ``Prepare``, the
+    interpreter's checks of tensors and quantization), or one litekiln adds (size bounds).
+
+    Attributes:
+        rule: short name of the rule broken (``"input-count"``, ``"filter-channels"``...),
+            also in the message as ``[rule: ...]``.
+        op_index: index of the op that breaks it, None for a model-level rule.
+        op_name: that op's name (builtin name or custom code), None for a model-level rule.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rule: str,
+        op_index: int | None = None,
+        op_name: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.rule = rule
+        self.op_index = op_index
+        self.op_name = op_name
+
+
+class ResourceError(LitekilnError, MemoryError):
+    """The numpy reference ran out of memory executing an op (a model larger than the host)."""

@@ -10,6 +10,7 @@ indices do not move, and executors skip them).
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,21 @@ class Quantization:
     def per_channel(self) -> bool:
         return self.scale.size > 1
 
+    @functools.cached_property
+    def scales_valid(self) -> bool:
+        """Every scale is positive and finite (computed once: the load-time checks ask)."""
+        if self.scale.size == 1:
+            return 0.0 < float(self.scale[0]) < math.inf
+        return bool(np.all((self.scale > 0) & np.isfinite(self.scale)))
+
+    @functools.cached_property
+    def zero_point_range(self) -> tuple[int, int]:
+        """(smallest, largest) zero point (computed once)."""
+        if self.zero_point.size == 1:
+            z = int(self.zero_point[0])
+            return z, z
+        return int(self.zero_point.min()), int(self.zero_point.max())
+
     def broadcast_shape(self, rank: int) -> tuple[int, ...]:
         """Shape to which ``scale``/``zero_point`` reshape to broadcast against a tensor."""
         if not self.per_channel:
@@ -41,6 +57,10 @@ class Quantization:
         shape = [1] * rank
         shape[self.axis] = self.scale.size
         return tuple(shape)
+
+
+#: numpy dtype -> its name, filled as types are met (see Tensor.type_name).
+_DTYPE_NAMES: dict[np.dtype, str] = {}
 
 
 @dataclass
@@ -58,6 +78,7 @@ class Tensor:
             or None for activations.
         is_variable: a TFLite variable tensor (state kept across invocations).
         was_sparse: the constant was stored sparse in the file and was densified at load.
+        int4: stored as INT4 in the file (a constant, unpacked to one int8 per value).
     """
 
     index: int
@@ -69,14 +90,26 @@ class Tensor:
     data: np.ndarray | None = None
     is_variable: bool = False
     was_sparse: bool = False
+    int4: bool = False
 
     @property
     def is_constant(self) -> bool:
         return self.data is not None
 
     @property
+    def type_name(self) -> str:
+        """The element type as the file gives it: numpy's name, or ``"int4"`` (cheap:
+        numpy's ``dtype.name`` costs microseconds, and the load-time checks ask often)."""
+        if self.int4:
+            return "int4"
+        name = _DTYPE_NAMES.get(self.dtype)
+        if name is None:
+            name = _DTYPE_NAMES[self.dtype] = self.dtype.name
+        return name
+
+    @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:

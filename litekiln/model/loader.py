@@ -9,15 +9,16 @@ every vector length against the file before it trusts it.
 
 from __future__ import annotations
 
+import math
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from litekiln.errors import ModelError
+from litekiln.errors import ModelError, ModelValidationError
 from litekiln.model.densify import densify
 from litekiln.model.ir import Model, Op, Quantization, SignatureDef, Subgraph, Tensor
 from litekiln.model.token import model_token
@@ -28,6 +29,30 @@ SCHEMA_VERSION = 3
 #: Largest constant (dense element count) the loader materialises; anything larger in a file
 #: small enough to load here is a corrupted shape, and allocating it would exhaust memory.
 MAX_CONSTANT_ELEMENTS = 1 << 28
+
+#: Largest tensor the model may declare (bytes): beyond it a shape is corrupt or the model is
+#: not one a phone or a GPU runs. (LiteRT lets a 300 TiB input through allocate_tensors and
+#: fails when it is first touched.)
+MAX_TENSOR_BYTES = 2 << 30
+
+#: Largest sum of the sizes of subgraph 0's non-constant tensors (bytes): the numpy reference
+#: keeps every one. The models of the zoo need 0.1-64 MiB.
+MAX_ACTIVATION_BYTES = 4 << 30
+
+#: Options that hold a TensorType, and the largest TensorType LiteRT 2.3 knows (FLOAT8_E5M2):
+#: its option parser refuses any other value ("Unsupported data type").
+_TENSOR_TYPE_OPTIONS = {
+    "quantized_bias_type",
+    "output_type",
+    "out_type",
+    "in_data_type",
+    "out_data_type",
+}
+_MAX_TENSOR_TYPE = 22
+
+#: Element types litekiln cannot run: no op of the numpy reference or of the GPU path takes
+#: them (LiteRT runs a handful of complex ops, e.g. RFFT2D, that litekiln does not have).
+_UNSUPPORTED_KINDS = {"c": "complex", "O": "string"}
 
 _FILE_IDENTIFIER = b"TFL3"
 
@@ -63,24 +88,46 @@ _FLATBUFFER_ERRORS = (
 )
 
 
+#: Checks every loaded model passes after the loader's own, in order (see
+#: :func:`add_model_check`). The op registry (litekiln.ops, a layer above this one) adds its
+#: per-op checks when it is imported, as it adds its ops: every path that runs or compiles a
+#: model imports it before it loads one.
+_MODEL_CHECKS: list[Callable[[Model], None]] = []
+
+
+def add_model_check(check: Callable[[Model], None]) -> None:
+    """Run ``check(model)`` on every model :func:`load_model` loads (once per check).
+
+    Args:
+        check: raises :class:`~litekiln.ModelError` for a model that must not be run.
+    """
+    if check not in _MODEL_CHECKS:
+        _MODEL_CHECKS.append(check)
+
+
 def load_model(
     source: str | os.PathLike[str] | bytes | bytearray | memoryview,
     *,
     token: str | None = None,
     name: str | None = None,
+    validate: bool = True,
 ) -> Model:
-    """Parse a TFLite model into the graph IR.
+    """Parse a TFLite model into the graph IR and check it.
 
     Args:
         source: a path to a ``.tflite`` file, or the model's bytes.
         token: the model token to use; default: farmhash Fingerprint64 of the bytes (hex).
         name: display name; default: the file stem, or ``"model"`` for bytes.
+        validate: run the checks of :func:`add_model_check` (the per-op rules LiteRT
+            checks when it prepares a model). The loader's own checks always run.
 
     Returns:
         The loaded :class:`~litekiln.model.ir.Model`, constants dequantized and densified.
 
     Raises:
-        ModelError: the file cannot be read or is not a valid TFLite model.
+        ModelError: the file cannot be read or is not a valid TFLite model;
+            :class:`~litekiln.errors.ModelValidationError` (a ModelError) when it breaks a
+            rule LiteRT (or litekiln) checks before running a model, naming op and rule.
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
@@ -96,7 +143,11 @@ def load_model(
         except OSError as exc:
             raise ModelError(f"{path}: cannot read model file: {exc.strerror or exc}") from None
         display = name or path.stem
-    return _Loader(data, display).load(token)
+    model = _Loader(data, display).load(token)
+    if validate:
+        for check in _MODEL_CHECKS:
+            check(model)
+    return model
 
 
 def _check_header(data: bytes, where: str) -> None:
@@ -136,6 +187,10 @@ class _Loader:
 
     def fail(self, msg: str) -> ModelError:
         return ModelError(f"{self.name}: {msg}")
+
+    def invalid(self, rule: str, msg: str) -> ModelValidationError:
+        """A model-level rule broken (LiteRT's or litekiln's); ``rule`` names it."""
+        return ModelValidationError(f"{self.name}: {msg} [rule: {rule}]", rule=rule)
 
     def length(self, n: int, what: str, elem_size: int = 4) -> int:
         """Validate a vector length read from the file before looping over it."""
@@ -203,6 +258,7 @@ class _Loader:
         opcodes = self._opcodes(fb)
         buffers = self._buffers(fb)
         subgraphs = [self._subgraph(fb.Subgraphs(i), i, opcodes, buffers) for i in range(n_sub)]
+        check_graph(subgraphs[0], self.name)
         signatures = self._signatures(fb, subgraphs)
         n_meta = self.length(fb.MetadataLength(), "metadata list")
         metadata_names = [
@@ -227,7 +283,8 @@ class _Loader:
             oc = fb.OperatorCodes(i)
             # Codes >= 127 live only in the int32 field; older files only fill the int8 one.
             code = max(int(oc.BuiltinCode()), int(oc.DeprecatedBuiltinCode()))
-            version = int(oc.Version()) or 1
+            # An explicit 0 is kept: LiteRT looks version 0 up, finds no kernel and refuses.
+            version = int(oc.Version())
             custom = (
                 self.string(oc, 6, f"custom code of operator-code entry {i}")
                 if code == 32
@@ -269,28 +326,44 @@ class _Loader:
             out.append(view[start : start + n])
         return out
 
-    def _quantization(self, t: Any) -> Quantization | None:
+    def _quantization(
+        self, t: Any, index: int, name: str, shape: tuple[int, ...]
+    ) -> Quantization | None:
+        """The tensor's affine parameters, checked as LiteRT's ``ParseQuantization`` does."""
         q = t.Quantization()
         if q is None:
             return None
         n_scale = self.length(q.ScaleLength(), "quantization scales")
         if n_scale == 0:
             return None
+        where = f"tensor {index} ({name!r})"
+        if q.ZeroPointIsNone():
+            raise self.invalid(
+                "quantization-zero-points", f"{where} has quantization scales but no zero points"
+            )
         scale = np.asarray(q.ScaleAsNumpy()[:n_scale], dtype=np.float32)
         n_zp = self.length(q.ZeroPointLength(), "quantization zero points", 8)
-        zp = (
-            np.asarray(q.ZeroPointAsNumpy()[:n_zp], dtype=np.int64)
-            if n_zp
-            else np.zeros(n_scale, np.int64)
-        )
-        if zp.size == 1 and n_scale > 1:
-            zp = np.repeat(zp, n_scale)
-        if zp.size != n_scale:
-            raise self.fail(
-                f"tensor {self.text(t.Name())!r}: {n_scale} quantization scales but "
-                f"{zp.size} zero points"
+        if n_zp != n_scale:
+            raise self.invalid(
+                "quantization-zero-points",
+                f"{where} has {n_scale} quantization scales but {n_zp} zero points",
             )
-        return Quantization(scale=scale, zero_point=zp, axis=int(q.QuantizedDimension()))
+        zp = np.asarray(q.ZeroPointAsNumpy()[:n_zp], dtype=np.int64)
+        axis = int(q.QuantizedDimension())
+        if axis < 0 or (shape and axis >= len(shape)):
+            raise self.invalid(
+                "quantized-dimension",
+                f"{where}: quantized dimension {axis} is not a dimension of shape {list(shape)}",
+            )
+        if n_scale != 1 and (not shape or n_scale != shape[axis]):
+            # (LiteRT lets a scalar carry several scales; no kernel could use them.)
+            expected = f"1 or {shape[axis]} (dimension {axis})" if shape else "1 (a scalar)"
+            raise self.invalid(
+                "quantization-scale-count",
+                f"{where} of shape {list(shape)} has {n_scale} quantization scales, "
+                f"expected {expected}",
+            )
+        return Quantization(scale=scale, zero_point=zp, axis=axis)
 
     def _tensor(self, t: Any, index: int, buffers: list[memoryview | None]) -> Tensor:
         name = self.string(t, 10, f"name of tensor {index}")  # Tensor.name
@@ -302,12 +375,7 @@ class _Loader:
         dtype = _DTYPES.get(ttype)
         if dtype is None:
             raise self.fail(f"tensor {index} ({name!r}) has unsupported element type {ttype}")
-        quant = self._quantization(t)
-        if quant is not None and quant.per_channel and not (0 <= quant.axis < max(len(shape), 1)):
-            raise self.fail(
-                f"tensor {index} ({name!r}): quantized dimension {quant.axis} out of range "
-                f"for shape {shape}"
-            )
+        quant = self._quantization(t, index, name, shape)
         buf_index = int(t.Buffer())
         if not 0 <= buf_index < len(buffers):
             raise self.fail(
@@ -323,6 +391,7 @@ class _Loader:
             dtype=np.dtype(dtype.newbyteorder("=")) if dtype.kind != "O" else dtype,
             quantization=quant,
             is_variable=bool(t.IsVariable()),
+            int4=ttype == _INT4,
         )
         if raw is None:
             return tensor
@@ -340,12 +409,14 @@ class _Loader:
             tensor.data = _unpack_int4(np.frombuffer(raw, np.uint8), count).reshape(shape)
             return tensor
         expected = count * dtype.itemsize
-        if len(raw) != expected:
+        if len(raw) < expected:  # LiteRT accepts a larger buffer and reads its start
             raise self.fail(
                 f"tensor {index} ({name!r}): buffer {buf_index} holds {len(raw)} bytes, "
                 f"shape {shape} of {dtype.name} needs {expected}"
             )
-        tensor.data = np.frombuffer(raw, dtype).reshape(shape).astype(tensor.dtype, copy=False)
+        tensor.data = (
+            np.frombuffer(raw[:expected], dtype).reshape(shape).astype(tensor.dtype, copy=False)
+        )
         return tensor
 
     def _densify(
@@ -371,7 +442,7 @@ class _Loader:
         try:
             return densify(values, shape, traversal, block_map, dims)
         except ValueError as exc:
-            raise self.fail(f"sparse tensor {index} ({name!r}): {exc}") from None
+            raise self.invalid("sparsity", f"sparse tensor {index} ({name!r}): {exc}") from None
 
     def _index_vector(self, kind: int, table: Any) -> np.ndarray | None:
         import tflite
@@ -429,7 +500,14 @@ class _Loader:
                 n = self.length(o.CustomOptionsLength(), f"custom options of {where}", 1)
                 arr = o.CustomOptionsAsNumpy()
                 custom_options = bytes(arr[:n]) if n and not isinstance(arr, int) else b""
-            options = decode_options(o)
+            options = decode_options(o, op_name) if custom is None else {}
+            for key in _TENSOR_TYPE_OPTIONS.intersection(options):
+                if not 0 <= int(options[key]) <= _MAX_TENSOR_TYPE:
+                    raise self.invalid(
+                        "option-tensor-type",
+                        f"op #{i} ({op_name}): option {key} = {options[key]} is no TensorType "
+                        "LiteRT knows",
+                    )
             ops.append(
                 Op(i, op_name, code, version, inputs, outputs, options, custom, custom_options)
             )
@@ -475,6 +553,120 @@ class _Loader:
         return m
 
 
+def check_tensors(model_name: str, tensors: Iterable[Tensor]) -> None:
+    """Element types litekiln runs and sizes within :data:`MAX_TENSOR_BYTES`.
+
+    Raises:
+        ModelValidationError: naming the tensor (rule ``tensor-dtype`` or ``tensor-size``).
+    """
+    unsupported = _UNSUPPORTED_KINDS
+    for tensor in tensors:
+        dtype = tensor.dtype
+        kind = unsupported.get(dtype.kind)
+        if tensor.int4 and tensor.data is None:
+            kind = "INT4 activation"  # (INT4 constants are unpacked to int8 at load)
+        if kind is not None:
+            raise _invalid(
+                model_name,
+                "tensor-dtype",
+                f"tensor {tensor.index} ({tensor.name!r}) has element type {tensor.type_name}: "
+                f"litekiln runs no {kind} tensors",
+            )
+        nbytes = math.prod(tensor.shape) * dtype.itemsize
+        if nbytes > MAX_TENSOR_BYTES:
+            raise _invalid(
+                model_name,
+                "tensor-size",
+                f"tensor {tensor.index} ({tensor.name!r}) of shape {list(tensor.shape)} needs "
+                f"{nbytes} bytes, more than the {MAX_TENSOR_BYTES >> 30} GiB litekiln allows a "
+                "tensor",
+            )
+
+
+def check_activation_bytes(sg: Subgraph, model_name: str) -> None:
+    """The non-constant tensors together within :data:`MAX_ACTIVATION_BYTES`.
+
+    Raises:
+        ModelValidationError: rule ``model-size``.
+    """
+    total = sum(math.prod(t.shape) * t.dtype.itemsize for t in sg.tensors if t.data is None)
+    if total > MAX_ACTIVATION_BYTES:
+        raise _invalid(
+            model_name,
+            "model-size",
+            f"the non-constant tensors need {total} bytes together, more than the "
+            f"{MAX_ACTIVATION_BYTES >> 30} GiB litekiln allows a model",
+        )
+
+
+def _invalid(model_name: str, rule: str, msg: str) -> ModelValidationError:
+    return ModelValidationError(f"{model_name}: {msg} [rule: {rule}]", rule=rule)
+
+
+def check_graph(sg: Subgraph, model_name: str) -> None:
+    """litekiln's model-level rules for the subgraph it runs.
+
+    Tensors no op writes pass :func:`check_tensors` (an op's output gets its type and shape
+    from the op's checks, as LiteRT's kernels set them, and is checked after them, with the
+    total size: :func:`check_activation_bytes`); no
+    graph input is a constant; every op reads only tensors that exist when it runs (graph
+    inputs, constants, variables, earlier ops' outputs) and writes only tensors no other op,
+    constant or graph input provides; every graph output is computed. LiteRT checks none of
+    the ordering rules: it runs such a model on uninitialised memory.
+
+    Raises:
+        ModelValidationError: a rule is broken; ``rule`` says which.
+    """
+
+    def invalid(rule: str, msg: str) -> ModelValidationError:
+        return _invalid(model_name, rule, msg)
+
+    written = {t for op in sg.ops for t in op.outputs}
+    check_tensors(model_name, [t for t in sg.tensors if t.index not in written])
+    for t in sg.inputs:
+        if sg.tensors[t].data is not None:
+            raise invalid(
+                "input-is-constant",
+                f"graph input {t} ({sg.tensors[t].name!r}) is a constant",
+            )
+    folded = {t for op in sg.ops if op.folded for t in op.outputs}
+    ready = {
+        t.index
+        for t in sg.tensors
+        if (t.data is not None and t.index not in folded) or t.is_variable
+    }
+    ready.update(sg.inputs)
+    for op in sg.ops:
+        for t in op.inputs if not op.folded else ():
+            if t >= 0 and t not in ready:
+                raise invalid(
+                    "input-not-computed",
+                    f"{op.describe()} reads tensor {t} ({sg.tensors[t].name!r}) before any op "
+                    "writes it (it is no graph input, constant or earlier op's output)",
+                )
+        for t in op.outputs:  # (a folded op's constant output exists from its place on)
+            if t in ready:
+                what = (
+                    "a graph input"
+                    if t in sg.inputs
+                    else "a constant"
+                    if sg.tensors[t].data is not None and t not in folded
+                    else "written by an earlier op"
+                )
+                raise invalid(
+                    "output-written-twice",
+                    f"{op.describe()} writes tensor {t} ({sg.tensors[t].name!r}), which is {what}",
+                )
+            ready.add(t)
+    for t in sg.outputs:
+        if t not in ready:
+            raise invalid(
+                "output-not-computed",
+                f"graph output {t} ({sg.tensors[t].name!r}) is no graph input, constant or "
+                "op output",
+            )
+
+
 def _unpack_int4(packed: np.ndarray, count: int) -> np.ndarray:
     """INT4 constants pack two values per byte, low nibble first, two's complement."""
     lo = (packed & 0x0F).astype(np.int8)
@@ -502,7 +694,11 @@ def dequantize_array(data: np.ndarray, quant: Quantization | None) -> np.ndarray
 
 
 def _fold_constants(sg: Subgraph, fail: Callable[[str], ModelError]) -> None:
-    """Fold DENSIFY and DEQUANTIZE ops whose input is a constant into constant outputs."""
+    """Fold DENSIFY and DEQUANTIZE ops whose input is a constant into constant outputs.
+
+    The output takes the input's shape and (DEQUANTIZE) float32, whatever the file declares:
+    LiteRT's kernels resize their output and set its type so.
+    """
     for op in sg.ops:
         if op.name not in ("DEQUANTIZE", "DENSIFY") or len(op.inputs) != 1 or len(op.outputs) != 1:
             continue
@@ -510,15 +706,21 @@ def _fold_constants(sg: Subgraph, fail: Callable[[str], ModelError]) -> None:
             sg.tensors[op.inputs[0]] if op.inputs[0] >= 0 else None,
             sg.tensors[op.outputs[0]],
         )
-        if src is None or src.data is None:
+        if src is None or src.data is None or dst is src:
             continue
-        data = src.data if op.name == "DENSIFY" else dequantize_array(src.data, src.quantization)
-        if data.shape != dst.shape and data.size == dst.size:
-            data = data.reshape(dst.shape)
-        if data.shape != dst.shape:
-            raise fail(
-                f"{op.describe()}: constant input {src.name!r} of shape {src.shape} does not "
-                f"match output {dst.name!r} of shape {dst.shape}"
+        if op.name == "DENSIFY":
+            data = src.data
+        elif src.data.dtype.kind in "iuf" and src.data.dtype.itemsize <= 2:
+            data = dequantize_array(src.data, src.quantization)
+        else:
+            continue  # not a type DEQUANTIZE takes: the op's checks refuse it
+        if dst.shape != data.shape or dst.dtype != data.dtype or dst.int4:
+            if dst.shape_signature == dst.shape:
+                dst.shape_signature = data.shape
+            dst.shape, dst.dtype, dst.int4 = (
+                data.shape,
+                data.dtype,
+                src.int4 and op.name != "DEQUANTIZE",
             )
-        dst.data = data.astype(dst.dtype, copy=False)
+        dst.data = data
         op.folded = True

@@ -107,19 +107,81 @@ def _decode_table(cls: type, table: Any) -> dict[str, Any]:
     return out
 
 
-def decode_options(op: Any) -> dict[str, Any]:
-    """Builtin options of a flatbuffer Operator as a plain dict (empty if none)."""
-    out: dict[str, Any] = {}
-    for union, type_getter, table_getter in (
-        ("BuiltinOptions", "BuiltinOptionsType", "BuiltinOptions"),
-        ("BuiltinOptions2", "BuiltinOptions2Type", "BuiltinOptions2"),
-    ):
-        kind = int(getattr(op, type_getter)())
-        if kind == 0:
+#: Ops whose options table is not named after the op (schema.fbs ``builtin_options``).
+_OPTIONS_TABLE_OVERRIDES = {
+    "AVERAGE_POOL_2D": "Pool2DOptions",
+    "MAX_POOL_2D": "Pool2DOptions",
+    "L2_POOL_2D": "Pool2DOptions",
+    "L2_NORMALIZATION": "L2NormOptions",
+    "UNIDIRECTIONAL_SEQUENCE_RNN": "SequenceRNNOptions",
+    "MEAN": "ReducerOptions",
+    "SUM": "ReducerOptions",
+    "REDUCE_PROD": "ReducerOptions",
+    "REDUCE_MAX": "ReducerOptions",
+    "REDUCE_MIN": "ReducerOptions",
+    "REDUCE_ANY": "ReducerOptions",
+    "REDUCE_ALL": "ReducerOptions",
+    "MAXIMUM": "MaximumMinimumOptions",
+    "MINIMUM": "MaximumMinimumOptions",
+    "RANDOM_STANDARD_NORMAL": "RandomOptions",
+    "RANDOM_UNIFORM": "RandomOptions",
+    "MULTINOMIAL": "RandomOptions",
+    "CONV_3D_TRANSPOSE": "Conv3DOptions",
+}
+
+
+@functools.cache
+def options_table(op_name: str) -> tuple[str, int] | None:
+    """(union, type code) of the options table a builtin op reads, None if it takes none.
+
+    ``"MAX_POOL_2D"`` -> ``("BuiltinOptions", <Pool2DOptions>)``; the table is named after
+    the op (``CONV_2D`` -> ``Conv2DOptions``) except for the overrides above.
+    """
+    want = _OPTIONS_TABLE_OVERRIDES.get(op_name, op_name.replace("_", "") + "Options").lower()
+    for union in ("BuiltinOptions", "BuiltinOptions2"):
+        for kind, cls in _options_classes(union).items():
+            if cls.__name__.lower() == want:
+                return union, kind
+    return None
+
+
+@functools.cache
+def _zero_options(union: str, kind: int) -> tuple[tuple[str, Any], ...]:
+    """Every field of an options table at zero (0, False, empty vector)."""
+    cls = _options_classes(union)[kind]
+    out: list[tuple[str, Any]] = []
+    for getter, key, shape in _getters(cls):
+        if shape == "vector":
+            out.append((key, []))
             continue
-        cls = _options_classes(union).get(kind)
-        table = getattr(op, table_getter)()
-        if cls is None or table is None:
-            continue
-        out.update(_decode_table(cls, table))
+        source = inspect.getsource(getattr(cls, getter))
+        out.append((key, False if "Bool" in source else 0.0 if "Float" in source else 0))
+    return tuple(out)
+
+
+def decode_options(op: Any, op_name: str) -> dict[str, Any]:
+    """The builtin options of flatbuffer Operator ``op`` (a ``op_name`` op) as LiteRT reads
+    them, as a plain dict (empty for an op that takes no options).
+
+    LiteRT reads only the table its op expects (``builtin_options_as_Conv2DOptions()``):
+    another table, or none, leaves its params zero-initialised, so the dict then holds every
+    field of the expected table at zero (a CONV_2D without options has stride 0, which its
+    kernel refuses; a SOFTMAX without options has beta 0). A fused activation outside the
+    ActivationFunctionType enum reads as NONE (``ConvertActivation``).
+    """
+    expected = options_table(op_name)
+    if expected is None:
+        return {}
+    union, kind = expected
+    type_getter, table_getter = (
+        ("BuiltinOptionsType", "BuiltinOptions")
+        if union == "BuiltinOptions"
+        else ("BuiltinOptions2Type", "BuiltinOptions2")
+    )
+    table = getattr(op, table_getter)() if int(getattr(op, type_getter)()) == kind else None
+    if table is None:
+        return dict(_zero_options(union, kind))
+    out = _decode_table(_options_classes(union)[kind], table)
+    if out.get("fused_activation_function", 0) not in ACTIVATIONS:
+        out["fused_activation_function"] = 0
     return out

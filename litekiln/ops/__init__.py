@@ -1,8 +1,12 @@
 """Every operator litekiln knows: one module per op family, one registry (``base.REGISTRY``).
 
-Importing this package imports every family module, which registers its ops.
+Importing this package imports every family module, which registers its ops, and makes the
+model loader check every op of a model it loads against its kernel's rules
+(:func:`validate_model`, through :func:`litekiln.model.loader.add_model_check`: the loader
+is a layer below and cannot import the registry).
 """
 
+from litekiln.model.loader import add_model_check
 from litekiln.ops import (  # noqa: F401  (imported for their @register side effects)
     conv,
     detection,
@@ -15,6 +19,18 @@ from litekiln.ops import (  # noqa: F401  (imported for their @register side eff
     resize,
     shape,
 )
-from litekiln.ops.base import REGISTRY, OpContext, OpDef, lookup, register, run_op
+from litekiln.ops.base import REGISTRY, Check, OpContext, OpDef, lookup, register, run_op
+from litekiln.ops.base import validate_model as validate_model
 
-__all__ = ["REGISTRY", "OpContext", "OpDef", "lookup", "register", "run_op"]
+add_model_check(validate_model)
+
+__all__ = [
+    "REGISTRY",
+    "Check",
+    "OpContext",
+    "OpDef",
+    "lookup",
+    "register",
+    "run_op",
+    "validate_model",
+]

@@ -21,14 +21,19 @@ Nothing here imports TVM: the runtime imports this module for its CPU fallback.
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeGuard
 
 import numpy as np
 
-from litekiln.errors import ModelError, UnsupportedOpError
-from litekiln.model.ir import Op, Subgraph, Tensor
+from litekiln.errors import ModelError, ModelValidationError, ResourceError, UnsupportedOpError
+from litekiln.model.ir import Model, Op, Subgraph, Tensor
+from litekiln.model.loader import MAX_TENSOR_BYTES, check_activation_bytes, check_tensors
+
+log = logging.getLogger("litekiln")
 
 #: name -> OpDef subclass; filled by ``@register`` as the family modules are imported.
 REGISTRY: dict[str, type[OpDef]] = {}
@@ -84,6 +89,272 @@ class OpContext:
         return ModelError(f"{self.op.describe()}: {msg}")
 
 
+# -- load-time checks -------------------------------------------------------------------------
+
+#: dtype names, for the rules of :class:`Check`.
+FLOAT32 = frozenset({"float32"})
+INT8S = frozenset({"int8", "uint8"})
+QUANTIZED = frozenset({"int8", "uint8", "int16"})
+
+
+class Check:
+    """What an op's :meth:`OpDef.validate` gets: the op, its tensors and a way to refuse.
+
+    The helpers each enforce one rule and raise :class:`ModelValidationError` naming the op
+    (index, name) and the rule; ``fail`` builds that error for the rules a family writes
+    itself. The messages are formatted only on failure: validation runs at every load.
+    """
+
+    __slots__ = ("graph", "op", "tensors")
+
+    def __init__(self, op: Op, graph: Subgraph) -> None:
+        self.op = op
+        self.graph = graph
+        self.tensors = graph.tensors
+
+    def fail(self, rule: str, msg: str) -> ModelValidationError:
+        op = self.op
+        return ModelValidationError(
+            f"{op.describe()}: {msg} [rule: {rule}]",
+            rule=rule,
+            op_index=op.index,
+            op_name=op.name,
+        )
+
+    # -- operands ----------------------------------------------------------------------------
+
+    def count(self, what: str, n: int, lo: int, hi: int) -> None:
+        if not lo <= n <= hi:
+            expected = f"{lo}" if lo == hi else f"{lo}-{hi}"
+            raise self.fail(f"{what[:-1]}-count", f"{n} {what}, the kernel takes {expected}")
+
+    def input(self, i: int) -> Tensor:
+        """Input ``i``, which must be present (not omitted with -1)."""
+        ids = self.op.inputs
+        if i >= len(ids) or ids[i] < 0:
+            raise self.fail("input-missing", f"input {i} is required but missing")
+        return self.tensors[ids[i]]
+
+    def optional(self, i: int) -> Tensor | None:
+        """Input ``i``, None when absent or omitted."""
+        ids = self.op.inputs
+        return self.tensors[ids[i]] if i < len(ids) and ids[i] >= 0 else None
+
+    def output(self, i: int = 0) -> Tensor:
+        return self.tensors[self.op.outputs[i]]
+
+    # -- types and shapes -------------------------------------------------------------------
+
+    def dtype(self, t: Tensor, allowed: frozenset[str], role: str) -> None:
+        """``t``'s type is one of ``allowed`` (an INT4 constant's type is ``"int4"``)."""
+        name = t.type_name
+        if name not in allowed:
+            raise self.fail(
+                "dtype",
+                f"{role} {t.name!r} has type {name}, the kernel takes "
+                f"{' or '.join(sorted(allowed))}",
+            )
+
+    def same_dtype(self, t: Tensor, like: Tensor, role: str, like_role: str = "input") -> None:
+        if t.dtype != like.dtype or t.int4 != like.int4:
+            raise self.fail(
+                "dtype-mismatch",
+                f"{role} {t.name!r} has type {t.type_name}, {like_role} {like.name!r} "
+                f"{like.type_name}",
+            )
+
+    def rank(self, t: Tensor, lo: int, hi: int | None, role: str) -> None:
+        """``lo <= rank(t) <= hi`` (``hi`` None: exactly ``lo``)."""
+        r = len(t.shape)
+        top = lo if hi is None else hi
+        if not lo <= r <= top:
+            expected = f"{lo}" if top == lo else f"{lo}-{top}"
+            raise self.fail(
+                "rank", f"{role} {t.name!r} has rank {r} ({list(t.shape)}), expected {expected}"
+            )
+
+    def output_shape(self, shape: tuple[int, ...] | list[int], i: int = 0) -> None:
+        """Output ``i`` has the shape the op computes, as LiteRT makes it.
+
+        LiteRT's Prepare resizes every output to what the kernel computes from its inputs,
+        whatever the file declares; litekiln does the same, so that every later op (and the
+        compiler) sees the shapes LiteRT runs with. A converter always declares these
+        shapes, so a change is logged. A shape larger than the loader's bound is refused.
+        """
+        t = self.output(i)
+        shape = tuple(shape)
+        if t.shape == shape:
+            return
+        nbytes = math.prod(shape) * t.dtype.itemsize
+        if nbytes > MAX_TENSOR_BYTES:
+            raise self.fail(
+                "tensor-size",
+                f"output {t.name!r} of computed shape {list(shape)} needs {nbytes} bytes, more "
+                f"than the {MAX_TENSOR_BYTES >> 30} GiB litekiln allows a tensor",
+            )
+        log.info(
+            "%s: output %r is declared %s, the op computes %s (used, as LiteRT does)",
+            self.op.describe(),
+            t.name,
+            list(t.shape),
+            list(shape),
+        )
+        if t.shape_signature == t.shape:
+            t.shape_signature = shape
+        t.shape = shape
+
+    def output_dtype(self, dtype: np.dtype, i: int = 0) -> None:
+        """Output ``i`` has type ``dtype``: the kernels that set their output's type
+        (``output->type = input->type`` in their Prepare: ADD, RESIZE_*, GATHER,
+        DEQUANTIZE...) make the declared type irrelevant, and litekiln follows them."""
+        t = self.output(i)
+        if t.dtype == dtype and not t.int4:
+            return
+        nbytes = math.prod(t.shape) * dtype.itemsize
+        if nbytes > MAX_TENSOR_BYTES:
+            raise self.fail("tensor-size", f"output {t.name!r} of type {dtype.name} is too large")
+        log.info(
+            "%s: output %r is declared %s, the kernel makes it %s (used, as LiteRT does)",
+            self.op.describe(),
+            t.name,
+            t.type_name,
+            dtype.name,
+        )
+        t.dtype, t.int4 = dtype, False
+
+    def same_shape(self, t: Tensor, like: Tensor, role: str, like_role: str = "input") -> None:
+        if t.shape != like.shape:
+            raise self.fail(
+                "shape-mismatch",
+                f"{role} {t.name!r} has shape {list(t.shape)}, {like_role} {like.name!r} "
+                f"{list(like.shape)}",
+            )
+
+    # -- quantization -----------------------------------------------------------------------
+
+    def quantized(self, t: Tensor, role: str, *, per_tensor: bool = True) -> None:
+        """``t`` carries usable affine parameters: present, finite positive scales, zero
+        points within its type's range (one scale and zero point if ``per_tensor``).
+
+        LiteRT's integer kernels read ``params.scale`` and ``params.zero_point`` without
+        checking them; a zero, negative or non-finite scale or an out-of-range zero point
+        makes their output meaningless (or undefined: a NaN multiplier), so litekiln refuses
+        it rather than guess.
+        """
+        q = t.quantization
+        if q is None:
+            raise self.fail(
+                "quantization-missing", f"{role} {t.name!r} ({t.type_name}) is not quantized"
+            )
+        if per_tensor and q.scale.size != 1:
+            raise self.fail(
+                "quantization-per-tensor",
+                f"{role} {t.name!r} has {q.scale.size} scales, the kernel takes one",
+            )
+        if not q.scales_valid:
+            raise self.fail(
+                "quantization-scale",
+                f"{role} {t.name!r} has scale {q.scale.tolist()[:4]}: scales must be positive "
+                "and finite",
+            )
+        if t.dtype.kind in "iu":
+            lo, hi = _INT_RANGES.get(t.type_name, (-(2**63), 2**63 - 1))
+            zmin, zmax = q.zero_point_range
+            if zmin < lo or zmax > hi:
+                raise self.fail(
+                    "quantization-zero-point",
+                    f"{role} {t.name!r} has zero point {q.zero_point.tolist()[:4]} outside "
+                    f"{t.type_name}'s range [{lo}, {hi}]",
+                )
+
+    def zero_point(self, t: Tensor, value: int, role: str) -> None:
+        """Every zero point of ``t`` is ``value`` (symmetric quantization)."""
+        q = t.quantization
+        if q is not None and q.zero_point_range != (value, value):
+            raise self.fail(
+                "quantization-zero-point",
+                f"{role} {t.name!r} has zero point {q.zero_point.tolist()[:4]}, the kernel "
+                f"needs {value}",
+            )
+
+    def activation(self) -> int:
+        """The fused activation (the loader maps codes outside the enum to NONE)."""
+        return int(self.op.options.get("fused_activation_function", 0) or 0)
+
+
+_INT_RANGES = {
+    name: (int(np.iinfo(name).min), int(np.iinfo(name).max))
+    for name in ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64")
+}
+_INT_RANGES["int4"] = (-8, 7)
+
+
+def check_activation_range(c: Check, y: Tensor) -> None:
+    """``CalculateActivationRangeQuantized``: a fused activation's bounds, divided by the
+    output scale, must fit int32 (LiteRT refuses the op otherwise)."""
+    act = c.activation()
+    if act not in (1, 2, 3) or y.quantization is None:
+        return
+    scale = float(np.float32(y.quantization.scale.reshape(-1)[0]))
+    bounds = (0.0, 6.0) if act == 3 else (0.0,) if act == 1 else (-1.0, 1.0)
+    if any(abs(f / scale) + 0.5 >= 2**31 for f in bounds):
+        raise c.fail(
+            "activation-range",
+            f"output {y.name!r}: the fused activation's bounds / scale {scale} overflow int32",
+        )
+
+
+def broadcast_shape(c: Check, a: Tensor, b: Tensor) -> tuple[int, ...]:
+    """LiteRT's ``CalculateShapeForBroadcast`` (numpy's rules; a 0 with a 1 gives 0)."""
+    sa, sb = a.shape, b.shape
+    if sa == sb:
+        return sa
+    n = max(len(sa), len(sb))
+    out = []
+    for i in range(n):
+        da = sa[i - n + len(sa)] if i >= n - len(sa) else 1
+        db = sb[i - n + len(sb)] if i >= n - len(sb) else 1
+        if da != db and da != 1 and db != 1:
+            raise c.fail(
+                "broadcast",
+                f"inputs {a.name!r} {list(sa)} and {b.name!r} {list(sb)} do not broadcast",
+            )
+        out.append(0 if da == 0 or db == 0 else max(da, db))
+    return tuple(out)
+
+
+def validate_model(model: Model) -> None:
+    """Check every op of the subgraph litekiln runs against its kernel's rules.
+
+    Ops litekiln does not know are left alone (running them raises UnsupportedOpError).
+    Folded ops (constant DEQUANTIZE, DENSIFY) are checked too: LiteRT prepares them. Output
+    shapes become the ones the ops compute (:meth:`Check.output_shape`).
+
+    Raises:
+        ModelValidationError: an op breaks a rule; the error names op and rule.
+    """
+    from litekiln import ops as _families  # noqa: F401  (importing registers every family)
+
+    graph = model.main
+    for op in graph.ops:
+        cls = REGISTRY.get(op.name)
+        if cls is None:
+            continue
+        c = Check(op, graph)
+        try:
+            cls.validate(c)
+        except ModelError:
+            raise
+        except (ArithmeticError, LookupError, TypeError, ValueError) as exc:
+            # A shape or option so far off that a rule could not even be evaluated.
+            raise c.fail("malformed", f"cannot be checked ({type(exc).__name__}: {exc})") from None
+    # Outputs now have the types and shapes the kernels give them: bound them (the loader
+    # bounded only the tensors no op writes), and the model's activations together.
+    written = {t for op in graph.ops for t in op.outputs}
+    check_tensors(model.name, [t for t in graph.tensors if t.index in written])
+    check_activation_bytes(graph, model.name)
+
+
 class OpDef:
     """Base of every op definition. Subclasses set the class attributes and ``reference``.
 
@@ -97,6 +368,11 @@ class OpDef:
         gpu_quant_max_version: newest version accepted when quantized models are allowed
             (the quantized versions of an op are numbered above its float ones).
         quant_aware: ``reference`` handles quantized integer arrays itself.
+        versions: the op versions LiteRT's builtin resolver has a kernel for (min, max);
+            None for custom ops (looked up by name). Other versions are refused at load.
+        num_inputs: the input counts the kernel accepts (min, max; omitted optional
+            inputs count, as in LiteRT's ``NumInputs``); None: not checked by the base.
+        num_outputs: the same for outputs.
     """
 
     name: ClassVar[str] = ""
@@ -106,6 +382,35 @@ class OpDef:
     gpu_max_version: ClassVar[int] = 1
     gpu_quant_max_version: ClassVar[int] = 1
     quant_aware: ClassVar[bool] = False
+    versions: ClassVar[tuple[int, int] | None] = (1, 1)
+    num_inputs: ClassVar[tuple[int, int] | None] = None
+    num_outputs: ClassVar[tuple[int, int] | None] = (1, 1)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """Refuse (``raise c.fail(rule, why)``) what LiteRT refuses when it prepares the op.
+
+        Runs at load, once per op, so the compiler and the reference only ever see models
+        LiteRT would run (and litekiln can): the kernel's ``Prepare`` rules (input and
+        output counts, dtypes, ranks, quantization, option values, shapes consistent with
+        one another and with the declared output shapes). The base checks the version (as
+        LiteRT's op resolver does) and the counts of ``inputs``/``outputs``; families add
+        their kernel's rules, calling this first. Keep it cheap: it runs at every start.
+        """
+        op = c.op
+        if cls.versions is not None:
+            lo, hi = cls.versions
+            if not lo <= op.version <= hi:
+                raise c.fail(
+                    "op-version",
+                    f"version {op.version}: LiteRT has kernels for versions {lo}-{hi}",
+                )
+        counts = cls.num_inputs
+        if counts is not None and not counts[0] <= len(op.inputs) <= counts[1]:
+            c.count("inputs", len(op.inputs), *counts)
+        counts = cls.num_outputs
+        if counts is not None and not counts[0] <= len(op.outputs) <= counts[1]:
+            c.count("outputs", len(op.outputs), *counts)
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -219,9 +524,33 @@ def activation_supported_on_gpu(op: Op) -> str | None:
 
 
 class UnaryOp(OpDef):
-    """y = fn(x), elementwise."""
+    """y = fn(x), elementwise.
+
+    Attributes:
+        dtypes: the input types LiteRT's kernel takes (the output's is the same).
+    """
 
     fn: ClassVar[Callable[[np.ndarray], np.ndarray]]
+    dtypes: ClassVar[frozenset[str]] = FLOAT32
+    #: The kernel gives the output the input's type (else it requires it).
+    sets_output_dtype: ClassVar[bool] = False
+    num_inputs = (1, 1)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """One input of a type the kernel takes, an output of the same type and shape; 8- and
+        16-bit integers (LiteRT's quantized kernels) must carry usable quantization."""
+        super().validate(c)
+        x, y = c.input(0), c.output()
+        c.dtype(x, cls.dtypes, "input")
+        if cls.sets_output_dtype:
+            c.output_dtype(x.dtype)
+        else:
+            c.same_dtype(y, x, "output")
+        if x.type_name in QUANTIZED:
+            c.quantized(x, "input")
+            c.quantized(y, "output")
+        c.output_shape(x.shape)
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -237,6 +566,38 @@ class BinaryOp(OpDef):
     # ufunc calls as returning Any, and mypy binds a fixed-arity Callable class attribute like
     # a method (dropping its first parameter), which a staticmethod'd ufunc would not match.
     fn: ClassVar[Callable[..., np.ndarray]]
+    #: The input types LiteRT's kernel takes (both inputs have the same).
+    dtypes: ClassVar[frozenset[str]] = FLOAT32
+    #: The output's type when it is not the inputs' (comparisons: bool).
+    output_dtype: ClassVar[str | None] = None
+    #: The kernel sets its output's type (``output->type = input2->type``); MUL instead
+    #: computes in its output's type, which must then be the inputs'.
+    sets_output_dtype: ClassVar[bool] = True
+    num_inputs = (2, 2)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """Two inputs of one type the kernel takes, broadcastable (numpy's rules), the
+        output of the broadcast shape and of the inputs' type (LiteRT's kernels pick their
+        arithmetic from the output's type; most set it to the inputs', MUL requires it);
+        quantized 8- and 16-bit operands carry usable per-tensor quantization, and a fused
+        activation's clamp fits int32."""
+        super().validate(c)
+        x, z, y = c.input(0), c.input(1), c.output()
+        c.dtype(x, cls.dtypes, "input")
+        c.same_dtype(z, x, "input 1", "input 0")
+        out = np.dtype(cls.output_dtype) if cls.output_dtype else x.dtype
+        if cls.sets_output_dtype:
+            c.output_dtype(out)
+        elif y.dtype != out:
+            c.dtype(y, frozenset({out.name}), "output")
+        if x.type_name in QUANTIZED:
+            for t, role in ((x, "input 0"), (z, "input 1")):
+                c.quantized(t, role)
+            if cls.output_dtype is None:
+                c.quantized(y, "output")
+                check_activation_range(c, y)
+        c.output_shape(broadcast_shape(c, x, z))
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -327,6 +688,7 @@ def run_op(op: Op, graph: Subgraph, inputs: list[np.ndarray | None]) -> list[np.
     Raises:
         UnsupportedOpError: the op is unknown.
         ModelError: the op's operands are inconsistent.
+        ResourceError: the host ran out of memory.
     """
     cls = lookup(op)
     ctx = OpContext(op, graph)
@@ -338,13 +700,15 @@ def run_op(op: Op, graph: Subgraph, inputs: list[np.ndarray | None]) -> list[np.
             # Integer (or hybrid) semantics where the op defines them; else the float view.
             results = cls.reference_quantized(ctx, inputs)
         raw = cls.quant_aware or results is not None
+        # Shapes, axes, sizes: integers whatever quantization a file gives them.
+        integers = cls.integer_operands(op)
         if results is None:
             values = (
                 inputs
                 if cls.quant_aware
                 else [
                     dequantize(x, graph.tensors[t])
-                    if x is not None and is_quantized(graph.tensors[t])
+                    if x is not None and is_quantized(graph.tensors[t]) and t not in integers
                     else x
                     for x, t in zip(inputs, op.inputs, strict=True)
                 ]
@@ -352,8 +716,11 @@ def run_op(op: Op, graph: Subgraph, inputs: list[np.ndarray | None]) -> list[np.
             results = cls.reference(ctx, values)
     except (ModelError, UnsupportedOpError):
         raise
-    except (ValueError, IndexError) as exc:
-        raise ModelError(f"{op.describe()}: cannot execute: {exc}") from None
+    except MemoryError:
+        raise ResourceError(f"{op.describe()}: not enough memory to run it") from None
+    except (ArithmeticError, LookupError, TypeError, ValueError) as exc:
+        # The load-time checks keep these out; a model loaded with validate=False may not.
+        raise ModelError(f"{op.describe()}: cannot execute: {type(exc).__name__}: {exc}") from None
     outs: list[np.ndarray] = []
     for r, t in zip(results, op.outputs, strict=True):
         tensor = graph.tensors[t]

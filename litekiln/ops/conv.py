@@ -14,6 +14,7 @@ padding ``(out - 1) * stride + effective_filter - in`` is split with the odd ele
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import ClassVar
 
@@ -22,10 +23,15 @@ import numpy as np
 from litekiln.model.ir import Op, Subgraph, Tensor
 from litekiln.ops import qmath
 from litekiln.ops.base import (
+    FLOAT32,
+    INT8S,
+    QUANTIZED,
+    Check,
     OpContext,
     OpDef,
     activation_supported_on_gpu,
     apply_activation,
+    check_activation_range,
     fused_activation,
     register,
     required,
@@ -46,7 +52,8 @@ def out_size(in_size: int, filter_size: int, stride: int, dilation: int, padding
     if padding == SAME:
         return (in_size + stride - 1) // stride
     if padding == VALID:
-        return (in_size + stride - effective) // stride
+        num = in_size + stride - effective
+        return num // stride if num >= 0 else -(-num // stride)  # C division truncates
     raise ValueError(f"unknown padding code {padding}")
 
 
@@ -59,6 +66,131 @@ def pad_amounts(
     before = max(total, 0) // 2
     after = max(total - before, 0)
     return before, after
+
+
+def checked_out_size(
+    c: Check, padding: int, in_size: int, filter_size: int, stride: int, dilation: int, axis: str
+) -> int:
+    """LiteRT's ``ComputeOutSizeChecked`` (padding.h) for the load-time checks: the padding
+    must be SAME or VALID, the filter, stride and dilation positive, and the output size
+    non-negative (C's division, which truncates: a VALID window one cell too large for the
+    input still gives 0 outputs)."""
+    if padding not in (SAME, VALID):
+        raise c.fail("padding", f"padding code {padding} is neither SAME (0) nor VALID (1)")
+    if filter_size <= 0 or stride <= 0 or dilation <= 0:
+        raise c.fail(
+            "window",
+            f"{axis}: filter {filter_size}, stride {stride} and dilation {dilation} must be "
+            "positive",
+        )
+    if padding == SAME:
+        return (in_size + stride - 1) // stride
+    num = in_size + stride - ((filter_size - 1) * dilation + 1)
+    out = num // stride if num >= 0 else -(-num // stride)
+    if out < 0:
+        raise c.fail(
+            "window",
+            f"{axis}: a filter of {filter_size} (dilation {dilation}) does not fit an input of "
+            f"{in_size} with VALID padding",
+        )
+    return out
+
+
+def check_bias(c: Check, bias: Tensor | None, x: Tensor, channels: int, role: str) -> None:
+    """The bias rules of LiteRT's conv kernels: int32 with zero point 0 for 8-bit inputs,
+    the input's type otherwise; one value per output channel."""
+    if bias is None:
+        return
+    if x.type_name in INT8S:
+        c.dtype(bias, frozenset({"int32"}), role)
+        c.zero_point(bias, 0, role)
+    elif x.type_name == "int16":
+        c.dtype(bias, frozenset({"int32", "int64"}), role)
+        c.zero_point(bias, 0, role)
+    else:
+        c.dtype(bias, FLOAT32, role)
+    if bias.size != channels:
+        raise c.fail(
+            "bias-size",
+            f"{role} {bias.name!r} has {bias.size} values for {channels} output channels",
+        )
+
+
+def check_conv_quantization(
+    c: Check, x: Tensor, w: Tensor, y: Tensor, channels: int, *, hybrid: bool
+) -> None:
+    """LiteRT's ``PopulateConvolutionQuantizationParams`` and the kernels' checks around it:
+    integer kernels need quantized input, filter and output, a filter with one scale or one
+    per output channel along its quantized dimension (per-channel: int8/int16 inputs only);
+    hybrid kernels (float input, int8 filter) a quantized filter."""
+    q = w.quantization
+    if hybrid:
+        c.quantized(w, "filter", per_tensor=False)
+        assert q is not None
+        if q.scale.size != 1 and q.scale.size != w.shape[q.axis]:
+            raise c.fail("quantization-scale-count", f"filter {w.name!r}: scales per channel")
+        return
+    c.quantized(x, "input")
+    c.quantized(w, "filter", per_tensor=False)
+    c.quantized(y, "output")
+    assert q is not None
+    n = q.scale.size
+    if n != 1 and n != channels:
+        raise c.fail(
+            "quantization-scale-count",
+            f"filter {w.name!r} has {n} scales for {channels} output channels",
+        )
+    if n > 1:
+        if x.type_name not in ("int8", "int16") or w.type_name != "int8":
+            raise c.fail(
+                "quantization-per-channel",
+                f"per-channel filter {w.name!r} ({w.type_name}) with a {x.type_name} input: "
+                "only int8 filters with int8/int16 inputs are quantized per channel",
+            )
+        if w.shape[q.axis] != n:
+            raise c.fail(
+                "quantization-scale-count",
+                f"filter {w.name!r}: {n} scales along dimension {q.axis} of {list(w.shape)}",
+            )
+    check_activation_range(c, y)
+
+
+def _check_conv_dtypes(c: Check, x: Tensor, w: Tensor, y: Tensor, what: str) -> bool:
+    """Input, filter and output types of a conv kernel; True for a hybrid op (float input,
+    int8 filter). LiteRT reads a hybrid filter's bytes as int8 and a float filter's as
+    float32 whatever their declared type, and its 8-bit kernels assume a filter of the
+    input's type with zero points 0: litekiln refuses the other combinations."""
+    c.dtype(x, frozenset({"float32", "uint8", "int8", "int16"}), "input")
+    c.same_dtype(y, x, "output")
+    xt = x.type_name
+    if xt == "float32":
+        if w.type_name == "int8":  # (int4 too: unpacked at load)
+            return True
+        c.dtype(w, FLOAT32, "filter")
+        return False
+    c.dtype(w, frozenset({"int8" if xt == "int16" else xt, "int4"}), "filter")
+    if xt in ("int8", "int16"):
+        c.quantized(w, "filter", per_tensor=False)
+        c.zero_point(w, 0, "filter")
+    if xt == "int16":
+        c.zero_point(x, 0, "input")
+        c.zero_point(y, 0, "output")
+    return False
+
+
+def check_bias_scale(c: Check, x: Tensor, w: Tensor, bias: Tensor | None, y: Tensor) -> None:
+    """``GetQuantizedConvolutionMultipler`` with a bias: the bias scale must be close to
+    input scale x filter scale (within 2% of the output scale)."""
+    if bias is None:
+        return
+    xs, ws, ys = (float(t.quantization.scale[0]) for t in (x, w, y))  # type: ignore[union-attr]
+    bs = float(bias.quantization.scale[0]) if bias.quantization is not None else 0.0
+    if not abs(xs * ws - bs) / ys <= 0.02:
+        raise c.fail(
+            "bias-scale",
+            f"bias {bias.name!r} has scale {bs}, input x filter scale is {xs * ws} (output "
+            f"scale {ys}): they must agree within 2% of the output scale",
+        )
 
 
 def conv_geometry(
@@ -75,10 +207,11 @@ def conv_geometry(
     h, w = x_shape[1], x_shape[2]
     oh = out_size(h, kh, sh, dh, padding)
     ow = out_size(w, kw, sw, dw, padding)
-    if oh <= 0 or ow <= 0:
+    if oh < 0 or ow < 0:
         raise ValueError(
             f"a {kh}x{kw} window (dilation {dh}x{dw}) does not fit input {h}x{w} with VALID padding"
         )
+    # (0 outputs is LiteRT's answer for a VALID window one stride too large: an empty result.)
     return oh, ow, pad_amounts(h, kh, sh, dh, oh), pad_amounts(w, kw, sw, dw, ow)
 
 
@@ -100,6 +233,8 @@ def window_taps(
 
     The input is padded with ``fill`` first; each tap is a strided view, no copy.
     """
+    if oh == 0 or ow == 0:
+        return [np.zeros((x.shape[0], oh, ow, x.shape[3]), x.dtype)] * (kh * kw)
     need_h = (oh - 1) * sh + (kh - 1) * dh + 1
     need_w = (ow - 1) * sw + (kw - 1) * dw + 1
     after_h = max(need_h - x.shape[1] - pad_h[0], 0)
@@ -248,6 +383,47 @@ class Conv2D(_ConvLike):
     gpu_max_version = 1
     # The TFLite GPU delegate accepts CONV_2D up to v6 (int8, hybrid, int16 versions).
     gpu_quant_max_version = 6
+    versions = (1, 8)
+    # LiteRT's conv.cc takes 2 or 3 inputs, then requires the bias ("the optimized versions
+    # require 'bias'"), so in effect exactly 3, all present.
+    num_inputs = (3, 3)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """conv.cc's Prepare, plus: a float input takes a float32 filter (LiteRT would
+        reinterpret other filters' bytes) and an 8-bit input a filter of its own type."""
+        super().validate(c)
+        x, w, bias, y = c.input(0), c.input(1), c.input(2), c.output()
+        c.rank(x, 4, None, "input")
+        c.rank(w, 4, None, "filter")
+        n, h, wd, ci = x.shape
+        co, kh, kw, fi = w.shape
+        if min(h, wd, ci) <= 0 or min(co, kh, kw, fi) <= 0:
+            raise c.fail(
+                "empty-dimension",
+                f"input {list(x.shape)} and filter {list(w.shape)} need positive sizes",
+            )
+        if ci % fi or co % (ci // fi):
+            raise c.fail(
+                "filter-channels",
+                f"input channels {ci} are not a multiple of the filter's {fi}, or its "
+                f"{co} output channels do not split into {ci // fi} groups",
+            )
+        hybrid = _check_conv_dtypes(c, x, w, y, "CONV_2D")
+        o = c.op.options
+        sh, sw = int(o.get("stride_h", 0)), int(o.get("stride_w", 0))
+        dh, dw = int(o.get("dilation_h_factor", 0)), int(o.get("dilation_w_factor", 0))
+        if max(sh, sw, dh, dw) > 0x7FFF:
+            raise c.fail("window", f"strides {sh}x{sw} and dilations {dh}x{dw} exceed 32767")
+        padding = int(o.get("padding", SAME))
+        check_bias(c, bias, x, co, "bias")
+        oh = checked_out_size(c, padding, h, kh, sh, dh, "height")
+        ow = checked_out_size(c, padding, wd, kw, sw, dw, "width")
+        if x.type_name != "float32" or hybrid:
+            check_conv_quantization(c, x, w, y, co, hybrid=hybrid)
+            if x.type_name == "uint8":
+                check_bias_scale(c, x, w, bias, y)
+        c.output_shape((n, oh, ow, co))
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -293,6 +469,64 @@ class DepthwiseConv2D(_ConvLike):
     gpu_max_version = 2  # v2 adds dilation (documented GPU table: v1-2, docs/architecture.md)
     # The TFLite GPU delegate accepts DEPTHWISE_CONV_2D up to v6 with quantized models.
     gpu_quant_max_version = 6
+    versions = (1, 7)
+    num_inputs = (2, 3)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """depthwise_conv.cc's Prepare, plus the filter rules of CONV_2D's, and a depth
+        multiplier consistent with the shapes for a hybrid op (LiteRT's hybrid kernel reads
+        the option; the others compute it from the shapes)."""
+        super().validate(c)
+        x, w, y = c.input(0), c.input(1), c.output()
+        bias = c.input(2) if len(c.op.inputs) == 3 else None
+        c.rank(x, 4, None, "input")
+        c.rank(w, 4, None, "filter")
+        o = c.op.options
+        sh, sw = int(o.get("stride_h", 0)), int(o.get("stride_w", 0))
+        dh, dw = int(o.get("dilation_h_factor", 0)), int(o.get("dilation_w_factor", 0))
+        if max(sh, sw, dh, dw) > 0x7FFF:
+            raise c.fail("window", f"strides {sh}x{sw} and dilations {dh}x{dw} exceed 32767")
+        n, h, wd, ci = x.shape
+        _, kh, kw, co = w.shape
+        if min(h, wd, ci) <= 0 or min(kh, kw, co) <= 0:
+            raise c.fail(
+                "empty-dimension",
+                f"input {list(x.shape)} and filter {list(w.shape)} need positive sizes",
+            )
+        hybrid = _check_conv_dtypes(c, x, w, y, "DEPTHWISE_CONV_2D")
+        if w.shape[0] != 1:
+            raise c.fail("filter-shape", f"filter {list(w.shape)} is not [1, H, W, C]")
+        if co % ci:
+            raise c.fail(
+                "filter-channels",
+                f"filter channels {co} are not a multiple of the input's {ci}",
+            )
+        if bias is not None:
+            c.rank(bias, 1, None, "bias")
+        check_bias(c, bias, x, co, "bias")
+        padding = int(o.get("padding", SAME))
+        oh = checked_out_size(c, padding, h, kh, sh, dh, "height")
+        ow = checked_out_size(c, padding, wd, kw, sw, dw, "width")
+        if x.type_name != "float32":
+            check_conv_quantization(c, x, w, y, co, hybrid=False)
+        elif hybrid:
+            c.quantized(w, "filter", per_tensor=False)
+            q = w.quantization
+            assert q is not None
+            if q.scale.size != w.shape[q.axis]:
+                raise c.fail(
+                    "quantization-scale-count",
+                    f"filter {w.name!r}: {q.scale.size} scales, its dimension {q.axis} is "
+                    f"{w.shape[q.axis]}",
+                )
+            dm = int(o.get("depth_multiplier", 0))
+            if dm * ci != co:
+                raise c.fail(
+                    "depth-multiplier",
+                    f"depth_multiplier {dm} x {ci} input channels != {co} filter channels",
+                )
+        c.output_shape((n, oh, ow, co))
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -304,11 +538,8 @@ class DepthwiseConv2D(_ConvLike):
         _, kh, kw, co = w.shape
         if co % c:
             raise ctx.fail(f"filter has {co} channels, not a multiple of the input's {c}")
+        # LiteRT's float and 8-bit kernels take the multiplier from the shapes, not the option.
         mult = co // c
-        dm = int(o.get("depth_multiplier", 0) or 0)
-        if dm and dm * c != co:
-            # TFLite checks the option only when it is consistent with the shapes' meaning.
-            raise ctx.fail(f"depth_multiplier {dm} x {c} input channels != {co} filter channels")
         sh, sw = int(o.get("stride_h", 1)), int(o.get("stride_w", 1))
         dh = int(o.get("dilation_h_factor", 1) or 1)
         dw = int(o.get("dilation_w_factor", 1) or 1)
@@ -349,6 +580,65 @@ class TransposeConv(_ConvLike):
     data_input = 2
     weight_input = 1
     bias_input = 3
+    versions = (1, 5)
+    num_inputs = (3, 4)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """transpose_conv.cc's Prepare and the checks its Eval makes before computing (the
+        output shape's batch and channels, the input size the conv of the output gives back).
+        litekiln also needs a constant output_shape of 4 positive values, and does not run
+        the hybrid kernel (float input, int8 weights)."""
+        super().validate(c)
+        shape_t, w, x, y = c.input(0), c.input(1), c.input(2), c.output()
+        bias = c.optional(3)
+        c.rank(shape_t, 1, None, "output_shape")
+        c.rank(x, 4, None, "input")
+        c.rank(w, 4, None, "weights")
+        o = c.op.options
+        sh, sw = int(o.get("stride_h", 0)), int(o.get("stride_w", 0))
+        if not (0 < sh <= 0x7FFF and 0 < sw <= 0x7FFF):
+            raise c.fail("window", f"strides {sh}x{sw} must be in 1-32767")
+        if min(x.shape[1:]) <= 0 or min(w.shape[:3]) <= 0:
+            raise c.fail(
+                "empty-dimension",
+                f"input {list(x.shape)} and weights {list(w.shape)} need positive sizes",
+            )
+        c.dtype(x, frozenset({"float32", "uint8", "int8", "int16"}), "input")
+        xt = x.type_name
+        c.dtype(w, frozenset({"int8" if xt == "int16" else xt}), "weights")
+        check_bias(c, bias, x, w.shape[0], "bias")
+        if xt == "int16":
+            c.zero_point(x, 0, "input")
+            c.zero_point(y, 0, "output")
+        c.same_dtype(y, x, "output")
+        if x.shape[3] != w.shape[3]:
+            raise c.fail(
+                "filter-channels",
+                f"input has {x.shape[3]} channels, the weights {w.shape[3]}",
+            )
+        if xt != "float32":
+            check_conv_quantization(c, x, w, y, w.shape[0], hybrid=False)
+        if shape_t.data is None:
+            raise c.fail("output-shape-constant", "output_shape is not a constant")
+        c.dtype(shape_t, frozenset({"int32"}), "output_shape")
+        out = tuple(int(v) for v in shape_t.data.reshape(-1))
+        if len(out) != 4 or out[0] != x.shape[0] or min(out[1:3]) <= 0 or out[3] != w.shape[0]:
+            raise c.fail(
+                "output-shape-value",
+                f"output_shape {list(out)} for input {list(x.shape)} and weights "
+                f"{list(w.shape)}: expected [batch, height > 0, width > 0, output channels]",
+            )
+        padding = int(o.get("padding", SAME))
+        ih = checked_out_size(c, padding, out[1], w.shape[1], sh, 1, "height")
+        iw = checked_out_size(c, padding, out[2], w.shape[2], sw, 1, "width")
+        if (ih, iw) != x.shape[1:3]:
+            raise c.fail(
+                "output-shape-value",
+                f"output_shape {list(out)} maps back to {ih}x{iw}, the input is "
+                f"{x.shape[1]}x{x.shape[2]}",
+            )
+        c.output_shape(out)
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -401,6 +691,95 @@ class FullyConnected(_ConvLike):
     # The GPU delegate accepts FULLY_CONNECTED up to v9 with quantized models.
     gpu_quant_max_version = 9
     nhwc = False
+    versions = (1, 14)
+    num_inputs = (2, 3)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """fully_connected.cc's Prepare (CheckTypes, activations, shapes, quantization).
+        litekiln also refuses the shuffled weights format (not implemented), an input whose
+        size is not a whole number of rows (LiteRT drops the rest), a hybrid op with uint8
+        weights and an 8-bit op whose weights are not of the input's type (LiteRT would read
+        their bytes as int8)."""
+        super().validate(c)
+        o = c.op.options
+        fmt = int(o.get("weights_format", 0))
+        if fmt not in (0, 1):
+            raise c.fail("weights-format", f"weights format {fmt} is unknown")
+        if fmt == 1:
+            raise c.fail("weights-format", "the shuffled weights format is not supported")
+        c.count("outputs", len(c.op.outputs), 1, 1)
+        x, w, y = c.input(0), c.input(1), c.output()
+        bias = c.optional(2)
+        xt, wt = x.type_name, w.type_name
+        hybrid = xt == "float32" and wt in INT8S
+        if wt in QUANTIZED:
+            if hybrid:
+                c.dtype(w, frozenset({"int8", "int4"}), "weights")
+                c.dtype(y, FLOAT32, "output")
+                if bias is not None:
+                    c.dtype(bias, FLOAT32, "bias")
+            else:
+                c.dtype(x, QUANTIZED, "input")
+                c.dtype(y, QUANTIZED, "output")
+                c.dtype(
+                    w,
+                    frozenset({"int8", "int16", "int4"} if xt == "int16" else {xt, "int4"}),
+                    "weights",
+                )
+                if bias is not None:
+                    c.dtype(bias, frozenset({"int32", "int64"}), "bias")
+        else:
+            c.dtype(x, FLOAT32, "input")
+            c.dtype(y, FLOAT32, "output")
+            c.dtype(w, FLOAT32, "weights")
+            if bias is not None:
+                c.dtype(bias, FLOAT32, "bias")
+        act = c.activation()
+        if not hybrid and act not in (0, 1, 2, 3):
+            raise c.fail("activation", f"fused activation {act}: the kernel clamps only")
+        c.rank(w, 2, None, "weights")
+        units, depth = w.shape
+        size = math.prod(x.shape)
+        keep = bool(o.get("keep_num_dims"))
+        if depth == 0:
+            out: tuple[int, ...] = (
+                (*x.shape[:-1], units) if keep else (math.prod(x.shape[:-1]), units)
+            )
+            c.output_shape(out)
+            return
+        if bias is not None and bias.size != units:
+            raise c.fail("bias-size", f"bias {bias.name!r} has {bias.size} values for {units}")
+        if xt in QUANTIZED:
+            c.quantized(x, "input")
+            c.quantized(w, "weights", per_tensor=False)
+            c.quantized(y, "output")
+            q = w.quantization
+            assert q is not None
+            if q.scale.size > 1:
+                if xt not in ("int8", "int16") or q.axis != 0 or q.scale.size != units:
+                    raise c.fail(
+                        "quantization-per-channel",
+                        f"weights {w.name!r}: per-channel scales need an int8/int16 input and "
+                        f"{units} scales along dimension 0",
+                    )
+            else:
+                check_bias_scale(c, x, w, bias, y)
+            check_activation_range(c, y)
+        if xt == "int16" and y.type_name == "int16":
+            c.zero_point(x, 0, "input")
+            c.zero_point(y, 0, "output")
+        if keep and x.shape[-1:] != (depth,):
+            raise c.fail(
+                "input-shape",
+                f"keep_num_dims: the input's last dimension {x.shape[-1:]} is not {depth}",
+            )
+        if size % depth:
+            raise c.fail(
+                "input-shape",
+                f"input of {size} elements is not a whole number of rows of {depth}",
+            )
+        c.output_shape((*x.shape[:-1], units) if keep else (size // depth, units))
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -467,6 +846,39 @@ class Convolution2DTransposeBias(_ConvLike):
 
     name = "Convolution2DTransposeBias"
     gpu_extended = True
+    versions = None
+    num_inputs = (3, 3)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """MediaPipe's Prepare (transpose_conv_bias.cc): three float inputs, rank-4 input and
+        filter of the same depth, one bias per output channel, valid raw options."""
+        super().validate(c)
+        try:
+            padding, stride_w, stride_h = cls.params(c.op)
+        except ValueError as e:
+            raise c.fail("custom-options", str(e)) from None
+        x, w, b, y = c.input(0), c.input(1), c.input(2), c.output()
+        for t, role in ((x, "input"), (w, "filter"), (b, "bias"), (y, "output")):
+            c.dtype(t, FLOAT32, role)
+        c.rank(x, 4, None, "input")
+        c.rank(w, 4, None, "filter")
+        c.rank(b, 1, None, "bias")
+        if x.shape[3] != w.shape[3] or b.shape[0] != w.shape[0] or min(w.shape[1:3]) <= 0:
+            raise c.fail(
+                "filter-channels",
+                f"input {list(x.shape)}, filter {list(w.shape)} and bias {list(b.shape)} "
+                "do not agree",
+            )
+        h, wd = x.shape[1], x.shape[2]
+        kh, kw = w.shape[1], w.shape[2]
+        tot_h = tot_w = 0
+        if padding == C_PADDING_SAME:
+            tot_h = max(0, kh - (h - 1) % stride_h - 1)
+            tot_w = max(0, kw - (wd - 1) % stride_w - 1)
+        oh = stride_h * (h - 1) + kh - tot_h
+        ow = stride_w * (wd - 1) + kw - tot_w
+        c.output_shape((x.shape[0], oh, ow, w.shape[0]))
 
     @staticmethod
     def params(op: Op) -> tuple[int, int, int]:

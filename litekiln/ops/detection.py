@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from litekiln.ops.base import OpContext, OpDef, register, required
+from litekiln.errors import ModelError
+from litekiln.ops.base import FLOAT32, Check, OpContext, OpDef, register, required
 from litekiln.ops.mediapipe import flex_options
 
 
@@ -114,6 +115,52 @@ def _top_classes(scores: np.ndarray, k: int) -> np.ndarray:
 class DetectionPostProcess(OpDef):
     name = "TFLite_Detection_PostProcess"
     gpu = False  # custom op, not in the GPU op table
+    versions = None
+    num_inputs = (3, 3)
+    num_outputs = (4, 4)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """detection_postprocess.cc's Prepare: box encodings and class predictions rank 3,
+        anchors rank 2; four outputs sized [1, D, 4], [1, D], [1, D], [1] with D =
+        max_detections * max_classes_per_detection. litekiln also checks the options the
+        reference needs and the shapes it reads ([1, N, >= 4], [1, N, C], [N, 4])."""
+        super().validate(c)
+        enc, scores, anchors = c.input(0), c.input(1), c.input(2)
+        c.rank(enc, 3, None, "box encodings")
+        c.rank(scores, 3, None, "class predictions")
+        c.rank(anchors, 2, None, "anchors")
+        for t, role in (
+            (enc, "box encodings"),
+            (scores, "class predictions"),
+            (anchors, "anchors"),
+        ):
+            if t.type_name != "float32" and t.quantization is None:
+                c.dtype(t, FLOAT32, role)
+        try:
+            o = cls._options(OpContext(c.op, c.graph))
+        except ModelError as exc:
+            raise c.fail("custom-options", str(exc).split(": ", 1)[-1]) from None
+        n = enc.shape[1]
+        if (
+            enc.shape[0] != 1
+            or enc.shape[2] < 4
+            or scores.shape[:2] != (1, n)
+            or anchors.shape != (n, 4)
+        ):
+            raise c.fail(
+                "input-shape",
+                f"box encodings {list(enc.shape)}, class predictions {list(scores.shape)}, "
+                f"anchors {list(anchors.shape)}: expected [1, N, >=4], [1, N, C], [N, 4]",
+            )
+        if scores.shape[2] - o["num_classes"] not in (0, 1):
+            raise c.fail("option-value", f"{scores.shape[2]} scores for {o['num_classes']} classes")
+        if o["max_detections"] < 0 or o["max_classes_per_detection"] <= 0:
+            raise c.fail("option-value", "max_detections >= 0, max_classes_per_detection > 0")
+        d = o["max_detections"] * o["max_classes_per_detection"]
+        for i, shape in enumerate(((1, d, 4), (1, d), (1, d), (1,))):
+            c.dtype(c.output(i), FLOAT32, f"output {i}")
+            c.output_shape(shape, i)
 
     @staticmethod
     def _options(ctx: OpContext) -> dict[str, Any]:

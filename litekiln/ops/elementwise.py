@@ -6,17 +6,26 @@ from collections.abc import Callable
 
 import numpy as np
 
-from litekiln.model.ir import Op, Subgraph
+from litekiln.model.ir import Op, Subgraph, Tensor
 from litekiln.ops import qmath
 from litekiln.ops.base import (
+    FLOAT32,
+    QUANTIZED,
     BinaryOp,
+    Check,
     OpContext,
     OpDef,
     UnaryOp,
+    broadcast_shape,
     fused_activation,
     register,
     required,
 )
+
+#: dtype sets of LiteRT's elementwise kernels (their Eval switches).
+_F32_Q = frozenset({"float32", "uint8", "int8", "int16"})
+_NUMERIC = frozenset({"float32", "int32", "int64", "uint8", "int8", "int16"})
+_BOOL = frozenset({"bool"})
 
 # -- binary -------------------------------------------------------------------------------
 
@@ -79,6 +88,8 @@ class Add(BinaryOp):
     gpu = True
     gpu_quant_max_version = 2  # ADD v2 is the int8 kernel (docs/architecture.md, "Op tables")
     fn = staticmethod(np.add)
+    versions = (1, 6)
+    dtypes = _NUMERIC | {"float16"}
 
     @classmethod
     def reference_quantized(
@@ -93,6 +104,8 @@ class Sub(BinaryOp):
     gpu = True
     gpu_quant_max_version = 2
     fn = staticmethod(np.subtract)
+    versions = (1, 5)
+    dtypes = _NUMERIC
 
     @classmethod
     def reference_quantized(
@@ -107,6 +120,9 @@ class Mul(BinaryOp):
     gpu = True
     gpu_quant_max_version = 2
     fn = staticmethod(np.multiply)
+    versions = (1, 8)
+    dtypes = _NUMERIC | {"float16", "uint32"}
+    sets_output_dtype = False
 
     @classmethod
     def reference_quantized(
@@ -120,6 +136,8 @@ class Div(BinaryOp):
     name = "DIV"
     gpu_extended = True
     fn = staticmethod(np.divide)
+    versions = (1, 2)
+    dtypes = frozenset({"float32", "int32", "uint8"})
 
 
 @register
@@ -128,6 +146,8 @@ class Maximum(BinaryOp):
     gpu = True
     gpu_quant_max_version = 2
     fn = staticmethod(np.maximum)
+    versions = (1, 4)
+    dtypes = _NUMERIC | {"float16"}
 
 
 @register
@@ -136,30 +156,39 @@ class Minimum(BinaryOp):
     gpu = True
     gpu_quant_max_version = 2
     fn = staticmethod(np.minimum)
+    versions = (1, 4)
+    dtypes = _NUMERIC | {"float16"}
 
 
 @register
 class Pow(BinaryOp):
     name = "POW"
     fn = staticmethod(np.power)
+    dtypes = frozenset({"float32", "int32"})
 
 
 @register
 class SquaredDifference(BinaryOp):
     name = "SQUARED_DIFFERENCE"
     fn = staticmethod(lambda x, y: np.square(x - y))
+    versions = (1, 2)
+    dtypes = frozenset({"float32", "int32", "int8"})
 
 
 @register
 class FloorDiv(BinaryOp):
     name = "FLOOR_DIV"
     fn = staticmethod(np.floor_divide)
+    versions = (1, 3)
+    dtypes = frozenset({"float32", "int32", "int16", "int8"})
 
 
 @register
 class FloorMod(BinaryOp):
     name = "FLOOR_MOD"
     fn = staticmethod(np.mod)
+    versions = (1, 2)
+    dtypes = frozenset({"float32", "int32", "int64", "int16", "int8"})
 
 
 @register
@@ -167,6 +196,7 @@ class LogicalAnd(BinaryOp):
     name = "LOGICAL_AND"
     gpu = True
     fn = staticmethod(np.logical_and)
+    dtypes = _BOOL
 
     @classmethod
     def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
@@ -180,22 +210,30 @@ class LogicalAnd(BinaryOp):
 class LogicalOr(BinaryOp):
     name = "LOGICAL_OR"
     fn = staticmethod(np.logical_or)
+    dtypes = _BOOL
 
 
 class _Compare(BinaryOp):
-    pass
+    """Comparisons: a bool output (quantized inputs compared by their real values)."""
+
+    dtypes = _NUMERIC | {"bool", "float16"}
+    output_dtype = "bool"
 
 
-for _name, _fn in [
-    ("EQUAL", np.equal),
-    ("NOT_EQUAL", np.not_equal),
-    ("LESS", np.less),
-    ("LESS_EQUAL", np.less_equal),
-    ("GREATER", np.greater),
-    ("GREATER_EQUAL", np.greater_equal),
+for _name, _fn, _versions in [
+    ("EQUAL", np.equal, (1, 5)),
+    ("NOT_EQUAL", np.not_equal, (1, 4)),
+    ("LESS", np.less, (1, 3)),
+    ("LESS_EQUAL", np.less_equal, (1, 2)),
+    ("GREATER", np.greater, (1, 2)),
+    ("GREATER_EQUAL", np.greater_equal, (1, 3)),
 ]:
     register(
-        type(_name.title().replace("_", ""), (_Compare,), {"name": _name, "fn": staticmethod(_fn)})
+        type(
+            _name.title().replace("_", ""),
+            (_Compare,),
+            {"name": _name, "fn": staticmethod(_fn), "versions": _versions},
+        )
     )
 
 
@@ -220,31 +258,56 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return (0.5 * x * (1.0 + erf(x / sqrt(2.0)))).astype(x.dtype)
 
 
-_UNARY: dict[str, tuple[Callable[[np.ndarray], np.ndarray], bool | str]] = {
-    # name: (fn, in the documented GPU table; "extended": the TFLite GPU delegate runs it too)
-    "RELU": (lambda x: np.maximum(x, 0), True),
-    "RELU6": (lambda x: np.clip(x, 0, 6), True),
-    "RELU_N1_TO_1": (lambda x: np.clip(x, -1, 1), False),
-    "RELU_0_TO_1": (lambda x: np.clip(x, 0, 1), False),
-    "LOGISTIC": (_logistic, True),
-    "TANH": (np.tanh, "extended"),
-    "EXP": (np.exp, True),
-    "LOG": (np.log, False),
-    "SQRT": (np.sqrt, False),
-    "RSQRT": (lambda x: 1.0 / np.sqrt(x), False),
-    "SQUARE": (np.square, False),
-    "ABS": (np.abs, False),
-    "NEG": (np.negative, False),
-    "SIN": (np.sin, False),
-    "COS": (np.cos, False),
-    "FLOOR": (np.floor, False),
-    "CEIL": (np.ceil, False),
-    "ROUND": (np.round, False),  # banker's rounding, as TFLite's ROUND (std::nearbyint)
-    "SIGN": (np.sign, False),
-    "LOGICAL_NOT": (np.logical_not, False),
-    "HARD_SWISH": (lambda x: x * np.clip(x + 3, 0, 6) / 6, "extended"),
-    "ELU": (lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0))), False),
-    "GELU": (_gelu, False),
+#: name: (fn, in the documented GPU table ("extended": the TFLite GPU delegate runs it too),
+#: the versions LiteRT has kernels for, the input types they take).
+_UNARY: dict[
+    str,
+    tuple[Callable[[np.ndarray], np.ndarray], bool | str, tuple[int, int], frozenset[str]],
+] = {
+    "RELU": (lambda x: np.maximum(x, 0), True, (1, 3), _F32_Q),
+    "RELU6": (lambda x: np.clip(x, 0, 6), True, (1, 3), _F32_Q),
+    "RELU_N1_TO_1": (
+        lambda x: np.clip(x, -1, 1),
+        False,
+        (1, 1),
+        frozenset({"float32", "uint8", "int8"}),
+    ),
+    "RELU_0_TO_1": (
+        lambda x: np.clip(x, 0, 1),
+        False,
+        (1, 1),
+        frozenset({"float32", "uint8", "int8"}),
+    ),
+    "LOGISTIC": (_logistic, True, (1, 3), _F32_Q),
+    "TANH": (np.tanh, "extended", (1, 3), _F32_Q),
+    "EXP": (np.exp, True, (1, 2), frozenset({"float32", "int8", "int16"})),
+    "LOG": (np.log, False, (1, 2), frozenset({"float32", "int8", "int16"})),
+    "SQRT": (np.sqrt, False, (1, 2), frozenset({"float32", "int8", "int16"})),
+    "RSQRT": (lambda x: 1.0 / np.sqrt(x), False, (1, 3), frozenset({"float32", "int8", "int16"})),
+    "SQUARE": (np.square, False, (1, 1), FLOAT32),
+    "ABS": (np.abs, False, (1, 5), frozenset({"float32", "int8", "int16", "int32"})),
+    "NEG": (np.negative, False, (1, 1), frozenset({"float32", "int32", "int64"})),
+    "SIN": (np.sin, False, (1, 2), FLOAT32),
+    "COS": (np.cos, False, (1, 2), FLOAT32),
+    "FLOOR": (np.floor, False, (1, 1), FLOAT32),
+    "CEIL": (np.ceil, False, (1, 1), FLOAT32),
+    # banker's rounding, as TFLite's ROUND (std::nearbyint)
+    "ROUND": (np.round, False, (1, 1), FLOAT32),
+    "SIGN": (np.sign, False, (1, 2), frozenset({"float32", "int32"})),
+    "LOGICAL_NOT": (np.logical_not, False, (1, 1), _BOOL),
+    "HARD_SWISH": (
+        lambda x: x * np.clip(x + 3, 0, 6) / 6,
+        "extended",
+        (1, 1),
+        frozenset({"float32", "uint8", "int8"}),
+    ),
+    "ELU": (
+        lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0))),
+        False,
+        (1, 1),
+        frozenset({"float32", "int8"}),
+    ),
+    "GELU": (_gelu, False, (1, 3), frozenset({"float32", "uint8", "int8"})),
 }
 
 
@@ -272,13 +335,19 @@ def _logistic_quantized(
 #: Integer semantics of unary ops that have them.
 _UNARY_QUANTIZED = {"LOGISTIC": _logistic_quantized}
 
-for _name, (_unary_fn, _gpu) in _UNARY.items():
+#: Unary kernels that give their output the input's type (the others require it).
+_SETS_OUTPUT_DTYPE = {"CEIL", "FLOOR", "EXP", "NEG", "ROUND"}
+
+for _name, (_unary_fn, _gpu, _versions, _dtypes) in _UNARY.items():
     _attrs: dict[str, object] = {
         "name": _name,
         "fn": staticmethod(_unary_fn),
         "gpu": _gpu is True,
         "gpu_extended": _gpu == "extended",
         "gpu_quant_max_version": 2,
+        "versions": _versions,
+        "dtypes": _dtypes,
+        "sets_output_dtype": _name in _SETS_OUTPUT_DTYPE,
     }
     if _name in _UNARY_QUANTIZED:
         _attrs["reference_quantized"] = classmethod(_UNARY_QUANTIZED[_name])
@@ -288,6 +357,22 @@ for _name, (_unary_fn, _gpu) in _UNARY.items():
 @register
 class LeakyRelu(OpDef):
     name = "LEAKY_RELU"
+    versions = (1, 2)
+    num_inputs = (1, 1)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        super().validate(c)
+        x, y = c.input(0), c.output()
+        c.dtype(x, _F32_Q, "input")
+        c.same_dtype(y, x, "output")
+        if x.type_name in QUANTIZED:
+            c.quantized(x, "input")
+            c.quantized(y, "output")
+            if x.type_name == "int16":
+                c.zero_point(x, 0, "input")
+                c.zero_point(y, 0, "output")
+        c.output_shape(x.shape)
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -300,6 +385,25 @@ class LeakyRelu(OpDef):
 class Prelu(OpDef):
     name = "PRELU"
     gpu = True
+    num_inputs = (2, 2)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """activations.cc's PreluPrepare: the output is input and alpha broadcast, and must
+        keep the input's shape. litekiln also wants alpha of the input's type (LiteRT's
+        float kernel reads alpha's bytes as floats)."""
+        super().validate(c)
+        x, alpha, y = c.input(0), c.input(1), c.output()
+        c.dtype(x, _F32_Q, "input")
+        c.same_dtype(alpha, x, "alpha")
+        c.output_dtype(x.dtype)
+        if x.type_name in QUANTIZED:
+            for t, role in ((x, "input"), (alpha, "alpha"), (y, "output")):
+                c.quantized(t, role)
+        shape = broadcast_shape(c, x, alpha)
+        if shape != x.shape:
+            raise c.fail("broadcast", f"alpha {list(alpha.shape)} widens the input {list(x.shape)}")
+        c.output_shape(shape)
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -318,7 +422,19 @@ class Prelu(OpDef):
 
 @register
 class Cast(OpDef):
+    """CAST converts the stored values: quantized tensors are cast as their raw integers
+    (LiteRT's cast ignores quantization)."""
+
     name = "CAST"
+    versions = (1, 9)
+    num_inputs = (1, 1)
+    quant_aware = True
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        super().validate(c)
+        x = c.input(0)
+        c.output_shape(x.shape)
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -334,6 +450,22 @@ class AddN(OpDef):
     name = "ADD_N"
 
     @classmethod
+    def validate(cls, c: Check) -> None:
+        """add_n.cc: two or more inputs of one type (float32 or int32) and one shape."""
+        super().validate(c)
+        n = len(c.op.inputs)
+        if n < 2:
+            raise c.fail("input-count", f"{n} inputs, the kernel takes 2 or more")
+        x = c.input(0)
+        c.dtype(x, frozenset({"float32", "int32"}), "input 0")
+        for i in range(1, n):
+            t = c.input(i)
+            c.same_dtype(t, x, f"input {i}", "input 0")
+            c.same_shape(t, x, f"input {i}", "input 0")
+        c.output_dtype(x.dtype)
+        c.output_shape(x.shape)
+
+    @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
         xs = [x for x in inputs if x is not None]
         return [np.sum(np.stack(xs), axis=0).astype(xs[0].dtype)]
@@ -341,8 +473,60 @@ class AddN(OpDef):
 
 @register
 class Select(OpDef):
+    """SELECT: a condition of the inputs' shape, or a scalar, or a vector choosing rows."""
+
     name = "SELECT"
-    aliases = ("SELECT_V2",)
+    versions = (1, 4)
+    num_inputs = (3, 3)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        super().validate(c)
+        cond, x, y = c.input(0), c.input(1), c.input(2)
+        c.dtype(cond, _BOOL, "condition")
+        c.same_dtype(y, x, "input 2", "input 1")
+        c.output_dtype(x.dtype)
+        c.output_shape(cls.shape(c, cond, x, y))
+
+    @classmethod
+    def shape(cls, c: Check, cond: Tensor, x: Tensor, y: Tensor) -> tuple[int, ...]:
+        """select.cc's output shape (kVersionOne)."""
+        if cond.shape == x.shape == y.shape or cond.size == x.size == y.size == 1:
+            return x.shape if cond.shape == x.shape == y.shape else c.output().shape
+        rows = len(cond.shape) == 1 and x.shape[:1] == cond.shape
+        if not (len(cond.shape) == 0 or rows) or x.shape != y.shape:
+            raise c.fail(
+                "broadcast",
+                f"condition {list(cond.shape)} and inputs {list(x.shape)}, {list(y.shape)}: "
+                "SELECT needs equal shapes, a scalar condition or one per row",
+            )
+        return x.shape
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        c, x, y = (required(ctx, inputs, i) for i in range(3))
+        c = c.astype(bool)
+        if c.ndim == 1 and x.ndim > 1 and c.shape[0] == x.shape[0]:
+            c = c.reshape(-1, *([1] * (x.ndim - 1)))  # one condition per row (version one)
+        return [np.where(c, x, y)]
+
+
+@register
+class SelectV2(Select):
+    """SELECT_V2: condition and inputs broadcast together (numpy's rules, rank <= 8)."""
+
+    name = "SELECT_V2"
+    versions = (1, 2)
+
+    @classmethod
+    def shape(cls, c: Check, cond: Tensor, x: Tensor, y: Tensor) -> tuple[int, ...]:
+        if cond.size == x.size == y.size == 1:
+            return c.output().shape
+        shape = broadcast_shape(c, cond, x)
+        shape = broadcast_shape(c, Tensor(-1, "broadcast", shape, x.dtype), y)
+        if len(shape) > 8:
+            raise c.fail("rank", f"broadcast shape {list(shape)} has more than 8 dimensions")
+        return shape
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from litekiln.model.ir import Op, Subgraph
-from litekiln.ops.base import OpContext, OpDef, register, required
+from litekiln.ops.base import FLOAT32, Check, OpContext, OpDef, register, required
 
 #: LSTMKernelType of schema.fbs.
 KERNEL_FULL, KERNEL_BASIC = 0, 1
@@ -34,6 +34,48 @@ class Lstm(OpDef):
     gpu = True
     gpu_max_version = 2  # documented GPU table: LSTM v2, basic kernel only (docs/architecture.md)
     gpu_quant_max_version = 2
+    versions = (1, 4)
+    num_outputs = None
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """lstm.cc's basic::Prepare: 5 inputs, 4 outputs, input [B, I], previous activation
+        and state [B, O], weights [4*O, I+O], biases [4*O]; float32 (litekiln does not run
+        the 8-bit basic kernel). The full kernel is not implemented: it is refused when run."""
+        super().validate(c)
+        if int(c.op.options.get("kernel_type", KERNEL_FULL)) != KERNEL_BASIC:
+            return
+        c.count("inputs", len(c.op.inputs), 5, 5)
+        c.count("outputs", len(c.op.outputs), 4, 4)
+        x, act, w, b, state = (c.input(i) for i in range(5))
+        for t, role in (
+            (x, "input"),
+            (act, "activation"),
+            (w, "weights"),
+            (b, "biases"),
+            (state, "state"),
+        ):
+            c.dtype(t, FLOAT32, role)
+        c.rank(x, 2, None, "input")
+        c.rank(act, 2, None, "previous activation")
+        c.rank(w, 2, None, "weights")
+        c.rank(b, 1, None, "biases")
+        c.rank(state, 2, None, "previous state")
+        n, depth = x.shape
+        units = act.shape[1]
+        if (
+            act.shape[0] != n
+            or w.shape != (4 * units, depth + units)
+            or b.shape != (4 * units,)
+            or state.shape != (n, units)
+        ):
+            raise c.fail(
+                "lstm-shapes",
+                f"input {list(x.shape)}, activation {list(act.shape)}, weights "
+                f"{list(w.shape)}, biases {list(b.shape)}, state {list(state.shape)} disagree",
+            )
+        for i, shape in enumerate(((n, units), (n, units), (n, depth + units), (n, 4 * units))):
+            c.output_shape(shape, i)
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:

@@ -67,6 +67,8 @@ class TransformLandmarks(OpDef):
     """
 
     name = "TransformLandmarks"
+    versions = None
+    num_inputs = (2, 2)
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -110,6 +112,8 @@ class TransformTensorBilinear(OpDef):
     """
 
     name = "TransformTensorBilinear"
+    versions = None
+    num_inputs = (2, 2)
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -177,6 +181,8 @@ class Landmarks2TransformMatrix(OpDef):
     """
 
     name = "Landmarks2TransformMatrix"
+    versions = None
+    num_inputs = (1, 1)
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:

@@ -8,16 +8,22 @@ inside the window, and the max ignores them.
 
 from __future__ import annotations
 
+import struct
+from typing import ClassVar
+
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from litekiln.model.ir import Op, Subgraph
 from litekiln.ops import qmath
 from litekiln.ops.base import (
+    FLOAT32,
+    Check,
     OpContext,
     OpDef,
     activation_supported_on_gpu,
     apply_activation,
+    check_activation_range,
     fused_activation,
     register,
     required,
@@ -28,6 +34,7 @@ from litekiln.ops.conv import (
     SAME,
     VALID,
     c_struct_ints,
+    checked_out_size,
     conv_geometry,
 )
 
@@ -41,6 +48,9 @@ def _window(x: np.ndarray, fh: int, fw: int, sh: int, sw: int, padding: int, fil
     if fh <= 0 or fw <= 0 or sh <= 0 or sw <= 0:
         raise ValueError(f"filter {fh}x{fw} and strides {sh}x{sw} must be positive")
     oh, ow, pad_h, pad_w = conv_geometry(x.shape, fh, fw, sh, sw, 1, 1, padding)
+    if oh == 0 or ow == 0:  # LiteRT's empty output for a window one stride too large
+        empty = np.zeros((x.shape[0], oh, ow, x.shape[3], fh, fw), x.dtype)
+        return empty, np.zeros((1, oh, ow, 1), np.float32)
 
     def windows(a: np.ndarray, value: float) -> np.ndarray:
         need_h, need_w = (oh - 1) * sh + fh, (ow - 1) * sw + fw
@@ -62,6 +72,36 @@ class _Pool2D(OpDef):
     gpu_max_version = 1
     # The TFLite GPU delegate accepts pooling up to v2 (the int8 version).
     gpu_quant_max_version = 2
+    versions = (1, 3)
+    num_inputs = (1, 1)
+    #: The input types LiteRT's kernel takes.
+    dtypes: ClassVar[frozenset[str]] = frozenset({"float32", "uint8", "int8", "int16"})
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """pooling.cc's GenericPrepare and its Eval's types: a rank-4 input, an output of
+        the same type, positive strides. LiteRT turns a window it cannot place (a filter
+        of 0, an unknown padding, a VALID filter larger than the input) into an empty
+        output; litekiln refuses it. Integer pooling works on the stored integers, whatever
+        the parameters; a clamping fused activation needs the output's scale."""
+        super().validate(c)
+        x, y = c.input(0), c.output()
+        c.rank(x, 4, None, "input")
+        c.dtype(x, cls.dtypes, "input")
+        c.same_dtype(y, x, "output")
+        o = c.op.options
+        sh, sw = int(o.get("stride_h", 0)), int(o.get("stride_w", 0))
+        if sh <= 0 or sw <= 0:
+            raise c.fail("window", f"strides {sh}x{sw} must be positive")
+        padding = int(o.get("padding", SAME))
+        fh, fw = int(o.get("filter_height", 0)), int(o.get("filter_width", 0))
+        n, h, w, ch = x.shape
+        oh = checked_out_size(c, padding, h, fh, sh, 1, "height")
+        ow = checked_out_size(c, padding, w, fw, sw, 1, "width")
+        if x.type_name != "float32" and c.activation() in (1, 2, 3):
+            c.quantized(y, "output")
+            check_activation_range(c, y)
+        c.output_shape((n, oh, ow, ch))
 
     @classmethod
     def pool(cls, win: np.ndarray, count: np.ndarray) -> np.ndarray:
@@ -70,6 +110,9 @@ class _Pool2D(OpDef):
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        integers = cls.reference_quantized(ctx, inputs)  # integer tensors, quantized or not
+        if integers is not None:
+            return integers
         o = ctx.options
         x = np.asarray(required(ctx, inputs, 0), np.float32)
         fill = -np.inf if cls.name == "MAX_POOL_2D" else 0.0
@@ -94,11 +137,15 @@ class _Pool2D(OpDef):
     def reference_quantized(
         cls, ctx: OpContext, inputs: list[np.ndarray | None]
     ) -> list[np.ndarray] | None:
-        """LiteRT's 8-bit pooling works on the raw integers (input and output share their
-        quantization), then clamps to the fused activation's integer range."""
+        """LiteRT's integer pooling works on the stored integers whatever the input's and
+        output's parameters (it assumes they are the same), then clamps to the fused
+        activation's integer range."""
         xt, yt = ctx.input_tensor(0), ctx.output_tensor()
-        if cls.pool_quantized is _Pool2D.pool_quantized or not (
-            qmath.is_integer_quantized(xt) and qmath.is_integer_quantized(yt)
+        if (
+            cls.pool_quantized is _Pool2D.pool_quantized
+            or xt is None
+            or xt.dtype.name not in ("int8", "uint8", "int16")
+            or yt.dtype != xt.dtype
         ):
             return None
         o = ctx.options
@@ -167,6 +214,8 @@ class MaxPool2D(_Pool2D):
 class L2Pool2D(_Pool2D):
     name = "L2_POOL_2D"
     gpu = False  # not in the GPU op table
+    versions = (1, 1)
+    dtypes = FLOAT32
 
     @classmethod
     def pool(cls, win: np.ndarray, count: np.ndarray) -> np.ndarray:
@@ -174,6 +223,19 @@ class L2Pool2D(_Pool2D):
 
 
 # -- MediaPipe custom pooling ops -----------------------------------------------------------
+
+
+def _checked_pool_params(c: Check) -> tuple[int, int, int, int, int, int]:
+    """The raw ``TfLitePoolParams`` of a MediaPipe pooling op, checked at load."""
+    raw = c.op.custom_options or b""
+    if len(raw) < 24:
+        raise c.fail("custom-options", f"custom options of {len(raw)} bytes, expected 24")
+    padding, sw, sh, fw, fh, act = struct.unpack_from("<6i", raw, 0)
+    if padding not in (C_PADDING_SAME, C_PADDING_VALID):
+        raise c.fail("padding", f"padding code {padding} is neither SAME (1) nor VALID (2)")
+    if min(sw, sh, fw, fh) <= 0:
+        raise c.fail("window", f"strides {sh}x{sw} and filter {fh}x{fw} must be positive")
+    return padding, sw, sh, fw, fh, act
 
 
 def _pool_params(ctx: OpContext) -> tuple[int, int, int, int, int, int]:
@@ -199,6 +261,23 @@ class MaxPoolingWithArgmax2D(OpDef):
     """
 
     name = "MaxPoolingWithArgmax2D"
+    versions = None
+    num_inputs = (1, 1)
+    num_outputs = (2, 2)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        super().validate(c)
+        x = c.input(0)
+        c.rank(x, 4, None, "input")
+        c.dtype(x, FLOAT32, "input")
+        padding, sw, sh, fw, fh, _ = _checked_pool_params(c)
+        builtin = SAME if padding == C_PADDING_SAME else VALID
+        n, h, w, ch = x.shape
+        oh = checked_out_size(c, builtin, h, fh, sh, 1, "height")
+        ow = checked_out_size(c, builtin, w, fw, sw, 1, "width")
+        c.output_shape((n, oh, ow, ch), 0)
+        c.output_shape((n, oh, ow, ch), 1)
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -226,6 +305,18 @@ class MaxUnpooling2D(OpDef):
     """
 
     name = "MaxUnpooling2D"
+    versions = None
+    num_inputs = (2, 2)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        super().validate(c)
+        x, idx = c.input(0), c.input(1)
+        c.rank(x, 4, None, "input")
+        c.same_shape(idx, x, "indices")
+        _, _, _, fw, fh, _ = _checked_pool_params(c)
+        n, h, w, ch = x.shape
+        c.output_shape((n, h * fh, w * fw, ch))
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:

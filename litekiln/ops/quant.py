@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from litekiln.ops.base import (
+    Check,
     OpContext,
     OpDef,
     dequantize,
@@ -17,11 +18,41 @@ from litekiln.ops.base import (
     required,
 )
 
+_DEQUANTIZE_INPUTS = frozenset({"uint8", "int8", "int16", "float16", "int4"})
+_FLOAT32 = np.dtype("float32")
+
 
 @register
 class Quantize(OpDef):
     name = "QUANTIZE"
     quant_aware = True
+    versions = (1, 6)
+    num_inputs = (1, 1)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """quantize.cc: a quantized output; float32 in, uint8/int8/int16 out, or a requantize
+        (int16 -> int8/int16/int32, int32 -> int8/int16, int8/uint8 -> uint8/int8/int16) of a
+        quantized input; int16 to int16 symmetric. The output keeps the input's shape."""
+        super().validate(c)
+        x, y = c.input(0), c.output()
+        allowed = {
+            "float32": {"uint8", "int8", "int16"},
+            "int16": {"int8", "int16", "int32"},
+            "int32": {"int8", "int16"},
+            "int8": {"uint8", "int8", "int16"},
+            "uint8": {"uint8", "int8", "int16"},
+        }
+        if x.type_name not in allowed:
+            raise c.fail("dtype", f"input {x.name!r} has type {x.type_name}")
+        c.dtype(y, frozenset(allowed[x.type_name]), "output")
+        c.quantized(y, "output", per_tensor=False)
+        if x.type_name != "float32":
+            c.quantized(x, "input", per_tensor=False)
+        if x.type_name == "int16" and y.type_name == "int16":
+            c.zero_point(x, 0, "input")
+            c.zero_point(y, 0, "output")
+        c.output_shape(x.shape)
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -36,6 +67,25 @@ class Quantize(OpDef):
 class Dequantize(OpDef):
     name = "DEQUANTIZE"
     quant_aware = True
+    versions = (1, 9)
+    num_inputs = (1, 1)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """dequantize.cc: a uint8, int8, int16 (symmetric) or float16 input; the kernel
+        makes the output float32 of the input's shape. litekiln wants integer inputs
+        quantized (LiteRT would scale them by 0)."""
+        super().validate(c)
+        x = c.input(0)
+        name = x.type_name
+        if name not in _DEQUANTIZE_INPUTS:
+            c.dtype(x, _DEQUANTIZE_INPUTS, "input")
+        c.output_dtype(_FLOAT32)
+        if name != "float16":
+            c.quantized(x, "input", per_tensor=False)
+        if name == "int16":
+            c.zero_point(x, 0, "input")
+        c.output_shape(x.shape)
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:

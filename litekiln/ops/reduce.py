@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -9,12 +10,56 @@ import numpy as np
 
 from litekiln.model.ir import Op, Subgraph
 from litekiln.ops import qmath
-from litekiln.ops.base import OpContext, OpDef, int_input, register, required
+from litekiln.ops.base import (
+    FLOAT32,
+    QUANTIZED,
+    Check,
+    OpContext,
+    OpDef,
+    int_input,
+    register,
+    required,
+)
+
+_NUMERIC = frozenset({"float32", "int32", "int64", "uint8", "int8", "int16"})
 
 
 class _Reduce(OpDef):
     # A numpy reduction: an array, or a numpy scalar when every axis goes (hence np.asarray).
     fn: ClassVar[Callable[..., np.ndarray | np.generic]]
+    #: The input types LiteRT's kernel takes.
+    dtypes: ClassVar[frozenset[str]] = _NUMERIC
+    num_inputs = (2, 2)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """reduce.cc: an int32 axis tensor whose values are dimensions of the input (negative
+        ones counted from the end, repeats allowed); the output keeps (keep_dims) or drops
+        the reduced dimensions; quantized 8- and 16-bit tensors carry usable parameters."""
+        super().validate(c)
+        x, axis_t, y = c.input(0), c.input(1), c.output()
+        c.dtype(x, cls.dtypes, "input")
+        c.same_dtype(y, x, "output")
+        c.dtype(axis_t, frozenset({"int32"}), "axis")
+        if x.type_name in QUANTIZED:
+            c.quantized(x, "input")
+            c.quantized(y, "output")
+            if x.type_name == "int16":
+                c.zero_point(x, 0, "input")
+                c.zero_point(y, 0, "output")
+        if axis_t.data is None:
+            return
+        rank = len(x.shape)
+        axes = set()
+        for a in (int(v) for v in axis_t.data.reshape(-1)):
+            if not -rank <= a < rank:
+                raise c.fail("axis", f"axis {a} is out of range for rank {rank}")
+            axes.add(a % rank)
+        if c.op.options.get("keep_dims"):
+            shape = tuple(1 if k in axes else d for k, d in enumerate(x.shape))
+        else:
+            shape = tuple(d for k, d in enumerate(x.shape) if k not in axes)
+        c.output_shape(shape)
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -40,6 +85,7 @@ class _Reduce(OpDef):
 class Mean(_Reduce):
     name = "MEAN"
     fn = staticmethod(np.mean)
+    versions = (1, 3)
     accumulates = True
     # MEAN is not in the documented GPU op table, but the TFLite GPU delegate runs it (the
     # MediaPipe landmark models end in a global average): available with the extended table.
@@ -62,6 +108,7 @@ class Mean(_Reduce):
 class Sum(_Reduce):
     name = "SUM"
     fn = staticmethod(np.sum)
+    versions = (1, 2)
     accumulates = True
 
 
@@ -69,24 +116,31 @@ class Sum(_Reduce):
 class ReduceProd(_Reduce):
     name = "REDUCE_PROD"
     fn = staticmethod(np.prod)
+    versions = (1, 2)
+    dtypes = frozenset({"float32", "int32", "int64"})
 
 
 @register
 class ReduceMax(_Reduce):
     name = "REDUCE_MAX"
     fn = staticmethod(np.max)
+    versions = (1, 3)
+    dtypes = _NUMERIC | {"bool"}
 
 
 @register
 class ReduceMin(_Reduce):
     name = "REDUCE_MIN"
     fn = staticmethod(np.min)
+    versions = (1, 3)
+    dtypes = _NUMERIC | {"bool"}
 
 
 @register
 class ReduceAny(_Reduce):
     name = "REDUCE_ANY"
     fn = staticmethod(np.any)
+    dtypes = frozenset({"bool"})
 
 
 def _softmax(x: np.ndarray, beta: float) -> np.ndarray:
@@ -100,6 +154,36 @@ class Softmax(OpDef):
     name = "SOFTMAX"
     gpu = True
     gpu_quant_max_version = 2
+    versions = (1, 4)
+    num_inputs = (1, 1)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """activations.cc's SoftmaxPrepare: rank >= 1; an int8 output of scale 1/256 and zero
+        point -128 (int16: 1/32768, 0) as the integer kernels assume. litekiln also wants the
+        output of the input's type (LiteRT's int8-in uint8-out pairing fails when it runs)."""
+        super().validate(c)
+        x, y = c.input(0), c.output()
+        c.rank(x, 1, 8, "input")
+        c.dtype(x, frozenset({"float32", "uint8", "int8", "int16"}), "input")
+        c.same_dtype(y, x, "output")
+        beta = float(c.op.options.get("beta", 0.0))
+        if x.type_name in QUANTIZED and not math.isfinite(beta):
+            raise c.fail("option-value", f"beta {beta}: the integer kernel's table is undefined")
+        if x.type_name in QUANTIZED:
+            c.quantized(x, "input")
+            c.quantized(y, "output")
+            q = y.quantization
+            assert q is not None
+            want = {"int8": (1 / 256, -128), "uint8": (1 / 256, 0), "int16": (1 / 32768, 0)}
+            scale, zp = want[x.type_name]
+            if int(q.zero_point[0]) != zp or abs(float(q.scale[0]) - scale) > 0.001 * scale:
+                raise c.fail(
+                    "quantization-params",
+                    f"output {y.name!r} has scale {float(q.scale[0])} and zero point "
+                    f"{int(q.zero_point[0])}, the kernel needs {scale} and {zp}",
+                )
+        c.output_shape(x.shape)
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -147,6 +231,17 @@ class Softmax(OpDef):
 @register
 class LogSoftmax(OpDef):
     name = "LOG_SOFTMAX"
+    versions = (1, 2)
+    num_inputs = (1, 1)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        super().validate(c)
+        x, y = c.input(0), c.output()
+        c.rank(x, 1, 8, "input")
+        c.dtype(x, FLOAT32, "input")
+        c.same_dtype(y, x, "output")
+        c.output_shape(x.shape)
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -158,6 +253,33 @@ class LogSoftmax(OpDef):
 class _Arg(OpDef):
     # np.argmax / np.argmin: an array, or a numpy scalar for a 1-D input.
     fn: ClassVar[Callable[..., np.ndarray | np.generic]]
+    versions = (1, 3)
+    num_inputs = (2, 2)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """arg_min_max.cc: one int32/int64 axis value in range; the output is of the
+        ``output_type`` option's type (INT32 or INT64) and the input's shape without the
+        axis."""
+        super().validate(c)
+        x, axis_t = c.input(0), c.input(1)
+        c.dtype(x, frozenset({"float32", "uint8", "int8", "int32", "bool"}), "input")
+        c.dtype(axis_t, frozenset({"int32", "int64"}), "axis")
+        out_type = {2: "int32", 4: "int64"}.get(int(c.op.options.get("output_type", 0)))
+        if out_type is None:
+            raise c.fail("option-value", "output_type is neither INT32 nor INT64")
+        c.output_dtype(np.dtype(out_type))
+        c.rank(x, 1, 8, "input")
+        if axis_t.size != 1:
+            raise c.fail("axis", f"axis has {axis_t.size} values, expected one")
+        if axis_t.data is None:
+            return
+        rank = len(x.shape)
+        a = int(axis_t.data.reshape(-1)[0])
+        if not -rank <= a < rank:
+            raise c.fail("axis", f"axis {a} is out of range for rank {rank}")
+        a %= rank
+        c.output_shape(x.shape[:a] + x.shape[a + 1 :])
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -181,6 +303,21 @@ class ArgMin(_Arg):
 @register
 class L2Normalization(OpDef):
     name = "L2_NORMALIZATION"
+    versions = (1, 2)
+    num_inputs = (1, 1)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """l2norm.cc: rank >= 1, float32 (litekiln does not run its 8-bit kernels), no fused
+        activation."""
+        super().validate(c)
+        x, y = c.input(0), c.output()
+        c.rank(x, 1, 8, "input")
+        c.dtype(x, FLOAT32, "input")
+        c.same_dtype(y, x, "output")
+        if c.activation() != 0:
+            raise c.fail("activation", f"fused activation {c.activation()}: the kernel takes none")
+        c.output_shape(x.shape)
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:

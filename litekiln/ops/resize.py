@@ -16,7 +16,15 @@ import numpy as np
 
 from litekiln.model.ir import Op, Subgraph
 from litekiln.ops import qmath
-from litekiln.ops.base import OpContext, OpDef, int_input, register, required
+from litekiln.ops.base import (
+    QUANTIZED,
+    Check,
+    OpContext,
+    OpDef,
+    int_input,
+    register,
+    required,
+)
 
 
 def _scale(in_size: int, out_size: int, align_corners: bool) -> np.float32:
@@ -69,6 +77,47 @@ def _c_div(a: np.ndarray, b: int) -> np.ndarray:
 
 
 class _Resize(OpDef):
+    versions = (1, 4)
+    num_inputs = (2, 2)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """resize_bilinear.cc / resize_nearest_neighbor.cc: a rank-4 input, a size of two
+        int32 values (positive), the output of the input's type; bilinear refuses
+        align_corners with half_pixel_centers. Integer resizes work on the stored integers,
+        so litekiln wants input and output quantized alike."""
+        super().validate(c)
+        x, size_t, y = c.input(0), c.input(1), c.output()
+        c.rank(x, 4, None, "input")
+        c.rank(size_t, 1, None, "size")
+        c.dtype(size_t, frozenset({"int32"}), "size")
+        if size_t.shape != (2,):
+            raise c.fail("size", f"size has {size_t.size} values, expected 2")
+        c.dtype(x, frozenset({"float32", "uint8", "int8", "int16"}), "input")
+        c.output_dtype(x.dtype)
+        o = c.op.options
+        if cls.name == "RESIZE_BILINEAR" and o.get("align_corners") and o.get("half_pixel_centers"):
+            raise c.fail("option-value", "align_corners together with half_pixel_centers")
+        if x.type_name in QUANTIZED:
+            c.quantized(x, "input")
+            c.quantized(y, "output")
+            xq, yq = x.quantization, y.quantization
+            assert xq is not None and yq is not None
+            if float(xq.scale[0]) != float(yq.scale[0]) or int(xq.zero_point[0]) != int(
+                yq.zero_point[0]
+            ):
+                raise c.fail(
+                    "quantization-mismatch",
+                    "input and output are quantized differently: the kernel resizes the "
+                    "stored integers",
+                )
+        if size_t.data is None:
+            return
+        h, w = (int(v) for v in size_t.data.reshape(-1))
+        if h <= 0 or w <= 0:
+            raise c.fail("size", f"size {h}x{w} must be positive")
+        c.output_shape((x.shape[0], h, w, x.shape[3]))
+
     @classmethod
     def integer_operands(cls, op: Op) -> set[int]:
         return {op.inputs[1]}

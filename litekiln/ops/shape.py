@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from types import EllipsisType
 from typing import Literal
 
 import numpy as np
 
-from litekiln.model.ir import Op, Subgraph
+from litekiln.model.ir import Op, Subgraph, Tensor
 from litekiln.ops import qmath
 from litekiln.ops.base import (
+    QUANTIZED,
+    Check,
     OpContext,
     OpDef,
     activation_supported_on_gpu,
@@ -20,9 +23,50 @@ from litekiln.ops.base import (
     required,
 )
 
+#: Types LiteRT's data-movement kernels take (their Eval switches, broadly).
+_ANY = frozenset(
+    {"float32", "float16", "uint8", "int8", "int16", "int32", "int64", "bool", "uint32"}
+)
+_INDEX_TYPES = frozenset({"int32", "int64"})
+#: TensorType codes of the index types (ArgMaxOptions.output_type, ShapeOptions.out_type).
+_INDEX_TENSOR_TYPES = {2: "int32", 4: "int64"}
+
+
+def _ints(c: Check, t: Tensor, role: str, types: frozenset[str] = _INDEX_TYPES) -> list[int] | None:
+    """The values of an integer operand (shape, axis, paddings...), None if not a constant."""
+    c.dtype(t, types, role)
+    if t.data is None:
+        return None
+    return [int(v) for v in np.asarray(t.data).reshape(-1)]
+
+
+def _axis(c: Check, axis: int, rank: int, role: str = "axis") -> int:
+    """A (possibly negative) axis of a rank-``rank`` tensor, normalised."""
+    if not -rank <= axis < rank:
+        raise c.fail("axis", f"{role} {axis} is out of range for rank {rank}")
+    return axis % rank
+
+
+def _same_quantization(c: Check, t: Tensor, like: Tensor, role: str) -> None:
+    """LiteRT copies the stored integers: ``t`` must be quantized as ``like`` is."""
+    a, b = t.quantization, like.quantization
+    if (a is None) != (b is None) or (
+        a is not None
+        and b is not None
+        and (float(a.scale[0]) != float(b.scale[0]) or int(a.zero_point[0]) != int(b.zero_point[0]))
+    ):
+        raise c.fail(
+            "quantization-mismatch",
+            f"{role} {t.name!r} is quantized differently from {like.name!r}: the kernel copies "
+            "the stored integers",
+        )
+
 
 class _Movement(OpDef):
-    """Ops that only move data: quantized tensors pass through with the same parameters."""
+    """Ops that only move data: quantized tensors pass through as their stored integers
+    (LiteRT's kernels copy them, whatever the output's parameters)."""
+
+    quant_aware = True
 
     @classmethod
     def rank4_or_less(cls, op: Op, graph: Subgraph) -> str | None:
@@ -36,6 +80,44 @@ class _Movement(OpDef):
 class Reshape(_Movement):
     name = "RESHAPE"
     gpu = True
+    num_inputs = (1, 2)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """reshape.cc: the new shape comes from the shape input (a rank-1 int32 tensor) or
+        else the ``new_shape`` option; at most one -1, no other negative value, as many
+        elements as the input. A shape input that is not constant is resolved when the
+        model runs (the declared output shape is then trusted)."""
+        super().validate(c)
+        x, y = c.input(0), c.output()
+        c.same_dtype(y, x, "output")
+        shape_t = c.optional(1)
+        if shape_t is not None and len(shape_t.shape) == 1 and shape_t.type_name == "int32":
+            if shape_t.data is None:
+                return
+            shape = [int(v) for v in shape_t.data.reshape(-1)]
+        else:
+            shape = [int(v) for v in c.op.options.get("new_shape", [])]
+            if len(shape) > 8:
+                raise c.fail("option-value", f"new_shape {shape} has more than 8 dimensions")
+            if shape == [0]:
+                shape = []
+        if shape.count(-1) > 1 or any(d < -1 for d in shape):
+            raise c.fail("new-shape", f"new shape {shape}: one -1 at most, no other negative")
+        size = math.prod(x.shape)
+        known = math.prod(d for d in shape if d not in (-1, 0))
+        if -1 in shape:
+            has_zero = 0 in shape
+            fill = 0 if (size == 0 and not has_zero) or has_zero else size // known
+            if size == 0 and not has_zero:
+                fill = 0
+            shape[shape.index(-1)] = fill
+        if math.prod(shape) != size:
+            raise c.fail(
+                "new-shape",
+                f"new shape {shape} holds {math.prod(shape)} elements, the input {size}",
+            )
+        c.output_shape(tuple(shape))
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -50,13 +132,6 @@ class Reshape(_Movement):
         return [x.reshape(shape)]
 
     @classmethod
-    def reference_quantized(
-        cls, ctx: OpContext, inputs: list[np.ndarray | None]
-    ) -> list[np.ndarray] | None:
-        # LiteRT copies the bytes: the integers pass through whatever the output's parameters.
-        return cls.reference(ctx, inputs)
-
-    @classmethod
     def integer_operands(cls, op: Op) -> set[int]:
         return set(op.inputs[1:2])
 
@@ -64,6 +139,32 @@ class Reshape(_Movement):
 @register
 class Squeeze(_Movement):
     name = "SQUEEZE"
+    versions = (1, 2)
+    num_inputs = (1, 1)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """squeeze.cc: rank <= 8, each listed dimension in range and of size 1 (none listed:
+        every dimension of size 1 goes)."""
+        super().validate(c)
+        x, y = c.input(0), c.output()
+        c.same_dtype(y, x, "output")
+        rank = len(x.shape)
+        if rank > 8:
+            raise c.fail("rank", f"input of rank {rank}, the kernel takes up to 8")
+        dims = [int(d) for d in c.op.options.get("squeeze_dims", [])]
+        if len(dims) > 8:
+            raise c.fail("option-value", f"squeeze_dims {dims} lists more than 8 dimensions")
+        if not dims:
+            c.output_shape(tuple(d for d in x.shape if d != 1))
+            return
+        drop = set()
+        for d in dims:
+            k = _axis(c, d, rank, "squeeze dimension")
+            if x.shape[k] != 1:
+                raise c.fail("squeeze-dims", f"dimension {d} of {list(x.shape)} is not 1")
+            drop.add(k)
+        c.output_shape(tuple(n for k, n in enumerate(x.shape) if k not in drop))
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -75,6 +176,22 @@ class Squeeze(_Movement):
 @register
 class ExpandDims(_Movement):
     name = "EXPAND_DIMS"
+    num_inputs = (2, 2)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """expand_dims.cc: one axis in [-rank - 1, rank], input and output quantized alike."""
+        super().validate(c)
+        x, axis_t, y = c.input(0), c.input(1), c.output()
+        c.output_dtype(x.dtype)
+        _same_quantization(c, y, x, "output")
+        values = _ints(c, axis_t, "axis")
+        if values is None:
+            return
+        if len(values) != 1:
+            raise c.fail("axis", f"axis {values} is not one value")
+        k = _axis(c, values[0], len(x.shape) + 1)
+        c.output_shape((*x.shape[:k], 1, *x.shape[k:]))
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -86,6 +203,26 @@ class ExpandDims(_Movement):
 class Transpose(_Movement):
     name = "TRANSPOSE"
     gpu_extended = True
+    versions = (1, 9)
+    num_inputs = (2, 2)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """transpose.cc: rank <= 6, a rank-1 permutation of the input's dimensions."""
+        super().validate(c)
+        x, perm_t, y = c.input(0), c.input(1), c.output()
+        c.same_dtype(y, x, "output")
+        rank = len(x.shape)
+        if rank > 6:
+            raise c.fail("rank", f"input of rank {rank}, the kernel takes up to 6")
+        c.rank(perm_t, 1, None, "perm")
+        perm = _ints(c, perm_t, "perm")
+        if perm is None:
+            return
+        norm = [p + rank if p < 0 else p for p in perm]
+        if len(perm) != rank or sorted(norm) != list(range(rank)):
+            raise c.fail("perm", f"perm {perm} is not a permutation of {rank} dimensions")
+        c.output_shape(tuple(x.shape[p] for p in norm))
 
     @classmethod
     def integer_operands(cls, op: Op) -> set[int]:
@@ -102,6 +239,59 @@ class Concatenation(_Movement):
     name = "CONCATENATION"
     gpu = True
     gpu_quant_max_version = 2
+    quant_aware = False  # int8/uint8 inputs are rescaled (reference_quantized)
+    versions = (1, 7)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """concatenation.cc: inputs of one supported type and rank, equal but along the
+        axis, no fused activation; int8 inputs quantized as the output (the kernel copies
+        the stored integers), int16 ones symmetrically."""
+        super().validate(c)
+        n = len(c.op.inputs)
+        if n < 1:
+            raise c.fail("input-count", "no inputs")
+        x, y = c.input(0), c.output()
+        rank = len(x.shape)
+        axis = int(c.op.options.get("axis", 0))
+        if axis < 0:
+            axis += rank
+        if not (0 <= axis < rank):
+            raise c.fail(
+                "axis", f"axis {c.op.options.get('axis', 0)} is out of range for rank {rank}"
+            )
+        if c.activation() != 0:
+            raise c.fail("activation", f"fused activation {c.activation()}: the kernel takes none")
+        c.dtype(x, _ANY, "input 0")
+        total = 0
+        for i in range(n):
+            t = c.input(i)
+            if len(t.shape) != rank or t.dtype != x.dtype:
+                raise c.fail(
+                    "input-shape",
+                    f"input {i} {t.type_name}{list(t.shape)} does not match input 0 "
+                    f"{x.type_name}{list(x.shape)}",
+                )
+            pairs = enumerate(zip(t.shape, x.shape, strict=True))
+            if any(a != b for k, (a, b) in pairs if k != axis):
+                raise c.fail(
+                    "input-shape",
+                    f"input {i} {list(t.shape)} and input 0 {list(x.shape)} differ off axis {axis}",
+                )
+            total += t.shape[axis]
+        c.same_dtype(y, x, "output")
+        if x.type_name in QUANTIZED:
+            c.quantized(y, "output")
+            for i in range(n):
+                t = c.input(i)
+                c.quantized(t, f"input {i}")
+                if x.type_name == "int8":
+                    _same_quantization(c, t, y, f"input {i}")
+                elif x.type_name == "int16":
+                    c.zero_point(t, 0, f"input {i}")
+            if x.type_name == "int16":
+                c.zero_point(y, 0, "output")
+        c.output_shape(tuple(total if k == axis else d for k, d in enumerate(x.shape)))
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -150,9 +340,38 @@ class Concatenation(_Movement):
 @register
 class Pad(_Movement):
     name = "PAD"
-    aliases = ("PADV2",)
     gpu = True
     gpu_quant_max_version = 2
+    quant_aware = False  # padded with the quantized zero (reference_quantized)
+    versions = (1, 6)
+    num_inputs = (2, 3)  # PAD and PADV2 share LiteRT's kernel: constant_values is optional
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """pad.cc: paddings of shape [rank, 2] (int32 or int64), rank <= 5, non-negative;
+        PADV2's constant_values one value of the input's type; input and output of one
+        type."""
+        super().validate(c)
+        x, pads_t, y = c.input(0), c.input(1), c.output()
+        c.same_dtype(y, x, "output")
+        rank = len(x.shape)
+        if rank > 5:
+            raise c.fail("rank", f"input of rank {rank}, the kernel takes up to 5")
+        if pads_t.shape != (rank, 2):
+            raise c.fail(
+                "paddings", f"paddings of shape {list(pads_t.shape)}, expected [{rank}, 2]"
+            )
+        value = c.optional(2)
+        if value is not None:
+            c.same_dtype(value, x, "constant_values")
+            if value.size != 1:
+                raise c.fail("constant-values", f"constant_values has {value.size} values")
+        pads = _ints(c, pads_t, "paddings")
+        if pads is None:
+            return
+        if min(pads, default=0) < 0:
+            raise c.fail("paddings", f"paddings {pads} must not be negative")
+        c.output_shape(tuple(d + pads[2 * k] + pads[2 * k + 1] for k, d in enumerate(x.shape)))
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -170,11 +389,11 @@ class Pad(_Movement):
         """Raw integers padded with the output's zero point (PAD) or the stored integer of
         PADV2's constant_values (pad.cc), i.e. the quantized 0 or the quantized value."""
         xt, yt = ctx.input_tensor(0), ctx.output_tensor()
-        if not (qmath.is_integer_quantized(xt) and qmath.is_integer_quantized(yt)):
+        if xt is None or xt.dtype.name not in QUANTIZED or yt.dtype != xt.dtype:
             return None
         x = required(ctx, inputs, 0)
         pads = int_input(ctx, inputs, 1).reshape(-1, 2)
-        value = qmath.scale_zp(yt)[1]
+        value = qmath.scale_zp(yt)[1]  # (0 for an output without parameters, as in LiteRT)
         if len(inputs) > 2 and inputs[2] is not None:
             value = int(np.asarray(inputs[2]).reshape(-1)[0])
         return [np.pad(x, [tuple(p) for p in pads], constant_values=value).astype(yt.dtype)]
@@ -185,8 +404,6 @@ class Pad(_Movement):
 
     @classmethod
     def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
-        if op.name != "PAD":
-            return "PADV2 is not in the GPU op table"
         reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
         if reason:
             return reason
@@ -196,8 +413,65 @@ class Pad(_Movement):
 
 
 @register
+class PadV2(Pad):
+    """PADV2: PAD with a third input, the value to pad with."""
+
+    name = "PADV2"
+
+    @classmethod
+    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
+        return "PADV2 is not in the GPU op table"
+
+
+@register
+class Densify(_Movement):
+    """DENSIFY: the loader densifies sparse constants and folds the op, whose reference is
+    then the identity."""
+
+    name = "DENSIFY"
+    num_inputs = (1, 1)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """densify.cc: a constant, sparse, non-string input."""
+        super().validate(c)
+        x = c.input(0)
+        if x.data is None or not x.was_sparse:
+            raise c.fail("input-sparse", f"input {x.name!r} is not a sparse constant")
+        c.output_dtype(x.dtype)
+        c.output_shape(x.shape)
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        return [required(ctx, inputs, 0)]
+
+
+@register
 class MirrorPad(_Movement):
     name = "MIRROR_PAD"
+    versions = (1, 3)
+    num_inputs = (2, 2)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """mirror_pad.cc: paddings [rank, 2], each at most the dimension (REFLECT: below it)."""
+        super().validate(c)
+        x, pads_t, y = c.input(0), c.input(1), c.output()
+        c.same_dtype(y, x, "output")
+        rank = len(x.shape)
+        if pads_t.shape != (rank, 2):
+            raise c.fail(
+                "paddings", f"paddings of shape {list(pads_t.shape)}, expected [{rank}, 2]"
+            )
+        pads = _ints(c, pads_t, "paddings")
+        if pads is None:
+            return
+        reflect = int(c.op.options.get("mode", 0)) == 0
+        for k, d in enumerate(x.shape):
+            for p in pads[2 * k : 2 * k + 2]:
+                if p < 0 or p > d - reflect:
+                    raise c.fail("paddings", f"padding {p} of dimension {k} ({d}) is invalid")
+        c.output_shape(tuple(d + pads[2 * k] + pads[2 * k + 1] for k, d in enumerate(x.shape)))
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -212,6 +486,33 @@ class MirrorPad(_Movement):
 @register
 class Split(_Movement):
     name = "SPLIT"
+    versions = (1, 5)
+    num_inputs = (2, 2)
+    num_outputs = None
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """split.cc: as many outputs as ``num_splits``, a constant axis, a dimension that
+        divides evenly."""
+        super().validate(c)
+        axis_t, x = c.input(0), c.input(1)
+        n = int(c.op.options.get("num_splits", 0))
+        c.count("outputs", len(c.op.outputs), n, n)
+        if n == 0:
+            raise c.fail("option-value", "num_splits is 0")
+        values = _ints(c, axis_t, "axis", frozenset({"int32"}))
+        for i in range(n):
+            c.same_dtype(c.output(i), x, f"output {i}")
+        if values is None:
+            return
+        if len(values) != 1:
+            raise c.fail("axis", f"axis {values} is not one value")
+        k = _axis(c, values[0], len(x.shape))
+        if x.shape[k] % n:
+            raise c.fail("split", f"dimension {k} ({x.shape[k]}) does not split in {n}")
+        shape = tuple(d // n if j == k else d for j, d in enumerate(x.shape))
+        for i in range(n):
+            c.output_shape(shape, i)
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -224,6 +525,35 @@ class Split(_Movement):
 @register
 class SplitV(_Movement):
     name = "SPLIT_V"
+    versions = (1, 3)
+    num_inputs = (3, 3)
+    num_outputs = None
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """split_v.cc: a rank-1 size_splits with one size per output (one -1 at most), a
+        constant axis, sizes adding up to the dimension."""
+        super().validate(c)
+        x, sizes_t, axis_t = c.input(0), c.input(1), c.input(2)
+        c.rank(sizes_t, 1, None, "size_splits")
+        n = len(c.op.outputs)
+        if sizes_t.size != n:
+            raise c.fail("output-count", f"{n} outputs for {sizes_t.size} sizes")
+        for i in range(n):
+            c.same_dtype(c.output(i), x, f"output {i}")
+        sizes = _ints(c, sizes_t, "size_splits")
+        values = _ints(c, axis_t, "axis", frozenset({"int32"}))
+        if sizes is None or values is None:
+            return
+        k = _axis(c, values[0], len(x.shape))
+        if sizes.count(-1) > 1 or any(s < -1 for s in sizes):
+            raise c.fail("split", f"sizes {sizes}: one -1 at most, no other negative")
+        if -1 in sizes:
+            sizes[sizes.index(-1)] = x.shape[k] - (sum(sizes) + 1)
+        if sum(sizes) != x.shape[k] or min(sizes) < 0:
+            raise c.fail("split", f"sizes {sizes} do not add up to dimension {k} ({x.shape[k]})")
+        for i, s in enumerate(sizes):
+            c.output_shape(tuple(s if j == k else d for j, d in enumerate(x.shape)), i)
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -239,6 +569,30 @@ class SplitV(_Movement):
 @register
 class Slice(_Movement):
     name = "SLICE"
+    versions = (1, 8)
+    num_inputs = (3, 3)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """slice.cc: begin and size of the input's rank (int32 or int64), in range."""
+        super().validate(c)
+        x, begin_t, size_t, y = c.input(0), c.input(1), c.input(2), c.output()
+        c.same_dtype(y, x, "output")
+        rank = len(x.shape)
+        begin, size = _ints(c, begin_t, "begin"), _ints(c, size_t, "size")
+        if rank > 5:
+            raise c.fail("rank", f"input of rank {rank}, the kernel takes up to 5")
+        if begin is None or size is None:
+            return
+        if len(begin) != rank or len(size) != rank:
+            raise c.fail("slice", f"begin {begin} and size {size} for rank {rank}")
+        out = []
+        for b, s, d in zip(begin, size, x.shape, strict=True):
+            s = d - b if s == -1 else s
+            if b < 0 or s < 0 or b + s > d:
+                raise c.fail("slice", f"begin {begin} and size {size} exceed {list(x.shape)}")
+            out.append(s)
+        c.output_shape(tuple(out))
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -256,6 +610,34 @@ class StridedSlice(_Movement):
     name = "STRIDED_SLICE"
     gpu = True
     gpu_quant_max_version = 2
+    versions = (1, 8)
+    num_inputs = (4, 4)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """strided_slice.cc: rank-1 int32 begin, end and strides of one length (at most 31),
+        non-zero strides; the output shape is what the slice gives (numpy's, on an empty
+        view of the input's shape)."""
+        super().validate(c)
+        x, y = c.input(0), c.output()
+        c.same_dtype(y, x, "output")
+        parts = []
+        for i, role in ((1, "begin"), (2, "end"), (3, "strides")):
+            t = c.input(i)
+            c.rank(t, 1, None, role)
+            parts.append(_ints(c, t, role, frozenset({"int32"})))
+        begin, end, strides = parts
+        if not (c.input(1).size == c.input(2).size == c.input(3).size <= 31):
+            raise c.fail("slice", "begin, end and strides need one length, at most 31")
+        if begin is None or end is None or strides is None:
+            return
+        if 0 in strides or -(2**31) in strides:
+            raise c.fail("slice", f"strides {strides}: zero (or INT32_MIN) is not a stride")
+        view = np.broadcast_to(np.empty((), np.int8), x.shape)
+        ctx = OpContext(c.op, c.graph)
+        arrays = [np.asarray(v, np.int64) for v in (begin, end, strides)]
+        out = cls.reference(ctx, [view, *arrays])[0]
+        c.output_shape(out.shape)
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -307,6 +689,33 @@ class StridedSlice(_Movement):
 @register
 class Gather(_Movement):
     name = "GATHER"
+    versions = (1, 8)
+    num_inputs = (2, 2)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """gather.cc: int32/int64 positions, 0 <= batch_dims <= axis < rank; the output is
+        params' shape with the axis replaced by the positions' (after the batch dims)."""
+        super().validate(c)
+        params, pos = c.input(0), c.input(1)
+        c.dtype(pos, _INDEX_TYPES, "positions")
+        c.output_dtype(params.dtype)
+        rank = len(params.shape)
+        axis = int(c.op.options.get("axis", 0))
+        batch_dims = int(c.op.options.get("batch_dims", 0))
+        if axis < 0:
+            axis += rank
+        if batch_dims < 0:
+            batch_dims += len(pos.shape)
+        if not (0 <= axis < rank) or not (0 <= batch_dims <= axis):
+            raise c.fail("axis", f"axis {axis} and batch_dims {batch_dims} for rank {rank}")
+        if params.shape[:batch_dims] != pos.shape[:batch_dims]:
+            raise c.fail("batch-dims", f"batch dimensions of {params.shape} and {pos.shape}")
+        if pos.data is not None and params.shape[axis] > 0:
+            data = np.asarray(pos.data)
+            if data.size and (data.min() < 0 or data.max() >= params.shape[axis]):
+                raise c.fail("positions", f"positions outside [0, {params.shape[axis]})")
+        c.output_shape((*params.shape[:axis], *pos.shape[batch_dims:], *params.shape[axis + 1 :]))
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -329,6 +738,23 @@ class Gather(_Movement):
 class DepthToSpace(_Movement):
     name = "DEPTH_TO_SPACE"
     gpu_extended = True
+    versions = (1, 2)
+    num_inputs = (1, 1)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """depth_to_space.cc: a rank-4 input whose channels divide by block_size**2."""
+        super().validate(c)
+        x, y = c.input(0), c.output()
+        c.rank(x, 4, None, "input")
+        c.same_dtype(y, x, "output")
+        bs = int(c.op.options.get("block_size", 0))
+        if bs <= 0:
+            raise c.fail("option-value", f"block_size {bs} must be positive")
+        n, h, w, ch = x.shape
+        if ch % (bs * bs):
+            raise c.fail("block-size", f"{ch} channels do not divide by {bs}x{bs}")
+        c.output_shape((n, h * bs, w * bs, ch // (bs * bs)))
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -343,6 +769,23 @@ class DepthToSpace(_Movement):
 class SpaceToDepth(_Movement):
     name = "SPACE_TO_DEPTH"
     gpu_extended = True
+    versions = (1, 2)
+    num_inputs = (1, 1)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """space_to_depth.cc: a rank-4 input whose height and width divide by block_size."""
+        super().validate(c)
+        x, y = c.input(0), c.output()
+        c.rank(x, 4, None, "input")
+        c.same_dtype(y, x, "output")
+        bs = int(c.op.options.get("block_size", 0))
+        if bs <= 0:
+            raise c.fail("option-value", f"block_size {bs} must be positive")
+        n, h, w, ch = x.shape
+        if h % bs or w % bs:
+            raise c.fail("block-size", f"{h}x{w} does not divide by {bs}")
+        c.output_shape((n, h // bs, w // bs, ch * bs * bs))
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -356,6 +799,31 @@ class SpaceToDepth(_Movement):
 @register
 class Pack(_Movement):
     name = "PACK"
+    versions = (1, 5)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """pack.cc: ``values_count`` inputs of one type and shape, 0 <= axis <= rank (a
+        negative axis counts from the output's rank), quantized as the output."""
+        super().validate(c)
+        n = len(c.op.inputs)
+        count = int(c.op.options.get("values_count", 0))
+        c.count("inputs", n, count, count)
+        x, y = c.input(0), c.output()
+        rank = len(x.shape)
+        axis = int(c.op.options.get("axis", 0))
+        if axis < 0:
+            axis += rank + 1
+        if not 0 <= axis <= rank:
+            raise c.fail("axis", f"axis {axis} is out of range for rank {rank} + 1")
+        c.same_dtype(y, x, "output")
+        for i in range(n):
+            t = c.input(i)
+            c.same_dtype(t, x, f"input {i}", "input 0")
+            c.same_shape(t, x, f"input {i}", "input 0")
+            if x.type_name in QUANTIZED:
+                _same_quantization(c, t, y, f"input {i}")
+        c.output_shape((*x.shape[:axis], n, *x.shape[axis:]))
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -366,6 +834,31 @@ class Pack(_Movement):
 @register
 class Unpack(_Movement):
     name = "UNPACK"
+    versions = (1, 6)
+    num_inputs = (1, 1)
+    num_outputs = None
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """unpack.cc: ``num`` outputs, the size of the axis, of the input's type."""
+        super().validate(c)
+        x = c.input(0)
+        rank = len(x.shape)
+        axis = int(c.op.options.get("axis", 0))
+        if axis < 0:
+            axis += rank
+        if x.size == 0 or not 0 <= axis < rank:
+            raise c.fail("axis", f"axis {axis} of an input {list(x.shape)}")
+        num = int(c.op.options.get("num", 0))
+        c.count("outputs", len(c.op.outputs), num, num)
+        if num != x.shape[axis]:
+            raise c.fail("option-value", f"num {num} is not dimension {axis} ({x.shape[axis]})")
+        shape = x.shape[:axis] + x.shape[axis + 1 :]
+        for i in range(num):
+            c.same_dtype(c.output(i), x, f"output {i}")
+            if x.type_name in QUANTIZED:
+                _same_quantization(c, c.output(i), x, f"output {i}")
+            c.output_shape(shape, i)
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -377,6 +870,23 @@ class Unpack(_Movement):
 @register
 class Tile(_Movement):
     name = "TILE"
+    versions = (1, 3)
+    num_inputs = (2, 2)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """tile.cc: one multiple (int32 or int64) per input dimension."""
+        super().validate(c)
+        x, m_t, y = c.input(0), c.input(1), c.output()
+        c.same_dtype(y, x, "output")
+        if m_t.size != len(x.shape):
+            raise c.fail("multiples", f"{m_t.size} multiples for rank {len(x.shape)}")
+        mult = _ints(c, m_t, "multiples")
+        if mult is None:
+            return
+        if min(mult, default=0) < 0:
+            raise c.fail("multiples", f"multiples {mult} must not be negative")
+        c.output_shape(tuple(d * m for d, m in zip(x.shape, mult, strict=True)))
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -386,6 +896,26 @@ class Tile(_Movement):
 @register
 class BroadcastTo(_Movement):
     name = "BROADCAST_TO"
+    versions = (2, 4)
+    num_inputs = (2, 2)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """broadcast_to.cc: a rank-1 int32/int64 shape of at least the input's rank (up to
+        8) to which the input broadcasts."""
+        super().validate(c)
+        x, shape_t, y = c.input(0), c.input(1), c.output()
+        c.same_dtype(y, x, "output")
+        c.rank(shape_t, 1, None, "shape")
+        shape = _ints(c, shape_t, "shape")
+        if shape is None:
+            return
+        if not len(x.shape) <= len(shape) <= 8:
+            raise c.fail("shape", f"shape {shape} for an input of rank {len(x.shape)}")
+        tail = shape[len(shape) - len(x.shape) :]
+        if any(d != 1 and d != s for d, s in zip(x.shape, tail, strict=True)):
+            raise c.fail("broadcast", f"input {list(x.shape)} does not broadcast to {shape}")
+        c.output_shape(tuple(shape))
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -397,6 +927,18 @@ class BroadcastTo(_Movement):
 class Shape(_Movement):
     name = "SHAPE"
     quant_aware = True  # returns dimensions, never values
+    num_inputs = (1, 1)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """shape.cc: an int32 or int64 output of the input's rank."""
+        super().validate(c)
+        x = c.input(0)
+        out_type = int(c.op.options.get("out_type", 0))
+        if out_type not in _INDEX_TENSOR_TYPES:
+            raise c.fail("option-value", f"out_type {out_type} is neither INT32 nor INT64")
+        c.output_dtype(np.dtype(_INDEX_TENSOR_TYPES[out_type]))
+        c.output_shape((len(x.shape),))
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
