@@ -4,7 +4,11 @@ The mutations are those of scripts/fuzz_loader.py (bit flips, truncation, splice
 overwrites at structural positions), drawn by hypothesis so that a failure shrinks to a
 small reproducer. The long run is ``python scripts/fuzz_loader.py`` (10000 cases, worker
 processes, hang and crash detection); every reproducer it saved under
-tests/data/fuzz_regressions/ is replayed here too.
+tests/data/fuzz_regressions/ is replayed here too (a differential one also runs on the
+reference, where only litekiln errors may come out).
+
+The differential fuzzer (``--differential``: semantic mutants run on LiteRT and on litekiln's
+reference) gets a short run here: no crash, hang or non-litekiln exception on litekiln's side.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import litekiln.ops  # noqa: F401  (the loader runs the per-op checks once the registry is in)
 from litekiln import ModelError
 from litekiln.model import load_model
 
@@ -175,5 +181,44 @@ def _regression_params() -> list[Any]:
 
 @pytest.mark.parametrize("path", _regression_params())
 def test_saved_regressions(path: Path) -> None:
-    """Every saved reproducer loads or raises ModelError, within a second."""
+    """Every saved reproducer loads or raises ModelError, within a second; a differential
+    one that loads also runs on the reference, raising nothing but litekiln errors."""
     assert_loads_or_model_error(path.read_bytes(), seconds=1)
+    if not path.name.startswith("diff-"):
+        return
+    fz = fuzz_module()
+    with time_limit(CASE_TIMEOUT_S * 4):
+        side, _, _ = fz.run_litekiln(path.read_bytes(), seed=0)
+    assert side.outcome != "escape", side.message
+
+
+def test_differential_fuzz_quick(tmp_path: Path) -> None:
+    """A few dozen semantic mutants (small seeds) on LiteRT and on litekiln's reference:
+    litekiln never crashes, hangs or lets a non-litekiln exception out, and runs no model
+    LiteRT refuses (each would be a finding: the fuzzer's EXPLANATIONS are the exceptions)."""
+    report = fuzz_module().run_differential(
+        36, seed=5, workers=2, timeout=20.0, out=tmp_path, real=False, progress=False
+    )
+    assert report.cases == 36
+    bad = {k: n for k, n in report.verdicts.items() if k.startswith("litekiln-")}
+    assert not bad, report.to_json()
+    unexplained = [x for x in report.refused_but_run if x["category"] == "unexplained"]
+    assert not unexplained, unexplained
+    assert report.verdicts["both-refused"] + report.verdicts["same"] > 0
+
+
+def test_differential_verdicts() -> None:
+    """The judge: refusals on either side, equal and different outputs."""
+    fz = fuzz_module()
+    ran, refused = fz.Side("ran"), fz.Side("refused", "allocate", "RuntimeError", "no")
+    x = [np.ones(3, np.float32)]
+    spec = [((3,), np.dtype("float32"))]
+    assert fz.judge(refused, refused, None, None, [], [], 1e-4)[0] == "both-refused"
+    assert fz.judge(ran, refused, x, None, spec, [], 1e-4)[0] == "refused-but-run"
+    assert fz.judge(refused, ran, None, x, [], spec, 1e-4)[0] == "run-but-refused"
+    assert fz.judge(ran, ran, x, x, spec, spec, 1e-4)[0] == "same"
+    assert fz.judge(ran, ran, x, [x[0] * 2], spec, spec, 1e-4)[0] == "different"
+    nan = [np.array([np.nan, 1.0], np.float32)]
+    assert fz.judge(ran, ran, nan, nan, spec, spec, 1e-4)[0] == "same"
+    escape = fz.Side("escape", "invoke", "ZeroDivisionError", "trace")
+    assert fz.judge(escape, ran, None, x, [], spec, 1e-4)[0] == "litekiln-escape"
