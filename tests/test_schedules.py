@@ -409,17 +409,113 @@ def test_few_outputs_reduction_variant(cl_env: Any) -> None:
     assert "barrier(" in res.program.source  # the threads of a group share each sum
 
 
+@pytest.mark.parametrize(
+    "x_shape,w_shape,stride,residual",
+    [
+        ((1, 7, 7, 672), (112, 1, 1, 672), 1, True),  # hand_landmark_lite's late projection
+        ((1, 9, 9, 1024), (17, 1, 1, 1024), 1, False),  # posenet's heatmap head: 17 channels
+        ((1, 5, 5, 128), (256, 3, 3, 128), 2, False),  # an SSD extra layer: 1152 terms
+    ],
+)
+def test_long_reduction_few_outputs_serial_on_cpu(
+    cl_env: Any,
+    profile: str,
+    x_shape: tuple[int, ...],
+    w_shape: tuple[int, ...],
+    stride: int,
+    residual: bool,
+) -> None:
+    # More than 512 terms for fewer than 16 outputs per term: the GPU profile leaves these to
+    # dlight (Matmul, with barriers); the CPU profile keeps them serial (5-17x faster on PoCL).
+    x, w, b = _rand(*x_shape), _rand(*w_shape) * 0.1, _rand(w_shape[0])
+    pads = same_pads(x_shape[1], x_shape[2], w_shape[1], stride)
+    ref = conv_ref(x, w, stride=stride, pad=pads) + b
+    r_shape = ref.shape if residual else None
+    mod = _conv_module(x.shape, w, stride, pads, bias=b, residual=r_shape)
+    args = [x]
+    if residual:
+        r = _rand(*ref.shape)
+        args.append(r)
+        ref = ref + r
+    check(cl_env, mod, args, [ref], profile=profile, gpu_rule=None)
+
+
+def test_one_pixel_classifier_stays_with_dlight_on_cpu(cl_env: Any) -> None:
+    # MobileNet's 1x1 conv classifier (1024 -> 1001 on one pixel): dlight's GEMV reads the
+    # weights along the reduction across threads; serial rows were 1.3-1.5x slower on PoCL.
+    x, w, b = _rand(1, 1, 1, 1024), _rand(1001, 1, 1, 1024) * 0.05, _rand(1001)
+    mod = _conv_module(x.shape, w, 1, (0, 0, 0, 0), bias=b)
+    assert "SerialReduction" not in rules_used(mod, "cpu").values()
+    check(cl_env, mod, [x], [conv_ref(x, w) + b], rule=None)
+
+
+@pytest.mark.parametrize("pixels", [4, 1])
 @pytest.mark.parametrize("k,stride,dilation", [(3, 2, 1), (5, 1, 1), (3, 1, 2)])
-def test_conv_large_tiles_odd_sizes(cl_env: Any, k: int, stride: int, dilation: int) -> None:
-    # Largest tiles on sizes that none of them divide (13 wide, 12 output channels: fv = 4).
+def test_conv_large_tiles_odd_sizes(
+    cl_env: Any, k: int, stride: int, dilation: int, pixels: int
+) -> None:
+    # Largest tiles on sizes that none of them divide (13 wide, 12 output channels: fv = 4),
+    # with 4 pixels per work-item (the tail predicated) and with the CPU profile's one pixel
+    # under a kernel window.
+    from tvm.s_tir import dlight as dl
+
+    from litekiln.compiler.schedules import SerialReduction
+
     x, w, b = _rand(1, 13, 13, 8), _rand(12, k, k, 8), _rand(12)
     pads = same_pads(13, 13, k, stride, dilation)
     ref = np.maximum(conv_ref(x, w, stride=stride, pad=pads, dilation=dilation) + b, 0)
     mod = _conv_module(x.shape, w, stride, pads, dilation=dilation, bias=b, act="relu")
-    check(cl_env, mod, [x], [ref], schedule=fast_schedule("cpu", min_work_items=0))
+    rule = SerialReduction(min_work_items=0, window_tiles=((8, pixels),))
+    res = check(cl_env, mod, [x], [ref], schedule=dl.ApplyDefaultSchedule(rule, dl.gpu.Fallback()))
+    assert f"conv2d_nhwc_intermediate_local_ptr[{4 * pixels}]" in res.program.source
+
+
+def test_cpu_profile_one_pixel_per_work_item_under_a_window(cl_env: Any) -> None:
+    # 3x3 conv over channels: 8 channels x 1 pixel per work-item (2.2x faster on PoCL than
+    # 8 x 4); a 1x1 conv keeps 8 x 4.
+    x, w3, w1 = _rand(1, 20, 20, 16), _rand(16, 3, 3, 16), _rand(16, 1, 1, 16)
+    pads = same_pads(20, 20, 3, 1)
+    res = check(cl_env, _conv_module(x.shape, w3, 1, pads), [x], [conv_ref(x, w3, pad=pads)])
+    assert "local_ptr[8];" in res.program.source
+    res = check(cl_env, _conv_module(x.shape, w1, 1, (0, 0, 0, 0)), [x], [conv_ref(x, w1)])
+    assert "local_ptr[32];" in res.program.source
 
 
 # --------------------------------------------------------------------------- depthwise
+
+
+@pytest.mark.parametrize("op", ["conv", "depthwise", "max_pool"])
+def test_cpu_profile_pads_in_a_kernel_of_its_own(cl_env: Any, op: str) -> None:
+    # A padded convolution becomes two kernels under the CPU profile: the padding copy (one
+    # work-item per padded pixel) and the convolution, which then tests no tap against the
+    # border. Pooling keeps its padding inline (one kernel).
+    x = _rand(1, 15, 17, 8)
+    pads = same_pads(15, 17, 3, 2)
+    w = _rand(8, 3, 3, 1) if op == "depthwise" else _rand(12, 3, 3, 8)
+    groups = 8 if op == "depthwise" else 1
+
+    def body(bb: Any, xv: Any) -> Any:
+        if op == "max_pool":
+            return relax.op.nn.max_pool2d(xv, 3, 2, padding=list(pads), layout="NHWC")
+        return relax.op.nn.conv2d(
+            xv,
+            relax.const(w),
+            strides=(2, 2),
+            padding=list(pads),
+            groups=groups,
+            data_layout="NHWC",
+            kernel_layout="OHWI",
+        )
+
+    if op == "max_pool":
+        ref = pool_ref(x, 3, 2, pads, "max")
+    else:
+        ref = conv_ref(x, w, stride=2, pad=pads, groups=groups)
+    res = check(cl_env, build_module([("x", x.shape)], body), [x], [ref])
+    assert len(res.program.launches) == (1 if op == "max_pool" else 2)
+    if op != "max_pool":
+        conv = res.program.source.split("__kernel void")[-1]  # the last kernel: the conv
+        assert "condval" not in conv and "?" not in conv
 
 
 @pytest.mark.parametrize("k,stride", [(5, 1), (3, 2), (3, 1)])
@@ -571,6 +667,56 @@ def test_reshape_transpose_copy(cl_env: Any, profile: str) -> None:
     )
 
 
+# --------------------------------------------------------------------------- row reductions
+
+
+def softmax_ref(x: np.ndarray) -> np.ndarray:
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - x64.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (1, 32, 32, 8),  # a segmentation head's softmax over channels (one row per pixel)
+        (1, 13, 17, 21),  # 221 rows: the last work-group's tail is masked
+        (1, 1001),  # a classifier: one row, a long serial loop
+        (2, 3),
+    ],
+)
+def test_softmax_serial_rows(cl_env: Any, profile: str, shape: tuple[int, ...]) -> None:
+    x = _rand(*shape) * 8.0  # logits spread enough that the max matters
+
+    def body(bb: Any, xv: Any) -> Any:
+        return relax.op.nn.softmax(xv, axis=-1)
+
+    check(
+        cl_env,
+        build_module([("x", shape)], body),
+        [x],
+        [softmax_ref(x)],
+        profile=profile,
+        rule="SerialRows",
+        gpu_rule=None,
+    )
+
+
+def test_softmax_after_conv_serial_rows(cl_env: Any) -> None:
+    # The U-Net head: a 1x1 conv to 8 classes (its own kernel), then the softmax.
+    x, w, b = _rand(1, 24, 24, 16), _rand(8, 1, 1, 16), _rand(8)
+
+    def body(bb: Any, xv: Any) -> Any:
+        y = bb.emit(
+            relax.op.nn.conv2d(xv, relax.const(w), data_layout="NHWC", kernel_layout="OHWI")
+        )
+        return relax.op.nn.softmax(bb.emit(relax.op.add(y, relax.const(b))), axis=-1)
+
+    mod = build_module([("x", x.shape)], body)
+    res = check(cl_env, mod, [x], [softmax_ref(conv_ref(x, w) + b)], rule="SerialRows")
+    assert "barrier(" not in res.program.source
+
+
 def test_dense_falls_back_to_dlight(cl_env: Any, profile: str) -> None:
     # A 1024 -> 100 classifier is a long reduction with few outputs: dlight's rules keep it.
     x, w = _rand(1, 1024), _rand(100, 1024) * 0.05
@@ -684,13 +830,15 @@ def test_global_pool_window_reduction(
         return relax.op.nn.avg_pool2d(xv, pool_size=k, strides=k, layout="NHWC")
 
     ref = (x.max if mode == "max" else x.mean)(axis=(1, 2), keepdims=True)
+    # On a CPU one serial work-item per 4 channels (3x faster than dlight's cross-thread
+    # reduction on PoCL for selfie's pools).
     res = check(
         cl_env,
         build_module([("x", shape)], body),
         [x],
         [ref],
         profile=profile,
-        rule=None,
+        rule="SerialReduction",
         gpu_rule="WindowReduction",
     )
     if profile == "gpu":

@@ -19,6 +19,8 @@ keep the reduction serial inside the work-item:
 * `Injective` -- functions made only of spatial blocks (pad, add, resize, concat, reshape
   copies): one work-item per output element, or per 4 consecutive elements stored as one
   vector when the innermost axis allows it.
+* `SerialRows` -- reductions chained along the trailing axes of each row (softmax over the
+  channels of a map): one work-item per row, every reduction serial in it.
 
 Rules return ``None`` where they do not apply (or where TVM refuses a schedule step), so
 dlight's rules stay the fallback; `fast_schedule` chains them.  Work-group sizes stay within
@@ -34,7 +36,13 @@ H100 through NVIDIA OpenCL and on PoCL, scripts/bench_schedules.py):
   coalesce along the channel axis (a serial channel loop was 1.3-5x slower on the H100), and
   elementwise kernels with dlight's Fallback (`Injective` measured ~10% slower there).
 * ``cpu`` (``LITEKILN_SCHEDULES=fast-cpu``): all our rules, largest tiles: 50-150x faster than
-  dlight's on PoCL, where barriers and cross-thread reductions are very expensive.
+  dlight's on PoCL, where barriers and cross-thread reductions are very expensive.  So that
+  no kernel of dlight's shape is left to dominate a model there (issue 18), it also takes
+  softmax (`SerialRows`: 400x) and the long reductions over few outputs that a GPU leaves to
+  dlight (late 1x1 convolutions, global pools: 3-17x), and shapes convolutions with a kernel
+  window for a CPU (one pixel per work-item, the padding copied once by a kernel of its
+  own: 3-7x).  Classifiers (one output pixel) stay with dlight's GEMV, which was faster.
+  Figures: docs/benchmarks.md, "PoCL (CPU OpenCL)".
 
 Next step on GPUs (not done): a shared-memory tiled rule for convolutions over channels
 (implicit GEMM); they are ~all of mobilenet_v1's remaining kernel time on the H100.
@@ -51,7 +59,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.analysis import normalize_prim_func
-from tvm.s_tir.dlight.base import try_inline
+from tvm.s_tir.dlight.base import try_inline, try_inline_contiguous_spatial
 from tvm.s_tir.dlight.base.utils import max_threads_per_block
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 from tvm.target import Target
@@ -62,6 +70,7 @@ __all__ = [
     "FewOutputsReduction",
     "Injective",
     "SerialReduction",
+    "SerialRows",
     "WindowReduction",
     "fast_rules",
     "fast_schedule",
@@ -137,6 +146,24 @@ def _largest_divisor(n: int, options: Sequence[int]) -> int:
     return 1
 
 
+def _padding_producers(sch: s_tir.Schedule, red: s_tir.schedule.SBlockRV) -> set[str]:
+    """Names of the blocks that pad the reduction's input (producers with an if_then_else)."""
+    return {sch.get(b).name_hint for b in sch.get_producers(red) if _has_if_then_else(sch.get(b))}
+
+
+def _one_item_per_pixel(
+    sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: Target
+) -> None:
+    """Schedule a spatial block as its own kernel, one work-item per pixel (all but the last
+    axis) looping over the channels: PoCL ran padding copies 1.5-3x faster so than with one
+    work-item per element or per 4 channels stored as one vector."""
+    loops = sch.get_loops(block)
+    pixels = math.prod(_static_extent(sch, loop) or 1 for loop in loops[:-1])
+    bx, tx = sch.split(sch.fuse(*loops[:-1]), factors=[None, _threads_per_group(pixels, target)])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+
+
 class _GuardedRule(GPUScheduleRule):
     """A rule that declines (returns None) where TVM refuses one of its steps: subclasses
     implement `_apply`."""
@@ -207,6 +234,19 @@ class SerialReduction(_SingleReductionRule):
             (measured: 14x14x512 1x1 conv 0.054 ms vs 0.27 ms); on a CPU (PoCL) the serial
             loop wins by 10-50x.  Window-only reductions (depthwise, pooling, convs on 1-3
             input channels) are ours either way.
+        long_reductions: Also take long reductions over few outputs (more than 512 terms and
+            fewer than 16 outputs per term: a 7x7x672 -> 112 1x1 conv, a global pool), which a
+            GPU leaves to dlight's cross-thread rules. Classifiers (one output pixel) stay
+            with dlight's GEMV either way.
+        window_tiles: Tiles for reductions over a kernel window (3x3 and 5x5 convolutions,
+            depthwise or not, pooling), instead of ``tiles`` and ``(4, 1)``; ``None``: those.
+            On PoCL 8 channels x 1 pixel per work-item ran 3x3 and 5x5 convolutions over
+            channels 2.2-3.6x faster than 8 x 4: the window's loads and padding tests
+            multiply with the pixels of the tile.
+        pad_stage: Pad a convolution's input in a kernel of its own (one work-item per
+            padded pixel) instead of testing every tap against the border: on PoCL the
+            convolutions ran 1.4-5x faster so, the copy included (pooling keeps its padding
+            inline: there the copy cost more than it saved).
     """
 
     def __init__(
@@ -214,15 +254,23 @@ class SerialReduction(_SingleReductionRule):
         tiles: Sequence[tuple[int, int]] = ((8, 4), (8, 2), (4, 2), (4, 1)),
         min_work_items: int = _ENOUGH_WORK_ITEMS,
         channel_reductions: bool = True,
+        long_reductions: bool = False,
+        window_tiles: Sequence[tuple[int, int]] | None = None,
+        pad_stage: bool = False,
     ) -> None:
         self.tiles = [tuple(t) for t in tiles]
         self.min_work_items = min_work_items
         self.channel_reductions = channel_reductions
+        self.long_reductions = long_reductions
+        self.window_tiles = None if window_tiles is None else [tuple(t) for t in window_tiles]
+        self.pad_stage = pad_stage
 
     def _tile(
-        self, channels: int, width: int, outputs: int, channel_reduction: bool
+        self, channels: int, width: int, outputs: int, channel_reduction: bool, window: bool
     ) -> tuple[int, int]:
         candidates = self.tiles if channel_reduction else [(4, 1)]
+        if window and self.window_tiles is not None:
+            candidates = self.window_tiles
         chosen = (1, 1)
         for f, p in candidates:
             fv = _largest_divisor(channels, [v for v in (f, 4, 2) if v <= f])
@@ -244,14 +292,19 @@ class SerialReduction(_SingleReductionRule):
         n_s = len(s_ext)
         outputs = math.prod(s_ext)
         terms = math.prod(r_ext)
-        if terms > _SHORT_REDUCTION and outputs < _OUTPUTS_PER_TERM * terms:
+        long = terms > _SHORT_REDUCTION and outputs < _OUTPUTS_PER_TERM * terms
+        if long and not self.long_reductions:
             return None
         red = red_info.block_rv
         red_name = red_info.name
 
-        # Inline padding into the reduction and the elementwise chain into its last block.
+        # Inline padding into the reduction (or keep it as a kernel of its own, see
+        # ``pad_stage``) and the elementwise chain into its last block.
         others = [b for b in infos if b.name != red_name]
-        remaining = try_inline(sch, others)
+        padding = _padding_producers(sch, red) if self.pad_stage else set()
+        if len(sch.get(red).reads) < 2:
+            padding = set()  # a pool: cheap per tap, the copy cost more than it saved
+        remaining = try_inline(sch, [b for b in others if b.name not in padding])
         red = sch.get_sblock(red_name)
         if len(remaining) > 1:
             return None
@@ -273,11 +326,17 @@ class SerialReduction(_SingleReductionRule):
         s_loops, r_loops = loops[:n_s], loops[n_s:]
         # A reduction over input channels (4 or more) tiles pixels too; a window-only reduction
         # (depthwise conv, pooling, a conv on 1-3 input channels) tiles channels only.
-        channel_reduction = n_s >= 2 and _reduces_innermost_axis(sch.get(red)) >= 4
+        channel_terms = _reduces_innermost_axis(sch.get(red))
+        channel_reduction = n_s >= 2 and channel_terms >= 4
         if channel_reduction and not self.channel_reductions:
             return None
+        if long and outputs == s_ext[-1] and channel_terms >= 4:
+            # One output pixel: a classifier (GEMV). dlight's GEMV/Reduction read the weights
+            # along the reduction across threads; serial rows were 1.3-1.5x slower on PoCL.
+            return None
         width = s_ext[-2] if n_s >= 2 else 1
-        fv, pv = self._tile(s_ext[-1], width, outputs, channel_reduction)
+        window = terms > channel_terms
+        fv, pv = self._tile(s_ext[-1], width, outputs, channel_reduction, window)
         f_o, f_i = sch.split(s_loops[-1], factors=[None, fv])
         if n_s >= 2:
             w_o, w_i = sch.split(s_loops[-2], factors=[None, pv])
@@ -315,6 +374,8 @@ class SerialReduction(_SingleReductionRule):
             sch.unroll(loop)
         for loop in sch.get_loops(epilogue)[2:]:
             sch.unroll(loop)
+        for name in padding:
+            _one_item_per_pixel(sch, sch.get_sblock(name), target)
         return sch
 
     @staticmethod
@@ -431,6 +492,102 @@ class WindowReduction(_SingleReductionRule):
         return sch
 
 
+#: Most terms per row that `SerialRows` sums in one work-item (MobileNet's 1001 classes,
+#: three passes, take a few microseconds on one CPU core).
+_ROW_TERMS = 16384
+
+
+def _static_dom(info: Any) -> list[int] | None:
+    dom = info.dom()
+    if not all(isinstance(d, (int, tirx.IntImm)) for d in dom):
+        return None
+    return [int(d) for d in dom]
+
+
+def _align_last_block(sch: s_tir.Schedule, last: Any, dom: list[int]) -> bool:
+    """Give the last block of a row reduction the iterators ``dom`` (its own, in order, with
+    the unit axes that normalisation dropped put back); False where they do not match."""
+    last_dom = _static_dom(last)
+    if last_dom is None:
+        return False
+    if last_dom == dom:
+        return True
+    kept, j = [], 0
+    for ext in dom:
+        if j < len(last_dom) and last_dom[j] == ext:
+            kept.append(j)
+            j += 1
+        elif ext == 1:
+            kept.append(-1)
+        else:
+            return False
+    if j != len(last_dom):
+        return False
+
+    def layout(*iters: tirx.Var) -> list[tirx.PrimExpr]:
+        return [iters[k] if k >= 0 else tirx.const(0, iters[0].ty) for k in kept]
+
+    index_map = tirx.IndexMap.from_func(layout, ndim=len(last_dom))
+    sch.transform_block_layout(last.block_rv, index_map)
+    return True
+
+
+class SerialRows(_GuardedRule):
+    """One work-item per row for reductions chained along trailing axes (softmax).
+
+    A softmax over the channels of an NHWC map is a max, an exp-sum and a division, each over
+    the last axis of every pixel. dlight's `GeneralReduction` gives each pixel a work-group
+    of 256 threads that meet at ~20 barriers to reduce 8 or 21 values: on PoCL a 128x128x8
+    softmax took 141 ms, the largest kernel of a small U-Net (results/pocl/). Here each
+    work-item owns whole rows: the reductions run serially in it, their results live in
+    registers, and it writes its row; no barriers, no local memory (0.54 ms). The elementwise
+    blocks in between (the exp) are inlined, so the normalisation recomputes the exp rather
+    than storing it (storing it in a per-row array was 2.4x slower on PoCL).
+
+    Applies to functions whose blocks (after inlining) are reductions with the same leading
+    spatial axes and trailing reduction axes, then one injective block over the same axes;
+    rows of more than `_ROW_TERMS` terms are declined.
+    """
+
+    def _apply(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+        sch = s_tir.Schedule(func)
+        infos = try_inline_contiguous_spatial(sch, normalize_prim_func(sch))
+        if not infos or len(infos) < 2 or not infos[-1].is_injective():
+            return None
+        reductions, last = infos[:-1], infos[-1]
+        kinds = reductions[0].dom_kind()
+        n_s = len(kinds) - len(kinds.lstrip("S"))
+        if n_s == 0 or kinds != "S" * n_s + "R" * (len(kinds) - n_s) or n_s == len(kinds):
+            return None
+        dom = [int(d) for d in reductions[0].dom() if isinstance(d, (int, tirx.IntImm))]
+        if len(dom) != len(kinds) or any(
+            b.dom_kind() != kinds or _static_dom(b) != dom for b in reductions
+        ):
+            return None  # dynamic shapes, or reductions over different axes
+        if not _align_last_block(sch, last, dom):
+            return None
+        r_ext = dom[n_s:]
+        if math.prod(r_ext) > _ROW_TERMS:
+            return None
+        rows = math.prod(dom[:n_s])
+
+        loops = sch.get_loops(last.block_rv)
+        threads = min(_threads_per_group(rows, target), max(1, rows))
+        bx, tx = sch.split(sch.fuse(*loops[:n_s]), factors=[None, threads])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        for info in reversed(reductions):
+            block = info.block_rv
+            for i, _ in enumerate(sch.get(block).writes):
+                sch.set_scope(block, i, "local")
+            sch.compute_at(block, tx, preserve_unit_loops=False)
+        if math.prod(r_ext) <= _UNROLL_TOTAL:
+            for info in infos:
+                for loop in sch.get_loops(info.block_rv)[2:]:
+                    sch.unroll(loop)
+        return sch
+
+
 _has_if_then_else = tvm.get_global_func("s_tir.schedule.HasIfThenElse")
 
 
@@ -512,9 +669,18 @@ PROFILES: dict[str, dict[str, int | bool]] = {
         "injective": False,
         "window_reduction": True,
     },
-    # CPU OpenCL (PoCL): serial reductions everywhere with the largest tiles, vectorised
-    # elementwise kernels.
-    "cpu": {"min_work_items": 0, "channel_reductions": True, "injective": True},
+    # CPU OpenCL (PoCL): serial reductions everywhere (long ones over few outputs too) with
+    # the largest tiles, but one pixel per work-item under a kernel window; vectorised
+    # elementwise kernels; softmax-like row reductions serial per row.
+    "cpu": {
+        "min_work_items": 0,
+        "channel_reductions": True,
+        "injective": True,
+        "long_reductions": True,
+        "window_pixels": 1,
+        "pad_stage": True,
+        "serial_rows": True,
+    },
 }
 
 
@@ -553,10 +719,15 @@ def fast_rules(
         SerialReduction(
             min_work_items=int(cfg["min_work_items"]),
             channel_reductions=bool(cfg["channel_reductions"]),
+            long_reductions=bool(cfg.get("long_reductions", False)),
+            window_tiles=((8, int(cfg["window_pixels"])),) if "window_pixels" in cfg else None,
+            pad_stage=bool(cfg.get("pad_stage", False)),
         )
     )
     if cfg["injective"]:
         rules.append(Injective())
+    if cfg.get("serial_rows"):
+        rules.append(SerialRows())
     return rules + [
         dl.gpu.Matmul(),
         dl.gpu.GEMV(),
