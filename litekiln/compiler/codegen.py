@@ -122,6 +122,15 @@ def default_schedule() -> SchedulePass:
     )
 
 
+def safe_schedule() -> SchedulePass:
+    """The last schedule the compiler tries before giving a partition to the CPU: dlight's
+    fallback rule alone (each output element computed by one thread, loops kept serial).
+    Slow, but it schedules any static loop nest the other rules may refuse or break on."""
+    from tvm.s_tir import dlight as dl
+
+    return dl.ApplyDefaultSchedule(dl.gpu.Fallback())
+
+
 #: Names accepted by `schedule_named` (and by the ``LITEKILN_SCHEDULES`` setting).
 SCHEDULE_NAMES = ("fast", "fast-cpu", "default")
 
@@ -148,6 +157,8 @@ def schedule_named(name: str | None = None) -> SchedulePass:
         return fast_schedule("cpu" if name == "fast-cpu" else "gpu")
     if name == "default":
         return default_schedule()
+    if name == "safe":  # the compiler's own last resort (driver.py), not a user setting
+        return safe_schedule()
     raise ValueError(f"unknown schedules {name!r}; expected one of {', '.join(SCHEDULE_NAMES)}")
 
 

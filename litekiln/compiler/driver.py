@@ -6,17 +6,18 @@ import importlib
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from litekiln.artifact.compiled import CompiledModel, CompileOptions, PartitionArtifact
 from litekiln.artifact.versions import compiler_hash, litekiln_version, tvm_version
 from litekiln.compiler.partition import Partition, PartitionPlan, partition
-from litekiln.errors import CompileError
 from litekiln.model.ir import Model
 
 if TYPE_CHECKING:  # lower imports TVM, precision the numpy reference: loaded when compiling
+    from litekiln.compiler.codegen import CompileResult
     from litekiln.compiler.lower import LowerOptions
     from litekiln.compiler.precision import Fp16Plan
 
@@ -53,15 +54,24 @@ def compile_model(
     Returns:
         The compiled model (plain data; the runtime loads it without TVM).
 
-    Raises:
-        CompileError: a partition cannot be lowered or code-generated.
+    A partition that cannot be lowered, or whose code generation fails with every schedule of
+    the fallback chain (`SCHEDULE_CHAIN`), runs on the CPU instead: the compiler warns, op by
+    op, with the reason, and never fails the model for it.
     """
     _import_tvm_side()
     run = _Compilation(model, options or CompileOptions(), progress, warn)
     plan = run.partition()
     fp16_plan = run.plan_fp16(plan)
-    partitions, constants = run.compile_partitions(plan, fp16_plan)
+    partitions, constants, failed = run.compile_partitions(plan, fp16_plan)
+    if failed:
+        plan, partitions = run.demote(plan, partitions, failed)
     return run.artifact(plan, partitions, constants, fp16_plan)
+
+
+#: The schedules a partition's code generation tries, in order: the options' own (litekiln's
+#: rules for the device family), dlight's generic rules, and dlight's fallback rule alone.
+SCHEDULE_CHAIN = ("dlight's generic rules", "a plain safe schedule")
+_CHAIN_NAMES = {"dlight's generic rules": "default", "a plain safe schedule": "safe"}
 
 
 def _import_tvm_side() -> None:
@@ -120,11 +130,12 @@ class _Compilation:
 
     def compile_partitions(
         self, plan: PartitionPlan, fp16_plan: Fp16Plan | None
-    ) -> tuple[list[PartitionArtifact], dict[str, np.ndarray]]:
+    ) -> tuple[list[PartitionArtifact], dict[str, np.ndarray], dict[int, str]]:
         """Lower and code-generate each GPU partition, reporting progress.
 
         Returns:
-            The compiled partitions and their constants, named ``p<index>.<name>``.
+            The compiled partitions, their constants (named ``p<index>.<name>``), and the
+            partitions that could not be compiled (index -> why).
         """
         from litekiln.compiler.lower import LowerOptions
 
@@ -136,41 +147,54 @@ class _Compilation:
         )
         partitions: list[PartitionArtifact] = []
         constants: dict[str, np.ndarray] = {}
+        failed: dict[int, str] = {}
         total = len(plan.partitions)
         for p in plan.partitions:
             label = f"partition {p.index + 1}/{total} ({len(p.ops)} ops)"
             if self.progress:
                 self.progress(p.index, total, label)
-            artifact, part_constants = self.compile_partition(p, lower_opts, label)
-            partitions.append(artifact)
-            constants.update(part_constants)
+            compiled = self.compile_partition(p, lower_opts, label)
+            if isinstance(compiled, str):
+                failed[p.index] = compiled
+                continue
+            partitions.append(compiled[0])
+            constants.update(compiled[1])
         if self.progress:
             self.progress(total, total, "done")
-        return partitions, constants
+        return partitions, constants, failed
+
+    def demote(
+        self, plan: PartitionPlan, partitions: list[PartitionArtifact], failed: dict[int, str]
+    ) -> tuple[PartitionPlan, list[PartitionArtifact]]:
+        """Give the partitions that failed to the CPU, renumber the others, and say so."""
+        new_plan = plan.without(failed)
+        renumbered = [replace(a, index=k) for k, a in enumerate(partitions)]
+        if self.warn:
+            print("litekiln: some partitions run on the CPU after all:", file=sys.stderr)
+            new_plan.print_warnings()
+        return new_plan, renumbered
 
     def compile_partition(
         self, p: Partition, lower_opts: LowerOptions, label: str
-    ) -> tuple[PartitionArtifact, dict[str, np.ndarray]]:
+    ) -> tuple[PartitionArtifact, dict[str, np.ndarray]] | str:
         """One GPU partition: our IR -> Relax -> OpenCL; its constants renamed ``p<index>.``.
 
-        Raises:
-            CompileError: code generation failed (the message names the model and partition).
+        Returns:
+            The partition and its constants, or why it cannot run on the GPU: it could not be
+            lowered, or its code generation failed with every schedule of the chain.
         """
-        from litekiln.compiler.codegen import CodegenError, compile_relax_full
         from litekiln.compiler.lower import lower_partition
 
         t = time.perf_counter()
-        mod = lower_partition(self.model.main, p, lower_opts)
-        self._add_time("lower", time.perf_counter() - t)
         try:
-            result = compile_relax_full(
-                mod,
-                target=_target(self.options),
-                schedules=self.options.schedules,
-                variant_rules=_variant_rules(self.options),
-            )
-        except CodegenError as exc:
-            raise CompileError(f"{self.model.name}: {label}: {exc}") from None
+            mod = lower_partition(self.model.main, p, lower_opts)
+        except Exception as exc:  # noqa: BLE001 - any failure moves the partition to the CPU
+            return f"the compiler could not lower it ({_why(exc)})"
+        finally:
+            self._add_time("lower", time.perf_counter() - t)
+        result = self._generate(mod, label)
+        if isinstance(result, str):
+            return result
         for k, v in result.timings.items():
             self._add_time(k, v)
         # Every partition names its constants from const_0: prefix them to keep them apart.
@@ -179,6 +203,31 @@ class _Compilation:
         program.constants = {tid: prefix + name for tid, name in program.constants.items()}
         constants = {prefix + k: v for k, v in result.constants.items()}
         return PartitionArtifact(p.index, p.ops, p.inputs, p.outputs, program), constants
+
+    def _generate(self, mod: Any, label: str) -> CompileResult | str:
+        """Code generation along the schedule chain: the options' schedules, then the
+        fallbacks; the result of the first that works, or why none did."""
+        from litekiln.compiler.codegen import compile_relax_full
+
+        attempts = [(self.options.schedules, _variant_rules(self.options))] + [
+            (_CHAIN_NAMES[name], []) for name in SCHEDULE_CHAIN
+        ]
+        errors: list[str] = []
+        for schedules, variants in attempts:
+            try:
+                return compile_relax_full(
+                    mod, target=_target(self.options), schedules=schedules,
+                    variant_rules=variants,
+                )  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - a failed schedule falls back, never crashes
+                errors.append(f"{schedules}: {_why(exc)}")
+                if self.warn:
+                    print(
+                        f"litekiln: {self.model.name}: {label}: code generation with the "
+                        f"'{schedules}' schedules failed ({_why(exc)}); trying the next",
+                        file=sys.stderr,
+                    )
+        return "code generation failed with every schedule (" + "; ".join(errors) + ")"
 
     def artifact(
         self,
@@ -214,6 +263,12 @@ class _Compilation:
 
     def _add_time(self, phase: str, seconds: float) -> None:
         self.timings[phase] = self.timings.get(phase, 0.0) + seconds
+
+
+def _why(exc: BaseException) -> str:
+    """An exception in one line: its type and the first line of its message."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first[:200]}" if first else type(exc).__name__
 
 
 def _variant_rules(options: CompileOptions) -> list[object]:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import sys
 from collections import defaultdict
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import TextIO
 
 from litekiln.errors import UnsupportedOpError
@@ -91,6 +92,26 @@ class PartitionPlan:
                 lines.append(f"  {kind} {name} ({len(sample)}x: ops {where}): {why}")
         lines.append(self.summary())
         return lines
+
+    def without(self, failed: Mapping[int, str]) -> PartitionPlan:
+        """The plan with the partitions in ``failed`` (index -> why) on the CPU, op by op in
+        their order, each op with that reason; the other partitions renumbered in order."""
+        keep = [p for p in self.partitions if p.index not in failed]
+        number = {p.index: k for k, p in enumerate(keep)}
+        steps: list[Step] = []
+        reasons = dict(self.cpu_reasons)
+        for s in self.steps:
+            if s.kind == "cpu" or s.partition is None:
+                steps.append(s)
+            elif s.partition in failed:
+                for i in self.partitions[s.partition].ops:
+                    steps.append(Step("cpu", op=i))
+                    reasons[i] = failed[s.partition]
+            else:
+                steps.append(Step("gpu", partition=number[s.partition]))
+        partitions = [replace(p, index=number[p.index]) for p in keep]
+        in_order = {s.op: reasons[s.op] for s in steps if s.kind == "cpu" and s.op is not None}
+        return PartitionPlan(partitions, steps, in_order, self.graph)
 
     def summary(self) -> str:
         g, c, p = self.gpu_op_count, self.cpu_op_count, len(self.partitions)
