@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 DEFAULT_BUDGET = 2.5e-3
 
 #: Ops with weights: name -> (data slot, weight slot, bias slot). Their weights are stored in
-#: half exactly when their data input is (lower._data_and_weights); biases stay float32.
+#: half exactly when their data input is (lowering.data_and_weights); biases stay float32.
 WEIGHTED_OPS: dict[str, tuple[int, int, int]] = {
     "CONV_2D": (0, 1, 2),
     "DEPTHWISE_CONV_2D": (0, 1, 2),

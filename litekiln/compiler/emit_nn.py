@@ -1,0 +1,414 @@
+"""Emitters of the convolution, pooling, elementwise and layout ops (one per TFLite op name;
+the op's semantics live in its :mod:`litekiln.ops` definition)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from tvm import relax
+
+from litekiln.compiler.lowering import (
+    ACC_DTYPE,
+    BROADCAST_BARRIER,
+    EMITTERS,
+    Ctx,
+    Emitter,
+    Expr,
+    activation,
+    conv_data,
+    conv_pads,
+    data_and_weights,
+    dtype_of,
+    emitter,
+    epilogue,
+)
+from litekiln.ops.conv import C_PADDING_SAME, Convolution2DTransposeBias
+
+
+@emitter("CONV_2D")
+def _conv2d(ctx: Ctx) -> list[Expr]:
+    w = ctx.const(1)  # OHWI
+    _, h, wd, cin = ctx.tensor(0).shape
+    o, kh, kw, wi = w.shape
+    sh, sw = int(ctx.options.get("stride_h", 1)), int(ctx.options.get("stride_w", 1))
+    dh, dw = (
+        int(ctx.options.get("dilation_h_factor", 1)),
+        int(ctx.options.get("dilation_w_factor", 1)),
+    )
+    x, wc, pads = conv_data(ctx, w, conv_pads(ctx, h, wd, kh, kw, sh, sw, dh, dw))
+    y = ctx.emit(
+        relax.op.nn.conv2d(
+            x,
+            wc,
+            strides=(sh, sw),
+            padding=pads,
+            dilation=(dh, dw),
+            groups=cin // wi,
+            data_layout="NHWC",
+            kernel_layout="OHWI",
+            out_dtype=ACC_DTYPE,
+        )
+    )
+    return epilogue(ctx, y, 2)
+
+
+@emitter("DEPTHWISE_CONV_2D")
+def _dwconv(ctx: Ctx) -> list[Expr]:
+    w = ctx.const(1)  # 1, KH, KW, C*M
+    _, h, wd, cin = ctx.tensor(0).shape
+    _, kh, kw, cm = w.shape
+    w = np.ascontiguousarray(w.transpose(3, 1, 2, 0))  # (C*M), KH, KW, 1: grouped OHWI
+    sh, sw = int(ctx.options.get("stride_h", 1)), int(ctx.options.get("stride_w", 1))
+    dh, dw = (
+        int(ctx.options.get("dilation_h_factor", 1)),
+        int(ctx.options.get("dilation_w_factor", 1)),
+    )
+    x, wc, pads = conv_data(ctx, w, conv_pads(ctx, h, wd, kh, kw, sh, sw, dh, dw))
+    y = ctx.emit(
+        relax.op.nn.conv2d(
+            x,
+            wc,
+            strides=(sh, sw),
+            padding=pads,
+            dilation=(dh, dw),
+            groups=cin,
+            data_layout="NHWC",
+            kernel_layout="OHWI",
+            out_dtype=ACC_DTYPE,
+        )
+    )
+    return epilogue(ctx, y, 2)
+
+
+def _conv_transpose(
+    ctx: Ctx,
+    data: int,
+    w: np.ndarray,
+    strides: tuple[int, int],
+    pad_before: tuple[int, int],
+    bias: int,
+) -> list[Expr]:
+    """Transposed conv of operand ``data`` with OHWI weights ``w``: the full scatter
+    ``(in - 1) * stride + k`` is cropped by ``pad_before`` at the top/left and to the output
+    tensor's size at the bottom/right (negative crops become output padding)."""
+    out_shape = ctx.out().shape
+    _, h, wd, _ = ctx.tensor(data).shape
+    o, kh, kw, i = w.shape
+    sh, sw = strides
+    oh, ow = out_shape[1], out_shape[2]
+    pt, pl = pad_before
+    full_h, full_w = (h - 1) * sh + kh, (wd - 1) * sw + kw
+    pb, pr = full_h - oh - pt, full_w - ow - pl
+    out_pad = (max(-pb, 0), max(-pr, 0))
+    wt = np.ascontiguousarray(w.transpose(3, 0, 1, 2))  # I, O, KH, KW  (IOHW)
+    x, wc = data_and_weights(ctx, data, wt)
+    xn = ctx.emit(relax.op.permute_dims(x, [0, 3, 1, 2]))
+    y = ctx.emit(
+        relax.op.nn.conv2d_transpose(
+            xn,
+            wc,
+            strides=(sh, sw),
+            padding=(pt, pl, max(pb, 0), max(pr, 0)),
+            output_padding=out_pad,
+            data_layout="NCHW",
+            kernel_layout="IOHW",
+            out_dtype=ACC_DTYPE,
+        )
+    )
+    y = ctx.emit(relax.op.permute_dims(y, [0, 2, 3, 1]))
+    return epilogue(ctx, y, bias)
+
+
+@emitter("TRANSPOSE_CONV")
+def _transpose_conv(ctx: Ctx) -> list[Expr]:
+    w = ctx.const(1)  # O, KH, KW, I
+    _, h, wd, _ = ctx.tensor(2).shape
+    _, kh, kw, _ = w.shape
+    sh, sw = int(ctx.options.get("stride_h", 1)), int(ctx.options.get("stride_w", 1))
+    oh, ow = ctx.out().shape[1], ctx.out().shape[2]
+    if int(ctx.options.get("padding", 0)) == 1:
+        pt = pl = 0
+    else:
+        pt = max(((h - 1) * sh + kh - oh) // 2, 0)
+        pl = max(((wd - 1) * sw + kw - ow) // 2, 0)
+    return _conv_transpose(ctx, 2, w, (sh, sw), (pt, pl), 3)
+
+
+@emitter("Convolution2DTransposeBias")
+def _transpose_conv_bias(ctx: Ctx) -> list[Expr]:
+    # Geometry as in ops.conv.Convolution2DTransposeBias: the output tensor's shape already
+    # holds ``stride * (in - 1) + k - pad_total``; the scatter starts ``pad_total // 2`` in.
+    padding, stride_w, stride_h = Convolution2DTransposeBias.params(ctx.op)
+    w = ctx.const(1)  # O, KH, KW, I
+    _, h, wd, _ = ctx.tensor(0).shape
+    _, kh, kw, _ = w.shape
+    tot_h = tot_w = 0
+    if padding == C_PADDING_SAME:
+        tot_h = max(0, kh - (h - 1) % stride_h - 1)
+        tot_w = max(0, kw - (wd - 1) % stride_w - 1)
+    return _conv_transpose(ctx, 0, w, (stride_h, stride_w), (tot_h // 2, tot_w // 2), 2)
+
+
+@emitter("FULLY_CONNECTED")
+def _fully_connected(ctx: Ctx) -> list[Expr]:
+    w = ctx.const(1)  # out, in
+    n_in = w.shape[1]
+    rows = ctx.tensor(0).size // n_in
+    x, wt = data_and_weights(ctx, 0, np.ascontiguousarray(w.T))
+    x2 = ctx.emit(relax.op.reshape(x, (rows, n_in)))
+    y = ctx.emit(relax.op.matmul(x2, wt, out_dtype=ACC_DTYPE))
+    return epilogue(ctx, y, 2)
+
+
+def _binary(fn: Callable[[Expr, Expr], Expr], topi_name: str) -> Emitter:
+    def emit(ctx: Ctx) -> list[Expr]:
+        a, b = ctx.arg(0), ctx.arg(1)
+        if _broadcasts_computed(ctx):
+            # A computed operand smaller than the result (a squeeze-and-excite gate: a
+            # 1x1x1xC conv, sigmoid, times the 32x32xC feature map). As a broadcast op, FuseOps
+            # would fuse it into the conv's epilogue, which then recomputes the conv for every
+            # output element (and TVM took minutes to simplify the 1.9 MB kernel). Marked
+            # injective (BROADCAST_BARRIER), it still fuses with elementwise neighbours but
+            # not into a reduction.
+            from tvm import topi
+
+            y = ctx.bb.call_te(
+                getattr(topi, topi_name), a, b, primfunc_name_hint=f"{BROADCAST_BARRIER}{topi_name}"
+            )
+            return [activation(ctx, ctx.emit(y))]
+        return [activation(ctx, ctx.emit(fn(a, b)))]
+
+    return emit
+
+
+def _broadcasts_computed(ctx: Ctx) -> bool:
+    """Whether an operand that is not a constant has fewer elements than the result."""
+    out = ctx.out().size
+    return any(ctx.tensor(i).data is None and ctx.tensor(i).size < out for i in range(2))
+
+
+for _name, _fn, _topi in [
+    ("ADD", relax.op.add, "add"),
+    ("SUB", relax.op.subtract, "subtract"),
+    ("MUL", relax.op.multiply, "multiply"),
+    ("DIV", relax.op.divide, "divide"),
+    ("MAXIMUM", relax.op.maximum, "maximum"),
+    ("MINIMUM", relax.op.minimum, "minimum"),
+]:
+    EMITTERS[_name] = _binary(_fn, _topi)
+
+
+@emitter("LOGICAL_AND")
+def _logical_and(ctx: Ctx) -> list[Expr]:
+    # Booleans travel as float 0/1 on the GPU path: AND is a product.
+    return [ctx.emit(relax.op.multiply(ctx.arg(0), ctx.arg(1)))]
+
+
+_UNARY: dict[str, Callable[[Ctx, Expr], Expr]] = {
+    "RELU": lambda c, x: relax.op.nn.relu(x),
+    "RELU6": lambda c, x: relax.op.clip(x, 0.0, 6.0),
+    "RELU_N1_TO_1": lambda c, x: relax.op.clip(x, -1.0, 1.0),
+    "LOGISTIC": lambda c, x: relax.op.sigmoid(x),
+    "TANH": lambda c, x: relax.op.tanh(x),
+    "EXP": lambda c, x: relax.op.exp(x),
+    "HARD_SWISH": lambda c, x: relax.op.multiply(
+        x,
+        relax.op.multiply(
+            relax.op.clip(relax.op.add(x, c.fconst(3.0)), 0.0, 6.0), c.fconst(1.0 / 6.0)
+        ),
+    ),
+}
+
+for _name in _UNARY:
+    EMITTERS[_name] = (lambda f: lambda ctx: [ctx.emit(f(ctx, ctx.arg(0)))])(_UNARY[_name])
+
+
+@emitter("PRELU")
+def _prelu(ctx: Ctx) -> list[Expr]:
+    x = ctx.arg(0)
+    alpha = ctx.fconst(ctx.const(1))
+    pos = ctx.emit(relax.op.nn.relu(x))
+    neg = ctx.emit(relax.op.minimum(x, ctx.fconst(0.0)))
+    return [ctx.emit(relax.op.add(pos, relax.op.multiply(neg, alpha)))]
+
+
+@emitter("PAD")
+def _pad(ctx: Ctx) -> list[Expr]:
+    pads = ctx.const(1).astype(np.int64).reshape(-1, 2)
+    flat = [int(v) for v in pads.reshape(-1)]
+    return [ctx.emit(relax.op.nn.pad(ctx.arg_stored(0), flat, "constant", 0.0))]
+
+
+def _pool(kind: str) -> Emitter:
+    def emit(ctx: Ctx) -> list[Expr]:
+        _, h, w, _ = ctx.tensor(0).shape
+        kh, kw = int(ctx.options["filter_height"]), int(ctx.options["filter_width"])
+        sh, sw = int(ctx.options.get("stride_h", 1)), int(ctx.options.get("stride_w", 1))
+        pads = conv_pads(ctx, h, w, kh, kw, sh, sw)
+        if kind == "max":
+            y = relax.op.nn.max_pool2d(
+                ctx.arg(0), pool_size=(kh, kw), strides=(sh, sw), padding=pads, layout="NHWC"
+            )
+            return [activation(ctx, ctx.emit(y))]
+        y = relax.op.nn.avg_pool2d(
+            ctx.arg(0),
+            pool_size=(kh, kw),
+            strides=(sh, sw),
+            padding=pads,
+            layout="NHWC",
+            count_include_pad=False,
+        )
+        return [activation(ctx, ctx.emit(y))]
+
+    return emit
+
+
+EMITTERS["MAX_POOL_2D"] = _pool("max")
+EMITTERS["AVERAGE_POOL_2D"] = _pool("avg")
+
+
+@emitter("CONCATENATION")
+def _concat(ctx: Ctx) -> list[Expr]:
+    # Moves stored values, unless a fused activation computes on them.
+    load = ctx.arg if int(ctx.options.get("fused_activation_function", 0) or 0) else ctx.arg_stored
+    xs = [load(i) for i in range(len(ctx.op.inputs)) if ctx.has(i)]
+    if len({dtype_of(x) for x in xs}) > 1:  # a constant (float32) among half inputs
+        xs = [ctx.arg(i) for i in range(len(ctx.op.inputs)) if ctx.has(i)]
+    axis = int(ctx.options.get("axis", 0)) % len(ctx.out().shape)
+    return [activation(ctx, ctx.emit(relax.op.concat(xs, axis=axis)))]
+
+
+@emitter("RESHAPE", "SQUEEZE", "EXPAND_DIMS")
+def _reshape(ctx: Ctx) -> list[Expr]:
+    return [ctx.emit(relax.op.reshape(ctx.arg_stored(0), ctx.out().shape))]
+
+
+@emitter("TRANSPOSE")
+def _transpose(ctx: Ctx) -> list[Expr]:
+    perm = [int(v) for v in ctx.const(1).reshape(-1)]
+    return [ctx.emit(relax.op.permute_dims(ctx.arg_stored(0), perm))]
+
+
+@emitter("STRIDED_SLICE")
+def _strided_slice(ctx: Ctx) -> list[Expr]:
+    shape = ctx.tensor(0).shape
+    begin = ctx.const(1).astype(np.int64).reshape(-1)
+    end = ctx.const(2).astype(np.int64).reshape(-1)
+    strides = ctx.const(3).astype(np.int64).reshape(-1) if ctx.has(3) else np.ones_like(begin)
+    o = ctx.options
+    bm, em, shrink = (
+        int(o.get("begin_mask", 0)),
+        int(o.get("end_mask", 0)),
+        int(o.get("shrink_axis_mask", 0)),
+    )
+    offset = bool(o.get("offset", False))
+    axes, b_, e_, s_ = [], [], [], []
+    flips: list[int] = []
+    for i in range(begin.size):
+        n = shape[i]
+        st = int(strides[i])
+        # Resolve to python-slice semantics, then to explicit in-range bounds.
+        if shrink & (1 << i):
+            first = int(begin[i]) % n
+            sl = slice(first, first + 1, 1)
+        else:
+            b = None if bm & (1 << i) else int(begin[i])
+            e = None if em & (1 << i) else int(end[i])
+            if offset and b is not None and e is not None:
+                e = b + e
+            sl = slice(b, e, st)
+        start, stop, step = sl.indices(n)
+        if step < 0:
+            # Slice the same elements in increasing order, then flip the axis: relax's
+            # negative-stride end bounds cannot say "up to and including index 0".
+            picked = range(start, stop, step)
+            if len(picked) == 0:
+                raise ctx.fail(f"axis {i} selects no element")
+            start, stop, step = picked[-1], picked[0] + 1, -step
+            flips.append(i)
+        axes.append(i)
+        b_.append(start)
+        e_.append(max(stop, start))
+        s_.append(step)
+    y = ctx.emit(relax.op.strided_slice(ctx.arg_stored(0), axes, b_, e_, s_))
+    for i in flips:
+        y = ctx.emit(relax.op.flip(y, i))
+    return [y]
+
+
+@emitter("SOFTMAX")
+def _softmax(ctx: Ctx) -> list[Expr]:
+    return [ctx.emit(relax.op.nn.softmax(ctx.arg(0), axis=-1))]
+
+
+@emitter("MEAN")
+def _mean(ctx: Ctx) -> list[Expr]:
+    rank = len(ctx.tensor(0).shape)
+    axes = sorted({int(a) % rank for a in ctx.const(1).reshape(-1)})
+    keep = bool(ctx.options.get("keep_dims", False))
+    if len(axes) == rank:
+        # A rank-0 reduction fails TVM's scheduling (block_realize check): reduce keeping the
+        # dims; the lowering reshapes to the declared scalar shape.
+        keep = True
+    return [ctx.emit(relax.op.mean(ctx.arg(0), axis=axes, keepdims=keep))]
+
+
+@emitter("RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR")
+def _resize(ctx: Ctx) -> list[Expr]:
+    _, oh, ow, _ = ctx.out().shape
+    align = bool(ctx.options.get("align_corners", False))
+    half = bool(ctx.options.get("half_pixel_centers", False))
+    x = ctx.arg(0)
+    ones = [ax for ax, size in ((1, oh), (2, ow)) if size == 1] if align else []
+    if ones:
+        # TFLite: align_corners with an output size of 1 reads index 0 (scale in/out, source
+        # 0); TVM's align_corners divides by (out - 1) = 0. Keep only index 0 of that axis,
+        # resize it 1 -> 2 (both copies of the row) and keep one of them.
+        x = ctx.emit(relax.op.strided_slice(x, ones, [0] * len(ones), [1] * len(ones)))
+        oh, ow = (2 if oh == 1 else oh), (2 if ow == 1 else ow)
+    if ctx.op.name == "RESIZE_BILINEAR":
+        mode = "align_corners" if align else ("half_pixel" if half else "asymmetric")
+        y = relax.op.image.resize2d(
+            x, (oh, ow), layout="NHWC", method="linear", coordinate_transformation_mode=mode
+        )
+    else:
+        if align:
+            # TFLite rounds half away from zero (TfLiteRound); TVM's "round" rounds half to
+            # even, which picks the wrong pixel on every exact tie (e.g. 5 -> 9 pixels).
+            # Source coordinates are >= 0 here, so half away from zero = prefer ceil.
+            mode, rounding = "align_corners", "round_prefer_ceil"
+        elif half:
+            mode, rounding = "tf_half_pixel_for_nn", "floor"
+        else:
+            mode, rounding = "asymmetric", "floor"
+        y = relax.op.image.resize2d(
+            x,
+            (oh, ow),
+            layout="NHWC",
+            method="nearest_neighbor",
+            coordinate_transformation_mode=mode,
+            rounding_method=rounding,
+        )
+    y = ctx.emit(y)
+    if ones:
+        y = ctx.emit(relax.op.strided_slice(y, ones, [0] * len(ones), [1] * len(ones)))
+    return [y]
+
+
+@emitter("DEPTH_TO_SPACE")
+def _depth_to_space(ctx: Ctx) -> list[Expr]:
+    n, h, w, c = ctx.tensor(0).shape
+    bs = int(ctx.options["block_size"])
+    y = ctx.emit(relax.op.reshape(ctx.arg_stored(0), (n, h, w, bs, bs, c // (bs * bs))))
+    y = ctx.emit(relax.op.permute_dims(y, [0, 1, 3, 2, 4, 5]))
+    return [ctx.emit(relax.op.reshape(y, (n, h * bs, w * bs, c // (bs * bs))))]
+
+
+@emitter("SPACE_TO_DEPTH")
+def _space_to_depth(ctx: Ctx) -> list[Expr]:
+    n, h, w, c = ctx.tensor(0).shape
+    bs = int(ctx.options["block_size"])
+    y = ctx.emit(relax.op.reshape(ctx.arg_stored(0), (n, h // bs, bs, w // bs, bs, c)))
+    y = ctx.emit(relax.op.permute_dims(y, [0, 1, 3, 2, 4, 5]))
+    return [ctx.emit(relax.op.reshape(y, (n, h // bs, w // bs, c * bs * bs)))]

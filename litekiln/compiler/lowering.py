@@ -1,0 +1,411 @@
+"""The lowering's core: what every emitter sees (:class:`Ctx`), the emitter registry and the
+partition walk (:class:`Lowering`), and the helpers emitters share.
+
+One emitter per op name, registered in :data:`EMITTERS`; each emitter turns one IR op into
+Relax expressions. The op's semantics (what it computes) live in its :mod:`litekiln.ops`
+definition; an emitter only says how to build the same computation from Relax ops, and the
+per-op GPU-vs-reference tests hold the two together.
+
+Weights are transformed once here, with numpy, into the layouts Relax wants (depthwise
+``1HW(CM)`` -> ``(CM)HW1`` grouped OHWI; fully-connected ``[out, in]`` -> ``[in, out]``), and
+enter the module as Relax constants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from litekiln.compiler.partition import Partition
+from litekiln.errors import CompileError
+from litekiln.model.ir import Op, Subgraph, Tensor
+from litekiln.ops.base import dequantize, is_quantized
+
+Expr = Any  # relax.Expr; kept loose because TVM's Python typing is dynamic
+
+#: Every op computes in float32 whatever the storage precision: fp16 sums over a 3x3x256
+#: window lose ~1e-2 relative (cuDNN accumulates fp16 convolutions in float32 too), and a
+#: driver that builds half code without cl_khr_fp16 (NVIDIA) has no half built-ins (max,
+#: exp, ...) at all.
+ACC_DTYPE = "float32"
+
+
+@dataclass
+class LowerOptions:
+    """Options that change the lowered program (all part of the cache key)."""
+
+    precision: str = "fp32"  # "fp32" or "fp16"
+    quant_simulation: bool = True  # fake-quantize outputs of quantized tensors
+    # fp16: "native" stores every tensor (and the convolution/FC weights) in half and
+    # computes in float32: each op reads half, converts, computes (convolutions accumulate)
+    # in float32 and rounds its result to half; data-movement ops (reshape, pad, concat,
+    # slices) move half values. "emulated", for devices without half: fp32 kernels that
+    # round every constant and every op output to the nearest fp16 value (the same numerics,
+    # without the memory saving).
+    half: str = "native"  # "native" or "emulated"
+    # fp16: tensors kept in float32 storage (the fp16 error guard, compiler/precision.py).
+    # Partition inputs and outputs are float32 storage under fp16 in any case.
+    fp32_tensors: frozenset[int] = frozenset()
+
+
+class Ctx:
+    """What an emitter sees: the op, its operands as Relax exprs or numpy constants."""
+
+    def __init__(self, lw: Lowering, op: Op) -> None:
+        self.lw = lw
+        self.op = op
+        self.bb = lw.bb
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return self.op.options
+
+    def tensor(self, i: int) -> Tensor:
+        return self.lw.graph.tensors[self.op.inputs[i]]
+
+    def out(self, i: int = 0) -> Tensor:
+        return self.lw.graph.tensors[self.op.outputs[i]]
+
+    def has(self, i: int) -> bool:
+        return i < len(self.op.inputs) and self.op.inputs[i] >= 0
+
+    def const(self, i: int) -> np.ndarray:
+        """A constant operand as a float32 (or integer) numpy array."""
+        t = self.tensor(i)
+        if t.data is None:
+            raise CompileError(f"{self.op.describe()}: operand {i} ({t.name!r}) must be a constant")
+        if is_quantized(t):
+            return dequantize(t.data, t)
+        return t.data.astype(np.float32) if t.data.dtype.kind == "f" else t.data
+
+    def arg(self, i: int) -> Expr:
+        """Operand ``i`` as a float32 Relax expression (constants become Relax constants)."""
+        return self.lw.value(self.op.inputs[i])
+
+    def arg_stored(self, i: int) -> Expr:
+        """Operand ``i`` in its storage dtype (half under native fp16): for data-movement ops
+        and for convolutions, which convert while they accumulate."""
+        return self.lw.stored(self.op.inputs[i])
+
+    def emit(self, expr: Expr) -> Expr:
+        return self.bb.emit(expr)
+
+    def fconst(self, array: np.ndarray | float) -> Expr:
+        return relax.const(np.asarray(array, dtype=self.lw.dtype), self.lw.dtype)
+
+    def wconst(self, array: np.ndarray) -> Expr:
+        """A weight constant (convolution, FC) in the storage dtype, rounded as it is stored."""
+        return self.lw.const_array(array, self.lw.storage)
+
+    def fail(self, msg: str) -> CompileError:
+        return CompileError(f"{self.op.describe()}: {msg}")
+
+
+Emitter = Callable[[Ctx], list[Expr]]
+EMITTERS: dict[str, Emitter] = {}
+
+#: Name prefix of binary ops whose op pattern is set to injective (emit_nn._binary).
+BROADCAST_BARRIER = "bcast_"
+
+
+def emitter(*names: str) -> Callable[[Emitter], Emitter]:
+    def deco(fn: Emitter) -> Emitter:
+        for n in names:
+            EMITTERS[n] = fn
+        return fn
+
+    return deco
+
+
+class Lowering:
+    def __init__(self, graph: Subgraph, part: Partition, options: LowerOptions) -> None:
+        self.graph = graph
+        self.part = part
+        self.options = options
+        fp16 = options.precision == "fp16"
+        self.dtype = ACC_DTYPE  # what ops compute in
+        self.storage = "float16" if fp16 and options.half == "native" else "float32"
+        self.emulate_half = fp16 and options.half == "emulated"
+        self.fp16 = fp16
+        self.float_storage = set(options.fp32_tensors) | set(part.inputs) | set(part.outputs)
+        self.bb = relax.BlockBuilder()
+        self.env: dict[int, Expr] = {}  # tensor -> its value in the storage dtype
+        self.pad_folds = self._find_pad_folds()
+
+    def _find_pad_folds(self) -> dict[int, tuple[int, tuple[int, int, int, int]]]:
+        """Zero PADs of height/width that only feed convolutions of this partition (TF exports
+        stride-2 SAME convolutions as PAD + VALID conv): padded tensor -> (source tensor,
+        (top, left, bottom, right)). The convolutions take the padding themselves
+        (:func:`conv_data`) and the PAD is not emitted: one kernel launch and one tensor
+        round trip fewer each (43 of face_detection_full_range_sparse's 139 launches)."""
+        g = self.graph
+        consumers: dict[int, list[Op]] = {}
+        for i in self.part.ops:
+            for t in set(g.ops[i].inputs):
+                consumers.setdefault(t, []).append(g.ops[i])
+        folds: dict[int, tuple[int, tuple[int, int, int, int]]] = {}
+        for i in self.part.ops:
+            op = g.ops[i]
+            if op.name != "PAD" or len(op.inputs) < 2 or not op.outputs:
+                continue
+            t, src, pads_t = op.outputs[0], op.inputs[0], op.inputs[1]
+            tensor = g.tensors[t]
+            if (
+                t in self.part.outputs
+                or is_quantized(tensor)
+                or g.tensors[src].data is not None
+                or pads_t < 0
+                or g.tensors[pads_t].data is None
+                or len(tensor.shape) != 4
+            ):
+                continue
+            pads = np.asarray(g.tensors[pads_t].data).astype(np.int64).reshape(-1, 2)
+            if pads.shape != (4, 2) or pads.min() < 0 or pads[0].any() or pads[3].any():
+                continue
+            users = consumers.get(t, [])
+            if not users or any(
+                u.name not in ("CONV_2D", "DEPTHWISE_CONV_2D")
+                or u.inputs[0] != t
+                or t in u.inputs[1:]
+                for u in users
+            ):
+                continue
+            folds[t] = (src, (int(pads[1, 0]), int(pads[2, 0]), int(pads[1, 1]), int(pads[2, 1])))
+        return folds
+
+    def half_stored(self, t: int) -> bool:
+        """Whether op result / partition input ``t`` is stored as fp16 (half storage under
+        native fp16, rounded float32 under emulated): not a boundary or guarded tensor."""
+        return self.fp16 and t not in self.float_storage
+
+    def const_array(self, data: np.ndarray, dtype: str) -> Expr:
+        """A Relax constant; floats rounded to fp16 first under either fp16 mode."""
+        if data.dtype.kind == "f":
+            if self.emulate_half or self.storage == "float16":
+                data = data.astype(np.float16)
+            data = data.astype(dtype)
+        return relax.const(np.ascontiguousarray(data), str(data.dtype))
+
+    def stored(self, t: int) -> Expr:
+        """Tensor ``t`` as stored: partition inputs and op results in the storage dtype,
+        constants in float32 (their values rounded to fp16 under fp16)."""
+        if t in self.env:
+            return self.env[t]
+        tensor = self.graph.tensors[t]
+        if tensor.data is None:
+            raise CompileError(
+                f"tensor {t} ({tensor.name!r}) has no value in partition {self.part.index}"
+            )
+        data = dequantize(tensor.data, tensor) if is_quantized(tensor) else tensor.data
+        c = self.const_array(data, ACC_DTYPE)
+        self.env[t] = c
+        return c
+
+    def value(self, t: int) -> Expr:
+        """Tensor ``t`` in float32: a half tensor gets a conversion of its own per use, so
+        that each consumer's kernel converts as it loads."""
+        x = self.stored(t)
+        if dtype_of(x) == "float16":
+            return self.bb.emit(relax.op.astype(x, ACC_DTYPE))
+        return x
+
+    def build(self) -> tvm.IRModule:
+        params = []
+        for t in self.part.inputs:
+            tensor = self.graph.tensors[t]
+            # Booleans (LOGICAL_AND) travel as float 0/1: the session converts them both ways.
+            if tensor.dtype.kind not in "fb" and not is_quantized(tensor):
+                raise CompileError(
+                    f"partition {self.part.index}: input tensor {t} ({tensor.name!r}) is "
+                    f"{tensor.dtype.name}; GPU partitions take float (or bool) tensors"
+                )
+            v = relax.Var(f"t{t}", relax.TensorType(shape=tuple(tensor.shape), dtype=ACC_DTYPE))
+            params.append(v)
+            self.env[t] = v
+        with self.bb.function("main", params):
+            with self.bb.dataflow():
+                for i in self.part.ops:
+                    op = self.graph.ops[i]
+                    if op.name == "PAD" and op.outputs and op.outputs[0] in self.pad_folds:
+                        continue  # taken by its convolutions
+                    fn = EMITTERS.get(op.name)
+                    if fn is None:
+                        raise CompileError(f"{op.describe()}: no GPU lowering for {op.name}")
+                    outs = fn(Ctx(self, op))
+                    for t, expr in zip(op.outputs, outs, strict=True):
+                        tensor = self.graph.tensors[t]
+                        expr = self._fix_shape(op, expr, tensor)
+                        if self.options.quant_simulation and is_quantized(tensor):
+                            expr = self._fake_quant(expr, tensor)
+                        elif self.emulate_half and self.half_stored(t):
+                            expr = self._round_to_half(expr)
+                        want = (
+                            "float16"
+                            if self.storage == "float16" and self.half_stored(t)
+                            else ACC_DTYPE
+                        )
+                        if dtype_of(expr) in ("float16", "float32") and dtype_of(expr) != want:
+                            expr = self.bb.emit(relax.op.astype(expr, want))
+                        # No `v2 = v1` alias bindings: FuseOps treats them as opaque nodes
+                        # and stops fusing there (a conv's bias, residual add and ReLU ended
+                        # up in three kernels).
+                        self.env[t] = expr if isinstance(expr, relax.Var) else self.bb.emit(expr)
+                outs = [self.env[t] for t in self.part.outputs]
+                gv = self.bb.emit_output(relax.Tuple(outs))
+            self.bb.emit_func_output(gv)
+        mod = self.bb.get()
+        for gv_, f in list(mod.functions.items()):
+            if self.emulate_half and gv_.name_hint.startswith("round_to_half"):
+                # Opaque (op pattern 8): never fused, so each rounding reads its input once.
+                mod[gv_] = f.with_attr("op_pattern", 8)
+            elif gv_.name_hint.startswith(BROADCAST_BARRIER):
+                mod[gv_] = f.with_attr("op_pattern", 2)  # injective: see _binary
+        return mod
+
+    def _fix_shape(self, op: Op, expr: Expr, tensor: Tensor) -> Expr:
+        if not isinstance(expr, relax.Var):
+            expr = self.bb.emit(expr)
+        shape = tuple(int(d) for d in expr.ty.shape)
+        if shape != tensor.shape:
+            if int(np.prod(shape)) != tensor.size:
+                raise CompileError(
+                    f"{op.describe()}: lowered output has shape {shape}, the model declares "
+                    f"{tensor.shape}"
+                )
+            expr = relax.op.reshape(expr, tensor.shape)
+        return expr
+
+    def _round_to_half(self, expr: Expr) -> Expr:
+        """Round float32 values to the nearest fp16 value (ties to even) with integer ops.
+
+        The mantissa is rounded to fp16's 10 bits on the float32 bit pattern; values beyond
+        fp16's range saturate at +-65504 (fp16 subnormals keep float32 precision). The kernel
+        is marked opaque so that FuseOps does not inline its producer twice per element.
+        """
+        from tvm import te, tirx
+
+        def fn(x: Any) -> Any:
+            def elem(*idx: Any) -> Any:
+                v = tirx.max(
+                    tirx.min(x(*idx), tirx.const(65504.0, "float32")),
+                    tirx.const(-65504.0, "float32"),
+                )
+                b = tirx.reinterpret("int32", v)
+                r = (
+                    b + tirx.const(0x0FFF, "int32") + ((b >> 13) & tirx.const(1, "int32"))
+                ) & tirx.const(~0x1FFF, "int32")
+                return tirx.reinterpret("float32", r)
+
+            return te.compute(x.shape, elem, name="round_half")
+
+        x = self.bb.emit(expr) if not isinstance(expr, relax.Var) else expr
+        return self.bb.call_te(fn, x, primfunc_name_hint="round_to_half")
+
+    def _fake_quant(self, expr: Expr, tensor: Tensor) -> Expr:
+        """Quantization simulator: keep an activation on its learned grid and range."""
+        q = tensor.quantization
+        assert q is not None
+        if dtype_of(expr) != self.dtype:  # a data-movement op's half result
+            expr = self.bb.emit(relax.op.astype(expr, self.dtype))
+        info = np.iinfo(tensor.dtype)
+        shape = q.broadcast_shape(len(tensor.shape))
+        scale = relax.const(q.scale.reshape(shape).astype(self.dtype), self.dtype)
+        zp = relax.const(q.zero_point.reshape(shape).astype(self.dtype), self.dtype)
+        lo = relax.const(np.asarray(info.min, self.dtype), self.dtype)
+        hi = relax.const(np.asarray(info.max, self.dtype), self.dtype)
+        e = self.bb.emit(relax.op.add(relax.op.round(relax.op.divide(expr, scale)), zp))
+        e = self.bb.emit(relax.op.minimum(relax.op.maximum(e, lo), hi))
+        return relax.op.multiply(relax.op.subtract(e, zp), scale)
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def dtype_of(expr: Expr) -> str:
+    ty = getattr(expr, "ty", None)
+    return str(ty.dtype) if isinstance(ty, relax.TensorType) else ""
+
+
+def activation(ctx: Ctx, x: Expr, code: int | None = None) -> Expr:
+    code = int(ctx.options.get("fused_activation_function", 0) or 0) if code is None else code
+    if code == 0:
+        return x
+    if code == 1:
+        return ctx.emit(relax.op.nn.relu(x))
+    if code == 2:
+        return ctx.emit(relax.op.clip(x, -1.0, 1.0))
+    if code == 3:
+        return ctx.emit(relax.op.clip(x, 0.0, 6.0))
+    if code == 4:
+        return ctx.emit(relax.op.tanh(x))
+    raise ctx.fail(f"fused activation code {code} has no GPU lowering")
+
+
+def same_padding(in_size: int, k: int, stride: int, dilation: int) -> tuple[int, int]:
+    """TFLite SAME padding: (before, after), the extra cell after."""
+    eff = (k - 1) * dilation + 1
+    out = (in_size + stride - 1) // stride
+    total = max((out - 1) * stride + eff - in_size, 0)
+    return total // 2, total - total // 2
+
+
+def conv_pads(
+    ctx: Ctx, h: int, w: int, kh: int, kw: int, sh: int, sw: int, dh: int = 1, dw: int = 1
+) -> tuple[int, int, int, int]:
+    if int(ctx.options.get("padding", 0)) == 1:  # VALID
+        return (0, 0, 0, 0)
+    t, b = same_padding(h, kh, sh, dh)
+    le, r = same_padding(w, kw, sw, dw)
+    return (t, le, b, r)
+
+
+def add_bias(ctx: Ctx, y: Expr, i: int) -> Expr:
+    """Add the bias (operand ``i``, if present) to an accumulation-dtype result."""
+    if ctx.has(i):
+        y = ctx.emit(relax.op.add(y, ctx.fconst(ctx.const(i).reshape(-1))))
+    return y
+
+
+def data_and_weights(ctx: Ctx, i: int, w: np.ndarray) -> tuple[Expr, Expr]:
+    """Operand ``i`` and the weights, both as stored (half under native fp16: the kernel
+    converts each product's factors and accumulates in float32, ``out_dtype``)."""
+    t = ctx.op.inputs[i]
+    x = ctx.arg_stored(i)
+    if ctx.tensor(i).data is None and ctx.lw.half_stored(t):
+        return x, ctx.wconst(w)
+    # Float32 data (a partition input, a tensor the fp16 guard keeps in float32, a constant
+    # operand, or an fp32 program): float32 weights, unrounded.
+    return ctx.arg(i), ctx.fconst(w)
+
+
+def epilogue(ctx: Ctx, y: Expr, bias: int) -> list[Expr]:
+    """Bias and fused activation (float32)."""
+    return [activation(ctx, add_bias(ctx, y, bias))]
+
+
+def conv_data(
+    ctx: Ctx, w: np.ndarray, pads: tuple[int, int, int, int]
+) -> tuple[Expr, Expr, tuple[int, int, int, int]]:
+    """A convolution's data (operand 0), weights and padding: `data_and_weights` and
+    ``pads``, or, when operand 0 is a PAD folded into its convolutions, the PAD's source
+    with the PAD's widths added."""
+    t = ctx.op.inputs[0]
+    fold = ctx.lw.pad_folds.get(t)
+    if fold is None:
+        return (*data_and_weights(ctx, 0, w), pads)
+    src, extra = fold
+    top, left, bottom, right = (a + b for a, b in zip(pads, extra, strict=True))
+    total = (top, left, bottom, right)
+    lw = ctx.lw
+    if not (lw.half_stored(t) and lw.half_stored(src)):
+        # A float32 padded tensor, or a float32 source (a partition input): float32 data and
+        # weights, as `data_and_weights` does for float32 operands (rounding the source
+        # here would cost a cast kernel per convolution).
+        return lw.value(src), ctx.fconst(w), total
+    x = lw.stored(src)
+    return x, ctx.wconst(w), total
