@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import tvm
 
-from litekiln.compiler import emit_math, emit_nn, emit_shape  # noqa: F401  (register emitters)
+from litekiln.compiler import (  # noqa: F401  (each registers its emitters)
+    emit_lstm,
+    emit_math,
+    emit_nn,
+    emit_shape,
+)
 from litekiln.compiler.lowering import (
     ACC_DTYPE,
     BROADCAST_BARRIER,
