@@ -16,6 +16,7 @@ import numpy as np
 
 from litekiln.errors import InputError, LitekilnError
 from litekiln.model.ir import Model, Subgraph
+from litekiln.ops.fold import fold_constants
 from litekiln.reference import run_graph
 
 
@@ -35,12 +36,29 @@ def resized(model: Model, shapes: Mapping[int, tuple[int, ...]]) -> Model:
             raise InputError(f"input {t} ({g.tensors[t].name!r}): dimensions must be positive")
     if all(want[t] == g.tensors[t].shape for t in want):
         return model
+    g = _unfold_shapes(g)
     sized = _infer_shapes(g, {t: want.get(t, g.tensors[t].shape) for t in g.inputs})
     main = dataclasses.replace(g, tensors=sized)
+    fold_constants(main)  # the shape arithmetic again, on the new shapes
     suffix = ";".join("x".join(map(str, sized[t].shape)) for t in g.inputs)
     return dataclasses.replace(
         model, subgraphs=[main, *model.subgraphs[1:]], token=f"{model.token}@{suffix}"
     )
+
+
+def _unfold_shapes(g: Subgraph) -> Subgraph:
+    """A copy of ``g`` in which the ops folded from tensor shapes are ops again (their
+    outputs computed, not constants): their values change with the input shapes. Every op
+    is copied, so that folding the resized graph leaves the original model as it was."""
+    stale = {t for op in g.ops if op.folded_shape for t in op.outputs}
+    ops = [
+        dataclasses.replace(op, folded=False, folded_shape=False)
+        if op.folded_shape
+        else dataclasses.replace(op)
+        for op in g.ops
+    ]
+    tensors = [dataclasses.replace(t, data=None) if t.index in stale else t for t in g.tensors]
+    return dataclasses.replace(g, ops=ops, tensors=tensors)
 
 
 def _infer_shapes(g: Subgraph, inputs: Mapping[int, tuple[int, ...]]) -> list:

@@ -130,8 +130,10 @@ class Op:
         options: builtin options as plain Python values (snake_case keys).
         custom_code: the custom code for CUSTOM ops, else None.
         custom_options: the raw custom options bytes for CUSTOM ops, else None.
-        folded: the loader folded this op into constants (constant DEQUANTIZE / DENSIFY);
-            executors skip it.
+        folded: the loader folded this op into constants (constant DEQUANTIZE / DENSIFY, and
+            every op whose inputs are known: :mod:`litekiln.ops.fold`); executors skip it.
+        folded_shape: folded from a tensor's static shape (a SHAPE of an activation, or an op
+            reading such a value): a model resized to other input shapes folds it again.
     """
 
     index: int
@@ -144,6 +146,7 @@ class Op:
     custom_code: str | None = None
     custom_options: bytes | None = None
     folded: bool = False
+    folded_shape: bool = False
 
     @property
     def is_custom(self) -> bool:

@@ -3,7 +3,8 @@
 Importing this package imports every family module, which registers its ops, and makes the
 model loader check every op of a model it loads against its kernel's rules
 (:func:`validate_model`, through :func:`litekiln.model.loader.add_model_check`: the loader
-is a layer below and cannot import the registry).
+is a layer below and cannot import the registry), folding every op whose inputs are known
+right after its checks (:func:`litekiln.ops.fold.check_and_fold`).
 """
 
 from litekiln.model.loader import add_model_check
@@ -12,6 +13,7 @@ from litekiln.ops import (  # noqa: F401  (imported for their @register side eff
     detection,
     elementwise,
     lstm,
+    matmul,
     mediapipe,
     pool,
     quant,
@@ -21,8 +23,9 @@ from litekiln.ops import (  # noqa: F401  (imported for their @register side eff
 )
 from litekiln.ops.base import REGISTRY, Check, OpContext, OpDef, lookup, register, run_op
 from litekiln.ops.base import validate_model as validate_model
+from litekiln.ops.fold import check_and_fold
 
-add_model_check(validate_model)
+add_model_check(check_and_fold)  # validate_model, folding each op after its checks
 
 __all__ = [
     "REGISTRY",

@@ -323,12 +323,18 @@ def broadcast_shape(c: Check, a: Tensor, b: Tensor) -> tuple[int, ...]:
     return tuple(out)
 
 
-def validate_model(model: Model) -> None:
+def validate_model(model: Model, after_op: Callable[[Op, Subgraph], object] | None = None) -> None:
     """Check every op of the subgraph litekiln runs against its kernel's rules.
 
     Ops litekiln does not know are left alone (running them raises UnsupportedOpError).
     Folded ops (constant DEQUANTIZE, DENSIFY) are checked too: LiteRT prepares them. Output
     shapes become the ones the ops compute (:meth:`Check.output_shape`).
+
+    Args:
+        model: the loaded model.
+        after_op: called with each op once it is checked, before the next op is (constant
+            folding, :mod:`litekiln.ops.fold`: an op then sees its folded inputs as the
+            constants they are, as LiteRT's kernels see them at their Prepare).
 
     Raises:
         ModelValidationError: an op breaks a rule; the error names op and rule.
@@ -348,6 +354,8 @@ def validate_model(model: Model) -> None:
         except (ArithmeticError, LookupError, TypeError, ValueError) as exc:
             # A shape or option so far off that a rule could not even be evaluated.
             raise c.fail("malformed", f"cannot be checked ({type(exc).__name__}: {exc})") from None
+        if after_op is not None:
+            after_op(op, graph)
     # Outputs now have the types and shapes the kernels give them: bound them (the loader
     # bounded only the tensors no op writes), and the model's activations together.
     written = {t for op in graph.ops for t in op.outputs}
@@ -382,6 +390,9 @@ class OpDef:
     gpu_max_version: ClassVar[int] = 1
     gpu_quant_max_version: ClassVar[int] = 1
     quant_aware: ClassVar[bool] = False
+    #: Whether constant folding (:mod:`litekiln.ops.fold`) may evaluate the op at load when
+    #: its inputs are known; False for an op with state or randomness.
+    foldable: ClassVar[bool] = True
     versions: ClassVar[tuple[int, int] | None] = (1, 1)
     num_inputs: ClassVar[tuple[int, int] | None] = None
     num_outputs: ClassVar[tuple[int, int] | None] = (1, 1)

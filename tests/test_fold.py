@@ -1,0 +1,170 @@
+"""Constant folding at load (litekiln/ops/fold.py): ops whose inputs are all known become
+constants, shape arithmetic never reaches the partitioner, and the results equal LiteRT's,
+also after resize_tensor_input (the folds redone at the new shape)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from tflite_builder import ModelBuilder
+
+import litekiln
+from litekiln.model import load_model
+from litekiln.ops.fold import GROWTH_BYTES
+from litekiln.placement import placement
+
+
+def _litert(model: bytes, feeds: list[np.ndarray]) -> list[np.ndarray]:
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    it = Interpreter(
+        model_content=model,
+        experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
+    )
+    for d, x in zip(it.get_input_details(), feeds, strict=True):
+        if tuple(d["shape"]) != x.shape:
+            it.resize_tensor_input(d["index"], list(x.shape))
+    it.allocate_tensors()
+    for d, x in zip(it.get_input_details(), feeds, strict=True):
+        it.set_tensor(d["index"], x)
+    it.invoke()
+    return [it.get_tensor(d["index"]) for d in it.get_output_details()]
+
+
+def _reference(model: bytes, feeds: list[np.ndarray], **kw: Any) -> list[np.ndarray]:
+    it = litekiln.Interpreter(model_content=model, device="reference", **kw)
+    for d, x in zip(it.get_input_details(), feeds, strict=True):
+        if tuple(d["shape"]) != x.shape:
+            it.resize_tensor_input(d["index"], list(x.shape))
+    it.allocate_tensors()
+    for d, x in zip(it.get_input_details(), feeds, strict=True):
+        it.set_tensor(d["index"], x)
+    it.invoke()
+    return [it.get_tensor(d["index"]) for d in it.get_output_details()]
+
+
+def keras_reshape_model() -> bytes:
+    """What Keras writes for a reshape under a dynamic batch: the target shape computed from
+    the input's shape (SHAPE -> STRIDED_SLICE -> PACK -> RESHAPE), then a dense layer."""
+    b = ModelBuilder()
+    x = b.input("x", [1, 4, 6, 8], shape_signature=[-1, 4, 6, 8])
+    shape = b.op("SHAPE", [x], out_shape=[4], out_dtype="int32", options={"out_type": 2})
+    batch = b.op(
+        "STRIDED_SLICE",
+        [shape, np.array([0], np.int32), np.array([1], np.int32), np.array([1], np.int32)],
+        out_shape=[],
+        out_dtype="int32",
+        options={"shrink_axis_mask": 1},
+    )
+    target = b.op(
+        "PACK",
+        [batch, b.const("features", np.array(192, np.int32))],
+        out_shape=[2],
+        out_dtype="int32",
+        options={"values_count": 2, "axis": 0},
+    )
+    flat = b.op("RESHAPE", [x, target], out_shape=[1, 192])
+    w = np.random.default_rng(0).uniform(-0.1, 0.1, [10, 192]).astype(np.float32)
+    y = b.op("FULLY_CONNECTED", [flat, w, np.zeros(10, np.float32)], out_shape=[1, 10])
+    b.output(y)
+    return b.build()
+
+
+def test_keras_shape_arithmetic_folds_and_runs_whole_on_the_gpu() -> None:
+    model = load_model(keras_reshape_model())
+    g = model.main
+    assert [op.name for op in g.ops if op.folded] == ["SHAPE", "STRIDED_SLICE", "PACK"]
+    assert all(op.folded_shape for op in g.ops if op.folded)
+    reshape = next(op for op in g.ops if op.name == "RESHAPE")
+    np.testing.assert_array_equal(g.tensors[reshape.inputs[1]].data, [1, 192])
+    info, plan = placement(model)
+    assert plan.cpu_reasons == {} and len(plan.partitions) == 1
+    assert info["gpu_ops"] == 2  # RESHAPE, FULLY_CONNECTED
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_folded_shape_arithmetic_matches_litert_also_resized(batch: int) -> None:
+    model = keras_reshape_model()
+    x = np.random.default_rng(batch).uniform(-1, 1, [batch, 4, 6, 8]).astype(np.float32)
+    want = _litert(model, [x])
+    got = _reference(model, [x])
+    assert got[0].shape == (batch, 10)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_resize_leaves_the_loaded_model_folded_as_it_was() -> None:
+    from litekiln.resize import resized
+
+    model = load_model(keras_reshape_model())
+    before = [(op.folded, op.folded_shape) for op in model.main.ops]
+    big = resized(model, {model.main.inputs[0]: (5, 4, 6, 8)})
+    reshape = next(op for op in big.main.ops if op.name == "RESHAPE")
+    np.testing.assert_array_equal(big.main.tensors[reshape.inputs[1]].data, [5, 192])
+    assert [(op.folded, op.folded_shape) for op in model.main.ops] == before
+    small = next(op for op in model.main.ops if op.name == "RESHAPE")
+    np.testing.assert_array_equal(model.main.tensors[small.inputs[1]].data, [1, 192])
+
+
+def transpose_conv_model() -> bytes:
+    """A TRANSPOSE_CONV whose output shape is computed: SHAPE(x) * [1, 2, 2, 1]."""
+    b = ModelBuilder()
+    x = b.input("x", [1, 5, 5, 8])
+    shape = b.op("SHAPE", [x], out_shape=[4], out_dtype="int32", options={"out_type": 2})
+    out_shape = b.op(
+        "MUL", [shape, np.array([1, 2, 2, 1], np.int32)], out_shape=[4], out_dtype="int32"
+    )
+    w = np.random.default_rng(1).uniform(-0.5, 0.5, [8, 3, 3, 8]).astype(np.float32)
+    y = b.op(
+        "TRANSPOSE_CONV",
+        [out_shape, w, x],
+        out_shape=[1, 10, 10, 8],
+        out_dtype="float32",
+        options={"padding": "SAME", "stride_h": 2, "stride_w": 2},
+    )
+    b.output(y)
+    return b.build()
+
+
+def test_a_computed_transpose_conv_output_shape_becomes_a_constant() -> None:
+    data = transpose_conv_model()
+    model = load_model(data)
+    g = model.main
+    tconv = next(op for op in g.ops if op.name == "TRANSPOSE_CONV")
+    np.testing.assert_array_equal(g.tensors[tconv.inputs[0]].data, [1, 10, 10, 8])
+    _, plan = placement(model)
+    assert plan.cpu_reasons == {}
+    x = np.random.default_rng(2).uniform(-1, 1, [1, 5, 5, 8]).astype(np.float32)
+    np.testing.assert_allclose(_reference(data, [x])[0], _litert(data, [x])[0], atol=1e-5)
+
+
+def test_constant_chains_fold_graph_outputs_and_large_growth_do_not() -> None:
+    b = ModelBuilder()
+    x = b.input("x", [2, 3])
+    c = b.op(
+        "ADD",
+        [np.ones([2, 3], np.float32), np.full([2, 3], 2.0, np.float32)],
+        out_shape=[2, 3],
+    )
+    c2 = b.op("MUL", [c, np.full([2, 3], 0.5, np.float32)], out_shape=[2, 3])
+    y = b.op("ADD", [x, c2], out_shape=[2, 3])
+    also = b.op("NEG", [np.ones([2, 3], np.float32)], out_shape=[2, 3])  # a graph output
+    side = 1 + int(np.sqrt(GROWTH_BYTES / 4))  # TILE of 4 bytes to more than GROWTH_BYTES
+    big = b.op(
+        "TILE",
+        [np.ones([1, 1], np.float32), np.array([side, side], np.int32)],
+        out_shape=[side, side],
+    )
+    s = b.op("SUM", [big, np.array([0, 1], np.int32)], out_shape=[])
+    z = b.op("ADD", [y, s], out_shape=[2, 3])
+    b.output(z, also)
+    data = b.build()
+    g = load_model(data).main
+    assert [op.name for op in g.ops if op.folded] == ["ADD", "MUL"]
+    assert not any(op.folded_shape for op in g.ops)
+    np.testing.assert_allclose(g.tensors[c2.index].data, np.full([2, 3], 1.5))
+    xv = np.arange(6, dtype=np.float32).reshape(2, 3)
+    got, want = _reference(data, [xv]), _litert(data, [xv])
+    for a, e in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, e, rtol=1e-6)
