@@ -33,6 +33,7 @@ class Lstm(OpDef):
     name = "LSTM"
     gpu = True
     gpu_max_version = 2  # documented GPU table: LSTM v2, basic kernel only (docs/architecture.md)
+    # The GPU lowering is compiler/emit_lstm.py (float32 and fp16; the basic kernel only).
     gpu_quant_max_version = 2
     versions = (1, 4)
     num_outputs = None
@@ -112,6 +113,7 @@ class Lstm(OpDef):
         for i in (2, 3):
             if not graph.tensors[op.inputs[i]].is_constant:
                 return "runtime (non-constant) weights or biases"
-        # The numpy reference is complete; the Relax emitter is not written yet, so an LSTM
-        # stays on the CPU rather than failing at compile time.
-        return "the basic LSTM kernel has no GPU lowering yet (runs on the CPU)"
+        for t in [*op.inputs, *op.outputs]:
+            if t >= 0 and graph.tensors[t].dtype.kind != "f":
+                return "the 8-bit basic LSTM kernel (uint8 activations, int16 state)"
+        return None
