@@ -1,6 +1,7 @@
-"""Emitters of the convolution, pooling, binary arithmetic and layout ops (one per TFLite op
-name; the op's semantics live in its :mod:`litekiln.ops` definition). Unary math and
-reductions: :mod:`litekiln.compiler.emit_math`."""
+"""Emitters of the convolution, pooling, binary arithmetic, resize and depth/space ops (one per
+TFLite op name; the op's semantics live in its :mod:`litekiln.ops` definition). Unary math and
+reductions: :mod:`litekiln.compiler.emit_math`; data movement (pad, concat, reshape,
+transpose, slices): :mod:`litekiln.compiler.emit_shape`."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from litekiln.compiler.lowering import (
     conv_data,
     conv_pads,
     data_and_weights,
-    dtype_of,
     emitter,
     epilogue,
 )
@@ -215,13 +215,6 @@ def _prelu(ctx: Ctx) -> list[Expr]:
     return [ctx.emit(relax.op.add(pos, relax.op.multiply(neg, alpha)))]
 
 
-@emitter("PAD")
-def _pad(ctx: Ctx) -> list[Expr]:
-    pads = ctx.const(1).astype(np.int64).reshape(-1, 2)
-    flat = [int(v) for v in pads.reshape(-1)]
-    return [ctx.emit(relax.op.nn.pad(ctx.arg_stored(0), flat, "constant", 0.0))]
-
-
 def _pool(kind: str) -> Emitter:
     def emit(ctx: Ctx) -> list[Expr]:
         _, h, w, _ = ctx.tensor(0).shape
@@ -248,75 +241,6 @@ def _pool(kind: str) -> Emitter:
 
 EMITTERS["MAX_POOL_2D"] = _pool("max")
 EMITTERS["AVERAGE_POOL_2D"] = _pool("avg")
-
-
-@emitter("CONCATENATION")
-def _concat(ctx: Ctx) -> list[Expr]:
-    # Moves stored values, unless a fused activation computes on them.
-    load = ctx.arg if int(ctx.options.get("fused_activation_function", 0) or 0) else ctx.arg_stored
-    xs = [load(i) for i in range(len(ctx.op.inputs)) if ctx.has(i)]
-    if len({dtype_of(x) for x in xs}) > 1:  # a constant (float32) among half inputs
-        xs = [ctx.arg(i) for i in range(len(ctx.op.inputs)) if ctx.has(i)]
-    axis = int(ctx.options.get("axis", 0)) % len(ctx.out().shape)
-    return [activation(ctx, ctx.emit(relax.op.concat(xs, axis=axis)))]
-
-
-@emitter("RESHAPE", "SQUEEZE", "EXPAND_DIMS")
-def _reshape(ctx: Ctx) -> list[Expr]:
-    return [ctx.emit(relax.op.reshape(ctx.arg_stored(0), ctx.out().shape))]
-
-
-@emitter("TRANSPOSE")
-def _transpose(ctx: Ctx) -> list[Expr]:
-    perm = [int(v) for v in ctx.const(1).reshape(-1)]
-    return [ctx.emit(relax.op.permute_dims(ctx.arg_stored(0), perm))]
-
-
-@emitter("STRIDED_SLICE")
-def _strided_slice(ctx: Ctx) -> list[Expr]:
-    shape = ctx.tensor(0).shape
-    begin = ctx.const(1).astype(np.int64).reshape(-1)
-    end = ctx.const(2).astype(np.int64).reshape(-1)
-    strides = ctx.const(3).astype(np.int64).reshape(-1) if ctx.has(3) else np.ones_like(begin)
-    o = ctx.options
-    bm, em, shrink = (
-        int(o.get("begin_mask", 0)),
-        int(o.get("end_mask", 0)),
-        int(o.get("shrink_axis_mask", 0)),
-    )
-    offset = bool(o.get("offset", False))
-    axes, b_, e_, s_ = [], [], [], []
-    flips: list[int] = []
-    for i in range(begin.size):
-        n = shape[i]
-        st = int(strides[i])
-        # Resolve to python-slice semantics, then to explicit in-range bounds.
-        if shrink & (1 << i):
-            first = int(begin[i]) % n
-            sl = slice(first, first + 1, 1)
-        else:
-            b = None if bm & (1 << i) else int(begin[i])
-            e = None if em & (1 << i) else int(end[i])
-            if offset and b is not None and e is not None:
-                e = b + e
-            sl = slice(b, e, st)
-        start, stop, step = sl.indices(n)
-        if step < 0:
-            # Slice the same elements in increasing order, then flip the axis: relax's
-            # negative-stride end bounds cannot say "up to and including index 0".
-            picked = range(start, stop, step)
-            if len(picked) == 0:
-                raise ctx.fail(f"axis {i} selects no element")
-            start, stop, step = picked[-1], picked[0] + 1, -step
-            flips.append(i)
-        axes.append(i)
-        b_.append(start)
-        e_.append(max(stop, start))
-        s_.append(step)
-    y = ctx.emit(relax.op.strided_slice(ctx.arg_stored(0), axes, b_, e_, s_))
-    for i in flips:
-        y = ctx.emit(relax.op.flip(y, i))
-    return [y]
 
 
 @emitter("RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR")
