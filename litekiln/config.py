@@ -118,21 +118,25 @@ ALLOW_QUANTIZED: Setting[bool] = Setting(
 OP_TABLE: Setting[str] = Setting(
     "LITEKILN_OP_TABLE",
     _choice("documented", "extended"),
-    "documented",
-    "GPU op table: `documented` (the TFLite GPU delegate's documented table) or `extended` "
-    "(also MEAN, HARD_SWISH, TANH, DIV, DEPTH_TO_SPACE, ... which the delegate runs too).",
+    "extended",
+    "GPU op table: `extended` (default: every op, at every version, that litekiln's GPU path "
+    "implements; docs/ops.md) or `documented` (the TFLite GPU delegate's documented table "
+    "and its version limits only).",
 )
 MAX_PARTITIONS: Setting[int] = Setting(
     "LITEKILN_MAX_PARTITIONS",
     int,
-    8,
-    "Most GPU partitions to delegate (largest first); the rest run on the CPU.",
+    0,
+    "Most GPU partitions to delegate (largest first), the rest run on the CPU; 0 (default): "
+    "no cap.",
 )
 MIN_PARTITION_OPS: Setting[int] = Setting(
     "LITEKILN_MIN_PARTITION_OPS",
     int,
-    1,
-    "Smallest GPU partition (in ops) worth its CPU/GPU synchronisation.",
+    0,
+    "Smallest GPU partition (in ops) worth its CPU/GPU synchronisation; 0 (default): decided "
+    "by cost, a partition between CPU ops stays on the GPU when its ops cost the CPU more than "
+    "a measured CPU/GPU round trip (docs/architecture.md).",
 )
 SCHEDULES: Setting[str] = Setting(
     "LITEKILN_SCHEDULES",

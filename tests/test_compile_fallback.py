@@ -16,12 +16,17 @@ import pytest
 from tflite_builder import ModelBuilder
 
 import litekiln
+from litekiln.artifact.compiled import CompileOptions
 from litekiln.check import litert_outputs, relative_error
 from litekiln.compiler import codegen
 from litekiln.compiler.driver import compile_model
 from litekiln.model import load_model
 
 pytestmark = pytest.mark.opencl
+
+
+#: _two_partitions' FLOOR on the CPU (the documented table) and both small partitions kept.
+FLOOR_ON_THE_CPU: dict[str, Any] = {"op_table": "documented", "min_partition_ops": 1}
 
 
 def _two_partitions(tmp_path: Path) -> Path:
@@ -45,8 +50,8 @@ def _two_partitions(tmp_path: Path) -> Path:
     return path
 
 
-def _matches_litert(path: Path, cache: Path) -> None:
-    interp = litekiln.Interpreter(model_path=path, cache_dir=cache)
+def _matches_litert(path: Path, cache: Path, **options: Any) -> None:
+    interp = litekiln.Interpreter(model_path=path, cache_dir=cache, **options)
     inputs = interp.random_inputs(1)
     ours = interp.run(inputs)
     assert relative_error(ours, litert_outputs(path, inputs)) <= 1e-4
@@ -102,7 +107,7 @@ def test_when_every_schedule_fails_the_partition_runs_on_the_cpu(
     # The first partition fails with every schedule of the chain; the second compiles.
     fake = _failing(lambda schedules, n: n <= 3)
     monkeypatch.setattr(codegen, "compile_relax_full", fake)
-    compiled = compile_model(load_model(path))
+    compiled = compile_model(load_model(path), CompileOptions(**FLOOR_ON_THE_CPU))
     err = capsys.readouterr().err
     assert fake.calls[:3] == [compiled.options.schedules, "default", "safe"]
     assert [p.index for p in compiled.partitions] == [0]  # renumbered
@@ -110,7 +115,7 @@ def test_when_every_schedule_fails_the_partition_runs_on_the_cpu(
     assert "WARNING: op code #3 cannot be handled by this delegate." in err  # CONV_2D
     assert "code generation failed with every schedule" in compiled.cpu_reasons[0]
     assert "IndexError" in compiled.cpu_reasons[0]
-    _matches_litert(path, tmp_path / "cache")
+    _matches_litert(path, tmp_path / "cache", **FLOOR_ON_THE_CPU)
 
 
 def test_a_failing_lowering_sends_the_partition_to_the_cpu(

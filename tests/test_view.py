@@ -77,7 +77,7 @@ def split() -> tuple[Model, dict[str, Any]]:
 @pytest.fixture(scope="module")
 def smoke() -> tuple[Model, dict[str, Any]]:
     model = load_model(Path(__file__).parent / "data" / "smoke.tflite")
-    info, _ = placement(model, op_table="documented")
+    info, _ = placement(model, op_table="documented", min_partition_ops=1)
     return model, info
 
 
@@ -188,7 +188,7 @@ def test_the_page_shows_partitions_cpu_reasons_and_summary(
         )
     assert page.count('class="node op cpu"') == 2
     assert page.count('class="legend-item"') == 3 + 3
-    assert re.search(r'id="op-3".*?not in the GPU op table</text>', page)
+    assert re.search(r'id="op-3".*?not in the documented GPU op table', page)
     assert "not supported by litekiln" in page
 
 
@@ -266,7 +266,7 @@ def test_model_explorer_node_data(split: tuple[Model, dict[str, Any]], tmp_path:
     values = {k: r["value"] for k, r in graph["results"].items()}
     assert values["0"] == "folded at load"
     assert values["1"] == values["2"] == "GPU partition 0"
-    assert values["3"] == "CPU: not in the GPU op table"
+    assert values["3"] == "CPU: not in the documented GPU op table (op_table='documented')"
     assert values["5"] == "CPU: not supported by litekiln"
     for r in graph["results"].values():
         assert set(r) == {"value", "bgColor"} and re.fullmatch(r"#[0-9a-f]{6}", r["bgColor"])
@@ -287,7 +287,7 @@ def test_model_explorer_reads_the_node_data(name: str) -> None:
     builder = pytest.importorskip("model_explorer.node_data_builder")
     path = zoo_model(name)
     model = load_model(path)
-    info, _ = placement(model, op_table="documented")
+    info, _ = placement(model, op_table="documented", min_partition_ops=1)
     data = model_explorer_data(model, info)
     rebuilt = builder.ModelNodeData(
         graphsData={
@@ -396,9 +396,9 @@ def test_browser_split_model(
     )
     assert cpu_fill not in fills
     # The CPU op's reason is on its box, and in the panel.
-    assert "not in the GPU op table" in browser.find_element("id", "op-3").text
+    assert "not in the documented GPU op table" in browser.find_element("id", "op-3").text
     panel = browser.find_element("id", "cpu-ops").text
-    assert "#3 FLOOR not in the GPU op table" in panel
+    assert "#3 FLOOR not in the documented GPU op table" in panel
     assert "not supported by litekiln" in panel
     # The model's hostile strings are text, never markup.
     assert _count(browser, "img") == 0
@@ -423,7 +423,7 @@ def test_browser_zoo_model_with_profile(browser: Any, tmp_path: Path) -> None:
     """A real MediaPipe model (388 ops, 228 of them folded) with the H100 profile; opening it
     at an op's fragment selects and centres that op."""
     model = load_model(zoo_model("face_detection_full_range_sparse"))
-    info, _ = placement(model, op_table="documented")
+    info, _ = placement(model, op_table="documented", min_partition_ops=1)
     page = write_view(model, info, tmp_path / "fd.html")
     _open(browser, page, "#op-377")
     assert _count(browser, "#graph-svg .node.op.gpu.p0") == 156

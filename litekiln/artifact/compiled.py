@@ -26,10 +26,11 @@ class CompileOptions:
         precision: "fp32" or "fp16".
         allow_quantized: delegate the quantized versions of GPU ops (float view).
         quant_simulation: insert quantization simulators after quantized ops.
-        max_partitions: most GPU partitions to delegate.
-        min_partition_ops: smallest partition worth delegating.
-        op_table: "documented" (the TFLite GPU documentation's table) or "extended" (also
-            the ops the TFLite GPU delegate runs beyond it).
+        max_partitions: most GPU partitions to delegate (0: no cap).
+        min_partition_ops: smallest partition worth delegating (0: decided by cost, the
+            partitioner's measured round trip).
+        op_table: "extended" (every op and version litekiln's GPU path implements) or
+            "documented" (the TFLite GPU documentation's table and version limits).
         target: the code-generation target ("opencl").
         half: for fp16, "native" half kernels, or "emulated" (fp32 kernels rounding every
             value to fp16) for devices without half arithmetic; chosen by the runtime.
@@ -50,9 +51,9 @@ class CompileOptions:
     precision: str = "fp32"
     allow_quantized: bool = True
     quant_simulation: bool = True
-    max_partitions: int = 8
-    min_partition_ops: int = 1
-    op_table: str = "documented"
+    max_partitions: int = 0
+    min_partition_ops: int = 0
+    op_table: str = "extended"
     target: str = "opencl"
     half: str = "native"
     schedules: str = "fast"

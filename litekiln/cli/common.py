@@ -143,13 +143,15 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--op-table",
         choices=["documented", "extended"],
-        help="GPU op table: the documented TFLite GPU table (default) or extended",
+        help="GPU op table: extended (default, LITEKILN_OP_TABLE: every op litekiln's GPU "
+        "path runs) or documented (the TFLite GPU delegate's documented table)",
     )
     p.add_argument(
         "--max-partitions",
         type=int_at_least(0),
         metavar="N",
-        help="most GPU partitions to delegate",
+        help="most GPU partitions to delegate (default LITEKILN_MAX_PARTITIONS, 0: no cap; "
+        "small partitions between CPU ops go to the CPU when a round trip costs more)",
     )
     p.add_argument(
         "--no-quantized", action="store_true", help="run quantized op versions on the CPU"

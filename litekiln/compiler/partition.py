@@ -1,14 +1,15 @@
 """Partition a graph into GPU partitions and CPU ops.
 
-Each live op asks its registry definition whether the GPU path can run it
-(:meth:`~litekiln.ops.base.OpDef.gpu_support`, which knows the GPU op table, version limits
-and per-op constraints). The ops are then re-ordered topologically, preferring to stay on the
+Each live op asks whether the GPU path can run it (:func:`gpu_reason`: the op table, then
+:meth:`~litekiln.ops.base.OpDef.gpu_support`, which knows each op's constraints and the
+features its GPU form lacks). The ops are then re-ordered topologically, preferring to stay on the
 same side as long as the dependencies allow, so that GPU ops cluster into as few partitions as
 possible. Each maximal run of GPU ops in that order is one partition; a run in a topological
 order can never depend on itself through the CPU, so every partition is acyclic by
-construction. Partitions beyond ``max_partitions`` (smallest first) and partitions of fewer
-than ``min_partition_ops`` ops go back to the CPU: their CPU/GPU synchronisation would cost
-more than they save.
+construction. There is no cap on partitions by default: when some ops must run on the CPU,
+a partition goes back to the CPU only when its ops cost the CPU less than the CPU/GPU round
+trip it costs ("Fragment costs" below). ``max_partitions`` and ``min_partition_ops`` set a
+fixed cap and size instead.
 
 This module is pure Python (no TVM): ``litekiln inspect`` and the runtime can use it.
 """
@@ -127,7 +128,7 @@ class PartitionPlan:
 
 
 def gpu_reason(
-    op: Op, graph: Subgraph, *, allow_quantized: bool = True, extended_table: bool = False
+    op: Op, graph: Subgraph, *, allow_quantized: bool = True, extended_table: bool = True
 ) -> str | None:
     """None if ``op`` can go to the GPU, else why not.
 
@@ -135,17 +136,25 @@ def gpu_reason(
         op: the op.
         graph: its subgraph.
         allow_quantized: accept quantized op versions (float view).
-        extended_table: also accept ops outside the documented GPU op table that the TFLite
-            GPU delegate runs (MEAN, HARD_SWISH, TANH, DIV, DEPTH_TO_SPACE, ...).
+        extended_table: every op, at every version, that litekiln's GPU path implements (the
+            default); False: the TFLite GPU delegate's documented table only, with its
+            version limits (``op_table="documented"``).
     """
     try:
         cls = lookup(op)
     except UnsupportedOpError:
         return "not supported by litekiln"
-    if not cls.gpu and not (extended_table and cls.gpu_extended):
-        return "not in the GPU op table" + (
-            " (it is in the extended table: op_table='extended')" if cls.gpu_extended else ""
-        )
+    if not (cls.gpu or cls.gpu_extended):
+        return "no GPU form in litekiln"
+    if not extended_table:
+        if not cls.gpu:
+            return "not in the documented GPU op table (op_table='documented')"
+        limit = cls.documented_version_limit(op, graph, allow_quantized)
+        if op.version > limit:
+            return (
+                f"version {op.version} > {limit}, the newest the documented GPU op table "
+                "lists (op_table='documented')"
+            )
     return cls.gpu_support(op, graph, allow_quantized=allow_quantized)
 
 
@@ -153,10 +162,10 @@ def partition(
     graph: Subgraph,
     *,
     allow_quantized: bool = True,
-    max_partitions: int = 8,
-    min_partition_ops: int = 1,
+    max_partitions: int = 0,
+    min_partition_ops: int = 0,
     force_cpu: set[int] | None = None,
-    extended_table: bool = False,
+    extended_table: bool = True,
     keep_all_outputs: bool = False,
 ) -> PartitionPlan:
     """Split a subgraph into GPU partitions and CPU ops.
@@ -164,11 +173,15 @@ def partition(
     Args:
         graph: the subgraph (ops in a valid execution order).
         allow_quantized: accept the quantized versions of GPU ops (float view).
-        max_partitions: most partitions to delegate; the smallest beyond that go to the CPU.
-        min_partition_ops: partitions smaller than this go to the CPU.
+        max_partitions: most partitions to delegate; the smallest beyond that go to the CPU
+            (0: no cap).
+        min_partition_ops: partitions smaller than this go to the CPU; 0 (the default):
+            decide by cost (:func:`worth_a_round_trip`): when some ops must run on the CPU,
+            a partition whose ops the CPU runs faster than one CPU/GPU round trip costs
+            goes to the CPU.
         force_cpu: op indices to keep on the CPU regardless (debugging, validation).
-        extended_table: also delegate ops the TFLite GPU delegate runs beyond its documented
-            table (see :func:`gpu_reason`).
+        extended_table: every op litekiln's GPU path implements (default); False: the
+            documented table only (see :func:`gpu_reason`).
         keep_all_outputs: every tensor a partition's ops compute is one of its outputs (kept
             after the inference), not only those read outside it.
 
@@ -199,16 +212,22 @@ def partition(
         runs.append(current)
 
     # Keep the biggest partitions within the limit; the rest run on the CPU.
-    keep = sorted(range(len(runs)), key=lambda k: -len(runs[k]))[: max(max_partitions, 0)]
+    ranked = sorted(range(len(runs)), key=lambda k: -len(runs[k]))
+    keep = set(ranked[:max_partitions] if max_partitions > 0 else ranked)
     for k, run in enumerate(runs):
         if k not in keep:
             for i in run:
                 reasons[i] = (
                     f"partition of {len(run)} ops beyond the {max_partitions}-partition limit"
                 )
-        elif len(run) < min_partition_ops:
+        elif min_partition_ops > 0 and len(run) < min_partition_ops:
             for i in run:
                 reasons[i] = f"partition of {len(run)} ops is smaller than {min_partition_ops}"
+        elif min_partition_ops == 0 and reasons:
+            why = worth_a_round_trip(graph, run)
+            if why is not None:
+                for i in run:
+                    reasons[i] = why
 
     # Re-form steps: consecutive GPU ops (in the chosen order) make one partition.
     steps: list[Step] = []
@@ -223,6 +242,66 @@ def partition(
         partitions[-1].ops.append(i)
     _fill_boundaries(graph, partitions, steps, keep_all=keep_all_outputs)
     return PartitionPlan(partitions, steps, {i: reasons[i] for i in order if i in reasons}, graph)
+
+
+# -- fragment costs -----------------------------------------------------------------------------
+#
+# When some ops must run on the CPU, every GPU partition costs a CPU/GPU round trip: its inputs
+# written to the device, its kernels launched, its outputs read back and waited for. A small
+# partition between CPU ops can cost more so than its ops cost on the CPU (the numpy reference
+# is the CPU fallback). The figures are measured by scripts/bench_round_trip.py (committed
+# under results/round_trip/): on PoCL here, a 1-op partition took 213 us and the numpy
+# reference 29 us per small op, ~40 GB/s on cached elementwise data and 2.4 GFLOP/s on a
+# convolution. The round trip is the device's; the smallest one measured is used, so that the
+# GPU keeps every fragment that pays on the fastest device.
+
+#: One CPU/GPU round trip of a partition (results/round_trip/: the smallest measured).
+ROUND_TRIP_S = 213e-6
+#: The numpy reference's cost per op, and its throughputs (results/round_trip/pocl.json).
+CPU_OP_S = 29e-6
+CPU_BYTES_PER_S = 20e9
+CPU_FLOPS = 2.4e9
+
+_MACS = {"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "BATCH_MATMUL", "TRANSPOSE_CONV"}
+
+
+def cpu_seconds(graph: Subgraph, op: Op) -> float:
+    """Estimated time of ``op`` on the numpy reference: a fixed cost per op, the bytes it
+    moves, and the multiply-adds of the matrix and convolution ops."""
+    tensors = [graph.tensors[t] for t in [*op.inputs, *op.outputs] if t >= 0]
+    moved = sum(t.size * 4 for t in tensors if t.data is None)
+    flops = 0.0
+    if op.name in _MACS and len(op.inputs) > 1 and op.inputs[1] >= 0 and op.outputs:
+        out = graph.tensors[op.outputs[0]]
+        w = graph.tensors[op.inputs[1]]
+        x = graph.tensors[op.inputs[0]]
+        if op.name == "CONV_2D" and len(w.shape) == 4:
+            flops = 2.0 * out.size * w.shape[1] * w.shape[2] * w.shape[3]
+        elif op.name == "DEPTHWISE_CONV_2D" and len(w.shape) == 4:
+            flops = 2.0 * out.size * w.shape[1] * w.shape[2]
+        elif op.name == "FULLY_CONNECTED" and len(w.shape) == 2:
+            flops = 2.0 * out.size * w.shape[1]
+        elif op.name == "BATCH_MATMUL" and x.shape:
+            adj_x = bool(op.options.get("adj_x", False))
+            k = x.shape[-2] if adj_x and len(x.shape) > 1 else x.shape[-1]
+            flops = 2.0 * out.size * k
+        elif op.name == "TRANSPOSE_CONV" and len(op.inputs) > 2 and len(w.shape) == 4:
+            flops = 2.0 * graph.tensors[op.inputs[2]].size * w.size
+    return CPU_OP_S + moved / CPU_BYTES_PER_S + flops / CPU_FLOPS
+
+
+def worth_a_round_trip(graph: Subgraph, run: list[int]) -> str | None:
+    """None if the partition of ops ``run`` pays for its round trip; else why it goes to the
+    CPU (the reason the compiler's warning shows)."""
+    cpu = sum(cpu_seconds(graph, graph.ops[i]) for i in run)
+    if cpu >= ROUND_TRIP_S:
+        return None
+    n = len(run)
+    return (
+        f"a partition of {n} op{'s' if n != 1 else ''} between CPU ops: the CPU runs "
+        f"{'it' if n == 1 else 'them'} in ~{cpu * 1e6:.0f} us, less than a CPU/GPU round "
+        f"trip ({ROUND_TRIP_S * 1e6:.0f} us)"
+    )
 
 
 def _clustered_order(graph: Subgraph, live: list[Op], cpu: set[int]) -> list[int]:

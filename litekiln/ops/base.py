@@ -372,9 +372,11 @@ class OpDef:
         gpu: the op is in the documented GPU op table (docs/architecture.md, "Op tables").
         gpu_extended: not in the documented table, but the TFLite GPU delegate runs it and
             so can we; used when the extended op table is selected.
-        gpu_max_version: newest version the GPU path accepts for float models.
-        gpu_quant_max_version: newest version accepted when quantized models are allowed
-            (the quantized versions of an op are numbered above its float ones).
+        gpu_max_version: newest version the documented GPU table lists for float models (the
+            limit under ``op_table="documented"``; the default table takes every version and
+            checks features, :meth:`gpu_support`).
+        gpu_quant_max_version: the same when quantized models are allowed (the quantized
+            versions of an op are numbered above its float ones).
         quant_aware: ``reference`` handles quantized integer arrays itself.
         versions: the op versions LiteRT's builtin resolver has a kernel for (min, max);
             None for custom ops (looked up by name). Other versions are refused at load.
@@ -445,43 +447,72 @@ class OpDef:
     def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
         """None if the GPU path can run ``op``; otherwise the reason it cannot.
 
-        The default checks the table membership, the version limit and that every tensor is
-        float (or a quantized tensor with a float view when ``allow_quantized``). Families
-        add their own constraints (ranks, options, constant operands).
+        Versions are not limited here: every version LiteRT has kernels for is accepted
+        (``versions``, checked at load), and a family refuses, naming it, a feature of a
+        version its GPU form lacks (a rank, an option, a weights format). The documented
+        table's version limits apply only under ``op_table="documented"``
+        (:meth:`documented_version_limit`, in the partitioner). The default checks the table
+        membership and that every tensor is float (or a quantized tensor with a float view
+        when ``allow_quantized``). Families add their own constraints (ranks, options,
+        constant operands).
         """
         if not (cls.gpu or cls.gpu_extended):
             return "not in the GPU op table"
-        quantized = any(
-            graph.tensors[t].quantization is not None and graph.tensors[t].dtype.kind in "iu"
-            for t in [*op.inputs, *op.outputs]
-            if t >= 0
-        )
-        # In a quantized model even the float ops carry the quantized versions (the converter
-        # writes CONV_2D v5 for the float first layer of a dynamic-range MobileNet).
-        limit = (
-            cls.gpu_quant_max_version
-            if allow_quantized and (quantized or graph.is_quantized)
-            else cls.gpu_max_version
-        )
-        if op.version > limit:
-            return f"version {op.version} > {limit}, the newest the GPU path accepts"
+        quantized = cls.is_quantized_op(op, graph)
         if quantized and not allow_quantized:
             return "quantized tensors, and quantized models are not allowed"
+        integers = cls.integer_operands(op)
         for t in [*op.inputs, *op.outputs]:
             if t < 0:
                 continue
             tensor = graph.tensors[t]
             if tensor.dtype.kind == "f" or tensor.quantization is not None:
                 continue
-            if tensor.is_constant and t in cls.integer_operands(op):
-                continue
-            return f"tensor {tensor.name!r} has dtype {tensor.dtype.name}; the GPU path is float"
+            return _integer_reason(tensor, t in integers, t in op.outputs)
         return None
+
+    @classmethod
+    def is_quantized_op(cls, op: Op, graph: Subgraph) -> bool:
+        """Whether any tensor of ``op`` holds quantized integers."""
+        return any(
+            graph.tensors[t].quantization is not None and graph.tensors[t].dtype.kind in "iu"
+            for t in [*op.inputs, *op.outputs]
+            if t >= 0
+        )
+
+    @classmethod
+    def documented_version_limit(cls, op: Op, graph: Subgraph, allow_quantized: bool) -> int:
+        """The newest version of the op the documented GPU table lists for this model (the
+        limit of ``op_table="documented"``): ``gpu_quant_max_version`` when quantized
+        versions are allowed and the op or the model is quantized (a quantized model's float
+        ops carry the quantized versions too: the converter writes CONV_2D v5 for the float
+        first layer of a dynamic-range MobileNet), else ``gpu_max_version``."""
+        quantized = cls.is_quantized_op(op, graph) or graph.is_quantized
+        return cls.gpu_quant_max_version if allow_quantized and quantized else cls.gpu_max_version
 
     @classmethod
     def integer_operands(cls, op: Op) -> set[int]:
         """Tensor indices that are legitimately integer constants (shapes, axes, paddings)."""
         return set()
+
+
+def _integer_reason(tensor: Tensor, operand: bool, output: bool) -> str | None:
+    """Why an op with a non-float tensor stays on the CPU (None: a constant shape, axis or
+    index operand, which the GPU forms read at compile time). The reason names the real
+    cause: a value computed at run time, not the dtype alone."""
+    kind = tensor.type_name
+    if operand:
+        if tensor.is_constant:
+            return None
+        return (
+            f"its shape/axis/index operand {tensor.name!r} ({kind}) is computed at run time "
+            "(so the output's shape or layout is known only then); the GPU path needs it "
+            "constant"
+        )
+    if output:
+        return f"it computes {kind} values ({tensor.name!r}); the GPU path computes float tensors"
+    where = "a constant" if tensor.is_constant else "computed at run time"
+    return f"it reads {kind} data ({tensor.name!r}, {where}); the GPU path computes float tensors"
 
 
 # -- fused activations ----------------------------------------------------------------------
