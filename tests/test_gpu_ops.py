@@ -115,10 +115,12 @@ def _tconv(shape, cout, k, s, padding, out_hw=None, bias=False, act="NONE"):
     return build
 
 
-def _fc(shape, units, keep=False, bias=True, act="NONE"):
+def _fc(shape, units, keep=False, bias=True, act="NONE", computed_weights=False):
     def build(g: G):
         depth = shape[-1]
-        ins = [g.x(shape), g.w([units, depth]), g.w([units]) if bias else None]
+        # Computed weights: a graph input (attention written as FULLY_CONNECTED).
+        w = g.x([units, depth]) if computed_weights else g.w([units, depth])
+        ins = [g.x(shape), w, g.w([units]) if bias else None]
         rows = int(np.prod(shape[:-1]))
         out = [*shape[:-1], units] if keep else [rows, units]
         return g.op(
@@ -183,6 +185,8 @@ CONV = Batch(
         Case("fc_4d_flatten", _fc([1, 2, 3, 8], 5, keep=False)),
         Case("fc_3d_keep_nobias_relu6", _fc([2, 3, 16], 4, keep=True, bias=False, act="RELU6")),
         Case("fc_rows_flattened", _fc([1, 4, 4, 2], 3)),
+        Case("fc_5d_keep_dims", _fc([1, 2, 2, 3, 8], 5, keep=True)),
+        Case("fc_computed_weights_keep", _fc([1, 7, 16], 7, keep=True, computed_weights=True)),
     ],
 )
 

@@ -153,11 +153,24 @@ def _transpose_conv_bias(ctx: Ctx) -> list[Expr]:
 
 @emitter("FULLY_CONNECTED")
 def _fully_connected(ctx: Ctx) -> list[Expr]:
+    if ctx.tensor(1).data is None:
+        return _fully_connected_computed_weights(ctx)
     w = ctx.const(1)  # out, in
     n_in = w.shape[1]
     rows = ctx.tensor(0).size // n_in
     x, wt = data_and_weights(ctx, 0, np.ascontiguousarray(w.T))
     x2 = ctx.emit(relax.op.reshape(x, (rows, n_in)))
+    y = ctx.emit(relax.op.matmul(x2, wt, out_dtype=ACC_DTYPE))
+    return epilogue(ctx, y, 2)
+
+
+def _fully_connected_computed_weights(ctx: Ctx) -> list[Expr]:
+    """Weights computed at run time (attention written as FULLY_CONNECTED: PyTorch exports of
+    PVT, for one): ``x @ w.T`` with both operands in float32."""
+    out_units, n_in = ctx.tensor(1).shape
+    rows = ctx.tensor(0).size // n_in
+    x2 = ctx.emit(relax.op.reshape(ctx.arg(0), (rows, n_in)))
+    wt = ctx.emit(relax.op.permute_dims(ctx.arg(1), [1, 0]))
     y = ctx.emit(relax.op.matmul(x2, wt, out_dtype=ACC_DTYPE))
     return epilogue(ctx, y, 2)
 

@@ -352,6 +352,8 @@ class _ConvLike(OpDef):
     bias_input: ClassVar[int] = 2
     #: the data input must be rank-4 NHWC (False for FULLY_CONNECTED).
     nhwc: ClassVar[bool] = True
+    #: the GPU form also takes weights computed at run time (FULLY_CONNECTED).
+    computed_weights: ClassVar[bool] = False
 
     @classmethod
     def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
@@ -363,7 +365,7 @@ class _ConvLike(OpDef):
             return reason
         if cls.nhwc and _rank(graph, op.inputs[cls.data_input]) != 4:
             return f"input of rank {_rank(graph, op.inputs[cls.data_input])}, the GPU path is NHWC"
-        if not _const(graph, op.inputs[cls.weight_input]):
+        if not cls.computed_weights and not _const(graph, op.inputs[cls.weight_input]):
             return "runtime (non-constant) weights"
         if len(op.inputs) > cls.bias_input and not _const(graph, op.inputs[cls.bias_input]):
             return "runtime (non-constant) bias"
@@ -691,6 +693,7 @@ class FullyConnected(_ConvLike):
     # The GPU delegate accepts FULLY_CONNECTED up to v9 with quantized models.
     gpu_quant_max_version = 9
     nhwc = False
+    computed_weights = True
     versions = (1, 14)
     num_inputs = (2, 3)
 
@@ -813,9 +816,12 @@ class FullyConnected(_ConvLike):
         if reason:
             return reason
         if int(op.options.get("weights_format", 0) or 0) != 0:
-            return "shuffled weights format"
-        if len(graph.tensors[op.inputs[0]].shape) > 4:
-            return "input of rank > 4"
+            # Any rank and keep_num_dims are fine: the GPU form multiplies the input's rows
+            # (every dimension but the last) and reshapes to the declared output.
+            return (
+                "weights_format SHUFFLED4x16INT8 (an int8 layout pre-shuffled for one CPU "
+                "kernel): the GPU form reads the default layout"
+            )
         return None
 
 
