@@ -1,25 +1,138 @@
-"""Shared fixtures: model files, OpenCL availability, an isolated cache directory."""
+"""Shared fixtures: model files, the OpenCL devices tests run on, an isolated cache directory.
+
+OpenCL devices. Where scripts/setup_intel_opencl.sh installed Intel's OpenCL CPU runtime, its
+ICD folder (intel.icd beside copies of the system's ICD files) becomes the ICD loader's
+(OCL_ICD_VENDORS), here, before anything asks OpenCL for its platforms: the loader reads the
+variable once, at its first call. Tests marked ``each_device``, and the op tests that check
+through `gpu_helper.Batch`, run once per device in `TEST_DEVICES` (ids ``pocl``, ``intel``,
+and any GPU's family; a device that is not installed is a skip that says so); the other OpenCL
+tests run on `DEFAULT_DEVICE`. ``LITEKILN_DEVICE`` set by the caller pins every test to that
+one device.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 DATA = Path(__file__).parent / "data"
 
+#: Written by scripts/setup_intel_opencl.sh (inside the virtualenv the tests run in).
+ICD_VENDORS = Path(sys.prefix) / "etc" / "OpenCL" / "vendors"
+if "OCL_ICD_VENDORS" not in os.environ and (ICD_VENDORS / "intel.icd").is_file():
+    os.environ["OCL_ICD_VENDORS"] = str(ICD_VENDORS)
 
-def _has_opencl() -> bool:
+#: The driver families the GPU-path tests always name, with what installs each (CI runs both).
+CI_FAMILIES = {
+    "pocl": "PoCL is not installed (apt-get install pocl-opencl-icd; scripts/setup.sh)",
+    "intel": "Intel's OpenCL CPU runtime is not installed (scripts/setup_intel_opencl.sh)",
+}
+
+
+@dataclass(frozen=True)
+class TestDevice:
+    """One OpenCL device the GPU-path tests run on."""
+
+    id: str  # the test id: the driver family ("pocl", "intel", "nvidia", ...)
+    choice: str  # its LITEKILN_DEVICE value: "P:D" indices
+    description: str
+    kind: str  # "gpu", "cpu" or "other"
+
+
+def _find_devices() -> list[TestDevice]:
+    """The first device of each driver family, in the ICD loader's order."""
     try:
+        import pyopencl as cl
+
         from litekiln.runtime.device import list_devices
+        from litekiln.runtime.profile import family_of
 
-        return bool(list_devices())
+        found: dict[str, TestDevice] = {}
+        for p, d, dev in list_devices():
+            family = family_of(str(dev.platform.name))
+            kind = "gpu" if dev.type & cl.device_type.GPU else "cpu"
+            desc = f"{dev.name.strip()} ({dev.platform.name.strip()})"
+            found.setdefault(family, TestDevice(family, f"{p}:{d}", desc, kind))
+        return list(found.values())
     except Exception:  # noqa: BLE001 - any failure means "no usable OpenCL here"
-        return False
+        return []
 
 
-HAS_OPENCL = _has_opencl()
+DEVICES = _find_devices()
+HAS_OPENCL = bool(DEVICES)
+_PINNED = os.environ.get("LITEKILN_DEVICE", "")
+
+
+def _test_devices() -> list[Any]:
+    """pytest params of the devices the ``each_device`` tests run on."""
+    if _PINNED:
+        return [pytest.param(_PINNED, id="LITEKILN_DEVICE")]
+    by_id = {d.id: d for d in DEVICES}
+    params = [
+        pytest.param(by_id[f].choice, id=f)
+        if f in by_id
+        else pytest.param(None, id=f, marks=pytest.mark.skip(reason=why))
+        for f, why in CI_FAMILIES.items()
+    ]
+    params += [pytest.param(d.choice, id=d.id) for d in DEVICES if d.id not in CI_FAMILIES]
+    return params
+
+
+TEST_DEVICES = _test_devices()
+
+
+def _default_device() -> str:
+    """The device of the OpenCL tests that are not run per device: the caller's choice, else
+    what litekiln picks (the first GPU), else PoCL, the CI device: never Intel's runtime just
+    because its ICD file was listed first."""
+    if _PINNED or not DEVICES:
+        return _PINNED
+    pick = next((d for d in DEVICES if d.kind == "gpu"), None)
+    pick = pick or next((d for d in DEVICES if d.id == "pocl"), DEVICES[0])
+    return pick.choice
+
+
+DEFAULT_DEVICE = _default_device()
+if DEFAULT_DEVICE:
+    os.environ["LITEKILN_DEVICE"] = DEFAULT_DEVICE
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "each_device: run once per OpenCL device in conftest.TEST_DEVICES"
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "cl_device" in metafunc.fixturenames and _each_device(metafunc):
+        metafunc.parametrize("cl_device", TEST_DEVICES, indirect=True)
+
+
+def _each_device(metafunc: pytest.Metafunc) -> bool:
+    """Marked ``each_device``, or an op test of a module that checks through gpu_helper's
+    batches (tests/test_gpu_ops.py)."""
+    if metafunc.definition.get_closest_marker("each_device"):
+        return True
+    from gpu_helper import Batch
+
+    return any(isinstance(v, Batch) for v in vars(metafunc.module).values())
+
+
+@pytest.fixture(autouse=True)
+def cl_device(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The OpenCL device choice a test runs on: its parameter (each_device tests), else
+    `DEFAULT_DEVICE`; set as LITEKILN_DEVICE for the test's duration."""
+    choice = getattr(request, "param", None) or DEFAULT_DEVICE
+    with pytest.MonkeyPatch.context() as mp:
+        if choice:
+            mp.setenv("LITEKILN_DEVICE", choice)
+        yield choice
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

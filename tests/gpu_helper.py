@@ -15,6 +15,10 @@ Usage::
     def test_conv(case):
         BATCH.check(case)
 
+Devices: a batch runs on the device ``LITEKILN_DEVICE`` names when a case is checked, and keeps
+its results per device, so the same cases run on each device the tests are parametrized over
+(tests/conftest.py: PoCL and Intel's OpenCL CPU runtime in CI).
+
 Tolerance (float outputs): ``max|gpu - ref| <= rtol * max(1, max|ref|)``, rtol = 1e-4 (the
 session's validate-mode tolerance): both sides compute in float32, so the only differences
 are summation order in reductions (convs, FC, pooling, softmax, mean: at most a few hundred
@@ -41,7 +45,8 @@ from tflite_builder import ModelBuilder, Quant, TensorRef, numpy_dtype
 
 RTOL = 1e-4
 
-#: case id -> (op names, max|gpu - ref|, max|gpu - litert| or None, unit) of every checked case
+#: "batch/case@device" -> (op names, max|gpu - ref|, max|gpu - litert| or None, unit) of every
+#: checked case
 MAX_ERRORS: dict[str, tuple[str, float, float | None, str]] = {}
 
 
@@ -219,7 +224,11 @@ def run_model(built: _Built, op_table: str, forced: Sequence[str]) -> _Result:
     quant = [
         g.tensors[t].quantization if g.tensors[t].dtype.kind in "iu" else None for t in g.outputs
     ]
-    return _Result(list(gpu), list(ref), dict(plan.cpu_reasons), quant)  # type: ignore[arg-type]
+    # The compiled plan too: a partition the compiler could not lower or build runs on the
+    # CPU op by op (compiler/driver.py's fallback), which the partition plan does not show.
+    compiled = it._backend.compiled  # type: ignore[union-attr]
+    reasons = {**plan.cpu_reasons, **compiled.cpu_reasons}
+    return _Result(list(gpu), list(ref), reasons, quant)  # type: ignore[arg-type]
 
 
 def run_litert_cases(cases: Sequence[Case], seed: int) -> dict[str, list[np.ndarray]]:
@@ -235,7 +244,7 @@ def run_litert_cases(cases: Sequence[Case], seed: int) -> dict[str, list[np.ndar
 
 
 class Batch:
-    """Cases compiled together; results are computed once, on first use."""
+    """Cases compiled together; results are computed once per device, on first use there."""
 
     def __init__(
         self,
@@ -252,51 +261,62 @@ class Batch:
         self.op_table = op_table
         self.forced = tuple(forced)
         self.seed = seed
-        self._results: (
-            dict[str, tuple[_Result, list[int], list[int], list[str]] | BaseException] | None
-        ) = None
-        self._litert: dict[str, list[np.ndarray] | BaseException] = {}
+        # device choice (LITEKILN_DEVICE) -> case id -> its GPU result or the failure
+        self._results: dict[
+            str, dict[str, tuple[_Result, list[int], list[int], list[str]] | BaseException]
+        ] = {}
+        self._litert: dict[str, list[np.ndarray] | BaseException] | None = None
 
     def ids(self) -> list[str]:
         return list(self.cases)
 
-    def _run(self) -> None:
+    def _run_litert(self) -> dict[str, list[np.ndarray] | BaseException]:
         cases = list(self.cases.values())
-        self._results = {}
+        out: dict[str, list[np.ndarray] | BaseException] = {}
         try:
-            self._litert = run_litert_cases(cases, self.seed)  # type: ignore[assignment]
+            out.update(run_litert_cases(cases, self.seed))
         except Exception:  # noqa: BLE001 - find the case LiteRT refuses
-            self._litert = {}
             for c in cases:
                 try:
-                    self._litert.update(run_litert_cases([c], self.seed))
+                    out.update(run_litert_cases([c], self.seed))
                 except Exception as exc:  # noqa: BLE001
-                    self._litert[c.id] = exc
+                    out[c.id] = exc
+        return out
+
+    def _run(self) -> dict[str, tuple[_Result, list[int], list[int], list[str]] | BaseException]:
+        """Every case's GPU result on the current device."""
+        cases = list(self.cases.values())
+        results: dict[str, tuple[_Result, list[int], list[int], list[str]] | BaseException] = {}
         try:
             built = build_model(cases, self.seed)
             res = run_model(built, self.op_table, self.forced)
             for c in cases:
-                self._results[c.id] = (res, *built.where[c.id])
-            return
+                results[c.id] = (res, *built.where[c.id])
+            return results
         except Exception:  # noqa: BLE001 - find the culprit case by case
             pass
         for c in cases:
             try:
                 built = build_model([c], self.seed)
                 res = run_model(built, self.op_table, self.forced)
-                self._results[c.id] = (res, *built.where[c.id])
+                results[c.id] = (res, *built.where[c.id])
             except Exception as exc:  # noqa: BLE001
-                self._results[c.id] = exc
+                results[c.id] = exc
+        return results
 
     def check(self, case_id: str) -> None:
-        """Assert the case ran entirely on the GPU and matches the reference (and LiteRT)."""
-        if self._results is None:
-            self._run()
-        assert self._results is not None
-        got = self._results[case_id]
+        """Assert the case ran entirely on the GPU and matches the reference (and LiteRT), on
+        the device LITEKILN_DEVICE names."""
+        if self._litert is None:
+            self._litert = self._run_litert()
+        device = os.environ.get("LITEKILN_DEVICE", "")
+        if device not in self._results:
+            self._results[device] = self._run()
+        got = self._results[device][case_id]
         if isinstance(got, BaseException):
             raise AssertionError(
-                f"{self.name}/{case_id}: GPU path failed: {type(got).__name__}: {got}"
+                f"{self.name}/{case_id}: GPU path failed on device {device or 'default'}: "
+                f"{type(got).__name__}: {got}"
             ) from got
         res, positions, ops, names = got
         case = self.cases[case_id]
@@ -355,8 +375,16 @@ class Batch:
                 e_lit = _err(gpu, lit)
                 worst_lit = max(worst_lit or 0.0, e_lit)
                 assert e_lit <= tol, f"{what}: max|gpu - litert| = {e_lit:.3g} > {tol:.3g}"
-        MAX_ERRORS[f"{self.name}/{case_id}"] = ("+".join(names), worst_ref, worst_lit, unit)
+        key = f"{self.name}/{case_id}@{_device_id(device)}"
+        MAX_ERRORS[key] = ("+".join(names), worst_ref, worst_lit, unit)
         _dump_errors()
+
+
+def _device_id(choice: str) -> str:
+    """The device's test id (its driver family, tests/conftest.py), else the choice itself."""
+    from conftest import DEVICES
+
+    return next((d.id for d in DEVICES if d.choice == choice), choice or "default")
 
 
 def _err(a: np.ndarray, b: np.ndarray) -> float:

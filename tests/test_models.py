@@ -1,5 +1,6 @@
 """Whole models against LiteRT: the numpy reference on every zoo model present, and the GPU
-path (OpenCL; PoCL in CI) on the small and MediaPipe models. Tolerances: litekiln/check.py."""
+path on the small and MediaPipe models, once per OpenCL device (``each_device``: PoCL and
+Intel's OpenCL CPU runtime in CI; tests/conftest.py). Tolerances: litekiln/check.py."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ def test_reference_matches_litert(name: str) -> None:
 
 @pytest.mark.opencl
 @pytest.mark.slow
+@pytest.mark.each_device
 @pytest.mark.parametrize("name", GPU_CI)
 def test_gpu_path_matches_litert(name: str) -> None:
     r = check_model(zoo_model(name), use_cache=False)
@@ -44,8 +46,9 @@ def test_gpu_path_matches_litert(name: str) -> None:
 
 
 # precision="fp16" against LiteRT fp32 (bound 1e-2 * max(1, max|LiteRT|)). PoCL has no half
-# arithmetic, so CI runs the fp16-rounding fp32 kernels: the numerics of half storage with
-# float accumulation, which the native half kernels (H100) share. ssd_mobilenet is compared
+# arithmetic, so there CI runs the fp16-rounding fp32 kernels: the numerics of half storage
+# with float accumulation, which the native half kernels share; Intel's runtime runs the
+# native half kernels (it lists cl_khr_fp16), as the H100 does. ssd_mobilenet is compared
 # before its non-maximum suppression (litekiln.check.RANKING_OPS).
 FP16_CI = ["smoke", "face_detection_short_range", "mobilenet_v1_fp16", "ssd_mobilenet"]
 
@@ -57,6 +60,7 @@ QUANTIZED_CI = ["smoke_int8", "mobilenet_v1_int8", "mobilenet_v1_dynamic"]
 
 @pytest.mark.opencl
 @pytest.mark.slow
+@pytest.mark.each_device
 @pytest.mark.parametrize("name", FP16_CI)
 def test_gpu_fp16_matches_litert_fp32(name: str) -> None:
     r = check_model(zoo_model(name), use_cache=False, precision="fp16")
@@ -66,6 +70,7 @@ def test_gpu_fp16_matches_litert_fp32(name: str) -> None:
 
 @pytest.mark.opencl
 @pytest.mark.slow
+@pytest.mark.each_device
 @pytest.mark.parametrize("name", QUANTIZED_CI)
 def test_gpu_quantized_matches_litert(name: str) -> None:
     r = check_model(zoo_model(name), use_cache=False)

@@ -174,7 +174,7 @@ class DeviceProfile:
     @property
     def schedules(self) -> str:
         """The schedule family measured best here: "fast-cpu" on CPU OpenCL devices (PoCL:
-        50-150x faster than dlight's), "fast" on GPUs."""
+        50-150x faster than dlight's; Intel's CPU runtime too), "fast" on GPUs."""
         return "fast-cpu" if self.kind == "cpu" else "fast"
 
     # -- half precision -----------------------------------------------------------------------
@@ -212,8 +212,9 @@ class DeviceProfile:
     @property
     def direct_enqueue(self) -> bool:
         """Whether enqueuing through ctypes beats pyopencl's call here (``auto`` mode of
-        LITEKILN_FAST_LAUNCH): yes everywhere but on PoCL, whose own enqueue dominates."""
-        return self.family != "pocl"
+        LITEKILN_FAST_LAUNCH): yes everywhere but on the CPU drivers measured, PoCL and
+        Intel's CPU runtime, whose own enqueue dominates (ctypes was the slower call on both)."""
+        return not (self.family == "pocl" or (self.family == "intel" and self.kind == "cpu"))
 
     @property
     def cuda_graph_candidate(self) -> bool:
