@@ -7,7 +7,15 @@ from __future__ import annotations
 import numpy as np
 from tvm import relax
 
-from litekiln.compiler.lowering import Ctx, Expr, activation, dtype_of, emitter
+from litekiln.compiler.lowering import (
+    ACC_DTYPE,
+    Ctx,
+    Expr,
+    activation,
+    data_and_weights,
+    dtype_of,
+    emitter,
+)
 
 
 @emitter("PAD")
@@ -84,3 +92,25 @@ def _strided_slice(ctx: Ctx) -> list[Expr]:
     for i in flips:
         y = ctx.emit(relax.op.flip(y, i))
     return [y]
+
+
+@emitter("BATCH_MATMUL")
+def _batch_matmul(ctx: Ctx) -> list[Expr]:
+    adj_x, adj_y = bool(ctx.options.get("adj_x")), bool(ctx.options.get("adj_y"))
+    if ctx.tensor(1).data is not None:
+        # A constant RHS is a weight constant, transposed once here.
+        w = ctx.const(1)
+        x, wt = data_and_weights(
+            ctx, 0, np.ascontiguousarray(np.swapaxes(w, -1, -2) if adj_y else w)
+        )
+    else:
+        x, wt = ctx.arg(0), ctx.arg(1)
+        if adj_y:
+            wt = ctx.emit(relax.op.permute_dims(wt, _swap_last(len(ctx.tensor(1).shape))))
+    if adj_x:
+        x = ctx.emit(relax.op.permute_dims(x, _swap_last(len(ctx.tensor(0).shape))))
+    return [ctx.emit(relax.op.matmul(x, wt, out_dtype=ACC_DTYPE))]
+
+
+def _swap_last(rank: int) -> list[int]:
+    return [*range(rank - 2), rank - 1, rank - 2]
