@@ -1,45 +1,267 @@
 """Emitters of the elementwise math and reduction ops (one per TFLite op name; the op's
-semantics live in its :mod:`litekiln.ops` definition)."""
+semantics live in its :mod:`litekiln.ops` definition).
+
+Everything computes in float32 (``ctx.arg``). Booleans travel as float 0/1 on the GPU path
+(``Lowering.build`` takes bool partition inputs as floats; the session turns bool outputs
+back): a comparison gives 0/1, a condition is "not 0", LOGICAL_OR is a maximum.
+
+Binary and ternary ops with broadcasting are written as one TE compute each
+(:func:`_broadcast_op`); when an operand computed inside the partition is smaller than the
+result (a layer norm's ``x - mean``, an L2 norm's ``x / norm``), the kernel is marked
+injective (``BROADCAST_BARRIER``), so that FuseOps keeps it out of the reduction that made
+the small operand (fused, the reduction would be recomputed for every output element).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from tvm import relax
+import numpy as np
+from tvm import relax, te, tirx
+from tvm.ir.expr import Constant
 
-from litekiln.compiler.lowering import EMITTERS, Ctx, Expr, emitter
+from litekiln.compiler.lowering import BROADCAST_BARRIER, EMITTERS, Ctx, Expr, emitter
+
+#: A TIR expression of the operands' elements (tirx.PrimExpr; TVM's typing is dynamic).
+Scalar = Any
+
+
+def _f32(v: float) -> Scalar:
+    return tirx.const(v, "float32")
+
+
+def _arg(ctx: Ctx, i: int) -> Expr:
+    """Operand ``i`` in float32; a bool constant as float 0/1."""
+    t = ctx.tensor(i)
+    if t.data is not None and t.dtype == np.bool_:
+        return ctx.fconst(t.data.astype(np.float32))
+    return ctx.arg(i)
+
+
+def _shape(expr: Expr) -> tuple[int, ...]:
+    return tuple(int(d) for d in expr.ty.shape)
+
+
+# -- unary ------------------------------------------------------------------------------------
 
 _UNARY: dict[str, Callable[[Ctx, Expr], Expr]] = {
     "RELU": lambda c, x: relax.op.nn.relu(x),
     "RELU6": lambda c, x: relax.op.clip(x, 0.0, 6.0),
     "RELU_N1_TO_1": lambda c, x: relax.op.clip(x, -1.0, 1.0),
+    "RELU_0_TO_1": lambda c, x: relax.op.clip(x, 0.0, 1.0),
     "LOGISTIC": lambda c, x: relax.op.sigmoid(x),
     "TANH": lambda c, x: relax.op.tanh(x),
     "EXP": lambda c, x: relax.op.exp(x),
+    "LOG": lambda c, x: relax.op.log(x),
+    "SQRT": lambda c, x: relax.op.sqrt(x),
+    "RSQRT": lambda c, x: relax.op.rsqrt(x),
+    "SQUARE": lambda c, x: relax.op.multiply(x, x),
+    "ABS": lambda c, x: relax.op.abs(x),
+    "NEG": lambda c, x: relax.op.negative(x),
+    "SIN": lambda c, x: relax.op.sin(x),
+    "COS": lambda c, x: relax.op.cos(x),
+    "FLOOR": lambda c, x: relax.op.floor(x),
+    "CEIL": lambda c, x: relax.op.ceil(x),
+    # relax's round is TIR nearbyint (OpenCL rint): halves to even, as LiteRT's ROUND.
+    "ROUND": lambda c, x: relax.op.round(x),
+    # (0 < x) - (x < 0), as sign.cc: NaN gives 0.
+    "SIGN": lambda c, x: relax.op.sign(x),
+    "LOGICAL_NOT": lambda c, x: relax.op.subtract(c.fconst(1.0), x),
     "HARD_SWISH": lambda c, x: relax.op.multiply(
         x,
         relax.op.multiply(
             relax.op.clip(relax.op.add(x, c.fconst(3.0)), 0.0, 6.0), c.fconst(1.0 / 6.0)
         ),
     ),
+    # x > 0 ? x : expm1(x); exp of min(x, 0) so that a large x cannot overflow the branch
+    # not taken. exp(x) - 1 differs from expm1 by ~1e-7 absolute near 0.
+    "ELU": lambda c, x: relax.op.where(
+        relax.op.greater(x, c.fconst(0.0)),
+        x,
+        relax.op.subtract(relax.op.exp(relax.op.minimum(x, c.fconst(0.0))), c.fconst(1.0)),
+    ),
 }
 
 for _name in _UNARY:
-    EMITTERS[_name] = (lambda f: lambda ctx: [ctx.emit(f(ctx, ctx.arg(0)))])(_UNARY[_name])
+    EMITTERS[_name] = (lambda f: lambda ctx: [ctx.emit(f(ctx, _arg(ctx, 0)))])(_UNARY[_name])
+
+
+@emitter("GELU")
+def _gelu(ctx: Ctx) -> list[Expr]:
+    """gelu.h: ``0.5 x (1 + erf(x / sqrt 2))`` (LiteRT writes it with erfc; the two differ
+    by ~1e-7 absolute where erf nears -1), or the tanh form with ``approximate``."""
+    x = _arg(ctx, 0)
+    half_x = relax.op.multiply(x, ctx.fconst(0.5))
+    if ctx.options.get("approximate"):
+        cube = relax.op.multiply(relax.op.multiply(x, x), x)
+        inner = relax.op.add(x, relax.op.multiply(cube, ctx.fconst(0.044715)))
+        t = relax.op.tanh(relax.op.multiply(inner, ctx.fconst(math.sqrt(2.0 / math.pi))))
+    else:
+        t = relax.op.erf(relax.op.multiply(x, ctx.fconst(math.sqrt(0.5))))
+    return [ctx.emit(relax.op.multiply(half_x, relax.op.add(t, ctx.fconst(1.0))))]
+
+
+@emitter("LEAKY_RELU")
+def _leaky_relu(ctx: Ctx) -> list[Expr]:
+    x = _arg(ctx, 0)
+    alpha = ctx.fconst(float(ctx.options.get("alpha", 0.0)))
+    pos = relax.op.greater(x, ctx.fconst(0.0))
+    return [ctx.emit(relax.op.where(pos, x, relax.op.multiply(x, alpha)))]
+
+
+@emitter("CAST")
+def _cast(ctx: Ctx) -> list[Expr]:
+    """float32/float16/bool to float32/float16/bool (ops.elementwise.Cast.gpu_support)."""
+    src, dst = ctx.tensor(0).dtype, ctx.out().dtype
+    x = _arg(ctx, 0)
+    if dst == np.bool_:
+        if src == np.bool_:
+            return [x]
+        # A select, not relax's astype of a bool: TVM's OpenCL code converts a vectorized
+        # comparison (-1 for true) with convert_float4, which gives -1.0.
+        return [_broadcast_op(ctx, "cast_to_bool", lambda a: _one(a != _f32(0.0)), [x])]
+    if dst == np.float16 and src != np.float16:
+        # Rounded with integer ops (ties to even, saturating at +-65504): no half arithmetic
+        # in the kernel, which some drivers cannot build.
+        return [ctx.lw._round_to_half(x)]
+    return [x]  # float16 or bool (0/1) to float32, float32 to float32: the same values
+
+
+# -- broadcast binary and ternary ops ---------------------------------------------------------
+
+
+def _element(t: te.Tensor, shape: Sequence[int], idx: Sequence[Scalar]) -> Scalar:
+    """The element of ``t`` that numpy's broadcasting puts at ``idx`` of ``shape``."""
+    lead = len(shape) - len(t.shape)
+    return t(*[0 if int(d) == 1 else idx[lead + k] for k, d in enumerate(t.shape)])
+
+
+def _broadcast_op(ctx: Ctx, name: str, fn: Callable[..., Scalar], operands: Sequence[Expr]) -> Expr:
+    """``fn`` of the operands' elements, broadcast together: one kernel, with a barrier
+    (see the module docstring) when a computed operand is smaller than the result."""
+    shapes = [_shape(e) for e in operands]
+    out = tuple(int(d) for d in np.broadcast_shapes(*shapes))
+    size = math.prod(out)
+    barrier = any(
+        not isinstance(e, Constant) and math.prod(s) < size
+        for e, s in zip(operands, shapes, strict=True)
+    )
+
+    def compute(*tensors: te.Tensor) -> te.Tensor:
+        return te.compute(
+            out, lambda *idx: fn(*(_element(t, out, idx) for t in tensors)), name=name
+        )
+
+    hint = f"{BROADCAST_BARRIER}{name}" if barrier else name
+    return ctx.emit(ctx.bb.call_te(compute, *operands, primfunc_name_hint=hint))
+
+
+def _one(cond: Scalar) -> Scalar:
+    return tirx.Select(cond, _f32(1.0), _f32(0.0))
+
+
+def _floor_div(a: Scalar, b: Scalar) -> Scalar:
+    """floor_div.h's ``floor(double(a) / double(b))`` in float32: the truncated quotient
+    ``(a - fmod(a, b)) / b`` (an integer, rounded to it), one less when the remainder's sign
+    is not the divisor's. ``floor(a / b)`` would be wrong where ``a / b`` rounds up to an
+    integer (1 / 0.1f is 10 in float32, LiteRT's floor is 9)."""
+    r = tirx.fmod(a, b)
+    q = tirx.nearbyint((a - r) / b)
+    return tirx.Select(_wrong_sign(r, b), q - _f32(1.0), q)
+
+
+def _floor_mod(a: Scalar, b: Scalar) -> Scalar:
+    """floor_mod.h: ``fmod(a, b)``, plus ``b`` when its sign is not ``b``'s."""
+    r = tirx.fmod(a, b)
+    return tirx.Select(_wrong_sign(r, b), r + b, r)
+
+
+def _wrong_sign(r: Scalar, b: Scalar) -> Scalar:
+    zero = _f32(0.0)
+    return tirx.Or(tirx.And(r < zero, b > zero), tirx.And(r > zero, b < zero))
+
+
+_BINARY: dict[str, Callable[[Scalar, Scalar], Scalar]] = {
+    "SQUARED_DIFFERENCE": lambda a, b: (a - b) * (a - b),
+    "POW": lambda a, b: tirx.pow(a, b),
+    "FLOOR_DIV": _floor_div,
+    "FLOOR_MOD": _floor_mod,
+    "LOGICAL_OR": lambda a, b: tirx.max(a, b),
+    "EQUAL": lambda a, b: _one(a == b),
+    "NOT_EQUAL": lambda a, b: _one(a != b),
+    "LESS": lambda a, b: _one(a < b),
+    "LESS_EQUAL": lambda a, b: _one(a <= b),
+    "GREATER": lambda a, b: _one(a > b),
+    "GREATER_EQUAL": lambda a, b: _one(a >= b),
+}
+
+for _name in _BINARY:
+    EMITTERS[_name] = (
+        lambda n, f: lambda ctx: [_broadcast_op(ctx, n.lower(), f, [_arg(ctx, 0), _arg(ctx, 1)])]
+    )(_name, _BINARY[_name])
+
+
+@emitter("SELECT", "SELECT_V2")
+def _select(ctx: Ctx) -> list[Expr]:
+    cond, x, y = (_arg(ctx, i) for i in range(3))
+    c_shape, x_shape = ctx.tensor(0).shape, ctx.tensor(1).shape
+    if ctx.op.name == "SELECT" and len(c_shape) == 1 and len(x_shape) > 1 and c_shape != x_shape:
+        # SELECT (v1 rules): a vector condition picks whole rows.
+        cond = ctx.emit(relax.op.reshape(cond, (c_shape[0],) + (1,) * (len(x_shape) - 1)))
+    elif ctx.op.name == "SELECT" and ctx.tensor(0).size == 1 and c_shape != x_shape:
+        cond = ctx.emit(relax.op.reshape(cond, ()))
+    pick = lambda c, a, b: tirx.Select(c != _f32(0.0), a, b)  # noqa: E731
+    return [_broadcast_op(ctx, "select", pick, [cond, x, y])]
+
+
+# -- reductions and normalisations ------------------------------------------------------------
+
+
+def _reduce(fn: Callable[..., Expr]) -> Callable[[Ctx], list[Expr]]:
+    def emit(ctx: Ctx) -> list[Expr]:
+        rank = len(ctx.tensor(0).shape)
+        axes = sorted({int(a) % rank for a in ctx.const(1).reshape(-1)})
+        keep = bool(ctx.options.get("keep_dims", False))
+        if len(axes) == rank:
+            # A rank-0 reduction fails TVM's scheduling (block_realize check): reduce keeping
+            # the dims; the lowering reshapes to the declared scalar shape.
+            keep = True
+        return [ctx.emit(fn(_arg(ctx, 0), axis=axes, keepdims=keep))]
+
+    return emit
+
+
+for _name, _fn in [
+    ("MEAN", relax.op.mean),
+    ("SUM", relax.op.sum),
+    ("REDUCE_PROD", relax.op.prod),
+    ("REDUCE_MAX", relax.op.max),
+    ("REDUCE_MIN", relax.op.min),
+]:
+    EMITTERS[_name] = _reduce(_fn)
 
 
 @emitter("SOFTMAX")
 def _softmax(ctx: Ctx) -> list[Expr]:
-    return [ctx.emit(relax.op.nn.softmax(ctx.arg(0), axis=-1))]
+    # LiteRT: exp(beta (x - max x)) / sum, the same as softmax(beta x).
+    x = ctx.arg(0)
+    beta = float(ctx.options.get("beta", 1.0))
+    if beta != 1.0:
+        x = ctx.emit(relax.op.multiply(x, ctx.fconst(beta)))
+    return [ctx.emit(relax.op.nn.softmax(x, axis=-1))]
 
 
-@emitter("MEAN")
-def _mean(ctx: Ctx) -> list[Expr]:
-    rank = len(ctx.tensor(0).shape)
-    axes = sorted({int(a) % rank for a in ctx.const(1).reshape(-1)})
-    keep = bool(ctx.options.get("keep_dims", False))
-    if len(axes) == rank:
-        # A rank-0 reduction fails TVM's scheduling (block_realize check): reduce keeping the
-        # dims; the lowering reshapes to the declared scalar shape.
-        keep = True
-    return [ctx.emit(relax.op.mean(ctx.arg(0), axis=axes, keepdims=keep))]
+@emitter("LOG_SOFTMAX")
+def _log_softmax(ctx: Ctx) -> list[Expr]:
+    return [ctx.emit(relax.op.nn.log_softmax(ctx.arg(0), axis=-1))]
+
+
+@emitter("L2_NORMALIZATION")
+def _l2_normalization(ctx: Ctx) -> list[Expr]:
+    """l2normalization.h: ``x / max(sqrt(sum(x^2) over the last axis), 1e-6)``."""
+    x = ctx.arg(0)
+    sq = ctx.emit(relax.op.sum(relax.op.multiply(x, x), axis=[-1], keepdims=True))
+    norm = ctx.emit(relax.op.maximum(relax.op.sqrt(sq), ctx.fconst(1e-6)))
+    return [_broadcast_op(ctx, "l2_normalize", lambda a, n: a / n, [x, norm])]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -26,6 +28,27 @@ from litekiln.ops.base import (
 _F32_Q = frozenset({"float32", "uint8", "int8", "int16"})
 _NUMERIC = frozenset({"float32", "int32", "int64", "uint8", "int8", "int16"})
 _BOOL = frozenset({"bool"})
+
+
+class _BoolsAsFloats(OpDef):
+    """GPU support for ops with bool tensors: the GPU path carries booleans as float 0/1
+    (LOGICAL_AND's emitter, ``Lowering.build``), so they count as float tensors here."""
+
+    @classmethod
+    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
+        return super().gpu_support(op, bools_as_floats(op, graph), allow_quantized=allow_quantized)
+
+
+def bools_as_floats(op: Op, graph: Subgraph) -> Subgraph:
+    """``graph`` with ``op``'s bool tensors seen as float32 (as the GPU path holds them)."""
+    bools = [t for t in {*op.inputs, *op.outputs} if t >= 0 and graph.tensors[t].dtype == np.bool_]
+    if not bools:
+        return graph
+    tensors = list(graph.tensors)
+    for t in bools:
+        tensors[t] = replace(tensors[t], dtype=np.dtype(np.float32))
+    return replace(graph, tensors=tensors)
+
 
 # -- binary -------------------------------------------------------------------------------
 
@@ -163,61 +186,140 @@ class Minimum(BinaryOp):
 @register
 class Pow(BinaryOp):
     name = "POW"
+    gpu_extended = True
     fn = staticmethod(np.power)
     dtypes = frozenset({"float32", "int32"})
 
 
 @register
 class SquaredDifference(BinaryOp):
+    """(x - y)^2; v2: int8 (the GPU path takes it through the float view)."""
+
     name = "SQUARED_DIFFERENCE"
+    gpu_extended = True
+    gpu_quant_max_version = 2
     fn = staticmethod(lambda x, y: np.square(x - y))
     versions = (1, 2)
     dtypes = frozenset({"float32", "int32", "int8"})
 
 
+def _floor_div(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """floor_div.h: ``floor(double(x) / double(y))`` (numpy's float32 floor_divide can differ:
+    1 // 0.1f is 9 in both, but floor(1 / 0.1f) in float32 is 10)."""
+    if x.dtype.kind != "f":
+        return np.floor_divide(x, y)
+    return np.floor(x.astype(np.float64) / y.astype(np.float64)).astype(x.dtype)
+
+
+def _floor_mod(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """floor_mod.h: the truncated remainder (``std::fmod`` for floats), moved into the
+    divisor's sign when it has the other one."""
+    if x.dtype.kind != "f":
+        return np.mod(x, y)
+    r = np.fmod(x, y)
+    return np.where((r != 0) & ((y < 0) != (r < 0)), r + y, r).astype(x.dtype)
+
+
+class _RawIntegers(BinaryOp):
+    """FLOOR_DIV and FLOOR_MOD on 8/16-bit integers divide the stored integers (LiteRT's
+    kernels ignore quantization), which the GPU path's float view cannot do."""
+
+    @classmethod
+    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
+        if cls.is_quantized_op(op, graph):
+            return (
+                f"{cls.name} of 8/16-bit integers divides the stored integers (LiteRT ignores "
+                "their quantization); the GPU path's float view would divide the real values"
+            )
+        return super().gpu_support(op, graph, allow_quantized=allow_quantized)
+
+
 @register
-class FloorDiv(BinaryOp):
+class FloorDiv(_RawIntegers):
+    """v1: int32; v2: float32 (the GPU form); v3: int8/int16."""
+
     name = "FLOOR_DIV"
-    fn = staticmethod(np.floor_divide)
+    gpu_extended = True
+    gpu_max_version = gpu_quant_max_version = 2
+    fn = staticmethod(_floor_div)
     versions = (1, 3)
     dtypes = frozenset({"float32", "int32", "int16", "int8"})
 
 
 @register
-class FloorMod(BinaryOp):
+class FloorMod(_RawIntegers):
+    """v1: float32, int32, int64; v2: int8/int16."""
+
     name = "FLOOR_MOD"
-    fn = staticmethod(np.mod)
+    gpu_extended = True
+    fn = staticmethod(_floor_mod)
     versions = (1, 2)
     dtypes = frozenset({"float32", "int32", "int64", "int16", "int8"})
 
 
 @register
-class LogicalAnd(BinaryOp):
+class LogicalAnd(_BoolsAsFloats, BinaryOp):
     name = "LOGICAL_AND"
     gpu = True
     fn = staticmethod(np.logical_and)
     dtypes = _BOOL
 
-    @classmethod
-    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
-        # The GPU delegate runs LOGICAL_AND on bool tensors stored as floats 0/1.
-        if op.version > cls.gpu_max_version:
-            return f"version {op.version} > {cls.gpu_max_version}"
-        return None
-
 
 @register
-class LogicalOr(BinaryOp):
+class LogicalOr(_BoolsAsFloats, BinaryOp):
     name = "LOGICAL_OR"
+    gpu_extended = True
     fn = staticmethod(np.logical_or)
     dtypes = _BOOL
 
 
-class _Compare(BinaryOp):
-    """Comparisons: a bool output (quantized inputs compared by their real values)."""
+def _compare_scaled(ctx: OpContext, x: np.ndarray, i: int) -> np.ndarray:
+    """comparisons.cc's 8-bit operand: ``(q - zero_point) << 8`` times the input scale as a
+    fixed-point multiplier, rounded (``ComparisonWithScaling``)."""
+    t = ctx.input_tensor(i)
+    scale, zp = qmath.scale_zp(t)  # type: ignore[arg-type]
+    m, shift = qmath.quantize_multiplier(scale)
+    return qmath.multiply_by_quantized_multiplier((x.astype(np.int64) - zp) << 8, m, shift)
+
+
+class _Compare(_BoolsAsFloats, BinaryOp):
+    """Comparisons: a bool output. 8-bit quantized inputs are compared as LiteRT does, in
+    steps of 1/256: ``round(256 * real value)`` (the float view's exact comparison differs
+    where two values are closer than that)."""
 
     dtypes = _NUMERIC | {"bool", "float16"}
     output_dtype = "bool"
+    gpu_extended = True
+    gpu_quant_max_version = 2  # v2: int8 (v3/v4: int16, strings)
+
+    @classmethod
+    def reference_quantized(
+        cls, ctx: OpContext, inputs: list[np.ndarray | None]
+    ) -> list[np.ndarray] | None:
+        xt, yt = ctx.input_tensor(0), ctx.input_tensor(1)
+        if not (qmath.is_integer_quantized(xt) and qmath.is_integer_quantized(yt)):
+            return None
+        x, y = required(ctx, inputs, 0), required(ctx, inputs, 1)
+        return [cls.fn(_compare_scaled(ctx, x, 0), _compare_scaled(ctx, y, 1))]
+
+    @classmethod
+    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
+        reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
+        if reason or not cls.is_quantized_op(op, graph):
+            return reason
+        # The float view compares the real values exactly: the same answers as LiteRT's
+        # 1/256 steps when both inputs lie on one grid at least that coarse.
+        xt, yt = graph.tensors[op.inputs[0]], graph.tensors[op.inputs[1]]
+        if xt.quantization is None or yt.quantization is None:
+            return "a quantized input compared with a float one"
+        (xs, xz), (ys, yz) = qmath.scale_zp(xt), qmath.scale_zp(yt)
+        if (xs, xz) != (ys, yz) or xs * 256 < 1:
+            return (
+                "8-bit inputs of different scales or zero points (or a scale below 1/256): "
+                "LiteRT compares them rescaled to 1/256 steps, the GPU path's float view "
+                "would compare the real values"
+            )
+        return None
 
 
 for _name, _fn, _versions in [
@@ -251,63 +353,71 @@ def _logistic(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _gelu(x: np.ndarray) -> np.ndarray:
-    from math import sqrt
-
-    erf = np.vectorize(__import__("math").erf, otypes=[np.float64])
-    return (0.5 * x * (1.0 + erf(x / sqrt(2.0)))).astype(x.dtype)
+def _sign(x: np.ndarray) -> np.ndarray:
+    # sign.cc: (0 < x) - (x < 0), so NaN gives 0 (numpy's sign gives NaN).
+    return ((x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)).astype(x.dtype)
 
 
-#: name: (fn, in the documented GPU table ("extended": the TFLite GPU delegate runs it too),
-#: the versions LiteRT has kernels for, the input types they take).
-_UNARY: dict[
-    str,
-    tuple[Callable[[np.ndarray], np.ndarray], bool | str, tuple[int, int], frozenset[str]],
-] = {
-    "RELU": (lambda x: np.maximum(x, 0), True, (1, 3), _F32_Q),
-    "RELU6": (lambda x: np.clip(x, 0, 6), True, (1, 3), _F32_Q),
-    "RELU_N1_TO_1": (
-        lambda x: np.clip(x, -1, 1),
-        False,
-        (1, 1),
-        frozenset({"float32", "uint8", "int8"}),
+@dataclass(frozen=True)
+class _Unary:
+    """One unary op of the table: its numpy form, LiteRT's kernels, the GPU form's reach.
+
+    Attributes:
+        fn: the elementwise function (float view for quantized tensors).
+        versions: the versions LiteRT has kernels for.
+        dtypes: the input types those kernels take.
+        gpu: "documented" (in the TFLite GPU delegate's documented table), "extended" (a
+            GPU form, emit_math.py, outside that table) or "" (CPU only).
+        gpu_max: newest float version whose features the GPU form implements.
+        gpu_quant_max: newest version counting the quantized ones (int8/int16 through the
+            float view, quantization simulated between ops).
+    """
+
+    fn: Callable[[np.ndarray], np.ndarray]
+    versions: tuple[int, int]
+    dtypes: frozenset[str]
+    gpu: str = "extended"
+    gpu_max: int = 1
+    gpu_quant_max: int = 1
+
+
+_F32_I8 = frozenset({"float32", "uint8", "int8"})
+_F32_Q8_16 = frozenset({"float32", "int8", "int16"})
+
+#: The unary ops with no options. Version features (op_version.cc): v2 = int8 (RSQRT, LOG,
+#: ABS: also uint8), v3 = int16 (RSQRT; ABS: quantized int16); ABS v4/v5 and SIGN v2 take raw
+#: integers, which the GPU path refuses by their type.
+_UNARY: dict[str, _Unary] = {
+    "RELU": _Unary(lambda x: np.maximum(x, 0), (1, 3), _F32_Q, "documented", 1, 2),
+    "RELU6": _Unary(lambda x: np.clip(x, 0, 6), (1, 3), _F32_Q, "documented", 1, 2),
+    "RELU_N1_TO_1": _Unary(lambda x: np.clip(x, -1, 1), (1, 1), _F32_I8),
+    "RELU_0_TO_1": _Unary(lambda x: np.clip(x, 0, 1), (1, 1), _F32_I8),
+    "LOGISTIC": _Unary(_logistic, (1, 3), _F32_Q, "documented", 1, 2),
+    "TANH": _Unary(np.tanh, (1, 3), _F32_Q, "extended", 1, 2),
+    "EXP": _Unary(np.exp, (1, 2), _F32_Q8_16, "documented", 1, 2),
+    "LOG": _Unary(np.log, (1, 2), _F32_Q8_16, gpu_quant_max=2),
+    "SQRT": _Unary(np.sqrt, (1, 2), _F32_Q8_16, gpu_quant_max=2),
+    "RSQRT": _Unary(lambda x: 1.0 / np.sqrt(x), (1, 3), _F32_Q8_16, gpu_quant_max=3),
+    "SQUARE": _Unary(np.square, (1, 1), FLOAT32),
+    "ABS": _Unary(
+        np.abs, (1, 5), frozenset({"float32", "int8", "int16", "int32"}), gpu_quant_max=3
     ),
-    "RELU_0_TO_1": (
-        lambda x: np.clip(x, 0, 1),
-        False,
-        (1, 1),
-        frozenset({"float32", "uint8", "int8"}),
-    ),
-    "LOGISTIC": (_logistic, True, (1, 3), _F32_Q),
-    "TANH": (np.tanh, "extended", (1, 3), _F32_Q),
-    "EXP": (np.exp, True, (1, 2), frozenset({"float32", "int8", "int16"})),
-    "LOG": (np.log, False, (1, 2), frozenset({"float32", "int8", "int16"})),
-    "SQRT": (np.sqrt, False, (1, 2), frozenset({"float32", "int8", "int16"})),
-    "RSQRT": (lambda x: 1.0 / np.sqrt(x), False, (1, 3), frozenset({"float32", "int8", "int16"})),
-    "SQUARE": (np.square, False, (1, 1), FLOAT32),
-    "ABS": (np.abs, False, (1, 5), frozenset({"float32", "int8", "int16", "int32"})),
-    "NEG": (np.negative, False, (1, 1), frozenset({"float32", "int32", "int64"})),
-    "SIN": (np.sin, False, (1, 2), FLOAT32),
-    "COS": (np.cos, False, (1, 2), FLOAT32),
-    "FLOOR": (np.floor, False, (1, 1), FLOAT32),
-    "CEIL": (np.ceil, False, (1, 1), FLOAT32),
-    # banker's rounding, as TFLite's ROUND (std::nearbyint)
-    "ROUND": (np.round, False, (1, 1), FLOAT32),
-    "SIGN": (np.sign, False, (1, 2), frozenset({"float32", "int32"})),
-    "LOGICAL_NOT": (np.logical_not, False, (1, 1), _BOOL),
-    "HARD_SWISH": (
-        lambda x: x * np.clip(x + 3, 0, 6) / 6,
-        "extended",
-        (1, 1),
-        frozenset({"float32", "uint8", "int8"}),
-    ),
-    "ELU": (
+    "NEG": _Unary(np.negative, (1, 1), frozenset({"float32", "int32", "int64"})),
+    "SIN": _Unary(np.sin, (1, 2), FLOAT32),
+    "COS": _Unary(np.cos, (1, 2), FLOAT32),
+    "FLOOR": _Unary(np.floor, (1, 1), FLOAT32),
+    "CEIL": _Unary(np.ceil, (1, 1), FLOAT32),
+    # round.cc's RoundToNearest: halves to even, as numpy's round (and OpenCL's rint).
+    "ROUND": _Unary(np.round, (1, 1), FLOAT32),
+    "SIGN": _Unary(_sign, (1, 2), frozenset({"float32", "int32"})),
+    "LOGICAL_NOT": _Unary(np.logical_not, (1, 1), _BOOL),
+    "HARD_SWISH": _Unary(lambda x: x * np.clip(x + 3, 0, 6) / 6, (1, 1), _F32_I8, "extended", 1, 2),
+    # activations.cc: x < 0 ? expm1(x) : x (the int8 kernel's table holds the same).
+    "ELU": _Unary(
         lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0))),
-        False,
         (1, 1),
         frozenset({"float32", "int8"}),
     ),
-    "GELU": (_gelu, False, (1, 3), frozenset({"float32", "uint8", "int8"})),
 }
 
 
@@ -338,25 +448,59 @@ _UNARY_QUANTIZED = {"LOGISTIC": _logistic_quantized}
 #: Unary kernels that give their output the input's type (the others require it).
 _SETS_OUTPUT_DTYPE = {"CEIL", "FLOOR", "EXP", "NEG", "ROUND"}
 
-for _name, (_unary_fn, _gpu, _versions, _dtypes) in _UNARY.items():
+for _name, _u in _UNARY.items():
     _attrs: dict[str, object] = {
         "name": _name,
-        "fn": staticmethod(_unary_fn),
-        "gpu": _gpu is True,
-        "gpu_extended": _gpu == "extended",
-        "gpu_quant_max_version": 2,
-        "versions": _versions,
-        "dtypes": _dtypes,
+        "fn": staticmethod(_u.fn),
+        "gpu": _u.gpu == "documented",
+        "gpu_extended": _u.gpu == "extended",
+        "gpu_max_version": _u.gpu_max,
+        "gpu_quant_max_version": _u.gpu_quant_max,
+        "versions": _u.versions,
+        "dtypes": _u.dtypes,
         "sets_output_dtype": _name in _SETS_OUTPUT_DTYPE,
     }
     if _name in _UNARY_QUANTIZED:
         _attrs["reference_quantized"] = classmethod(_UNARY_QUANTIZED[_name])
-    register(type(_name.title().replace("_", ""), (UnaryOp,), _attrs))
+    bases = (_BoolsAsFloats, UnaryOp) if _u.dtypes == _BOOL else (UnaryOp,)
+    register(type(_name.title().replace("_", ""), bases, _attrs))
+
+
+def _gelu(x: np.ndarray, approximate: bool) -> np.ndarray:
+    """gelu.h: ``0.5 x erfc(-x / sqrt 2)``, or with ``approximate`` the tanh form
+    ``0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))`` (float64 here, rounded once)."""
+    v = x.astype(np.float64)
+    if approximate:
+        y = 0.5 * v * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (v + 0.044715 * v**3)))
+    else:
+        y = 0.5 * v * np.vectorize(math.erfc, otypes=[np.float64])(-v / math.sqrt(2.0))
+    return y.astype(x.dtype)
+
+
+@register
+class Gelu(UnaryOp):
+    """GELU; the ``approximate`` option picks the tanh form. v2: int8/uint8 (the kernel's
+    table of the same function; the GPU path takes them through the float view)."""
+
+    name = "GELU"
+    gpu_extended = True
+    gpu_quant_max_version = 2
+    versions = (1, 3)
+    dtypes = _F32_I8
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        x = required(ctx, inputs, 0)
+        return [_gelu(x, bool(ctx.options.get("approximate", False)))]
 
 
 @register
 class LeakyRelu(OpDef):
+    """x > 0 ? x : alpha x; v1: float32, int8; v2: int16."""
+
     name = "LEAKY_RELU"
+    gpu_extended = True
+    gpu_quant_max_version = 2
     versions = (1, 2)
     num_inputs = (1, 1)
 
@@ -426,9 +570,28 @@ class Cast(OpDef):
     (LiteRT's cast ignores quantization)."""
 
     name = "CAST"
+    gpu_extended = True
+    # The GPU form: float32, float16 (v5) and bool (float 0/1) on either side.
+    gpu_max_version = gpu_quant_max_version = 5
     versions = (1, 9)
     num_inputs = (1, 1)
     quant_aware = True
+
+    @classmethod
+    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
+        for t, side in ((op.inputs[0], "from"), (op.outputs[0], "to")):
+            tensor = graph.tensors[t]
+            if tensor.dtype.kind in "iu":
+                where = "a constant" if tensor.is_constant else "computed at run time"
+                return (
+                    f"it casts {side} {tensor.type_name} ({tensor.name!r}, {where}); the GPU "
+                    "path holds only float and bool tensors"
+                )
+            if tensor.dtype == np.float64:
+                return (
+                    f"it casts {side} float64 ({tensor.name!r}); the GPU path computes in float32"
+                )
+        return super().gpu_support(op, bools_as_floats(op, graph), allow_quantized=allow_quantized)
 
     @classmethod
     def validate(cls, c: Check) -> None:
@@ -476,8 +639,29 @@ class Select(OpDef):
     """SELECT: a condition of the inputs' shape, or a scalar, or a vector choosing rows."""
 
     name = "SELECT"
+    gpu_extended = True
+    # v2: int8 data (float view), v3: rank 5; v4 (uint32) is refused by its type.
+    gpu_max_version = gpu_quant_max_version = 3
     versions = (1, 4)
     num_inputs = (3, 3)
+
+    @classmethod
+    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
+        reason = super().gpu_support(
+            op, bools_as_floats(op, graph), allow_quantized=allow_quantized
+        )
+        if reason or not cls.is_quantized_op(op, graph):
+            return reason
+        qs = {
+            None if q is None else (tuple(q.scale.tolist()), tuple(q.zero_point.tolist()))
+            for q in (graph.tensors[t].quantization for t in (*op.inputs[1:3], op.outputs[0]))
+        }
+        if len(qs) != 1:
+            return (
+                "8-bit inputs quantized unlike the output: LiteRT copies the stored integers, "
+                "the GPU path's float view would requantize them"
+            )
+        return None
 
     @classmethod
     def validate(cls, c: Check) -> None:
@@ -516,6 +700,7 @@ class SelectV2(Select):
     """SELECT_V2: condition and inputs broadcast together (numpy's rules, rank <= 8)."""
 
     name = "SELECT_V2"
+    gpu_max_version = gpu_quant_max_version = 1  # v2: uint32
     versions = (1, 2)
 
     @classmethod

@@ -24,6 +24,12 @@ from litekiln.ops.base import (
 _NUMERIC = frozenset({"float32", "int32", "int64", "uint8", "int8", "int16"})
 
 
+def _rank_reason(op: Op, graph: Subgraph) -> str | None:
+    """The GPU forms of this module take inputs of rank <= 4."""
+    rank = len(graph.tensors[op.inputs[0]].shape)
+    return f"rank {rank} input (the GPU forms take rank <= 4)" if rank > 4 else None
+
+
 class _Reduce(OpDef):
     # A numpy reduction: an array, or a numpy scalar when every axis goes (hence np.asarray).
     fn: ClassVar[Callable[..., np.ndarray | np.generic]]
@@ -80,6 +86,18 @@ class _Reduce(OpDef):
     def integer_operands(cls, op: Op) -> set[int]:
         return set(op.inputs[1:2])
 
+    @classmethod
+    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
+        """The GPU form reduces over constant axes (any of them, negative or repeated, kept
+        or dropped) of a float tensor of rank <= 4."""
+        reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
+        if reason:
+            return reason
+        # (Axes computed at run time: refused by the base, as an integer operand.)
+        if graph.tensors[op.inputs[1]].size == 0:
+            return "no axis to reduce (a copy)"
+        return _rank_reason(op, graph)
+
 
 @register
 class Mean(_Reduce):
@@ -89,25 +107,17 @@ class Mean(_Reduce):
     accumulates = True
     # MEAN is not in the documented GPU op table, but the TFLite GPU delegate runs it (the
     # MediaPipe landmark models end in a global average): available with the extended table.
+    # v2: int8, v3: int16 (float view).
     gpu_extended = True
-    gpu_quant_max_version = 2
-
-    @classmethod
-    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
-        reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
-        if reason:
-            return reason
-        if not graph.tensors[op.inputs[1]].is_constant:
-            return "axes must be a constant"
-        if len(graph.tensors[op.inputs[0]].shape) > 4:
-            return "rank > 4 input"
-        return None
+    gpu_quant_max_version = 3
 
 
 @register
 class Sum(_Reduce):
     name = "SUM"
     fn = staticmethod(np.sum)
+    gpu_extended = True
+    gpu_quant_max_version = 2  # v2: int8 (float view)
     versions = (1, 2)
     accumulates = True
 
@@ -116,14 +126,17 @@ class Sum(_Reduce):
 class ReduceProd(_Reduce):
     name = "REDUCE_PROD"
     fn = staticmethod(np.prod)
+    gpu_extended = True
     versions = (1, 2)
-    dtypes = frozenset({"float32", "int32", "int64"})
+    dtypes = frozenset({"float32", "int32", "int64"})  # (litekiln refuses v2's int8 at load)
 
 
 @register
 class ReduceMax(_Reduce):
     name = "REDUCE_MAX"
     fn = staticmethod(np.max)
+    gpu_extended = True
+    gpu_quant_max_version = 3  # v2: int8, v3: int16 (float view)
     versions = (1, 3)
     dtypes = _NUMERIC | {"bool"}
 
@@ -132,6 +145,8 @@ class ReduceMax(_Reduce):
 class ReduceMin(_Reduce):
     name = "REDUCE_MIN"
     fn = staticmethod(np.min)
+    gpu_extended = True
+    gpu_quant_max_version = 3  # v2: int8, v3: int16 (float view)
     versions = (1, 3)
     dtypes = _NUMERIC | {"bool"}
 
@@ -219,18 +234,13 @@ class Softmax(OpDef):
     @classmethod
     def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
         reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
-        if reason:
-            return reason
-        if float(op.options.get("beta", 1.0)) != 1.0:
-            return "softmax with beta != 1"
-        if len(graph.tensors[op.inputs[0]].shape) > 4:
-            return "rank > 4 input"
-        return None
+        return reason or _rank_reason(op, graph)
 
 
 @register
 class LogSoftmax(OpDef):
     name = "LOG_SOFTMAX"
+    gpu_extended = True  # float32 (v2's int8 is refused at load)
     versions = (1, 2)
     num_inputs = (1, 1)
 
@@ -242,6 +252,11 @@ class LogSoftmax(OpDef):
         c.dtype(x, FLOAT32, "input")
         c.same_dtype(y, x, "output")
         c.output_shape(x.shape)
+
+    @classmethod
+    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
+        reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
+        return reason or _rank_reason(op, graph)
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -303,6 +318,7 @@ class ArgMin(_Arg):
 @register
 class L2Normalization(OpDef):
     name = "L2_NORMALIZATION"
+    gpu_extended = True  # float32 (v2's int8 is refused at load)
     versions = (1, 2)
     num_inputs = (1, 1)
 
@@ -320,7 +336,13 @@ class L2Normalization(OpDef):
         c.output_shape(x.shape)
 
     @classmethod
+    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
+        reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
+        return reason or _rank_reason(op, graph)
+
+    @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        # l2normalization.h: the norm (not its square) is floored at 1e-6.
         x = required(ctx, inputs, 0).astype(np.float64)
-        norm = np.sqrt(np.maximum((x * x).sum(axis=-1, keepdims=True), 1e-6))
+        norm = np.maximum(np.sqrt((x * x).sum(axis=-1, keepdims=True)), 1e-6)
         return [(x / norm).astype(np.float32)]

@@ -1,0 +1,599 @@
+"""Elementwise math, comparisons, logic and reductions on the GPU path (emit_math.py) vs the
+numpy reference and LiteRT: the ops that models exported from PyTorch (litert-torch) and
+Keras use around their convolutions and matmuls (issue 14).
+
+Every case runs through ``tests/gpu_helper.py``'s batches, as in ``tests/test_gpu_ops.py``:
+one compile per batch, each case its own test, each asserting that its ops went to the GPU,
+and each compared with the reference and LiteRT (``max|err| <= 1e-4 * max(1, max|ref|)``;
+bool outputs exactly; quantized outputs within a step of the reference, two of LiteRT).
+
+Inputs are uniform in [-1, 1] unless a case gives a range: LOG, SQRT and RSQRT get positive
+inputs, POW a positive base. Exact values (ties for ROUND, quotients that round up to an
+integer for FLOOR_DIV, zeros for CAST to bool) are made at run time as ``0 + constant``
+(:func:`_exact`): an op whose inputs are all constants would be folded at load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from gpu_helper import Batch, Case, G
+from tflite_builder import Quant, TensorRef
+
+pytestmark = pytest.mark.opencl
+
+
+def _exact(g: G, values: np.ndarray | Sequence[float]) -> TensorRef:
+    """A tensor holding exactly ``values``, computed at run time (zeros plus a constant)."""
+    v = np.asarray(values, np.float32)
+    zeros = g.x(list(v.shape), low=0.0, high=0.0)
+    return g.op("ADD", [zeros, g.w(v)], list(v.shape), {"fused_activation_function": "NONE"})
+
+
+def _unary(name, shape, low=-1.0, high=1.0, **options):
+    return lambda g: g.op(name, [g.x(shape, low=low, high=high)], shape, options or None)
+
+
+def _binary(name, a, b, *, b_const=False, low=-1.0, high=1.0, low_b=-1.0, high_b=1.0):
+    out = list(np.broadcast_shapes(tuple(a), tuple(b)))
+
+    def build(g: G):
+        x = g.x(a, low=low, high=high)
+        y = g.w(b, low=low_b, high=high_b) if b_const else g.x(b, low=low_b, high=high_b)
+        return g.op(name, [x, y], out)
+
+    return build
+
+
+# -- unary ------------------------------------------------------------------------------------
+
+
+def _round_ties(g: G):
+    ties = np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.5, -3.49, 0.49, 7.0, -0.0, 4.51])
+    return g.op("ROUND", [_exact(g, ties.reshape(3, 4))], [3, 4])
+
+
+def _sign_zeros(g: G):
+    return g.op("SIGN", [_exact(g, [[-2.0, 0.0, 3.0], [0.5, -0.25, 0.0]])], [2, 3])
+
+
+UNARY = Batch(
+    "math_unary",
+    [
+        Case("log", _unary("LOG", [2, 3, 4], 0.01, 5.0)),
+        Case("sqrt", _unary("SQRT", [1, 4, 4, 3], 0.0, 4.0)),
+        Case("rsqrt", _unary("RSQRT", [2, 7], 0.05, 4.0)),
+        Case("square", _unary("SQUARE", [3, 5], -3.0, 3.0)),
+        Case("abs", _unary("ABS", [1, 3, 3, 2])),
+        Case("neg", _unary("NEG", [6])),
+        Case("sin", _unary("SIN", [2, 2, 5], -6.0, 6.0)),
+        Case("cos", _unary("COS", [2, 2, 5], -6.0, 6.0)),
+        Case("floor", _unary("FLOOR", [4, 6], -4.0, 4.0)),
+        Case("ceil", _unary("CEIL", [4, 6], -4.0, 4.0)),
+        Case("round", _unary("ROUND", [4, 6], -4.0, 4.0)),
+        Case("round_ties_to_even", _round_ties),
+        Case("sign", _unary("SIGN", [3, 4])),
+        Case("sign_zeros", _sign_zeros),
+        Case("relu_0_to_1", _unary("RELU_0_TO_1", [2, 4, 5], -2.0, 2.0)),
+        Case("relu_n1_to_1", _unary("RELU_N1_TO_1", [2, 4, 5], -3.0, 3.0)),
+        Case("elu", _unary("ELU", [1, 4, 4, 3], -4.0, 4.0)),
+        Case("elu_wide", _unary("ELU", [40], -30.0, 90.0)),
+        Case("gelu", _unary("GELU", [2, 8, 6], -6.0, 6.0, approximate=False)),
+        Case("gelu_approximate", _unary("GELU", [2, 8, 6], -6.0, 6.0, approximate=True)),
+        Case("leaky_relu", _unary("LEAKY_RELU", [1, 3, 4, 5], -2.0, 2.0, alpha=0.2)),
+        Case("leaky_relu_alpha_gt_1", _unary("LEAKY_RELU", [7, 3], -2.0, 2.0, alpha=1.5)),
+        Case("exp_rank1", _unary("EXP", [9], -3.0, 3.0)),
+    ],
+    op_table="extended",
+)
+
+
+@pytest.mark.parametrize("case", UNARY.ids())
+def test_unary(case: str) -> None:
+    UNARY.check(case)
+
+
+# -- binary -----------------------------------------------------------------------------------
+
+
+def _floor_div_exact(name):
+    # Quotients that float32 rounds up to an integer (1 / 0.1f = 10 in float32, 9.99999985 in
+    # double: LiteRT's FLOOR_DIV gives 9), negative operands, exact multiples.
+    a = [[1.0, 3.0, -1.0, 0.3, 7.0, -7.0], [2.0, -0.7, 6.0, 5.5, -0.9, 1e-3]]
+    b = [0.1, 0.1, 0.1, 0.1, 0.7, 0.7]
+
+    def build(g: G):
+        return g.op(name, [_exact(g, a), g.w(np.asarray(b, np.float32))], [2, 6])
+
+    return build
+
+
+def _divisor_sign(name):
+    # Both signs of both operands (the divisor never near 0).
+    def build(g: G):
+        x = g.x([3, 8], low=-5.0, high=5.0)
+        y = g.op(
+            "MUL",
+            [g.x([3, 8], low=0.5, high=2.0), g.w(np.tile([1, -1], 4).astype("f4"))],
+            [3, 8],
+            {"fused_activation_function": "NONE"},
+        )
+        return g.op(name, [x, y], [3, 8])
+
+    return build
+
+
+BINARY = Batch(
+    "math_binary",
+    [
+        Case("sqdiff_same", _binary("SQUARED_DIFFERENCE", [1, 4, 4, 3], [1, 4, 4, 3])),
+        Case("sqdiff_bcast_rows", _binary("SQUARED_DIFFERENCE", [2, 5, 6], [2, 5, 1])),
+        Case("sqdiff_const", _binary("SQUARED_DIFFERENCE", [3, 4], [4], b_const=True)),
+        Case("sqdiff_rank_mismatch", _binary("SQUARED_DIFFERENCE", [4, 1], [2, 1, 3])),
+        Case(
+            "pow", _binary("POW", [2, 3, 4], [2, 3, 4], low=0.1, high=3.0, low_b=-2.0, high_b=3.0)
+        ),
+        Case(
+            "pow_const_exp",
+            _binary("POW", [1, 5, 2], [2], b_const=True, low=0.1, high=2.0, low_b=1.0, high_b=3.0),
+        ),
+        Case("pow_square_neg_base", lambda g: g.op("POW", [g.x([6]), g.w(np.float32([2.0]))], [6])),
+        Case(
+            "floor_div",
+            _binary("FLOOR_DIV", [2, 3, 4], [4], low=-5, high=5, low_b=0.3, high_b=2.0),
+        ),
+        Case("floor_div_exact", _floor_div_exact("FLOOR_DIV")),
+        Case("floor_div_signs", _divisor_sign("FLOOR_DIV")),
+        Case(
+            "floor_mod",
+            _binary("FLOOR_MOD", [2, 3, 4], [3, 1], low=-5, high=5, low_b=0.3, high_b=2.0),
+        ),
+        Case("floor_mod_exact", _floor_div_exact("FLOOR_MOD")),
+        Case("floor_mod_signs", _divisor_sign("FLOOR_MOD")),
+    ],
+    op_table="extended",
+)
+
+
+@pytest.mark.parametrize("case", BINARY.ids())
+def test_binary(case: str) -> None:
+    BINARY.check(case)
+
+
+# -- comparisons, logic, select, cast ---------------------------------------------------------
+
+
+def _compare(name, a, b, *, b_const=False, ties=False):
+    out = list(np.broadcast_shapes(tuple(a), tuple(b)))
+
+    def build(g: G):
+        if ties:  # values on a coarse grid, so that equal elements occur
+            x = g.op("ROUND", [g.x(a, low=-2.0, high=2.0)], a)
+            y = g.op("ROUND", [g.x(b, low=-2.0, high=2.0)], b)
+        else:
+            x = g.x(a)
+            y = g.w(b) if b_const else g.x(b)
+        return g.op(name, [x, y], out, dtype="bool")
+
+    return build
+
+
+def _logical(name, *shapes):
+    out = list(np.broadcast_shapes(*map(tuple, shapes)))
+    return lambda g: g.op(name, [g.x(s, "bool") for s in shapes], out, dtype="bool")
+
+
+def _mask_chain(g: G):
+    """A comparison's mask used as float and as a condition inside one partition."""
+    x, y = g.x([2, 3, 4]), g.x([4])
+    less = g.op("LESS", [x, y], [2, 3, 4], dtype="bool")
+    more = g.op("GREATER", [x, g.w(np.float32([0.5]))], [2, 3, 4], dtype="bool")
+    either = g.op("LOGICAL_OR", [less, more], [2, 3, 4], dtype="bool")
+    neither = g.op("LOGICAL_NOT", [either], [2, 3, 4], dtype="bool")
+    as_float = g.op("CAST", [neither], [2, 3, 4], dtype="float32")
+    picked = g.op(
+        "SELECT_V2", [either, x, g.w(np.array(-9.0, np.float32))], [2, 3, 4], dtype="float32"
+    )
+    return [as_float, picked, neither]
+
+
+def _select(name, c, a, b, *, out=None, c_const=False):
+    out = out or list(np.broadcast_shapes(tuple(c), tuple(a), tuple(b)))
+
+    def build(g: G):
+        if c_const:
+            cond = g.w((g.rng.random(c) < 0.5).astype(np.bool_), "bool")
+        elif not c:
+            # A scalar condition computed in the partition (a rank-0 partition input fails in
+            # PartitionExecutor.set_input: np.ascontiguousarray makes it 1-D).
+            total = g.op("SUM", [g.x([5]), g.ints([0])], [], {"keep_dims": False})
+            cond = g.op("GREATER", [total, g.w(np.zeros([], np.float32))], [], dtype="bool")
+        else:
+            cond = g.x(c, "bool")
+        return g.op(name, [cond, g.x(a), g.x(b)], out, dtype="float32")
+
+    return build
+
+
+def _cast(src, dst, shape, values=None):
+    def build(g: G):
+        x = _exact(g, values) if values is not None else g.x(shape, src)
+        if values is not None and src != "float32":
+            x = g.op("CAST", [x], shape, dtype=src)
+        y = g.op("CAST", [x], shape, dtype=dst)
+        # Used inside the partition too (a cast's result as an operand), then as an output.
+        z = g.op("CAST", [y], shape, dtype="float32") if dst != "float32" else y
+        return [
+            y,
+            g.op("ADD", [z, g.w(np.float32([1.0]))], shape, {"fused_activation_function": "NONE"}),
+        ]
+
+    return build
+
+
+_CAST_VALUES = [[0.0, 1.5, -2.0, 0.0], [1e-3, -0.0, 65519.0, 3.14159]]
+
+LOGIC = Batch(
+    "math_logic",
+    [
+        Case("equal_ties", _compare("EQUAL", [2, 3, 4], [2, 3, 4], ties=True)),
+        Case("not_equal_bcast_ties", _compare("NOT_EQUAL", [3, 5], [5], ties=True)),
+        Case("less", _compare("LESS", [1, 4, 4, 3], [3], b_const=True)),
+        Case("less_equal_ties", _compare("LESS_EQUAL", [4, 1, 3], [2, 3], ties=True)),
+        Case("greater", _compare("GREATER", [2, 6], [2, 6])),
+        Case(
+            "greater_equal_ties", _compare("GREATER_EQUAL", [1, 2, 3, 4], [1, 1, 1, 4], ties=True)
+        ),
+        Case("equal_bools", _logical("EQUAL", [3, 4], [3, 4])),
+        Case("logical_or", _logical("LOGICAL_OR", [2, 3, 4], [2, 3, 4])),
+        Case("logical_or_bcast", _logical("LOGICAL_OR", [1, 4, 4, 3], [1, 1, 1, 3])),
+        Case("logical_not", _logical("LOGICAL_NOT", [5, 2])),
+        Case("mask_chain", _mask_chain),
+        Case("select_v2_same", _select("SELECT_V2", [2, 3, 4], [2, 3, 4], [2, 3, 4])),
+        Case("select_v2_bcast_all", _select("SELECT_V2", [1, 3, 1], [2, 1, 4], [4])),
+        Case("select_v2_scalar_cond", _select("SELECT_V2", [], [3, 4], [3, 4])),
+        Case("select_v2_const_cond", _select("SELECT_V2", [3, 1], [3, 4], [3, 4], c_const=True)),
+        Case("select_same", _select("SELECT", [2, 3, 4], [2, 3, 4], [2, 3, 4])),
+        Case("select_rows", _select("SELECT", [3], [3, 2, 4], [3, 2, 4], out=[3, 2, 4])),
+        Case("select_scalar_cond", _select("SELECT", [], [2, 5], [2, 5])),
+        Case("cast_bool_to_float", _cast("bool", "float32", [3, 5])),
+        Case("cast_float_to_bool", _cast("float32", "bool", [2, 4], _CAST_VALUES)),
+        Case("cast_float_to_half", _cast("float32", "float16", [2, 4], _CAST_VALUES)),
+        Case("cast_half_to_float", _cast("float16", "float32", [2, 4], _CAST_VALUES)),
+        Case("cast_float_to_float", _cast("float32", "float32", [2, 4])),
+    ],
+    op_table="extended",
+)
+
+
+@pytest.mark.parametrize("case", LOGIC.ids())
+def test_logic(case: str) -> None:
+    LOGIC.check(case)
+
+
+# -- reductions and normalisations ------------------------------------------------------------
+
+
+def _reduce(name, shape, axes, keep, low=-1.0, high=1.0):
+    norm = tuple(sorted({a % len(shape) for a in axes}))
+    out = list(np.zeros(shape).sum(axis=norm, keepdims=keep).shape)
+    return lambda g: g.op(
+        name, [g.x(shape, low=low, high=high), g.ints(axes)], out, {"keep_dims": keep}
+    )
+
+
+def _softmax(name, shape, beta=1.0, low=-1.0, high=1.0):
+    opts = {"beta": beta} if name == "SOFTMAX" else None
+    return lambda g: g.op(name, [g.x(shape, low=low, high=high)], shape, opts)
+
+
+_REDUCTIONS = [
+    # (id, axes, keep_dims) over a [2, 3, 4, 5] input
+    ("last", [-1], False),
+    ("first_keep", [0], True),
+    ("middle", [1], False),
+    ("hw_keep", [1, 2], True),
+    ("batch_channel", [0, 3], False),
+    ("neg_dup", [2, -2, -3], True),
+    ("all_keep", [0, 1, 2, 3], True),
+    ("all", [3, 1, 0, 2], False),
+]
+
+REDUCE = Batch(
+    "math_reduce",
+    [
+        *(
+            Case(f"{name.lower()}_{rid}", _reduce(name, [2, 3, 4, 5], axes, keep))
+            for name in ("SUM", "REDUCE_MAX", "REDUCE_MIN")
+            for rid, axes, keep in _REDUCTIONS
+        ),
+        *(
+            Case(f"mean_{rid}", _reduce("MEAN", [2, 3, 4, 5], axes, keep))
+            for rid, axes, keep in _REDUCTIONS[2:5]
+        ),
+        Case("mean_rank2_rows", _reduce("MEAN", [6, 33], [1], True)),
+        Case("prod_last", _reduce("REDUCE_PROD", [2, 3, 6], [-1], False, 0.5, 1.5)),
+        Case("prod_first_keep", _reduce("REDUCE_PROD", [4, 3, 2], [0], True, 0.5, 1.5)),
+        Case("prod_all", _reduce("REDUCE_PROD", [3, 4], [0, 1], False, 0.8, 1.2)),
+        Case("sum_rank1_all", _reduce("SUM", [37], [0], False)),
+        Case("max_rank3_middle", _reduce("REDUCE_MAX", [4, 17, 3], [1], False)),
+        Case("softmax_beta", _softmax("SOFTMAX", [2, 10], 0.5, -5.0, 5.0)),
+        Case("softmax_beta_large", _softmax("SOFTMAX", [3, 4, 7], 3.0, -3.0, 3.0)),
+        Case("log_softmax", _softmax("LOG_SOFTMAX", [2, 10], low=-5.0, high=5.0)),
+        Case("log_softmax_4d", _softmax("LOG_SOFTMAX", [1, 3, 4, 6])),
+        Case("log_softmax_wide", _softmax("LOG_SOFTMAX", [2, 1000], low=-10.0, high=10.0)),
+        Case("l2_norm", lambda g: g.op("L2_NORMALIZATION", [g.x([1, 4, 4, 8])], [1, 4, 4, 8])),
+        Case("l2_norm_rank2", lambda g: g.op("L2_NORMALIZATION", [g.x([3, 50])], [3, 50])),
+        Case(
+            "l2_norm_tiny",  # a squared norm under 1e-6, the norm above it
+            lambda g: g.op("L2_NORMALIZATION", [g.x([2, 3], low=-1e-4, high=1e-4)], [2, 3]),
+        ),
+        Case(
+            "l2_norm_floor",  # a norm under LiteRT's 1e-6 floor
+            lambda g: g.op("L2_NORMALIZATION", [g.x([2, 3], low=-1e-7, high=1e-7)], [2, 3]),
+        ),
+    ],
+    op_table="extended",
+)
+
+
+@pytest.mark.parametrize("case", REDUCE.ids())
+def test_reduce(case: str) -> None:
+    REDUCE.check(case)
+
+
+# -- a layer norm (litert-torch's form) -------------------------------------------------------
+
+
+def _layer_norm(g: G, shape=(2, 16, 64), eps=1e-5) -> TensorRef:
+    """MEAN, SQUARED_DIFFERENCE, MEAN, ADD eps, RSQRT, SUB, MUL, MUL gamma, ADD beta."""
+    shape = list(shape)
+    stat = [*shape[:-1], 1]
+    none = {"fused_activation_function": "NONE"}
+    x = g.x(shape, low=-3.0, high=5.0)
+    axis = g.ints([-1])
+    mean = g.op("MEAN", [x, axis], stat, {"keep_dims": True})
+    var = g.op(
+        "MEAN", [g.op("SQUARED_DIFFERENCE", [x, mean], shape), axis], stat, {"keep_dims": True}
+    )
+    rstd = g.op("RSQRT", [g.op("ADD", [var, g.w(np.float32([eps]))], stat, none)], stat)
+    y = g.op("MUL", [g.op("SUB", [x, mean], shape, none), rstd], shape, none)
+    y = g.op("MUL", [y, g.w([shape[-1]], low=0.5, high=1.5)], shape, none)
+    return g.op("ADD", [y, g.w([shape[-1]])], shape, none)
+
+
+# -- quantized models through the float view --------------------------------------------------
+
+
+def _q_unary(name, q_in, q_out, shape=(2, 3, 4), version=2, shift=None, **options):
+    """An 8-bit unary op; ``shift`` (a float) adds a constant first (8-bit ADD), to keep the
+    input positive."""
+
+    def build(g: G):
+        x = g.x(list(shape), "int8", quant=q_in)
+        if shift is not None:
+            c = g.w(
+                np.array([Quant.of(q_in).quantize(np.float32([shift]), "int8")[0]], np.int8),
+                "int8",
+                quant=q_in,
+            )
+            x = g.op(
+                "ADD",
+                [x, c],
+                list(shape),
+                {"fused_activation_function": "NONE"},
+                version=2,
+                quant=q_in,
+            )
+        return g.op(name, [x], list(shape), options or None, version=version, quant=q_out)
+
+    return build
+
+
+def _q_reduce(name, axes, keep, q_in, q_out, shape=(1, 4, 5, 3)):
+    norm = tuple(sorted({a % len(shape) for a in axes}))
+    out = list(np.zeros(shape).sum(axis=norm, keepdims=keep).shape)
+    return lambda g: g.op(
+        name,
+        [g.x(list(shape), "int8", quant=q_in), g.ints(axes)],
+        out,
+        {"keep_dims": keep},
+        version=2,
+        quant=q_out,
+    )
+
+
+def _q_compare(name, q):
+    def build(g: G):
+        a = g.x([2, 3, 4], "int8", quant=q)
+        b = g.x([4], "int8", quant=q)
+        return g.op(name, [a, b], [2, 3, 4], version=2, dtype="bool")
+
+    return build
+
+
+def _q_select(g: G):
+    q = Quant(0.03, 4)
+    cond = g.x([2, 3, 4], "bool")
+    return g.op(
+        "SELECT_V2",
+        [cond, g.x([2, 3, 4], "int8", quant=q), g.x([4], "int8", quant=q)],
+        [2, 3, 4],
+        dtype="int8",
+        quant=q,
+    )
+
+
+def _q_sqdiff(g: G):
+    a = g.x([1, 4, 4, 3], "int8", quant=Quant(0.02, 0))
+    b = g.x([1, 1, 1, 3], "int8", quant=Quant(0.02, 0))
+    return g.op(
+        "SQUARED_DIFFERENCE", [a, b], [1, 4, 4, 3], version=2, dtype="int8", quant=Quant(0.04, -128)
+    )
+
+
+MISC = Batch(
+    "math_misc",
+    [
+        Case("layer_norm", _layer_norm),
+        Case("layer_norm_rows", lambda g: _layer_norm(g, (5, 32))),
+        Case("int8_sqdiff_v2", _q_sqdiff),
+        Case("int8_rsqrt_v2", _q_unary("RSQRT", Quant(0.02, -128), Quant(0.02, -128), shift=0.1)),
+        Case("int8_log_v2", _q_unary("LOG", Quant(0.02, -128), Quant(4 / 255, 17), shift=0.1)),
+        Case("int8_abs_v2", _q_unary("ABS", Quant(0.02, 3), Quant(0.01, -128))),
+        Case("int8_gelu_v2", _q_unary("GELU", Quant(0.03, 0), Quant(0.016, -117))),
+        Case(
+            "int8_gelu_approximate_v2",
+            _q_unary("GELU", Quant(0.03, 0), Quant(0.016, -117), approximate=True),
+        ),
+        Case("int8_elu", _q_unary("ELU", Quant(0.02, 10), Quant(0.015, 0), version=1)),
+        Case(
+            "int8_leaky_relu",
+            _q_unary("LEAKY_RELU", Quant(0.02, 0), Quant(0.02, 0), version=1, alpha=0.2),
+        ),
+        Case("int8_mean_hw_v2", _q_reduce("MEAN", [1, 2], True, Quant(0.02, 5), Quant(0.01, -3))),
+        Case("int8_sum_last_v2", _q_reduce("SUM", [-1], False, Quant(0.02, 0), Quant(0.05, 0))),
+        Case("int8_max_v2", _q_reduce("REDUCE_MAX", [0, 2], False, Quant(0.02, 7), Quant(0.02, 7))),
+        Case("int8_less_v2", _q_compare("LESS", Quant(0.05, 3))),
+        Case("int8_equal_v2", _q_compare("EQUAL", Quant(0.5, 0))),
+        Case("int8_select_v2", _q_select),
+    ],
+    op_table="extended",
+)
+
+
+@pytest.mark.parametrize("case", MISC.ids())
+def test_misc(case: str) -> None:
+    MISC.check(case)
+
+
+def test_layer_norm_kernels() -> None:
+    """A layer norm as litert-torch writes it (9 ops) compiles to 4 kernels: the mean, the
+    squared differences, the variance's mean with eps and rsqrt, and the normalisation with
+    gamma and beta. Each reduction is computed once: the broadcasts of the computed mean and
+    rstd stay out of the reductions' kernels (emit_math's barrier), else every output
+    element would recompute its row's reduction."""
+    from gpu_helper import build_model
+
+    from litekiln.artifact.compiled import CompileOptions
+    from litekiln.compiler.driver import compile_model
+    from litekiln.model import load_model
+
+    built = build_model([Case("ln", lambda g: _layer_norm(g, (1, 50, 96)))])
+    compiled = compile_model(
+        load_model(built.model), CompileOptions(op_table="extended"), warn=False
+    )
+    assert not compiled.cpu_reasons, compiled.cpu_reasons
+    kernels = [launch.kernel for p in compiled.partitions for launch in p.program.launches]
+    assert len(kernels) == 4, kernels
+    assert sum("mean" in k for k in kernels) == 2, kernels
+
+
+# -- what stays on the CPU, and why -----------------------------------------------------------
+
+
+def _reason(build) -> str:
+    """Why the (only) op of interest that ``build`` makes stays on the CPU ('' if it does not)."""
+    from gpu_helper import build_model
+
+    from litekiln.artifact.compiled import CompileOptions
+    from litekiln.compiler.driver import plan_partitions
+    from litekiln.model import load_model
+
+    model = load_model(build_model([Case("c", build)]).model)
+    plan = plan_partitions(model, CompileOptions(op_table="extended"))
+    return " | ".join(plan.cpu_reasons.values())
+
+
+@pytest.mark.parametrize(
+    "build, expected",
+    [
+        (
+            lambda g: g.op("CAST", [g.x([2, 3])], [2, 3], dtype="int32"),
+            "it casts to int32 ('c/cast', computed at run time)",
+        ),
+        (
+            lambda g: g.op("CAST", [g.x([2, 3], "int32")], [2, 3], dtype="float32"),
+            "it casts from int32",
+        ),
+        (
+            lambda g: g.op(
+                "FLOOR_DIV",
+                [g.x([4], "int8", quant=Quant(0.1, 0)), g.x([4], "int8", quant=Quant(0.1, 0))],
+                [4],
+                version=3,
+                quant=Quant(0.1, 0),
+            ),
+            "divides the stored integers",
+        ),
+        (
+            lambda g: g.op(
+                "LESS",
+                [g.x([4], "int8", quant=Quant(0.1, 0)), g.x([4], "int8", quant=Quant(0.2, 0))],
+                [4],
+                version=2,
+                dtype="bool",
+            ),
+            "different scales or zero points",
+        ),
+        (
+            lambda g: g.op(
+                "SELECT_V2",
+                [
+                    g.x([4], "bool"),
+                    g.x([4], "int8", quant=Quant(0.1, 0)),
+                    g.x([4], "int8", quant=Quant(0.1, 0)),
+                ],
+                [4],
+                quant=Quant(0.2, 0),
+            ),
+            "quantized unlike the output",
+        ),
+        (
+            lambda g: g.op(
+                "MEAN", [g.x([1, 2, 2, 2, 3]), g.ints([4])], [1, 2, 2, 2], {"keep_dims": False}
+            ),
+            "rank 5 input",
+        ),
+    ],
+    ids=[
+        "cast_to_int32",
+        "cast_from_int32",
+        "int8_floor_div",
+        "int8_less_scales",
+        "int8_select_requant",
+        "mean_rank5",
+    ],
+)
+def test_cpu_reason(build, expected: str) -> None:
+    assert expected in _reason(build)
+
+
+# -- reference fixes, checked against LiteRT ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, scales",
+    [("EQUAL", (0.02, 0.03)), ("LESS", (0.001, 0.0011)), ("GREATER_EQUAL", (0.003, 0.002))],
+)
+def test_int8_comparison_reference(name: str, scales: tuple[float, float]) -> None:
+    """LiteRT compares 8-bit inputs of different scales rescaled to 1/256 steps, not their
+    real values (comparisons.cc); the reference does the same. Small scales make values that
+    differ by less than a step common."""
+    from oplib import Spec, check_op
+
+    rng = np.random.default_rng(3)
+    a = rng.integers(-128, 128, [6, 40]).astype(np.int8)
+    # b near a's real values, so that the two sides fall in one 1/256 step often.
+    b = np.clip(np.round(a * scales[0] / scales[1]) + rng.integers(-1, 2, a.shape), -128, 127)
+    check_op(
+        name,
+        [
+            Spec(data=a, dtype="int8", quant=Quant(scales[0], 0)),
+            Spec(data=b.astype(np.int8), dtype="int8", quant=Quant(scales[1], 0)),
+        ],
+        version=2,
+        out_dtype="bool",
+    )
