@@ -22,16 +22,324 @@ doubled output), and a matmul's sums of 16 half-rounded products add a few of th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pytest
 from gpu_helper import Batch, Case, G, build_model
 from oplib import Quant, Spec, check_op
+from tflite_builder import TensorRef
 
+from litekiln.errors import ModelValidationError
 from litekiln.model import load_model
+from litekiln.ops.shape import strided_slice_plan
 
 opencl = pytest.mark.opencl
+
+
+def _i32(values: Any) -> np.ndarray:
+    return np.asarray(values, np.int32)
+
+
+def _multi(
+    g: G,
+    name: str,
+    inputs: Sequence[Any],
+    shapes: Sequence[Sequence[int]],
+    options: dict[str, Any] | None = None,
+    version: int = 1,
+) -> list[TensorRef]:
+    """An op with several outputs (SPLIT, SPLIT_V, UNPACK)."""
+    dtype = next(t.dtype for t in inputs if isinstance(t, TensorRef) and t.dtype != "int32")
+    outs = [
+        g.b.tensor(f"{g.prefix}/{name.lower()}{k}", list(s), dtype) for k, s in enumerate(shapes)
+    ]
+    g.b.op(name, list(inputs), outputs=outs, options=options, version=version)
+    return outs
+
+
+# -- slices and splits --------------------------------------------------------------------------
+
+
+def _slice(shape, begin, size, version=1, dtype="int32"):
+    out = [d - b if n == -1 else n for d, b, n in zip(shape, begin, size, strict=True)]
+    return lambda g: g.op(
+        "SLICE", [g.x(shape), g.ints(begin, dtype), g.ints(size, dtype)], out, version=version
+    )
+
+
+def _ss(shape, begin, end, strides, version=1, **options):
+    plan = strided_slice_plan(tuple(shape), begin, end, strides, options)
+    return lambda g: g.op(
+        "STRIDED_SLICE",
+        [g.x(shape), g.ints(begin), g.ints(end), g.ints(strides)],
+        list(plan.output),
+        options,
+        version=version,
+    )
+
+
+def _split(shape, axis, n, version=1):
+    k = axis % len(shape)
+    out = [shape[k] // n if j == k else d for j, d in enumerate(shape)]
+    return lambda g: _multi(
+        g, "SPLIT", [g.ints([axis]), g.x(shape)], [out] * n, {"num_splits": n}, version
+    )
+
+
+def _split_v(shape, sizes, axis, version=1):
+    k = axis % len(shape)
+    known = [s for s in sizes if s != -1]
+    full = [shape[k] - sum(known) if s == -1 else s for s in sizes]
+    outs = [[n if j == k else d for j, d in enumerate(shape)] for n in full]
+    return lambda g: _multi(
+        g,
+        "SPLIT_V",
+        [g.x(shape), g.ints(sizes), g.ints([axis])],
+        outs,
+        {"num_splits": len(sizes)},
+        version,
+    )
+
+
+def _unpack(shape, axis, version=1):
+    k = axis % len(shape)
+    out = [d for j, d in enumerate(shape) if j != k]
+    return lambda g: _multi(
+        g, "UNPACK", [g.x(shape)], [out] * shape[k], {"num": shape[k], "axis": axis}, version
+    )
+
+
+SLICES = Batch(
+    "slices",
+    [
+        Case("slice_rank3", _slice([3, 4, 5], [1, 0, 2], [2, 4, 3])),
+        Case("slice_size_minus1", _slice([4, 6], [1, 2], [-1, 3], version=2)),
+        Case("slice_rank5_v5", _slice([2, 3, 2, 3, 4], [1, 0, 1, 0, 2], [1, -1, 1, 2, 2], 5)),
+        Case("slice_int64_v8", _slice([1, 6, 5, 4], [0, 1, 0, 1], [1, 4, 5, 2], 8, "int64")),
+        Case(
+            "ss_rank5_v4",
+            _ss([2, 3, 2, 3, 4], [0, 1, 0, 0, 1], [2, 3, 2, 3, 4], [1, 1, 1, 2, 2], 4),
+        ),
+        Case("ss_ellipsis_v6", _ss([2, 3, 4, 5], [0, 1], [0, 3], [1, 1], 6, ellipsis_mask=1)),
+        Case(
+            "ss_ellipsis_mid",
+            _ss([2, 3, 4, 5], [1, 0, 1], [2, 0, 4], [1, 1, 2], 6, ellipsis_mask=2),
+        ),
+        Case("ss_new_axis", _ss([3, 4], [0, 0, 1], [0, 3, 3], [1, 1, 1], 6, new_axis_mask=1)),
+        Case(
+            "ss_new_axis_neg_stride",
+            _ss([3, 4], [1, 0, 0], [3, 0, 4], [1, 1, -1], 6, new_axis_mask=2, end_mask=4),
+        ),
+        Case(
+            "ss_ellipsis_new_axis",
+            _ss([2, 3, 4], [0, 0, 1], [0, 0, 3], [1, 1, 1], 6, ellipsis_mask=1, new_axis_mask=2),
+        ),
+        # LiteRT applies begin_mask to a shrunk axis too (index 0, not 2).
+        Case(
+            "ss_shrink_begin_mask",
+            _ss([3, 4], [2, 1], [3, 3], [1, 1], shrink_axis_mask=1, begin_mask=1),
+        ),
+        Case(
+            "ss_shrink_negative",
+            _ss([3, 4, 5], [0, -2, 0], [3, -1, 5], [1, 1, 2], 1, shrink_axis_mask=2),
+        ),
+        Case("ss_offset_v8", _ss([6, 4, 3], [1, 0, 1], [3, 4, 2], [2, 1, 1], 8, offset=True)),
+        Case("ss_short_spec", _ss([2, 3, 4], [1], [2], [1])),
+        Case("ss_reverse", _ss([5, 3], [-1, 0], [-6, 3], [-1, 1])),
+        Case("ss_reverse_end_mask", _ss([5, 3], [3, 0], [0, 3], [-2, 1], end_mask=1)),
+        Case("split_last_3", _split([4, 6], -1, 3)),
+        Case("split_axis0_v5", _split([4, 2, 3], 0, 2, 5)),
+        Case("split_one", _split([2, 5], 1, 1, 3)),
+        Case("split_v_minus1", _split_v([4, 6], [1, -1, 2], 1)),
+        Case("split_v_neg_axis_v3", _split_v([2, 7, 3], [3, 4], -2, 3)),
+        Case("unpack_axis0", _unpack([3, 2, 4], 0)),
+        Case("unpack_neg_axis_v6", _unpack([1, 2, 3, 4], -2, 6)),
+    ],
+    op_table="extended",
+)
+
+
+@opencl
+@pytest.mark.parametrize("case", SLICES.ids())
+def test_slices(case: str) -> None:
+    SLICES.check(case)
+
+
+# -- tiles, broadcasts, gathers, pads, packs, transposes ------------------------------------------
+
+
+def _tile(shape, mult, version=1):
+    out = [d * m for d, m in zip(shape, mult, strict=True)]
+    return lambda g: g.op("TILE", [g.x(shape), g.ints(mult)], out, version=version)
+
+
+def _broadcast(shape, to, version=2):
+    return lambda g: g.op("BROADCAST_TO", [g.x(shape), g.ints(to)], to, version=version)
+
+
+def _gather(shape, pos, axis=0, batch_dims=0, version=1, dtype="int32"):
+    p = np.asarray(pos)
+    a = axis % len(shape)
+    bd = batch_dims % p.ndim if batch_dims < 0 else batch_dims
+    out = [*shape[:a], *p.shape[bd:], *shape[a + 1 :]]
+    return lambda g: g.op(
+        "GATHER",
+        [g.x(shape), g.ints(pos, dtype)],
+        out,
+        {"axis": axis, "batch_dims": batch_dims},
+        version=version,
+    )
+
+
+def _gather_nd(shape, idx, version=1, dtype="int32"):
+    i = np.asarray(idx)
+    out = [*i.shape[:-1], *shape[i.shape[-1] :]]
+    return lambda g: g.op("GATHER_ND", [g.x(shape), g.ints(idx, dtype)], out, version=version)
+
+
+def _pad(name, shape, pads, value=None, version=1, **options):
+    out = [d + a + b for d, (a, b) in zip(shape, pads, strict=True)]
+
+    def build(g: G):
+        ins = [g.x(shape), g.ints(pads)]
+        if value is not None:
+            ins.append(g.w(np.asarray([value], np.float32)))
+        return g.op(name, ins, out, options or None, version=version)
+
+    return build
+
+
+def _pack(shapes, axis, version=1):
+    n = len(shapes)
+    rank = len(shapes[0]) + 1
+    a = axis % rank
+    out = [*shapes[0][:a], n, *shapes[0][a:]]
+    return lambda g: g.op(
+        "PACK", [g.x(s) for s in shapes], out, {"values_count": n, "axis": axis}, version=version
+    )
+
+
+def _transpose(shape, perm, version=1):
+    return lambda g: g.op(
+        "TRANSPOSE", [g.x(shape), g.ints(perm)], [shape[p] for p in perm], version=version
+    )
+
+
+def _concat(shapes, axis, version=1):
+    a = axis % len(shapes[0])
+    out = list(shapes[0])
+    out[a] = sum(s[a] for s in shapes)
+    return lambda g: g.op(
+        "CONCATENATION", [g.x(s) for s in shapes], out, {"axis": axis}, version=version
+    )
+
+
+MOVEMENT = Batch(
+    "movement",
+    [
+        Case("tile_rank2", _tile([2, 3], [2, 3])),
+        Case("tile_rank4_v3", _tile([1, 2, 1, 3], [2, 1, 3, 1], 3)),
+        Case("broadcast_rank_up", _broadcast([3, 1], [2, 3, 4])),
+        Case("broadcast_same_rank_v4", _broadcast([1, 4, 1], [2, 4, 3], 4)),
+        Case("broadcast_rank1_v3", _broadcast([1], [2, 3], 3)),
+        Case("gather_axis0_embedding", _gather([20, 8], [[3, 19, 0, 3, 7]])),
+        Case("gather_axis1_matrix", _gather([3, 5, 4], [[0, 4], [2, 2]], axis=1)),
+        Case("gather_axis_neg1", _gather([3, 5, 4], [3, 0, 1], axis=-1)),
+        Case("gather_scalar_position", _gather([3, 5], 2)),
+        Case("gather_batch_dims1_v5", _gather([2, 5, 4], [[0, 4, 1], [2, 2, 3]], 1, 1, 5)),
+        Case("gather_batch_dims1_axis2", _gather([2, 3, 5, 4], [[0, 4], [2, 3]], 2, 1, 5)),
+        Case("gather_batch_dims_all_positions", _gather([2, 5, 4], [3, 1], 1, 1, 5)),
+        Case("gather_batch_dims_neg", _gather([2, 5, 4], [[0, 4, 1], [2, 2, 3]], 1, -1, 5)),
+        Case("gather_int64_positions", _gather([3, 5], [1, 4], 1, dtype="int64")),
+        Case("gather_int16_positions_v6", _gather([3, 5], [1, 4], 1, version=6, dtype="int16")),
+        Case("gather_v8", _gather([4, 3], [[1], [3]], version=8)),
+        Case("gather_nd_pairs", _gather_nd([3, 4, 5], [[0, 1], [2, 3]])),
+        Case("gather_nd_full", _gather_nd([3, 4], [[[0, 1]], [[2, 3]]])),
+        Case("gather_nd_rows", _gather_nd([3, 4, 2], [[2], [0]])),
+        Case("gather_nd_int64_v6", _gather_nd([3, 4, 2], [[2, 1], [0, 3]], 6, "int64")),
+        Case("padv2_value", _pad("PADV2", [2, 3], [[1, 0], [2, 1]], 0.5)),
+        Case("padv2_hw", _pad("PADV2", [1, 4, 4, 3], [[0, 0], [1, 2], [2, 1], [0, 0]], -3.0)),
+        Case(
+            "padv2_rank5_v4",
+            _pad("PADV2", [1, 2, 2, 3, 2], [[0, 0], [1, 0], [0, 1], [2, 1], [0, 1]], -0.5, 4),
+        ),
+        Case(
+            "pad_rank5_v4",
+            _pad("PAD", [1, 2, 2, 3, 2], [[0, 1], [1, 0], [0, 1], [2, 1], [0, 0]], version=4),
+        ),
+        Case("mirror_reflect", _pad("MIRROR_PAD", [3, 4], [[2, 1], [0, 3]], mode="REFLECT")),
+        Case("mirror_symmetric", _pad("MIRROR_PAD", [3, 4], [[3, 1], [4, 0]], mode="SYMMETRIC")),
+        Case(
+            "mirror_reflect_hw_v3",
+            _pad(
+                "MIRROR_PAD",
+                [1, 5, 4, 2],
+                [[0, 0], [2, 2], [1, 3], [0, 0]],
+                None,
+                3,
+                mode="REFLECT",
+            ),
+        ),
+        Case(
+            "mirror_symmetric_rank3_v2",
+            _pad("MIRROR_PAD", [2, 3, 4], [[1, 2], [3, 0], [0, 4]], None, 2, mode="SYMMETRIC"),
+        ),
+        Case("pack_axis0", _pack([[3, 4], [3, 4]], 0)),
+        Case("pack_axis_neg1_three", _pack([[2, 3], [2, 3], [2, 3]], -1)),
+        Case("pack_rank3_axis1_v5", _pack([[2, 3, 4], [2, 3, 4]], 1, 5)),
+        Case(
+            "squeeze_dims_v2",
+            lambda g: g.op(
+                "SQUEEZE", [g.x([1, 4, 1, 3])], [1, 4, 3], {"squeeze_dims": [-2]}, version=2
+            ),
+        ),
+        Case("squeeze_all", lambda g: g.op("SQUEEZE", [g.x([1, 4, 1, 3])], [4, 3])),
+        Case("expand_dims_0", lambda g: g.op("EXPAND_DIMS", [g.x([4, 3]), g.ints([0])], [1, 4, 3])),
+        Case(
+            "expand_dims_neg", lambda g: g.op("EXPAND_DIMS", [g.x([4, 3]), g.ints([-1])], [4, 3, 1])
+        ),
+        Case("transpose_rank5_v4", _transpose([2, 3, 1, 4, 2], [4, 1, 0, 3, 2], 4)),
+        Case("transpose_rank6_v6", _transpose([2, 1, 3, 2, 2, 3], [5, 0, 3, 1, 4, 2], 6)),
+        Case("transpose_nchw_v9", _transpose([1, 3, 4, 5], [0, 2, 3, 1], 9)),
+        Case("concat_rank5", _concat([[1, 2, 2, 3, 2], [1, 2, 2, 1, 2]], 3)),
+        Case(
+            "concat_rank5_neg_axis_three",
+            _concat([[2, 1, 2, 2, 3], [2, 1, 2, 2, 1], [2, 1, 2, 2, 2]], -1),
+        ),
+        # int8 data through the float view: moved values stay on the input's grid.
+        Case(
+            "gather_int8_v2",
+            lambda g: g.op(
+                "GATHER",
+                [g.x([4, 6], "int8", quant=Quant(0.05, 2)), g.ints([[3, 0], [1, 1]])],
+                [2, 2, 6],
+                {"axis": 0},
+                version=2,
+                quant=Quant(0.05, 2),
+            ),
+        ),
+        Case(
+            "transpose_int8_rank5_v4",
+            lambda g: g.op(
+                "TRANSPOSE",
+                [g.x([2, 3, 1, 2, 4], "int8", quant=Quant(0.1, -3)), g.ints([4, 0, 2, 1, 3])],
+                [4, 2, 1, 3, 2],
+                version=4,
+                quant=Quant(0.1, -3),
+            ),
+        ),
+        Case("concat_rank6_v6", _concat([[1, 2, 1, 2, 2, 2], [1, 2, 1, 2, 1, 2]], -2, 6)),
+    ],
+    op_table="extended",
+)
+
+
+@opencl
+@pytest.mark.parametrize("case", MOVEMENT.ids())
+def test_movement(case: str) -> None:
+    MOVEMENT.check(case)
 
 
 # -- BATCH_MATMUL -----------------------------------------------------------------------------
@@ -162,6 +470,72 @@ def _half_chain(shape, body):
 
 def _fp16_body_cases() -> list[Case]:
     bodies: dict[str, tuple[list[int], Any]] = {
+        "strided_slice_neg": (
+            [2, 6, 5],
+            lambda g, a: g.op(
+                "STRIDED_SLICE",
+                [a, g.ints([0, 5, 1]), g.ints([2, 0, 5]), g.ints([1, -2, 2])],
+                [2, 3, 2],
+            ),
+        ),
+        "slice": ([4, 6], lambda g, a: g.op("SLICE", [a, g.ints([1, 2]), g.ints([2, -1])], [2, 4])),
+        "split_v": (
+            [3, 7],
+            lambda g, a: _multi(
+                g, "SPLIT_V", [a, g.ints([3, 4]), g.ints([1])], [[3, 3], [3, 4]], {"num_splits": 2}
+            ),
+        ),
+        "unpack": (
+            [2, 3, 4],
+            lambda g, a: _multi(g, "UNPACK", [a], [[2, 4]] * 3, {"num": 3, "axis": 1}),
+        ),
+        "tile": ([2, 3], lambda g, a: g.op("TILE", [a, g.ints([2, 2])], [4, 6])),
+        "broadcast_to": (
+            [3, 1],
+            lambda g, a: g.op("BROADCAST_TO", [a, g.ints([2, 3, 4])], [2, 3, 4], version=2),
+        ),
+        "gather": (
+            [6, 4],
+            lambda g, a: g.op("GATHER", [a, g.ints([5, 0, 2])], [3, 4], {"axis": 0}),
+        ),
+        "gather_nd": (
+            [3, 4, 2],
+            lambda g, a: g.op("GATHER_ND", [a, g.ints([[2, 1], [0, 3]])], [2, 2]),
+        ),
+        "padv2": (
+            [2, 3],
+            lambda g, a: g.op(
+                "PADV2", [a, g.ints([[1, 0], [0, 2]]), g.w(np.asarray([0.25], np.float32))], [3, 5]
+            ),
+        ),
+        "mirror_pad": (
+            [3, 4],
+            lambda g, a: g.op(
+                "MIRROR_PAD", [a, g.ints([[1, 1], [2, 0]])], [5, 6], {"mode": "REFLECT"}
+            ),
+        ),
+        "pack_with_constant": (
+            [2, 3],
+            lambda g, a: g.op("PACK", [a, g.w([2, 3])], [2, 2, 3], {"values_count": 2, "axis": 1}),
+        ),
+        "transpose_rank6": (
+            [2, 3, 4, 2],
+            lambda g, a: g.op(
+                "RESHAPE",
+                [
+                    g.op(
+                        "TRANSPOSE",
+                        [
+                            g.op("RESHAPE", [a, g.ints([2, 1, 3, 2, 2, 2])], [2, 1, 3, 2, 2, 2]),
+                            g.ints([5, 0, 3, 1, 4, 2]),
+                        ],
+                        [2, 2, 2, 1, 2, 3],
+                    ),
+                    g.ints([4, 2, 3, 2]),
+                ],
+                [4, 2, 3, 2],
+            ),
+        ),
         "batch_matmul_const": (
             [2, 3, 16],
             lambda g, a: g.op(
@@ -206,7 +580,7 @@ def test_fp16(case: str) -> None:
         tol = FP16_TOL * max(1.0, float(np.abs(b).max()))
         err = float(np.abs(a.astype(np.float64) - b).max())
         assert err <= tol, f"{case} output {k}: max|fp16 - ref| = {err:.3g} > {tol:.3g}"
-        assert err > 0, "fp16 storage left no trace"
+        assert err > 0 or case.startswith(("gather", "tile")), "fp16 storage left no trace"
 
 
 # -- the reference against LiteRT --------------------------------------------------------------
@@ -352,3 +726,90 @@ def test_batch_matmul_gpu_refusals() -> None:
         out_dtype="float32",
     )
     assert ok is None
+
+
+@pytest.mark.parametrize(
+    ("shape", "begin", "end", "strides", "options"),
+    [
+        ([2, 3, 4, 5], [0, 1], [0, 3], [1, 1], {"ellipsis_mask": 1}),
+        ([2, 3, 4, 5], [1, 0, 1], [2, 0, 4], [1, 1, 2], {"ellipsis_mask": 2}),
+        ([3, 4], [0, 0, 1], [0, 3, 3], [1, 1, 1], {"new_axis_mask": 1}),
+        ([3, 4], [1, 0, 0], [3, 0, 4], [1, 1, -1], {"new_axis_mask": 2, "end_mask": 4}),
+        ([2, 3, 4], [0, 0, 1], [0, 0, 3], [1, 1, 1], {"ellipsis_mask": 1, "new_axis_mask": 2}),
+        ([3, 4], [2, 1], [3, 3], [1, 1], {"shrink_axis_mask": 1, "begin_mask": 1}),
+        ([6, 4, 3], [1, 0, 1], [3, 4, 2], [2, 1, 1], {"offset": True}),
+        ([6, 4], [-3, 0], [2, 4], [1, 1], {"offset": True}),
+        ([5, 3], [-1, 0], [-6, 3], [-1, 1], {}),
+        ([5, 3], [3, 0], [0, 3], [-2, 1], {"end_mask": 1}),
+        ([5, 3], [7, -9], [-9, 9], [-3, 1], {}),
+        ([2, 3, 2, 3, 4], [0, 1, 0, 0, 1], [2, 3, 2, 3, 4], [1, 1, 1, 2, 2], {}),
+    ],
+)
+def test_strided_slice_reference(shape, begin, end, strides, options) -> None:
+    """LiteRT's resolution of the spec (strided_slice.cc), not numpy's indexing."""
+    version = 8 if options.get("offset") else 6
+    plan = strided_slice_plan(tuple(shape), begin, end, strides, options)
+    check_op(
+        "STRIDED_SLICE",
+        [Spec(shape)],
+        options,
+        version=version,
+        consts={1: _i32(begin), 2: _i32(end), 3: _i32(strides)},
+        out_shape=list(plan.output),
+    )
+
+
+def test_strided_slice_refuses_unwritten_output() -> None:
+    """An offset size past the dimension: LiteRT would leave part of the output unwritten."""
+    from tflite_builder import build_single_op
+
+    b, _ = build_single_op(
+        "STRIDED_SLICE",
+        [Spec([6, 4])],
+        {"offset": True},
+        consts={1: _i32([-3, 0]), 2: _i32([4, 4]), 3: _i32([1, 1])},
+        out_shape=[4, 4],
+        version=8,
+    )
+    with pytest.raises(ModelValidationError, match="select"):
+        load_model(b.build())
+
+
+@pytest.mark.parametrize(
+    ("shape", "pos", "axis", "batch_dims"),
+    [
+        ([2, 5, 4], [[0, 4, 1], [2, 2, 3]], 1, 1),
+        ([2, 3, 5, 4], [[0, 4], [2, 3]], 2, 1),
+        ([2, 5, 4], [3, 1], 1, 1),
+        ([2, 5, 4], [[0, 4, 1], [2, 2, 3]], -2, -1),
+        ([2, 3, 4], [[[1, 0], [2, 2], [0, 1]], [[0, 0], [1, 2], [2, 1]]], 2, 2),
+    ],
+)
+def test_gather_reference_batch_dims(shape, pos, axis, batch_dims) -> None:
+    check_op(
+        "GATHER",
+        [Spec(shape)],
+        {"axis": axis, "batch_dims": batch_dims},
+        version=5,
+        consts={1: _i32(pos)},
+    )
+
+
+@pytest.mark.parametrize(
+    ("shape", "idx", "dtype"),
+    [
+        ([3, 4, 5], [[0, 1], [2, 3]], "int32"),
+        ([3, 4], [[[0, 1]], [[2, 3]]], "int32"),
+        ([3, 4, 2], [[2], [0]], "int64"),
+        ([3, 4, 2], [[2], [0]], "int16"),
+    ],
+)
+def test_gather_nd_reference(shape, idx, dtype) -> None:
+    i = np.asarray(idx)
+    check_op(
+        "GATHER_ND",
+        [Spec(shape)],
+        version=4 if dtype == "int16" else 1,
+        consts={1: np.asarray(idx, dtype)},
+        out_shape=[*i.shape[:-1], *shape[i.shape[-1] :]],
+    )

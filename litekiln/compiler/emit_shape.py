@@ -4,6 +4,8 @@ matmul (one per TFLite op name; the op's semantics live in its :mod:`litekiln.op
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 from tvm import relax
 
@@ -16,6 +18,7 @@ from litekiln.compiler.lowering import (
     dtype_of,
     emitter,
 )
+from litekiln.ops.shape import GatherRows, gather_nd_rows, gather_rows, strided_slice_plan
 
 
 @emitter("PAD")
@@ -28,10 +31,11 @@ def _pad(ctx: Ctx) -> list[Expr]:
 @emitter("CONCATENATION")
 def _concat(ctx: Ctx) -> list[Expr]:
     # Moves stored values, unless a fused activation computes on them.
-    load = ctx.arg if int(ctx.options.get("fused_activation_function", 0) or 0) else ctx.arg_stored
-    xs = [load(i) for i in range(len(ctx.op.inputs)) if ctx.has(i)]
-    if len({dtype_of(x) for x in xs}) > 1:  # a constant (float32) among half inputs
-        xs = [ctx.arg(i) for i in range(len(ctx.op.inputs)) if ctx.has(i)]
+    present = [i for i in range(len(ctx.op.inputs)) if ctx.has(i)]
+    if int(ctx.options.get("fused_activation_function", 0) or 0):
+        xs = [ctx.arg(i) for i in present]
+    else:
+        xs = _stored_all(ctx, present)
     axis = int(ctx.options.get("axis", 0)) % len(ctx.out().shape)
     return [activation(ctx, ctx.emit(relax.op.concat(xs, axis=axis)))]
 
@@ -47,51 +51,161 @@ def _transpose(ctx: Ctx) -> list[Expr]:
     return [ctx.emit(relax.op.permute_dims(ctx.arg_stored(0), perm))]
 
 
+def _stored_all(ctx: Ctx, indices: list[int]) -> list[Expr]:
+    """Operands as stored (half under native fp16), or all in float32 where a constant
+    (float32) sits among half ones."""
+    xs = [ctx.arg_stored(i) for i in indices]
+    if len({dtype_of(x) for x in xs}) > 1:
+        xs = [ctx.arg(i) for i in indices]
+    return xs
+
+
+def _slice(ctx: Ctx, x: Expr, shape: tuple[int, ...], ranges: Sequence[range]) -> Expr:
+    """The elements of ``x`` (of ``shape``) that ``ranges`` visit, one range per axis, in the
+    ranges' order: one strided slice (increasing indices), then a flip of each axis that a
+    negative step walks backwards (relax's negative-stride end bounds cannot say "up to and
+    including index 0")."""
+    axes, begin, end, strides, flips = [], [], [], [], []
+    for axis, (r, size) in enumerate(zip(ranges, shape, strict=True)):
+        if len(r) == 0:
+            raise ctx.fail(f"axis {axis} selects no element")
+        lo, hi = min(r[0], r[-1]), max(r[0], r[-1])
+        step = abs(r.step) if len(r) > 1 else 1
+        if r.step < 0 and len(r) > 1:
+            flips.append(axis)
+        if (lo, hi, step) == (0, size - 1, 1):
+            continue
+        axes.append(axis)
+        begin.append(lo)
+        end.append(hi + 1)
+        strides.append(step)
+    y = ctx.emit(relax.op.strided_slice(x, axes, begin, end, strides)) if axes else x
+    for axis in flips:
+        y = ctx.emit(relax.op.flip(y, axis))
+    return y
+
+
+def _ints(ctx: Ctx, i: int) -> list[int]:
+    return [int(v) for v in ctx.const(i).astype(np.int64).reshape(-1)]
+
+
 @emitter("STRIDED_SLICE")
 def _strided_slice(ctx: Ctx) -> list[Expr]:
-    shape = ctx.tensor(0).shape
-    begin = ctx.const(1).astype(np.int64).reshape(-1)
-    end = ctx.const(2).astype(np.int64).reshape(-1)
-    strides = ctx.const(3).astype(np.int64).reshape(-1) if ctx.has(3) else np.ones_like(begin)
-    o = ctx.options
-    bm, em, shrink = (
-        int(o.get("begin_mask", 0)),
-        int(o.get("end_mask", 0)),
-        int(o.get("shrink_axis_mask", 0)),
+    # LiteRT's geometry (ellipsis, new axes, masks, offset), then one slice of the input
+    # viewed with the new axes.
+    plan = strided_slice_plan(
+        ctx.tensor(0).shape, _ints(ctx, 1), _ints(ctx, 2), _ints(ctx, 3), ctx.options
     )
-    offset = bool(o.get("offset", False))
-    axes, b_, e_, s_ = [], [], [], []
-    flips: list[int] = []
-    for i in range(begin.size):
-        n = shape[i]
-        st = int(strides[i])
-        # Resolve to python-slice semantics, then to explicit in-range bounds.
-        if shrink & (1 << i):
-            first = int(begin[i]) % n
-            sl = slice(first, first + 1, 1)
-        else:
-            b = None if bm & (1 << i) else int(begin[i])
-            e = None if em & (1 << i) else int(end[i])
-            if offset and b is not None and e is not None:
-                e = b + e
-            sl = slice(b, e, st)
-        start, stop, step = sl.indices(n)
-        if step < 0:
-            # Slice the same elements in increasing order, then flip the axis: relax's
-            # negative-stride end bounds cannot say "up to and including index 0".
-            picked = range(start, stop, step)
-            if len(picked) == 0:
-                raise ctx.fail(f"axis {i} selects no element")
-            start, stop, step = picked[-1], picked[0] + 1, -step
-            flips.append(i)
-        axes.append(i)
-        b_.append(start)
-        e_.append(max(stop, start))
-        s_.append(step)
-    y = ctx.emit(relax.op.strided_slice(ctx.arg_stored(0), axes, b_, e_, s_))
-    for i in flips:
-        y = ctx.emit(relax.op.flip(y, i))
-    return [y]
+    x = ctx.arg_stored(0)
+    if plan.shape != ctx.tensor(0).shape:
+        x = ctx.emit(relax.op.reshape(x, plan.shape))
+    y = _slice(ctx, x, plan.shape, plan.ranges)
+    return [ctx.emit(relax.op.reshape(y, plan.output))]
+
+
+@emitter("SLICE")
+def _slice_op(ctx: Ctx) -> list[Expr]:
+    shape = ctx.tensor(0).shape
+    ranges = [
+        range(b, d if n == -1 else b + n)
+        for b, n, d in zip(_ints(ctx, 1), _ints(ctx, 2), shape, strict=True)
+    ]
+    return [_slice(ctx, ctx.arg_stored(0), shape, ranges)]
+
+
+def _split(ctx: Ctx, x: int, axis: int, sizes: list[int]) -> list[Expr]:
+    shape = ctx.tensor(x).shape
+    axis %= len(shape)
+    data, outs, at = ctx.arg_stored(x), [], 0
+    for n in sizes:
+        ranges = [range(at, at + n) if k == axis else range(d) for k, d in enumerate(shape)]
+        outs.append(_slice(ctx, data, shape, ranges))
+        at += n
+    return outs
+
+
+@emitter("SPLIT")
+def _split_op(ctx: Ctx) -> list[Expr]:
+    shape, axis = ctx.tensor(1).shape, _ints(ctx, 0)[0]
+    n = len(ctx.op.outputs)
+    return _split(ctx, 1, axis, [shape[axis] // n] * n)
+
+
+@emitter("SPLIT_V")
+def _split_v(ctx: Ctx) -> list[Expr]:
+    axis = _ints(ctx, 2)[0] % len(ctx.tensor(0).shape)
+    return _split(ctx, 0, axis, [ctx.out(i).shape[axis] for i in range(len(ctx.op.outputs))])
+
+
+@emitter("UNPACK")
+def _unpack(ctx: Ctx) -> list[Expr]:
+    axis = int(ctx.options.get("axis", 0)) % len(ctx.tensor(0).shape)
+    outs = _split(ctx, 0, axis, [1] * len(ctx.op.outputs))
+    return [ctx.emit(relax.op.reshape(y, ctx.out(i).shape)) for i, y in enumerate(outs)]
+
+
+@emitter("PACK")
+def _pack(ctx: Ctx) -> list[Expr]:
+    xs = _stored_all(ctx, list(range(len(ctx.op.inputs))))
+    axis = int(ctx.options.get("axis", 0)) % len(ctx.out().shape)
+    xs = [ctx.emit(relax.op.expand_dims(x, axis)) for x in xs]
+    return [ctx.emit(relax.op.concat(xs, axis=axis))]
+
+
+@emitter("TILE")
+def _tile(ctx: Ctx) -> list[Expr]:
+    return [ctx.emit(relax.op.tile(ctx.arg_stored(0), _ints(ctx, 1)))]
+
+
+@emitter("BROADCAST_TO")
+def _broadcast_to(ctx: Ctx) -> list[Expr]:
+    x, shape = ctx.arg_stored(0), ctx.out().shape
+    if len(ctx.tensor(0).shape) < len(shape):
+        lead = (1,) * (len(shape) - len(ctx.tensor(0).shape))
+        x = ctx.emit(relax.op.reshape(x, (*lead, *ctx.tensor(0).shape)))
+    return [ctx.emit(relax.op.broadcast_to(x, shape))]
+
+
+def _take_rows(ctx: Ctx, rows: GatherRows) -> list[Expr]:
+    """A gather at constant positions: one take of whole rows of the data."""
+    x = ctx.emit(relax.op.reshape(ctx.arg_stored(0), (rows.rows, rows.row_size)))
+    idx = relax.const(rows.indices.astype(np.int32), "int32")
+    y = ctx.emit(relax.op.take(x, idx, axis=0))
+    return [ctx.emit(relax.op.reshape(y, rows.output))]
+
+
+@emitter("GATHER")
+def _gather(ctx: Ctx) -> list[Expr]:
+    return _take_rows(ctx, gather_rows(ctx.tensor(0).shape, ctx.const(1), ctx.options))
+
+
+@emitter("GATHER_ND")
+def _gather_nd(ctx: Ctx) -> list[Expr]:
+    return _take_rows(ctx, gather_nd_rows(ctx.tensor(0).shape, ctx.const(1)))
+
+
+@emitter("PADV2")
+def _pad_v2(ctx: Ctx) -> list[Expr]:
+    flat = _ints(ctx, 1)
+    value = float(ctx.const(2).reshape(-1)[0]) if ctx.has(2) else 0.0
+    return [ctx.emit(relax.op.nn.pad(ctx.arg_stored(0), flat, "constant", value))]
+
+
+@emitter("MIRROR_PAD")
+def _mirror_pad(ctx: Ctx) -> list[Expr]:
+    from tvm import topi
+
+    pads = np.asarray(_ints(ctx, 1)).reshape(-1, 2)
+    mode = "REFLECT" if int(ctx.options.get("mode", 0)) == 0 else "SYMMETRIC"
+    y = ctx.bb.call_te(
+        topi.nn.mirror_pad,
+        ctx.arg_stored(0),
+        [int(p) for p in pads[:, 0]],
+        [int(p) for p in pads[:, 1]],
+        mode,
+        primfunc_name_hint="mirror_pad",
+    )
+    return [ctx.emit(y)]
 
 
 @emitter("BATCH_MATMUL")

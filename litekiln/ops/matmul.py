@@ -59,9 +59,7 @@ class BatchMatMul(OpDef):
     gpu_extended = True
     # v2 (int8), v3 (int16) and v4 (hybrid with asymmetric input quantization) only add types:
     # the GPU path takes the quantized ones through the float view (int16 and the hybrid
-    # weights included), and integer outputs without quantization stay on the CPU.
-    gpu_max_version = 4
-    gpu_quant_max_version = 4
+    # weights included); integer outputs without quantization stay on the CPU (the base).
     versions = (1, 4)
     num_inputs = (2, 2)
 

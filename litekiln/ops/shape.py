@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from types import EllipsisType
-from typing import Literal
+from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 import numpy as np
 
@@ -67,12 +67,35 @@ class _Movement(OpDef):
     (LiteRT's kernels copy them, whatever the output's parameters)."""
 
     quant_aware = True
+    #: Operands the GPU path needs as constants (shapes, axes, positions...): index -> role.
+    gpu_constants: ClassVar[dict[int, str]] = {}
 
     @classmethod
     def rank4_or_less(cls, op: Op, graph: Subgraph) -> str | None:
         for t in [*op.inputs[:1], *op.outputs]:
             if t >= 0 and len(graph.tensors[t].shape) > 4:
                 return f"tensor {graph.tensors[t].name!r} has rank > 4"
+        return None
+
+    @classmethod
+    def integer_operands(cls, op: Op) -> set[int]:
+        return {op.inputs[i] for i in cls.gpu_constants if i < len(op.inputs)}
+
+    @classmethod
+    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
+        """The base's checks (integer operands and data computed at run time among them),
+        then the operands the GPU form needs as constants (``gpu_constants``) and outputs
+        with elements to compute."""
+        reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
+        if reason:
+            return reason
+        for i, role in cls.gpu_constants.items():
+            t = op.inputs[i] if i < len(op.inputs) else -1
+            if t >= 0 and not graph.tensors[t].is_constant:
+                return f"its {role} is computed at run time: the GPU path needs a constant"
+        for t in op.outputs:
+            if graph.tensors[t].size == 0:
+                return f"output {graph.tensors[t].name!r} is empty: nothing to run"
         return None
 
 
@@ -139,6 +162,7 @@ class Reshape(_Movement):
 @register
 class Squeeze(_Movement):
     name = "SQUEEZE"
+    gpu_extended = True
     versions = (1, 2)
     num_inputs = (1, 1)
 
@@ -176,6 +200,8 @@ class Squeeze(_Movement):
 @register
 class ExpandDims(_Movement):
     name = "EXPAND_DIMS"
+    gpu_extended = True
+    gpu_constants = {1: "axis"}
     num_inputs = (2, 2)
 
     @classmethod
@@ -203,6 +229,10 @@ class ExpandDims(_Movement):
 class Transpose(_Movement):
     name = "TRANSPOSE"
     gpu_extended = True
+    # v2-v9 add types (int8, bool, int16, int4, bfloat16, float16) and ranks 5 and 6 (v4,
+    # v6; v8 also names ranks > 6, which the kernel refuses at load): the GPU path permutes
+    # every rank the kernel takes.
+    gpu_constants = {1: "permutation"}
     versions = (1, 9)
     num_inputs = (2, 2)
 
@@ -225,10 +255,6 @@ class Transpose(_Movement):
         c.output_shape(tuple(x.shape[p] for p in norm))
 
     @classmethod
-    def integer_operands(cls, op: Op) -> set[int]:
-        return set(op.inputs[1:2])
-
-    @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
         x = required(ctx, inputs, 0)
         return [np.transpose(x, tuple(int_input(ctx, inputs, 1).reshape(-1)))]
@@ -238,6 +264,8 @@ class Transpose(_Movement):
 class Concatenation(_Movement):
     name = "CONCATENATION"
     gpu = True
+    # Documented table: v1, v2 (int8). v3-v7 add types (int16, uint32, int4, float16, float8):
+    # the extended table takes them all (quantized ones through the float view), any rank.
     gpu_quant_max_version = 2
     quant_aware = False  # int8/uint8 inputs are rescaled (reference_quantized)
     versions = (1, 7)
@@ -330,18 +358,19 @@ class Concatenation(_Movement):
 
     @classmethod
     def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
-        return (
-            super().gpu_support(op, graph, allow_quantized=allow_quantized)
-            or activation_supported_on_gpu(op)
-            or cls.rank4_or_less(op, graph)
-        )
+        return super().gpu_support(
+            op, graph, allow_quantized=allow_quantized
+        ) or activation_supported_on_gpu(op)
 
 
 @register
 class Pad(_Movement):
     name = "PAD"
     gpu = True
+    # Documented table: v1, v2 (int8). v3-v6 add types (int16, bool, float8) and rank 5 (v4):
+    # the GPU path pads every rank the kernel takes, quantized tensors through the float view.
     gpu_quant_max_version = 2
+    gpu_constants = {1: "paddings", 2: "constant value"}
     quant_aware = False  # padded with the quantized zero (reference_quantized)
     versions = (1, 6)
     num_inputs = (2, 3)  # PAD and PADV2 share LiteRT's kernel: constant_values is optional
@@ -400,16 +429,7 @@ class Pad(_Movement):
 
     @classmethod
     def integer_operands(cls, op: Op) -> set[int]:
-        return set(op.inputs[1:2])
-
-    @classmethod
-    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
-        reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
-        if reason:
-            return reason
-        if not graph.tensors[op.inputs[1]].is_constant:
-            return "paddings must be a constant"
-        return cls.rank4_or_less(op, graph)
+        return set(op.inputs[1:2])  # (PADV2's value has the data's type)
 
 
 @register
@@ -417,10 +437,8 @@ class PadV2(Pad):
     """PADV2: PAD with a third input, the value to pad with."""
 
     name = "PADV2"
-
-    @classmethod
-    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
-        return "PADV2 is not in the GPU op table"
+    gpu = False
+    gpu_extended = True
 
 
 @register
@@ -449,6 +467,8 @@ class Densify(_Movement):
 @register
 class MirrorPad(_Movement):
     name = "MIRROR_PAD"
+    gpu_extended = True
+    gpu_constants = {1: "paddings"}
     versions = (1, 3)
     num_inputs = (2, 2)
 
@@ -486,6 +506,8 @@ class MirrorPad(_Movement):
 @register
 class Split(_Movement):
     name = "SPLIT"
+    gpu_extended = True
+    gpu_constants = {0: "axis"}
     versions = (1, 5)
     num_inputs = (2, 2)
     num_outputs = None
@@ -525,6 +547,8 @@ class Split(_Movement):
 @register
 class SplitV(_Movement):
     name = "SPLIT_V"
+    gpu_extended = True
+    gpu_constants = {1: "size_splits", 2: "axis"}
     versions = (1, 3)
     num_inputs = (3, 3)
     num_outputs = None
@@ -569,6 +593,9 @@ class SplitV(_Movement):
 @register
 class Slice(_Movement):
     name = "SLICE"
+    gpu_extended = True
+    # v2-v8 add types (int8, string, int16, uint32, int4, float16) and rank 5 (v5).
+    gpu_constants = {1: "begin", 2: "size"}
     versions = (1, 8)
     num_inputs = (3, 3)
 
@@ -605,19 +632,171 @@ class Slice(_Movement):
         return [x[idx]]
 
 
+@dataclass(frozen=True)
+class SlicePlan:
+    """A STRIDED_SLICE as LiteRT's kernel runs it (strided_slice.cc
+    ``BuildStridedSliceParams``, ``StartForAxis``/``EndForAxis`` and ``ResizeOutputTensor``).
+
+    Attributes:
+        shape: the input's shape with the new axes inserted (the ellipsis expanded).
+        ranges: per axis of ``shape``, the indices the kernel's loop visits (a ``range``:
+            ``start < stop`` for positive steps, ``start > stop`` for negative ones, as C
+            loops compare, never Python's wrap-around of negative indices).
+        shrink: the axes of ``shape`` the output drops.
+        output: the output shape LiteRT gives the tensor.
+    """
+
+    shape: tuple[int, ...]
+    ranges: tuple[range, ...]
+    shrink: frozenset[int]
+    output: tuple[int, ...]
+
+    @property
+    def written(self) -> tuple[int, ...]:
+        """The shape of what the kernel writes (its loop counts, shrunk axes dropped)."""
+        return tuple(len(r) for k, r in enumerate(self.ranges) if k not in self.shrink)
+
+    def index(self) -> tuple[slice, ...]:
+        """numpy basic indexing of an array of shape ``shape`` that visits ``ranges``."""
+        out = []
+        for r in self.ranges:
+            if len(r) == 0:
+                out.append(slice(0, 0))
+            else:
+                out.append(slice(r.start, r.stop if r.stop >= 0 else None, r.step))
+        return tuple(out)
+
+
+def strided_slice_plan(
+    shape: tuple[int, ...],
+    begin: list[int],
+    end: list[int],
+    strides: list[int],
+    options: dict[str, object],
+) -> SlicePlan:
+    """LiteRT's STRIDED_SLICE geometry for an input of ``shape``.
+
+    Raises:
+        ValueError: the spec reads past the input's dimensions or past ``end`` (LiteRT reads
+            out of bounds there) or has a zero stride.
+    """
+
+    def opt(key: str) -> int:
+        return int(options.get(key, 0) or 0)  # type: ignore[call-overload]
+
+    bm, em, ell, new, shrink = (
+        opt(k)
+        for k in ("begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask", "shrink_axis_mask")
+    )
+    offset = bool(options.get("offset", False))
+    rank, count = len(shape), len(begin)
+    num_add = sum(1 for i in range(count) if not (ell >> i) & 1 and (new >> i) & 1)
+    dims = rank + num_add
+    # The effective ellipsis and new-axis masks (an ellipsis spans the dimensions the spec
+    # does not name).
+    eff_ell = eff_new = 0
+    ell_start, expanded = dims, 0
+    i = 0
+    while i < dims:
+        if (ell >> i) & 1:
+            ell_start = i
+            ell_end = max(i + 1, min(i + 1 + num_add + rank - count, dims))
+            expanded = ell_end - ell_start - 1
+            while i < ell_end:
+                eff_ell |= 1 << i
+                i += 1
+            continue
+        if (new >> (i - expanded)) & 1:
+            eff_new |= 1 << i
+        i += 1
+    starts, stops, steps = [0] * dims, [0] * dims, [1] * dims
+    p_bm = p_em = p_shrink = 0
+    eff_shape: list[int] = []
+    added_ell = added_axes = 0
+    for i in range(dims):
+        bit = 1 << i
+        if eff_ell & bit or eff_new & bit or i >= count + expanded:
+            if eff_ell & bit:
+                added_ell = max(0, i - ell_start)
+            if eff_new & bit:
+                stops[i] = 1
+                eff_shape.append(1)
+                added_axes += 1
+                continue
+            p_bm |= bit
+            p_em |= bit
+        else:
+            orig = i - added_ell
+            starts[i], stops[i], steps[i] = begin[orig], end[orig], strides[orig]
+            p_bm |= bit if (bm >> orig) & 1 else 0
+            p_em |= bit if (em >> orig) & 1 else 0
+            p_shrink |= bit if (shrink >> orig) & 1 else 0
+        if not 0 <= i - added_axes < rank:
+            raise ValueError(f"the slice spec names dimension {i - added_axes} of rank {rank}")
+        eff_shape.append(shape[i - added_axes])
+    if 0 in steps:
+        raise ValueError(f"strides {strides}: zero is not a stride")
+
+    def clamp(v: int, size: int, step: int) -> int:
+        return min(max(v, 0), size) if step > 0 else min(max(v, -1), size - 1)
+
+    ranges, output = [], []
+    for i, size in enumerate(eff_shape):
+        step = steps[i]
+        b = starts[i] + size if starts[i] < 0 else starts[i]
+        b = clamp(b, size, step)
+        if (p_bm >> i) & 1:
+            b = 0 if step > 0 else size - 1
+        if (p_shrink >> i) & 1:
+            e = b if b >= size else b + 1
+        else:
+            e = stops[i] + b if offset else stops[i]
+            e = clamp(e + size if e < 0 else e, size, step)
+            if (p_em >> i) & 1:
+                e = size if step > 0 else -1
+        ranges.append(range(b, e, step))
+        if (p_shrink >> i) & 1:
+            continue
+        if offset:
+            if i >= len(end):
+                raise ValueError("offset: LiteRT reads the size of an axis past end")
+            n = end[i]
+        else:
+            n = e - b
+        if (n < 0) != (step < 0):
+            n = 0
+        elif step < 0:
+            n = (n + 1) // step + 1
+        else:
+            n = 0 if n == 0 else (n - 1) // step + 1
+        output.append(n)
+    return SlicePlan(
+        tuple(eff_shape),
+        tuple(ranges),
+        frozenset(i for i in range(dims) if (p_shrink >> i) & 1),
+        tuple(output),
+    )
+
+
 @register
 class StridedSlice(_Movement):
     name = "STRIDED_SLICE"
     gpu = True
+    # Documented table: v1, v2 (int8). v3-v8 add types (bool, string, uint32), rank 5 (v4),
+    # ellipsis and new-axis masks (v6) and offset (v8): the GPU path slices what the plan
+    # says, any rank.
     gpu_quant_max_version = 2
+    gpu_constants = {1: "begin", 2: "end", 3: "strides"}
     versions = (1, 8)
     num_inputs = (4, 4)
 
     @classmethod
     def validate(cls, c: Check) -> None:
         """strided_slice.cc: rank-1 int32 begin, end and strides of one length (at most 31),
-        non-zero strides; the output shape is what the slice gives (numpy's, on an empty
-        view of the input's shape)."""
+        non-zero strides; the output shape is the one LiteRT computes (:func:`strided_slice_plan`).
+        Refused besides (LiteRT would read out of bounds or leave part of its output
+        unwritten): a spec naming dimensions the input lacks, and a shrunk axis or an
+        ``offset`` size that selects fewer elements than the output holds."""
         super().validate(c)
         x, y = c.input(0), c.output()
         c.same_dtype(y, x, "output")
@@ -633,72 +812,44 @@ class StridedSlice(_Movement):
             return
         if 0 in strides or -(2**31) in strides:
             raise c.fail("slice", f"strides {strides}: zero (or INT32_MIN) is not a stride")
-        view = np.broadcast_to(np.empty((), np.int8), x.shape)
-        ctx = OpContext(c.op, c.graph)
-        arrays = [np.asarray(v, np.int64) for v in (begin, end, strides)]
-        out = cls.reference(ctx, [view, *arrays])[0]
-        c.output_shape(out.shape)
+        try:
+            plan = strided_slice_plan(x.shape, begin, end, strides, c.op.options)
+        except ValueError as exc:
+            raise c.fail("slice", str(exc)) from None
+        if plan.written != plan.output:
+            raise c.fail(
+                "slice",
+                f"begin {begin}, end {end}, strides {strides} select {list(plan.written)} "
+                f"elements for an output of shape {list(plan.output)}",
+            )
+        c.output_shape(plan.output)
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
         x = required(ctx, inputs, 0)
-        begin, end = int_input(ctx, inputs, 1).reshape(-1), int_input(ctx, inputs, 2).reshape(-1)
-        strides = (
-            int_input(ctx, inputs, 3).reshape(-1)
-            if len(inputs) > 3 and inputs[3] is not None
-            else np.ones_like(begin)
+        begin, end, strides = (
+            [int(v) for v in int_input(ctx, inputs, i).reshape(-1)] for i in (1, 2, 3)
         )
-        o = ctx.options
-        bm, em = int(o.get("begin_mask", 0)), int(o.get("end_mask", 0))
-        ell, new = int(o.get("ellipsis_mask", 0)), int(o.get("new_axis_mask", 0))
-        shrink, offset = int(o.get("shrink_axis_mask", 0)), bool(o.get("offset", False))
-        idx: list[EllipsisType | None | int | slice] = []
-        for i in range(begin.size):
-            bit = 1 << i
-            if ell & bit:
-                idx.append(Ellipsis)
-            elif new & bit:
-                idx.append(np.newaxis)
-            elif shrink & bit:
-                idx.append(int(begin[i]))
-            else:
-                b = None if bm & bit else int(begin[i])
-                e = None if em & bit else int(end[i])
-                if offset and b is not None and e is not None:
-                    e = b + e
-                idx.append(slice(b, e, int(strides[i])))
-        return [x[tuple(idx)]]
-
-    @classmethod
-    def integer_operands(cls, op: Op) -> set[int]:
-        return set(op.inputs[1:4])
-
-    @classmethod
-    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
-        reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
-        if reason:
-            return reason
-        if any(not graph.tensors[t].is_constant for t in op.inputs[1:4] if t >= 0):
-            return "begin/end/strides must be constants"
-        o = op.options
-        if o.get("ellipsis_mask", 0) or o.get("new_axis_mask", 0):
-            return "ellipsis and new-axis masks are not supported on the GPU"
-        return cls.rank4_or_less(op, graph)
+        plan = strided_slice_plan(x.shape, begin, end, strides, ctx.options)
+        return [x.reshape(plan.shape)[plan.index()].reshape(plan.output)]
 
 
 @register
 class Gather(_Movement):
     name = "GATHER"
+    gpu_extended = True
+    # v2-v8: int8, bool, int16, batch_dims (v5), int16 positions, int4, float8.
+    gpu_constants = {1: "positions"}
     versions = (1, 8)
     num_inputs = (2, 2)
 
     @classmethod
     def validate(cls, c: Check) -> None:
-        """gather.cc: int32/int64 positions, 0 <= batch_dims <= axis < rank; the output is
-        params' shape with the axis replaced by the positions' (after the batch dims)."""
+        """gather.cc: int16/int32/int64 positions, 0 <= batch_dims <= axis < rank; the output
+        is params' shape with the axis replaced by the positions' (after the batch dims)."""
         super().validate(c)
         params, pos = c.input(0), c.input(1)
-        c.dtype(pos, _INDEX_TYPES, "positions")
+        c.dtype(pos, _INDEX_TYPES | {"int16"}, "positions")
         c.output_dtype(params.dtype)
         rank = len(params.shape)
         axis = int(c.op.options.get("axis", 0))
@@ -720,18 +871,106 @@ class Gather(_Movement):
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
         params = required(ctx, inputs, 0)
-        indices = int_input(ctx, inputs, 1)
-        axis = int(ctx.options.get("axis", 0))
-        batch_dims = int(ctx.options.get("batch_dims", 0))
-        if batch_dims == 0:
-            return [np.take(params, indices, axis=axis)]
-        axis %= params.ndim
-        batch_dims %= indices.ndim if indices.ndim else 1
-        out = []
-        lead = params.shape[:batch_dims]
-        for b in np.ndindex(*lead):
-            out.append(np.take(params[b], indices[b], axis=axis - batch_dims))
-        return [np.stack(out).reshape(ctx.output_tensor().shape)]
+        pos = int_input(ctx, inputs, 1)
+        rows = gather_rows(params.shape, pos, ctx.options)
+        n = params.shape[rows.axis]
+        if pos.size and (pos.min() < 0 or pos.max() >= n):
+            raise ctx.fail(f"positions outside [0, {n})")
+        return [rows.take(params)]
+
+
+@dataclass(frozen=True)
+class GatherRows:
+    """A gather at known positions as one take of whole rows: the data viewed as
+    ``[rows, row_size]``, ``indices`` the rows to take, in output order."""
+
+    rows: int
+    row_size: int
+    indices: np.ndarray
+    output: tuple[int, ...]
+    axis: int = 0  # GATHER: the axis gathered along
+
+    def take(self, x: np.ndarray) -> np.ndarray:
+        return x.reshape(self.rows, self.row_size)[self.indices.reshape(-1)].reshape(self.output)
+
+
+def gather_rows(
+    shape: tuple[int, ...], positions: np.ndarray, options: dict[str, object]
+) -> GatherRows:
+    """GATHER (``axis``, ``batch_dims``) as rows of the data: the data
+    ``[batch..., outer..., n, inner...]`` is ``[B * O * n, I]`` rows; output element
+    ``(b, o, p)`` is row ``(b * O + o) * n + positions[b, p]``."""
+    pos = np.asarray(positions, np.int64)
+    rank = len(shape)
+    axis = int(options.get("axis", 0) or 0)  # type: ignore[call-overload]
+    bd = int(options.get("batch_dims", 0) or 0)  # type: ignore[call-overload]
+    axis += rank if axis < 0 else 0
+    bd += pos.ndim if bd < 0 else 0
+    b = math.prod(shape[:bd])
+    o = math.prod(shape[bd:axis])
+    n = shape[axis]
+    p = math.prod(pos.shape[bd:])
+    base = (np.arange(b).reshape(b, 1, 1) * o + np.arange(o).reshape(1, o, 1)) * n
+    rows = base + pos.reshape(b, 1, p)
+    output = (*shape[:axis], *pos.shape[bd:], *shape[axis + 1 :])
+    return GatherRows(b * o * n, math.prod(shape[axis + 1 :]), rows.reshape(-1), output, axis)
+
+
+def gather_nd_rows(shape: tuple[int, ...], indices: np.ndarray) -> GatherRows:
+    """GATHER_ND as rows of the data: ``[d_0 * ... * d_(q-1), rest]`` for indices whose last
+    dimension is ``q``."""
+    idx = np.asarray(indices, np.int64)
+    q = idx.shape[-1]
+    lead = shape[:q]
+    flat = np.zeros(idx.shape[:-1], np.int64)
+    for j, d in enumerate(lead):
+        flat = flat * d + idx[..., j]
+    output = (*idx.shape[:-1], *shape[q:])
+    return GatherRows(math.prod(lead), math.prod(shape[q:]), flat.reshape(-1), output)
+
+
+@register
+class GatherNd(_Movement):
+    name = "GATHER_ND"
+    gpu_extended = True
+    # v2-v6: string, int16 params, int16 indices, bool, float8.
+    gpu_constants = {1: "indices"}
+    versions = (1, 6)
+    num_inputs = (2, 2)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """gather_nd.cc: int16/int32/int64 indices of rank >= 1 whose last dimension is at
+        most the data's rank (>= 1); the output is ``indices.shape[:-1] + data.shape[q:]``,
+        of the data's type. Constant indices must lie inside the data (the kernel fails at
+        run time otherwise)."""
+        super().validate(c)
+        params, idx = c.input(0), c.input(1)
+        c.dtype(idx, _INDEX_TYPES | {"int16"}, "indices")
+        c.output_dtype(params.dtype)
+        c.rank(params, 1, 8, "params")
+        c.rank(idx, 1, 8, "indices")
+        q = idx.shape[-1]
+        if q > len(params.shape):
+            raise c.fail(
+                "indices",
+                f"indices {list(idx.shape)} index {q} dimensions of a rank-{len(params.shape)} "
+                "tensor",
+            )
+        if idx.data is not None and idx.size:
+            data = np.asarray(idx.data, np.int64).reshape(-1, q)
+            if (data < 0).any() or (data >= np.asarray(params.shape[:q])).any():
+                raise c.fail("indices", f"indices outside {list(params.shape[:q])}")
+        c.output_shape((*idx.shape[:-1], *params.shape[q:]))
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        params = required(ctx, inputs, 0)
+        idx = int_input(ctx, inputs, 1)
+        q = idx.shape[-1]
+        if idx.size and ((idx < 0).any() or (idx >= np.asarray(params.shape[:q])).any()):
+            raise ctx.fail(f"indices outside {list(params.shape[:q])}")
+        return [gather_nd_rows(params.shape, idx).take(params)]
 
 
 @register
@@ -799,6 +1038,7 @@ class SpaceToDepth(_Movement):
 @register
 class Pack(_Movement):
     name = "PACK"
+    gpu_extended = True
     versions = (1, 5)
 
     @classmethod
@@ -834,6 +1074,7 @@ class Pack(_Movement):
 @register
 class Unpack(_Movement):
     name = "UNPACK"
+    gpu_extended = True
     versions = (1, 6)
     num_inputs = (1, 1)
     num_outputs = None
@@ -870,6 +1111,8 @@ class Unpack(_Movement):
 @register
 class Tile(_Movement):
     name = "TILE"
+    gpu_extended = True
+    gpu_constants = {1: "multiples"}
     versions = (1, 3)
     num_inputs = (2, 2)
 
@@ -896,6 +1139,8 @@ class Tile(_Movement):
 @register
 class BroadcastTo(_Movement):
     name = "BROADCAST_TO"
+    gpu_extended = True
+    gpu_constants = {1: "shape"}
     versions = (2, 4)
     num_inputs = (2, 2)
 
