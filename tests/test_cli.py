@@ -9,12 +9,12 @@ process, a real pipe and a fresh home directory need subprocesses (about a secon
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import runpy
 import shlex
 import subprocess
 import sys
-import json
 from pathlib import Path
 
 import pytest

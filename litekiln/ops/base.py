@@ -369,7 +369,8 @@ class OpDef:
     Attributes:
         name: TFLite builtin name or custom code.
         aliases: other names served by the same definition.
-        gpu: the op is in the documented GPU op table (docs/architecture.md, "Op tables and partitioning").
+        gpu: the op is in the documented GPU op table (docs/architecture.md, "Op tables and
+            partitioning").
         gpu_extended: not in the documented table, but the TFLite GPU delegate runs it and
             so can we; used when the extended op table is selected.
         gpu_max_version: newest version the documented GPU table lists for float models (the
