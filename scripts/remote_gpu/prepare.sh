@@ -7,6 +7,9 @@
 #
 #   scripts/remote_gpu/prepare.sh                # the default MediaPipe models
 #   scripts/remote_gpu/prepare.sh face_landmark /path/to/model.tflite ...
+#   REFILL=1 scripts/remote_gpu/prepare.sh models/corpus/*.tflite   # weights refilled
+#     (scripts/remote_gpu/refill.py: random weights made again on the GPU machine, exactly,
+#     so the kit carries the graphs only; for models whose weights are random anyway)
 #
 # Work folder build/gpu-kit/ (git-ignored): models/NAME.tflite and cache/ (the litekiln cache:
 # compiled models only; this machine's device binaries are dropped, being useless there).
@@ -45,7 +48,11 @@ chmod 700 .devcache "$KIT"
 for m in "${MODELS[@]}"; do
   src=$(resolve "$m")
   name=$(basename "$src" .tflite)
-  cp "$src" "$KIT/models/$name.tflite"
+  if [ -n "${REFILL:-}" ]; then  # weights made again there (refill.py): the corpus' 550 MB
+    "$PY" scripts/remote_gpu/refill.py make "$src" "$KIT/models/$name.tflite" >&2
+  else
+    cp "$src" "$KIT/models/$name.tflite"
+  fi
   echo "$name" >> .devcache/models.txt
 done
 
@@ -119,6 +126,12 @@ Path(".devcache/build.json").write_text(json.dumps(build, indent=2) + "\n")
 for m in build["models"]:
     print(f"  {m['model']:32s} {m['kernels']:4d} kernels  compile {m['compile_s']:.1f} s", file=sys.stderr)
 EOF
+if [ -n "${REFILL:-}" ]; then  # carry the refilled models stripped of their weights
+  for r in "$KIT"/models/*.tflite.refill.json; do
+    m=${r%.refill.json}
+    "$PY" scripts/remote_gpu/refill.py strip "$m" "$m.stripped" && rm "$m"
+  done
+fi
 echo "prepare: packing .devcache/kit.tar.xz" >&2
 tar cJf .devcache/kit.tar.xz -C "$KIT" models cache
 du -sh "$KIT/models" "$KIT/cache" .devcache/kit.tar.xz

@@ -82,6 +82,13 @@ else
   rm -rf "$KIT" && mkdir -p "$KIT" && chmod 700 "$KIT"
   "$PY" -c 'import sys, tarfile as t; t.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
     "$TARBALL" "$KIT" || { echo "run.sh: cannot unpack the kit $TARBALL (run prepare.sh)"; exit 1; }
+  # Refilled models (prepare.sh REFILL=1) travel stripped: make their weights again.
+  for r in "$KIT"/models/*.tflite.refill.json; do
+    [ -f "$r" ] || continue
+    m=${r%.refill.json}
+    "$PY" scripts/remote_gpu/refill.py fill "$m.stripped" "$r" "$m" && rm "$m.stripped" \
+      || { echo "run.sh: cannot refill $m"; exit 1; }
+  done
   chmod -R go-rwx "$KIT"
   echo "$kit_id" > "$KIT/.kit-id"
 fi
