@@ -44,7 +44,7 @@ def _conv(shape, cout, k, s=(1, 1), d=(1, 1), padding="SAME", act="NONE", bias=T
 
     def build(g: G):
         x = g.x(shape)
-        ins = [x, g.w([cout, kh, kw, cin])] + ([g.w([cout])] if bias else [])
+        ins = [x, g.w([cout, kh, kw, cin])] + ([g.w([cout])] if bias else [None])
         oh, ow = _out(h, kh, s[0], d[0], padding), _out(w, kw, s[1], d[1], padding)
         return g.op(
             "CONV_2D",
@@ -68,7 +68,7 @@ def _dw(shape, mult, k, s=(1, 1), d=(1, 1), padding="SAME", act="NONE", bias=Tru
     kh, kw = k
 
     def build(g: G):
-        ins = [g.x(shape), g.w([1, kh, kw, c * mult])] + ([g.w([c * mult])] if bias else [])
+        ins = [g.x(shape), g.w([1, kh, kw, c * mult])] + ([g.w([c * mult])] if bias else [None])
         oh, ow = _out(h, kh, s[0], d[0], padding), _out(w, kw, s[1], d[1], padding)
         return g.op(
             "DEPTHWISE_CONV_2D",
@@ -143,13 +143,9 @@ CONV = Batch(
             "conv_k3_d2_same_n1to1", _conv([1, 10, 10, 4], 5, (3, 3), d=(2, 2), act="RELU_N1_TO_1")
         ),
         Case("conv_k3_s3_d2_valid", _conv([1, 13, 12, 3], 2, (3, 3), (3, 3), (2, 2), "VALID")),
-        # LiteRT's float CONV_2D refuses a missing bias (conv.cc: has_bias) and its
-        # DEPTHWISE_CONV_2D crashes on one: those cases are checked against the reference only.
-        Case(
-            "conv_k5x3_s2x1_same_nobias",
-            _conv([1, 8, 7, 3], 4, (5, 3), (2, 1), bias=False),
-            litert=False,
-        ),
+        # (No bias: LiteRT's float CONV_2D and DEPTHWISE_CONV_2D refuse a missing bias, and so
+        # does litekiln's load: tests/test_validate.py.)
+        Case("conv_k5x3_s2x1_same", _conv([1, 8, 7, 3], 4, (5, 3), (2, 1))),
         Case("conv_k2x4_s1x3_same_even", _conv([1, 8, 10, 2], 3, (2, 4), (1, 3))),
         Case("conv_1x1_pointwise", _conv([1, 6, 6, 8], 16, (1, 1), padding="VALID")),
         Case("conv_grouped_2", _conv([1, 8, 8, 6], 4, (3, 3), cin=3)),
@@ -159,11 +155,7 @@ CONV = Batch(
         Case("dw_k3_s2_same_m2_relu6", _dw([1, 9, 9, 3], 2, (3, 3), (2, 2), act="RELU6")),
         Case("dw_k3x5_s1x2_valid_m3", _dw([1, 10, 8, 2], 3, (3, 5), (1, 2), padding="VALID")),
         Case("dw_k3_d2_same_relu", _dw([1, 10, 11, 4], 1, (3, 3), d=(2, 2), act="RELU")),
-        Case(
-            "dw_k2_s2_valid_nobias",
-            _dw([2, 8, 8, 3], 1, (2, 2), (2, 2), padding="VALID", bias=False),
-            litert=False,
-        ),
+        Case("dw_k2_s2_valid", _dw([2, 8, 8, 3], 1, (2, 2), (2, 2), padding="VALID")),
         Case("dw_k5_s2_same_odd", _dw([1, 7, 9, 5], 1, (5, 5), (2, 2), act="RELU_N1_TO_1")),
         Case("dw_k3_d2_m2_s2", _dw([1, 11, 10, 2], 2, (3, 3), (2, 2), (2, 2))),
         Case("tconv_k3_s2_same", _tconv([1, 4, 4, 3], 5, (3, 3), (2, 2), "SAME")),
