@@ -12,9 +12,7 @@ differ (~1e-6 relative), while any indexing, padding or layout mistake is of the
 the data. Quantized cases go through the float view: within one quantization step of the
 reference (two of LiteRT's fixed-point kernels). See ``gpu_helper`` for the details.
 
-Ops outside both GPU tables that still have an emitter (RESIZE_NEAREST_NEIGHBOR, SQUEEZE,
-EXPAND_DIMS, RELU_N1_TO_1) are tested by letting the partitioner delegate them
-(``gpu_helper.force_gpu``).
+Ops outside the documented GPU table run on the GPU under the default (extended) table.
 """
 
 from __future__ import annotations

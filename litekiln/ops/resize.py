@@ -212,10 +212,12 @@ class ResizeBilinear(_Resize):
 
 @register
 class ResizeNearestNeighbor(_Resize):
-    """RESIZE_NEAREST_NEIGHBOR (not in the GPU op table)."""
+    """RESIZE_NEAREST_NEIGHBOR: not in the documented GPU table; litekiln's GPU form copies
+    the nearest pixel (TFLite's rounding: tests/test_gpu_ops.py)."""
 
     name = "RESIZE_NEAREST_NEIGHBOR"
     gpu = False
+    gpu_extended = True
     quant_aware = True  # pure data movement: integer values are copied, never requantized
 
     @classmethod
