@@ -24,12 +24,6 @@ from litekiln.ops.base import (
 _NUMERIC = frozenset({"float32", "int32", "int64", "uint8", "int8", "int16"})
 
 
-def _rank_reason(op: Op, graph: Subgraph) -> str | None:
-    """The GPU forms of this module take inputs of rank <= 4."""
-    rank = len(graph.tensors[op.inputs[0]].shape)
-    return f"rank {rank} input (the GPU forms take rank <= 4)" if rank > 4 else None
-
-
 class _Reduce(OpDef):
     # A numpy reduction: an array, or a numpy scalar when every axis goes (hence np.asarray).
     fn: ClassVar[Callable[..., np.ndarray | np.generic]]
@@ -89,14 +83,14 @@ class _Reduce(OpDef):
     @classmethod
     def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
         """The GPU form reduces over constant axes (any of them, negative or repeated, kept
-        or dropped) of a float tensor of rank <= 4."""
+        or dropped) of a float tensor of any rank."""
         reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
         if reason:
             return reason
         # (Axes computed at run time: refused by the base, as an integer operand.)
         if graph.tensors[op.inputs[1]].size == 0:
             return "no axis to reduce (a copy)"
-        return _rank_reason(op, graph)
+        return None
 
 
 @register
@@ -231,11 +225,6 @@ class Softmax(OpDef):
         q = qmath.round_half_away(e * inv) + yz
         return [np.clip(q, info.min, info.max).astype(yt.dtype)]
 
-    @classmethod
-    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
-        reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
-        return reason or _rank_reason(op, graph)
-
 
 @register
 class LogSoftmax(OpDef):
@@ -252,11 +241,6 @@ class LogSoftmax(OpDef):
         c.dtype(x, FLOAT32, "input")
         c.same_dtype(y, x, "output")
         c.output_shape(x.shape)
-
-    @classmethod
-    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
-        reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
-        return reason or _rank_reason(op, graph)
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -334,11 +318,6 @@ class L2Normalization(OpDef):
         if c.activation() != 0:
             raise c.fail("activation", f"fused activation {c.activation()}: the kernel takes none")
         c.output_shape(x.shape)
-
-    @classmethod
-    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
-        reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
-        return reason or _rank_reason(op, graph)
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
