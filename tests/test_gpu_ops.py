@@ -274,6 +274,8 @@ ELEMENTWISE = Batch(
         ),
         Case("add_bcast_both", _binary("ADD", [1, 4, 1, 3], [1, 1, 5, 3], [1, 4, 5, 3], "RELU6")),
         Case("add_scalar_const", _binary("ADD", [2, 5], [], [2, 5], b_const=True)),
+        Case("add_scalar_input", _binary("ADD", [2, 5], [], [2, 5])),  # a 0-d partition input
+        Case("mul_rank5_bcast", _binary("MUL", [1, 2, 3, 1, 4], [2, 1, 5, 4], [1, 2, 3, 5, 4])),
         Case(
             "sub_bcast_n1to1",
             _binary("SUB", [2, 3, 4, 5], [1, 1, 1, 5], [2, 3, 4, 5], "RELU_N1_TO_1"),

@@ -655,13 +655,7 @@ class BinaryOp(OpDef):
         reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
         if reason:
             return reason
-        reason = activation_supported_on_gpu(op)
-        if reason:
-            return reason
-        shapes = [graph.tensors[t].shape for t in op.inputs[:2]]
-        if any(len(s) > 4 for s in shapes):
-            return f"rank > 4 operands {shapes}"
-        return None
+        return activation_supported_on_gpu(op)  # (any rank: the GPU form broadcasts as numpy)
 
 
 def _compute_dtype(tensor_dtype: np.dtype, value_dtype: np.dtype) -> np.dtype:

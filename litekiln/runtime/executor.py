@@ -316,7 +316,7 @@ class PartitionExecutor(PartitionIO):
             ValueError: Shape mismatch.
         """
         spec = self.input_spec(i)
-        arr = np.ascontiguousarray(array, dtype=spec.dtype)
+        arr = np.require(array, dtype=spec.dtype, requirements="C")  # (0-d stays 0-d)
         if arr.shape != spec.shape:
             raise ValueError(f"input {i} ({spec.name}): shape {arr.shape}, expected {spec.shape}")
         if arr.nbytes:
