@@ -2,8 +2,11 @@
 
 A :class:`CompiledModel` is plain data: the execution plan (GPU partitions and CPU ops in
 order), one :class:`~litekiln.artifact.program.GpuProgram` per partition and the constant arrays
-the programs upload. It serialises to a JSON manifest plus raw little-endian arrays (no pickle)
-for the cache, and the runtime needs nothing else from the compiler.
+the programs upload. Most constants are the model's weights: for those it also holds a
+:class:`~litekiln.artifact.weights.WeightRecipe` each, which rebuilds the array from the model
+(:mod:`litekiln.artifact.weights`), so that the cache stores only the other constants. It
+serialises to a JSON manifest plus raw little-endian arrays (no pickle) for the cache, and the
+runtime needs nothing else from the compiler.
 """
 
 from __future__ import annotations
@@ -14,8 +17,11 @@ from typing import Any
 import numpy as np
 
 from litekiln.artifact.program import GpuProgram
+from litekiln.artifact.weights import WeightRecipe, rebuild_weights
+from litekiln.model.ir import Model
 
-ARTIFACT_FORMAT = 1
+#: 2: weight recipes (constants rebuilt from the model), the model file's size.
+ARTIFACT_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -105,10 +111,16 @@ class CompiledModel:
         options: the compile options.
         steps: execution plan, ``[("gpu", partition) | ("cpu", op index), ...]``.
         partitions: compiled partitions.
-        constants: constant name -> array, for all partitions.
+        constants: constant name -> array, for all partitions. A compiled model read from
+            the cache holds only the constants without a recipe until `bind_weights`.
         cpu_reasons: op index -> why it runs on the CPU.
         versions: litekiln version, compiler source hash, TVM version.
         stats: compile timings and counts (informative only).
+        weights: constant name -> how to rebuild it from the model (the constants that are
+            model tensors by a few numpy steps).
+        weights_digest: sha256 of the tensors the recipes read (`weights_digest`), checked
+            when the model's token is not a fingerprint of its bytes.
+        model_bytes: size of the model file it was compiled from.
     """
 
     token: str
@@ -120,6 +132,37 @@ class CompiledModel:
     cpu_reasons: dict[int, str] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
+    weights: dict[str, WeightRecipe] = field(default_factory=dict)
+    weights_digest: str = ""
+    model_bytes: int = 0
+
+    def stored_constants(self) -> dict[str, np.ndarray]:
+        """The constants a cache entry must hold: those without a recipe."""
+        return {n: a for n, a in self.constants.items() if n not in self.weights}
+
+    def missing_constants(self) -> list[str]:
+        """Names of the constants the programs upload that are not in `constants` yet."""
+        return [
+            name
+            for p in self.partitions
+            for name in p.program.constants.values()
+            if name not in self.constants
+        ]
+
+    def bind_weights(self, model: Model) -> None:
+        """Rebuild the recipes' constants from ``model`` into `constants`.
+
+        The tensors' shapes and types are always checked; their values too (against
+        `weights_digest`) when ``model``'s token is not the fingerprint of its bytes, since
+        then the token does not vouch for them.
+
+        Raises:
+            WeightMismatch: ``model`` is not the model this was compiled from.
+        """
+        if not self.weights:
+            return
+        digest = None if model.fingerprinted else self.weights_digest
+        self.constants.update(rebuild_weights(self.weights, model.main, digest))
 
     def manifest(self) -> dict[str, Any]:
         """JSON-able description of everything but the constant arrays."""
@@ -142,11 +185,17 @@ class CompiledModel:
             "cpu_reasons": {str(k): v for k, v in self.cpu_reasons.items()},
             "versions": self.versions,
             "stats": self.stats,
+            "weights": {
+                "digest": self.weights_digest,
+                "recipes": {n: r.to_json() for n, r in self.weights.items()},
+            },
+            "model_bytes": self.model_bytes,
         }
 
     @classmethod
     def from_manifest(cls, m: dict[str, Any], constants: dict[str, np.ndarray]) -> CompiledModel:
-        """Rebuild from :meth:`manifest` output and the constant arrays.
+        """Rebuild from :meth:`manifest` output and the constant arrays (those with a recipe
+        come with `bind_weights`).
 
         Raises:
             ValueError: the manifest is of another format or malformed.
@@ -163,6 +212,7 @@ class CompiledModel:
             )
             for p in m["partitions"]
         ]
+        weights = m.get("weights", {})
         return cls(
             token=str(m["token"]),
             model_name=str(m.get("model_name", "")),
@@ -173,4 +223,9 @@ class CompiledModel:
             cpu_reasons={int(k): str(v) for k, v in m.get("cpu_reasons", {}).items()},
             versions=dict(m.get("versions", {})),
             stats=dict(m.get("stats", {})),
+            weights={
+                str(n): WeightRecipe.from_json(r) for n, r in weights.get("recipes", {}).items()
+            },
+            weights_digest=str(weights.get("digest", "")),
+            model_bytes=int(m.get("model_bytes", 0)),
         )

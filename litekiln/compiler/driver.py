@@ -236,7 +236,15 @@ class _Compilation:
         constants: dict[str, np.ndarray],
         fp16_plan: Fp16Plan | None,
     ) -> CompiledModel:
-        """The compiled model: execution plan, programs, constants, versions and stats."""
+        """The compiled model: execution plan, programs, constants (with the recipes that
+        rebuild the model's weights among them), versions and stats."""
+        from litekiln.artifact.weights import weights_digest
+        from litekiln.compiler.weights import trace_weights
+
+        t = time.perf_counter()
+        recipes = trace_weights(self.model.main, constants)
+        digest = weights_digest(self.model.main, (r.tensor for r in recipes.values()))
+        self.timings["weights"] = time.perf_counter() - t
         self.timings["total"] = time.perf_counter() - self.t0
         steps = [("gpu", s.partition) if s.kind == "gpu" else ("cpu", s.op) for s in plan.steps]
         return CompiledModel(
@@ -259,6 +267,9 @@ class _Compilation:
                 "kernels": sum(len(p.program.launches) for p in partitions),
                 **({"fp16": fp16_plan.summary()} if fp16_plan is not None else {}),
             },
+            weights=recipes,
+            weights_digest=digest,
+            model_bytes=self.model.nbytes,
         )
 
     def _add_time(self, phase: str, seconds: float) -> None:

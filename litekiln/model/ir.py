@@ -212,6 +212,8 @@ class Model:
         metadata_names: names of the metadata entries in the file.
         name: a display name (the file stem when loaded from a path).
         nbytes: size of the model file in bytes.
+        fingerprinted: the token is the Fingerprint64 of these bytes (not given by the user):
+            equal tokens then mean equal weights.
     """
 
     subgraphs: list[Subgraph]
@@ -222,6 +224,7 @@ class Model:
     metadata_names: list[str] = field(default_factory=list)
     name: str = "model"
     nbytes: int = 0
+    fingerprinted: bool = False
 
     @property
     def main(self) -> Subgraph:

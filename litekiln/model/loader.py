@@ -273,6 +273,7 @@ class _Loader:
             metadata_names=metadata_names,
             name=self.name,
             nbytes=self.nbytes,
+            fingerprinted=token is None,
         )
 
     def _opcodes(self, fb: Any) -> list[tuple[int, str, int, str | None]]:
