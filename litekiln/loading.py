@@ -156,12 +156,13 @@ def load_or_compile(
     progress: Any = None,
     force: bool = False,
 ) -> CompiledModel:
-    """The compiled model from the cache, else compiled here and stored.
+    """The compiled model from the cache (its weights rebuilt from ``model`` and checked
+    against it), else compiled here and stored.
 
     Raises:
         CompileError: not cached, and the compiler is not available or fails.
     """
-    compiled = None if cache is None or force else cache.load_model(model.token, options)
+    compiled = None if cache is None or force else cache.load_model(model.token, options, model)
     if compiled is None:
         compiled = compile_for(model, options, progress=progress)
         if cache is not None:
@@ -247,7 +248,7 @@ def precompile(
         options["schedules"] = schedules_for(device)
     copts, _ = split_options(options, config.PRECISION.get(precision))
     cache = ModelCache.open(cache_dir)
-    compiled = None if force else cache.load_model(model.token, copts)
+    compiled = None if force else cache.load_model(model.token, copts, model)
     hit = compiled is not None
     info = compiled or load_or_compile(model, copts, cache, force=True)
     return {

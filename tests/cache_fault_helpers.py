@@ -37,10 +37,13 @@ def smoke_inputs() -> dict[int, np.ndarray]:
     }
 
 
-def infer(cache_dir: str | Path | None, **options: Any) -> list[np.ndarray]:
-    """Construct an Interpreter on `cache_dir`, run the smoke model once, return its outputs."""
+def infer(
+    cache_dir: str | Path | None, model_path: Path = SMOKE, **options: Any
+) -> list[np.ndarray]:
+    """Construct an Interpreter on `cache_dir`, run the smoke model (or a changed copy of it,
+    `model_path`) once, return its outputs."""
     it = litekiln.Interpreter(
-        model_path=SMOKE, cache_dir=None if cache_dir is None else str(cache_dir), **options
+        model_path=model_path, cache_dir=None if cache_dir is None else str(cache_dir), **options
     )
     it.allocate_tensors()
     for index, value in smoke_inputs().items():
@@ -50,6 +53,23 @@ def infer(cache_dir: str | Path | None, **options: Any) -> list[np.ndarray]:
     del it
     gc.collect()  # release the store's database connections before the test looks at files
     return outs
+
+
+def changed_smoke(directory: Path) -> Path:
+    """A copy of the smoke model in `directory` with its largest weights (the fully-connected
+    layer's) doubled: the same file layout, other weights."""
+    from litekiln.model import load_model
+
+    raw = SMOKE.read_bytes()
+    model = load_model(raw)
+    fc = max((t for t in model.main.tensors if t.data is not None), key=lambda t: t.nbytes)
+    assert fc.data is not None and fc.data.dtype == np.float32
+    at = raw.find(fc.data.tobytes())
+    assert at > 0
+    new = (fc.data * 2).astype("<f4").tobytes()
+    path = Path(directory) / "smoke.tflite"
+    path.write_bytes(raw[:at] + new + raw[at + len(new) :])
+    return path
 
 
 def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:

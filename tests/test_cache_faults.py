@@ -16,6 +16,7 @@ import contextlib
 import errno
 import hashlib
 import json
+import lzma
 import multiprocessing
 import os
 import shutil
@@ -31,7 +32,9 @@ import numpy as np
 import pytest
 from cache_fault_helpers import (
     DATA,
+    SMOKE,
     Template,
+    changed_smoke,
     copy_cache,
     flip,
     infer,
@@ -52,6 +55,7 @@ from litekiln.cache import CacheError, CacheStore, CacheWarning, make_key
 from litekiln.cache.backend import DiskcacheBackend
 from litekiln.cache.models import ModelCache
 from litekiln.errors import DeviceError
+from litekiln.model import load_model
 from litekiln.runtime.executor import ExecutorError, PartitionExecutor
 from litekiln.runtime.profile import DeviceProfile
 
@@ -156,10 +160,11 @@ def _delete(data: bytes) -> None:
     return None
 
 
-# name -> (entry kind, part name or prefix (None: the manifest), damage)
+# name -> (entry kind, part name or prefix (None: the manifest), damage). The smoke model's
+# entry has no constant part: every constant is rebuilt from the model file (a changed model
+# file: test_model_file_changed_under_a_pinned_token_is_detected_and_rebuilt).
 DAMAGE = {
     "flipped byte in artifact.json": ("model", "artifact.json", flip),
-    "flipped byte in a constant": ("model", "const/", flip),
     "flipped byte in the device binary": ("program", "binary", flip),
     "flipped byte in a model manifest": ("model", None, flip),
     "flipped byte in a program manifest": ("program", None, flip),
@@ -167,7 +172,6 @@ DAMAGE = {
     "truncated device binary": ("program", "binary", _truncate),
     "truncated model manifest": ("model", None, _truncate),
     "deleted artifact.json file": ("model", "artifact.json", _delete),
-    "deleted constant": ("model", "const/", _delete),
     "deleted device binary": ("program", "binary", _delete),
 }
 
@@ -191,6 +195,34 @@ def test_damaged_entry_is_rebuilt(
     _assert_clean(cache)
     assert the_key(cache, kind) == key  # rebuilt under the same key
     _assert_hit(cache, template.outputs, calls, monkeypatch)
+
+
+def test_model_file_changed_under_a_pinned_token_is_detected_and_rebuilt(
+    template: Template,
+    cache: Path,
+    calls: Calls,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    # The app pins the token the template was compiled under, then ships other weights in the
+    # same file layout: the token cannot tell, the weights check does.
+    token = load_model(SMOKE).token
+    changed = changed_smoke(tmp_path)
+    want = infer(None, changed, use_cache=False)
+    assert not same(want, template.outputs)
+    calls.compiles = 0
+    key = the_key(cache, "model")
+    with pytest.warns(CacheWarning, match=f"{key[:12]} does not fit the weights of smoke"):
+        assert same(infer(cache, changed, model_token=token), want)
+    assert calls.compiles == 1 and the_key(cache, "model") == key  # rebuilt under its key
+    _assert_clean(cache)  # the same kernels: the device binary was a hit
+    with monkeypatch.context() as m, warnings.catch_warnings():
+        m.setattr(loading, "compile_for", _no_compiler)
+        warnings.simplefilter("error", CacheWarning)
+        assert same(infer(cache, changed, model_token=token), want)  # now a hit
+    # The original file under that token no longer fits the entry either.
+    with pytest.warns(CacheWarning, match="does not fit the weights"):
+        assert same(infer(cache, SMOKE, model_token=token), template.outputs)
 
 
 def test_entry_from_another_driver_version(
@@ -422,7 +454,8 @@ def test_group_writable_default_directory(
 
 
 def _enospc_on_file_write(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Parts of 32 KiB and more (artifact.json, the binary) are files; fail their fsync.
+    # Parts of 32 KiB and more (the binary; not the compiled model's few KiB, which SQLite
+    # holds) are files; fail their fsync.
     def full(fd: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
@@ -441,9 +474,10 @@ def _sqlite_full_on_commit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(DiskcacheBackend, "set", full)
 
 
+# name -> (fault, whether the compiled model (no file part) is still stored)
 FULL = {
-    "ENOSPC writing a part file": _enospc_on_file_write,
-    "SQLite full at the manifest commit": _sqlite_full_on_commit,
+    "ENOSPC writing a part file": (_enospc_on_file_write, True),
+    "SQLite full at the manifest commit": (_sqlite_full_on_commit, False),
 }
 
 
@@ -455,16 +489,19 @@ def test_full_disk(
     cache.mkdir(mode=0o700)
     cache.chmod(0o700)
     CacheStore.open(cache).close()  # its secret is made at first use, before the disk fills
+    fault, model_stored = FULL[where]
     with monkeypatch.context() as m:
-        FULL[where](m)
+        fault(m)
         with pytest.warns(CacheWarning, match="could not store .*(No space left|disk is full)"):
             out = infer(cache)
         assert same(out, template.outputs)
         assert (calls.compiles, calls.binary_misses, calls.binary_saves) == (1, 1, 0)
-    # No partial entry: no manifest, no part, no value file.
-    assert [k for k in storage_keys(cache) if not k.startswith("use:")] == []
+    # No partial entry: no manifest, no part, no value file but the complete model entry's.
+    model = the_key(cache, "model") if model_stored else "none"
+    left = [k for k in storage_keys(cache) if not k.startswith(("use:", f"part:{model}:"))]
+    assert left == ([f"manifest:{model}"] if model_stored else [])
     assert val_files(cache) == []
-    _assert_clean(cache, models=0, programs=0)
+    _assert_clean(cache, models=int(model_stored), programs=0)
 
 
 # ---------------------------------------------------------------- trust
@@ -499,18 +536,31 @@ def rewrite_read(directory: Path, storage_key: str) -> bytes:
     return got[0]
 
 
-def _scale_constant(data: bytes) -> bytes:
-    return (np.frombuffer(data, dtype="<f4") * 3 + 1).astype("<f4").tobytes()
+def _in_artifact(edit):
+    """A change to the compiled model's manifest (an xz-compressed JSON part)."""
+
+    def change(data: bytes) -> bytes:
+        doc = json.loads(lzma.decompress(data))
+        edit(doc["compiled"])
+        return lzma.compress(json.dumps(doc).encode())
+
+    return change
 
 
-def _add_build_option(data: bytes) -> bytes:
-    text = data.decode()
-    return text.replace('"build_options":[', '"build_options":["-DLITEKILN_PWNED",', 1).encode()
+def _add_build_option(compiled: dict) -> None:
+    compiled["partitions"][0]["program"]["build_options"] = "-DLITEKILN_PWNED"
+
+
+def _swap_weights(compiled: dict) -> None:
+    # Every weight recipe reads the tensor of the next one: other weights, same bytes count.
+    recipes = list(compiled["weights"]["recipes"].values())
+    for r, other in zip(recipes, recipes[1:] + recipes[:1], strict=True):
+        r["tensor"], r["source"] = other["tensor"], other["source"]
 
 
 TAMPERED = {
-    "a constant": ("model", "const/", _scale_constant),
-    "the OpenCL build options": ("model", "artifact.json", _add_build_option),
+    "the weight recipes": ("model", "artifact.json", _in_artifact(_swap_weights)),
+    "the OpenCL build options": ("model", "artifact.json", _in_artifact(_add_build_option)),
     "the device binary": ("program", "binary", flip),
 }
 

@@ -94,9 +94,15 @@ def test_ls(capsys, cache: Path) -> None:
     assert all(e["size"] > 0 and e["last_use"] >= e["created"] for e in doc["entries"])
     assert by_kind["program"]["fields"]["driver"]  # keyed by the driver version
 
+    assert by_kind["model"]["model_bytes"] == SMOKE.stat().st_size
+    assert by_kind["program"]["model_share"] is None  # a device binary, not a compiled model
+
     rc, out, _ = cli(capsys, cache, "ls")
     assert rc == 0 and "2 entries" in out
     assert the_key(cache, "model")[:12] in out and the_key(cache, "program")[:12] in out
+    share = by_kind["model"]["model_share"]
+    (line,) = [line for line in out.splitlines() if the_key(cache, "model")[:12] in line]
+    assert f"{100 * share:.1f}% of model" in line
 
 
 def test_info_by_prefix(capsys, cache: Path) -> None:
@@ -105,9 +111,13 @@ def test_info_by_prefix(capsys, cache: Path) -> None:
     assert rc == 0
     info = json.loads(out)
     assert info["key"] == key and info["kind"] == "model"
-    names = [p["name"] for p in info["parts"]]
-    assert names[0] == "artifact.json" and any(n.startswith("const/") for n in names)
+    # The manifest alone: every constant of the smoke model is rebuilt from the model file.
+    assert [p["name"] for p in info["parts"]] == ["artifact.json.xz"]
     assert all(len(p["sha256"]) == 64 for p in info["parts"])
+    assert info["model_bytes"] == SMOKE.stat().st_size
+    assert info["model_share"] == pytest.approx(info["size"] / SMOKE.stat().st_size)
+    rc, out, _ = cli(capsys, cache, "info", key[:10])
+    assert rc == 0 and f"{100 * info['model_share']:.1f}% of the model's" in out
 
     rc, out, _ = cli(capsys, cache, "info", the_key(cache, "program")[:10], "--json")
     assert rc == 0 and json.loads(out)["meta"]["device"]["driver"]

@@ -1,8 +1,10 @@
 """The private, checksummed, atomic, pickle-free cache of compiled artifacts.
 
-Two kinds of entries share one store: compiled models (``kind="model"``: a JSON manifest with
-kernel sources, launch plan and constants as raw little-endian arrays) and device program
-binaries (``kind="program"``: one binary blob and small JSON metadata). Callers build keys
+Three kinds of entries share one store: compiled models (``kind="model"``: a compressed JSON
+manifest with kernel sources, launch plan and the recipes that rebuild the weights from the
+model file, and the few other constants as raw little-endian arrays), constants that compiled
+models share (``kind="weights"``, keyed by their contents) and device program binaries
+(``kind="program"``: one binary blob and small JSON metadata). Callers build keys
 with `make_key` from every field that changes what an entry holds::
 
     store = CacheStore.open()                      # default dir, never raises

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from litekiln.cache.backend import Backend, UnsafeValueError
-from litekiln.cache.index import MANIFEST, entry_keys, stored_manifest
+from litekiln.cache.index import MANIFEST, entry_keys, has_entry, stored_manifest
 from litekiln.cache.manifest import CorruptError, check_part, decode_array, decode_manifest
 from litekiln.cache.usage import last_use
 
@@ -40,7 +40,7 @@ class Entry:
 
     @property
     def kind(self) -> str:
-        """``"model"`` or ``"program"``."""
+        """``"model"``, ``"program"`` or ``"weights"``."""
         return str(self.manifest["kind"])
 
     @property
@@ -95,7 +95,7 @@ class EntrySummary:
 
     Attributes:
         key: the full cache key.
-        kind: ``"model"`` or ``"program"``.
+        kind: ``"model"``, ``"program"`` or ``"weights"`` (a constant compiled models share).
         token: the model token: ``fields["token"]``, else ``meta["model_token"]`` (the model a
             device program was built for), if present.
         model_name: ``fields["model_name"]``, else ``meta["model_name"]``, if present.
@@ -105,6 +105,12 @@ class EntrySummary:
         created: when stored (Unix time).
         last_use: last hit, or `created` (Unix time).
         fields: every key field.
+        shared_size: bytes of the shared entries it needs (``meta["shared_bytes"]``), which
+            several entries may count.
+        model_bytes: size of the model file it was made from (``meta["model_bytes"]``), if
+            recorded.
+        model_share: ``(size + shared_size) / model_bytes``: what the entry costs against its
+            model, if known.
     """
 
     key: str
@@ -117,6 +123,9 @@ class EntrySummary:
     created: float
     last_use: float
     fields: dict[str, Any]
+    shared_size: int = 0
+    model_bytes: int | None = None
+    model_share: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict of the summary."""
@@ -172,6 +181,9 @@ def summarize(backend: Backend, manifest: dict[str, Any], manifest_size: int) ->
     """The `EntrySummary` of a decoded manifest of `manifest_size` stored bytes."""
     fields, meta = manifest["fields"], manifest["meta"]
     created = float(manifest["created"])
+    size = manifest_size + sum(rec["size"] for rec in manifest["parts"])
+    shared = _count(meta.get("shared_bytes")) or 0
+    model_bytes = _count(meta.get("model_bytes")) or None
     return EntrySummary(
         key=manifest["key"],
         kind=manifest["kind"],
@@ -179,11 +191,41 @@ def summarize(backend: Backend, manifest: dict[str, Any], manifest_size: int) ->
         model_name=fields.get("model_name", meta.get("model_name")),
         device=fields.get("name") if manifest["kind"] == "program" else None,
         options=fields.get("options"),
-        size=manifest_size + sum(rec["size"] for rec in manifest["parts"]),
+        size=size,
         created=created,
         last_use=last_use(backend, manifest["key"], created),
         fields=fields,
+        shared_size=shared,
+        model_bytes=model_bytes,
+        model_share=None if model_bytes is None else (size + shared) / model_bytes,
     )
+
+
+def _count(value: Any) -> int | None:
+    """A byte count from an entry's meta: a non-negative int, else None."""
+    return value if type(value) is int and value >= 0 else None
+
+
+def needed(backend: Backend, keys: list[str]) -> list[str]:
+    """`keys` and the entries they need (``meta["needs"]``), each once, needs after.
+
+    An entry whose manifest is missing or damaged is kept (its reader reports it); a needed
+    key that is not stored is left out.
+    """
+    out = dict.fromkeys(keys)
+    for key in keys:
+        raw = stored_manifest(backend, key)
+        if raw is None:
+            continue
+        try:
+            needs = decode_manifest(raw, key, backend.seal)["meta"].get("needs", [])
+        except CorruptError:
+            continue
+        if isinstance(needs, list):
+            for k in needs:
+                if isinstance(k, str) and has_entry(backend, k):
+                    out.setdefault(k)
+    return list(out)
 
 
 def scan(backend: Backend) -> list[EntrySummary]:

@@ -1,13 +1,16 @@
 """Cache keys: the one place that says what every kind of entry is keyed by.
 
 A key is the sha256 of the canonical JSON of its fields; the fields are stored in the entry too,
-so that ``cache ls``/``info`` can show them. Two kinds of entries:
+so that ``cache ls``/``info`` can show them. Three kinds of entries:
 
 * a **compiled model** (`model_key_fields`): the model token, every compile option, the
   litekiln version, a hash of the compiler's own sources (`compiler_hash`) and the target. The
   TVM version is not in the key, because a runtime-only install has no TVM to ask: the entry
   records the version that made it, and where TVM is installed a different one is a miss
   (`ModelCache.load_model`).
+* a **shared constant** (`shared_key_fields`): the sha256 of its bytes, its dtype and shape:
+  a constant that compiled models need and no recipe rebuilds from the model, stored once
+  whichever entries need it (content-addressed);
 * a **device program** (`program_key_fields`): the sha256 of the exact source bytes and the
   exact build options handed to the OpenCL driver (after every device patch the runtime
   applies), the device's identity (platform, vendor, name, versions, driver) and the litekiln
@@ -85,6 +88,12 @@ def model_key_fields(token: str, options: CompileOptions) -> dict[str, Any]:
         "compiler": compiler_hash(),
         "target": options.target,
     }
+
+
+def shared_key_fields(sha256: str, dtype: str, shape: Sequence[int]) -> dict[str, Any]:
+    """The fields of a shared constant's key: its contents (sha256 of its little-endian
+    bytes), dtype (numpy's ``dtype.str``) and shape."""
+    return {"kind": "weights", "sha256": sha256, "dtype": dtype, "shape": [int(d) for d in shape]}
 
 
 def program_key_fields(

@@ -3,7 +3,7 @@
 Stored form: ``b"LKM2 " + HMAC-SHA256(cache secret, body) hex + b"\\n" + body``, body being
 canonical JSON of::
 
-    {"schema": 1, "key": <64 hex>, "kind": "model" | "program", "fields": {...},
+    {"schema": 2, "key": <64 hex>, "kind": "model" | "program" | "weights", "fields": {...},
      "meta": {...}, "created": <unix time>,
      "parts": [{"name": str, "store": <storage key>, "size": int, "sha256": <64 hex>,
                 ["dtype": "<f4", "shape": [..]]}, ...]}
@@ -31,8 +31,10 @@ from litekiln.cache.seal import Seal
 #: 2: manifests signed with the cache's secret (1: a plain sha256).
 SCHEMA_VERSION = 2
 
-#: What an entry can hold: a compiled model, or one device program binary.
-KINDS = ("model", "program")
+#: What an entry can hold: a compiled model, one device program binary, or one constant that
+#: compiled models share ("weights"; added within schema 2: a reader that does not know the
+#: kind finds such an entry corrupt, which is a miss, never a crash).
+KINDS = ("model", "program", "weights")
 
 _MAGIC = b"LKM2 "
 _HEADER_LEN = len(_MAGIC) + 64 + 1

@@ -1,27 +1,55 @@
-"""The two kinds of entries litekiln caches, over :class:`~litekiln.cache.store.CacheStore`.
+"""The kinds of entries litekiln caches, over :class:`~litekiln.cache.store.CacheStore`.
 
 (a) compiled models (`load_model`/`save_model`): the manifest of a
-    :class:`~litekiln.artifact.compiled.CompiledModel` and its constants;
-(b) device programs (`load_program`/`save_program`): the driver's binary of one partition's
+    :class:`~litekiln.artifact.compiled.CompiledModel` and the constants that are not the
+    model's weights. Those with a recipe (:mod:`litekiln.artifact.weights`) are not stored:
+    they are rebuilt from the model at load, and checked against it;
+(b) shared constants (kind ``"weights"``): a constant of 4 KiB or more that no recipe
+    rebuilds (weights an emitter computed, say) is stored once, keyed by its contents, and
+    every compiled model that uploads it (the fp32 and fp16 entries of one model, two models)
+    names that entry in its ``meta["needs"]``;
+(c) device programs (`load_program`/`save_program`): the driver's binary of one partition's
     program and the tuning choices made with it on that device.
+
+A compiled model's entry has two parts: ``artifact.json.xz`` (the manifest, LZMA-compressed:
+the kernels' OpenCL C is most of it and compresses ~100x), and ``constants.bin`` (the small
+constants without a recipe, packed; absent when there are none). Its meta records the model
+file's size and the shared constants' bytes, so that ``litekiln cache ls`` shows what an
+entry costs against its model.
 
 What each is keyed by is said, and built, in `litekiln.cache.keys` only. No TVM import here.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import lzma
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from litekiln.artifact.compiled import CompiledModel, CompileOptions
 from litekiln.artifact.versions import tvm_version
-from litekiln.cache.keys import make_key, model_key_fields, program_key_fields
+from litekiln.artifact.weights import WeightMismatch
+from litekiln.cache.errors import CacheWarning
+from litekiln.cache.keys import make_key, model_key_fields, program_key_fields, shared_key_fields
+from litekiln.cache.problems import log
 from litekiln.cache.store import CacheStore
+from litekiln.model.ir import Model
 
-_MANIFEST_PART = "artifact.json"
-_CONST_PREFIX = "const/"
+_ARTIFACT_PART = "artifact.json.xz"
+_PACKED_PART = "constants.bin"
+_SHARED_PART = "data"
+
+#: Constants without a recipe of at least this many bytes are stored once, shared by contents
+#: (kind "weights"); smaller ones are packed into the compiled model's entry.
+SHARED_MIN_BYTES = 4096
+#: Offsets of packed constants are multiples of this (any dtype's alignment).
+_ALIGN = 16
 
 
 class ModelCache:
@@ -45,50 +73,113 @@ class ModelCache:
     def model_key(self, token: str, options: CompileOptions) -> str:
         return make_key(model_key_fields(token, options))
 
-    def load_model(self, token: str, options: CompileOptions) -> CompiledModel | None:
-        """The cached compilation of a model, or None (miss, stale or damaged entry)."""
+    def load_model(
+        self, token: str, options: CompileOptions, model: Model | None = None
+    ) -> CompiledModel | None:
+        """The cached compilation of a model, or None (miss, stale or damaged entry).
+
+        Args:
+            token: the model token.
+            options: the compile options.
+            model: the model the token names: the constants that are its weights are rebuilt
+                from it and checked against it (`CompiledModel.bind_weights`); an entry made
+                from other weights is dropped with a `CacheWarning` and is a miss. None: those
+                constants are left out (enough to read the plan, not to run it).
+        """
         key = self.model_key(token, options)
         entry = self.store.get(key, kind="model")
         if entry is None:
             return None
         try:
-            manifest = json.loads(entry.part(_MANIFEST_PART))
+            doc = json.loads(lzma.decompress(entry.part(_ARTIFACT_PART)))
+            manifest = doc["compiled"]
             have = tvm_version()
             made_by = manifest.get("versions", {}).get("tvm", "")
             if have is not None and made_by and made_by != have:
                 self.store.delete(key)  # compiled by another TVM: recompile here
                 return None
-            names = [
-                n[len(_CONST_PREFIX) :] for n in entry.part_names if n.startswith(_CONST_PREFIX)
-            ]
-            constants = {n: entry.array(_CONST_PREFIX + n) for n in names}
-            return CompiledModel.from_manifest(manifest, constants)
-        except (ValueError, KeyError, TypeError) as exc:
-            import warnings
-
-            from litekiln.cache.errors import CacheWarning
-
-            warnings.warn(
-                f"litekiln cache: compiled model {key[:12]} is unreadable ({exc}); dropped, "
-                "recompiling.",
-                CacheWarning,
-                stacklevel=2,
+            constants = _unpack(entry, doc["packed"])
+            for name, shared_key in doc["shared"].items():
+                shared = self.store.get(shared_key, kind="weights")
+                if shared is None:
+                    log.info("compiled model %s: shared constant %s is gone", key[:12], name)
+                    return None  # evicted or damaged: recompiling stores it again
+                constants[name] = shared.array(_SHARED_PART)
+            compiled = CompiledModel.from_manifest(manifest, constants)
+            if model is not None:
+                compiled.bind_weights(model)
+                missing = compiled.missing_constants()
+                if missing:
+                    raise ValueError(f"constants {missing[:3]} are neither stored nor rebuilt")
+            return compiled
+        except WeightMismatch as exc:
+            name = model.name if model is not None else "the model"
+            self._drop(
+                key,
+                f"compiled model {key[:12]} does not fit the weights of {name} ({exc}); "
+                "dropped, recompiling.",
             )
-            self.store.delete(key)
+            return None
+        except (ValueError, KeyError, TypeError, lzma.LZMAError) as exc:
+            self._drop(
+                key, f"compiled model {key[:12]} is unreadable ({exc}); dropped, recompiling."
+            )
             return None
 
+    def _drop(self, key: str, message: str) -> None:
+        warnings.warn(f"litekiln cache: {message}", CacheWarning, stacklevel=3)
+        self.store.delete(key)
+
     def save_model(self, compiled: CompiledModel) -> bool:
-        """Store a compiled model (atomically; a failure leaves no partial entry)."""
-        fields = model_key_fields(compiled.token, compiled.options)
-        parts: dict[str, Any] = {_MANIFEST_PART: json.dumps(compiled.manifest()).encode()}
-        for name, arr in compiled.constants.items():
-            parts[_CONST_PREFIX + name] = arr
+        """Store a compiled model (atomically; a failure leaves no partial entry).
+
+        The constants with a weight recipe are not stored; the other ones are packed into the
+        entry, or, from `SHARED_MIN_BYTES` on, stored once by contents (shared).
+
+        Returns:
+            True if stored.
+        """
+        packed: dict[str, Any] = {}
+        shared: dict[str, str] = {}
+        blob = bytearray()
+        shared_bytes = 0
+        for name, arr in compiled.stored_constants().items():
+            arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+            if arr.nbytes >= SHARED_MIN_BYTES:
+                shared_key = self._save_shared(arr)
+                if shared_key is None:
+                    return False
+                shared[name] = shared_key
+                shared_bytes += arr.nbytes
+                continue
+            blob.extend(b"\0" * (-len(blob) % _ALIGN))
+            packed[name] = [len(blob), arr.dtype.str, list(arr.shape)]
+            blob.extend(arr.tobytes())
+        doc = {"compiled": compiled.manifest(), "packed": packed, "shared": shared}
+        parts: dict[str, Any] = {_ARTIFACT_PART: _compress(json.dumps(doc).encode())}
+        if blob:
+            parts[_PACKED_PART] = bytes(blob)
         meta = {
             "model_name": compiled.model_name,
             "versions": compiled.versions,
             "stats": compiled.stats,
+            "model_bytes": compiled.model_bytes,
+            "needs": sorted(set(shared.values())),
+            "shared_bytes": shared_bytes,
         }
+        fields = model_key_fields(compiled.token, compiled.options)
         return self.store.put(make_key(fields), fields, parts, kind="model", meta=meta)
+
+    def _save_shared(self, arr: np.ndarray) -> str | None:
+        """The key of the shared entry holding ``arr`` (stored unless it is there already)."""
+        digest = hashlib.sha256(arr.reshape(-1).data.cast("B")).hexdigest()
+        fields = shared_key_fields(digest, arr.dtype.str, arr.shape)
+        key = make_key(fields)
+        if self.store.has(key):
+            return key
+        meta = {"dtype": arr.dtype.name, "shape": list(arr.shape)}
+        stored = self.store.put(key, fields, {_SHARED_PART: arr}, kind="weights", meta=meta)
+        return key if stored else None
 
     # -- device binaries ------------------------------------------------------------------
 
@@ -152,3 +243,32 @@ class ModelCache:
         if model_token is not None:
             meta["model_token"] = model_token
         return self.store.put(make_key(fields), fields, parts, kind="program", meta=meta)
+
+
+def _compress(data: bytes) -> bytes:
+    """LZMA at its strongest, tuned for text (no position bits: 2% smaller on OpenCL C), with a
+    dictionary no larger than the data (memory)."""
+    dict_size = max(1 << 16, 1 << (max(len(data), 1) - 1).bit_length())
+    lzma2 = {"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME, "dict_size": dict_size}
+    return lzma.compress(data, format=lzma.FORMAT_XZ, filters=[{**lzma2, "lp": 0, "pb": 0}])
+
+
+def _unpack(entry: Any, packed: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The packed constants of a compiled model's entry (read-only views).
+
+    Raises:
+        KeyError, ValueError, TypeError: the index does not fit the packed bytes.
+    """
+    if not packed:
+        return {}
+    data = entry.part(_PACKED_PART)
+    out = {}
+    for name, (offset, dtype, shape) in packed.items():
+        dt = np.dtype(dtype)
+        if dt.kind not in "biuf":
+            raise ValueError(f"packed constant {name!r} of dtype {dtype}")
+        count = int(np.prod(shape, dtype=np.int64))
+        if offset < 0 or offset + count * dt.itemsize > len(data):
+            raise ValueError(f"packed constant {name!r} lies outside {_PACKED_PART}")
+        out[str(name)] = np.frombuffer(data, dt, count, int(offset)).reshape(shape)
+    return out

@@ -53,7 +53,7 @@ import numpy as np
 from litekiln import config
 from litekiln.cache import eviction, index, recovery, repair, usage, writer
 from litekiln.cache.backend import STORAGE_ERRORS, Backend, NullBackend, is_damaged, is_full
-from litekiln.cache.entries import Entry, EntrySummary, describe, load, scan
+from litekiln.cache.entries import Entry, EntrySummary, describe, load, needed, scan
 from litekiln.cache.errors import CacheError
 from litekiln.cache.keys import canonical_json, is_key, make_key
 from litekiln.cache.location import (
@@ -270,7 +270,8 @@ class CacheStore:
             fields: the key fields (kept in the manifest for ``ls``/``info``).
             parts: name -> bytes, or a numeric numpy array (stored raw, little-endian, with
                 dtype and shape in the manifest; read back with `Entry.array`).
-            kind: ``"model"`` (a compiled model) or ``"program"`` (a device binary).
+            kind: ``"model"`` (a compiled model), ``"program"`` (a device binary) or
+                ``"weights"`` (a constant compiled models share).
             meta: JSON metadata kept in the manifest (launch plan, build log...).
 
         Returns:
@@ -300,6 +301,21 @@ class CacheStore:
             return False
         new = NewEntry(key, kind, fields, meta, parts=encoded, created=usage.now())
         return self._store(new)
+
+    def has(self, key: str) -> bool:
+        """Whether an entry is stored under `key` (its manifest is not read or checked: `get`
+        does that). False for a disabled store or a storage failure.
+
+        Raises:
+            ValueError: `key` is not a cache key.
+        """
+        _check_key(key)
+        if not self.enabled:
+            return False
+        try:
+            return index.has_entry(self._backend, key)
+        except STORAGE_ERRORS:
+            return False
 
     def delete(self, key: str) -> bool:
         """Remove the entry under `key` (e.g. one the caller found stale or unreadable).
@@ -494,7 +510,8 @@ class CacheStore:
 
         Args:
             path: the archive to write.
-            keys: full keys or unique prefixes; None: every entry.
+            keys: full keys or unique prefixes; None: every entry. The entries these need
+                (``meta["needs"]``: the shared constants of a compiled model) go with them.
             sign_key: the private key file to sign with (``litekiln cache keygen``); None:
                 ``LITEKILN_SIGN_KEY``.
             unsigned: write an unsigned export when there is no key (only
@@ -516,7 +533,8 @@ class CacheStore:
         if keys is None:
             wanted = self._managed("export", lambda: index.entry_keys(self._backend))
         else:
-            wanted = [self.resolve(k) for k in keys]
+            chosen = [self.resolve(k) for k in keys]
+            wanted = self._managed("export", lambda: needed(self._backend, chosen))
         return transfer.export_archive(self._backend, self.directory, Path(path), wanted, signer)
 
     def import_(

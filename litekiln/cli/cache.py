@@ -102,11 +102,22 @@ def _state(store: CacheStore) -> str:
 
 
 def _line(r: dict[str, Any]) -> str:
-    """One entry in words: key, kind, size, last use, model, and device or options."""
-    size, used = human_size(r["size"]), age_in_words(r["last_use"])
+    """One entry in words: key, kind, size (with the shared constants it needs) and its share
+    of the model file, last use, model, and device or options."""
+    size = human_size(r["size"] + (r.get("shared_size") or 0))
+    used = age_in_words(r["last_use"])
     return (
-        f"{r['key'][:12]}  {r['kind']:7s} {size:>10s}  {used:8s}  {_model(r)}  {_where(r)}".rstrip()
-    )
+        f"{r['key'][:12]}  {r['kind']:7s} {size:>10s} {_share(r):>14s}  {used:8s}  "
+        f"{_model(r)}  {_where(r)}"
+    ).rstrip()
+
+
+def _share(r: dict[str, Any]) -> str:
+    """``"4.2% of model"`` for a compiled model that recorded its model's size, else ``""``."""
+    share = r.get("model_share")
+    if share is None:
+        return ""
+    return f"{100 * share:.1f}% of model" if share < 10 else f"{share:.0f}x model"
 
 
 def _model(r: dict[str, Any]) -> str:
@@ -119,6 +130,9 @@ def _model(r: dict[str, Any]) -> str:
 
 
 def _where(r: dict[str, Any]) -> str:
+    if r["kind"] == "weights":
+        fields = r.get("fields") or {}
+        return f"constant {fields.get('dtype')} {fields.get('shape')} shared by compiled models"
     if r["kind"] == "program":
         fields = r.get("fields") or {}
         device = r.get("device") or fields.get("name") or "unknown device"
@@ -153,6 +167,15 @@ def _info(store: CacheStore, a: argparse.Namespace) -> int:
         parts = info.get("parts", [])
         print(f"  parts    {len(parts)} ({human_size(sum(p['size'] for p in parts))})")
         meta = info.get("meta") or {}
+        if info.get("model_bytes"):
+            shared = info.get("shared_size") or 0
+            needs = len(meta.get("needs") or [])
+            print(
+                f"  size     {human_size(info['size'] + shared)}"
+                + (f" ({human_size(shared)} in {needs} shared constants)" if needs else "")
+                + f": {100 * info['model_share']:.1f}% of the model's "
+                f"{human_size(info['model_bytes'])}"
+            )
         versions = meta.get("versions")
         if isinstance(versions, dict) and versions:
             print("  made by  " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())))
@@ -303,7 +326,12 @@ def _action(
 
 
 def _add_cache_actions(actions: _Subcommands) -> None:
-    _action(actions, "ls", "list entries: kind, size, last use, model, device", json=True)
+    _action(
+        actions,
+        "ls",
+        "list entries: kind, size and share of the model's size, last use, model, device",
+        json=True,
+    )
     p = _action(actions, "info", "show the entries of a model, or one entry", json=True)
     p.add_argument(
         "query",

@@ -388,8 +388,18 @@ class Session:
 
 
 def partition_constants(compiled: CompiledModel, part: PartitionArtifact) -> dict[str, np.ndarray]:
-    """The constant arrays one partition's program uploads, by name."""
-    return {name: compiled.constants[name] for name in part.program.constants.values()}
+    """The constant arrays one partition's program uploads, by name.
+
+    Raises:
+        ValueError: the compiled model's weights were not rebuilt (`CompiledModel.bind_weights`).
+    """
+    try:
+        return {name: compiled.constants[name] for name in part.program.constants.values()}
+    except KeyError as exc:
+        raise ValueError(
+            f"{compiled.model_name}: constant {exc.args[0]} is missing: load the compiled model "
+            "with its model (ModelCache.load_model(token, options, model)) to rebuild its weights"
+        ) from None
 
 
 def _output_arrays(ex: Any) -> list[np.ndarray]:

@@ -55,7 +55,9 @@ def main() -> None:
     mark("select_device_again_ms")
     cache = ModelCache.open(a.cache_dir)
     mark("cache_open_ms")
-    compiled = cache.load_model(model.token, CompileOptions(schedules=default_schedules(handle)))
+    compiled = cache.load_model(
+        model.token, CompileOptions(schedules=default_schedules(handle)), model
+    )
     mark("cache_load_model_ms")
     assert compiled is not None, "not cached"
     sess = Session(model, compiled, handle, programs=cache)
