@@ -251,7 +251,7 @@ class Batch:
         name: str,
         cases: Sequence[Case],
         *,
-        op_table: str = "documented",
+        op_table: str = "extended",
         forced: Sequence[str] = (),
         seed: int = 0,
     ) -> None:

@@ -22,6 +22,7 @@ from litekiln.compiler.lowering import (
     LowerOptions,
 )
 from litekiln.compiler.partition import Partition
+from litekiln.compiler.unit_reductions import unit_reductions
 from litekiln.model.ir import Subgraph
 
 __all__ = ["ACC_DTYPE", "BROADCAST_BARRIER", "EMITTERS", "LowerOptions", "lower_partition"]
@@ -44,4 +45,7 @@ def lower_partition(
     Raises:
         CompileError: an op has no lowering or its operands are not what the lowering needs.
     """
-    return Lowering(graph, part, options or LowerOptions()).build()
+    mod = Lowering(graph, part, options or LowerOptions()).build()
+    # Reductions over one element become the elementwise ops they are: TVM mishandles them
+    # (litekiln/compiler/unit_reductions.py).
+    return unit_reductions()(mod)
