@@ -49,7 +49,7 @@ def _ints(values: Any) -> list[int]:
 
 
 @relax.expr_functor.mutator
-class _UnitReductions(relax.PyExprMutator):  # type: ignore[misc]
+class _UnitReductions(relax.PyExprMutator):
     def visit_call_(self, call: relax.Call) -> Any:
         call = self.visit_expr_post_order(call)
         op = getattr(call.op, "name", "")
