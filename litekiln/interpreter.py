@@ -29,12 +29,12 @@ import numpy as np
 # pyopencl (~30 ms here, ~250 ms on the H100) and the cache: ~100-200 ms of imports together.
 import litekiln.model.schema  # noqa: F401  (op names and options, read while parsing)
 from litekiln import config
-from litekiln.errors import InputError
+from litekiln.errors import DeviceError, InputError
 from litekiln.loading import open_session, split_options
 from litekiln.model import Model, Tensor, load_model
 from litekiln.reference import run_graph
 from litekiln.resize import resized
-from litekiln.runtime.device import DeviceOpener
+from litekiln.runtime.device import DeviceHandle, DeviceOpener
 from litekiln.runtime.threads import cpu_thread_limit
 
 REFERENCE = "reference"
@@ -237,6 +237,11 @@ class Interpreter:
             InputError: not an input index, or a wrong shape or dtype.
         """
         t = self._input_view(tensor_index)
+        if self._is_bound(tensor_index):
+            raise InputError(
+                f"input {tensor_index} ({t.name!r}) is bound to a device buffer (bind_input): "
+                "write the new value into that buffer, or unbind() it first"
+            )
         arr = np.asarray(value)
         if arr.dtype != t.dtype:
             raise InputError(
@@ -325,7 +330,7 @@ class Interpreter:
 
         def view() -> np.ndarray:
             with self._lock:
-                if tensor_index in self._graph.inputs:
+                if tensor_index in self._graph.inputs and not self._is_bound(tensor_index):
                     return self._input_buffer(tensor_index)
                 return self._value(tensor_index, 0)
 
@@ -367,6 +372,108 @@ class Interpreter:
                 "the primary subgraph (0) only"
             )
         return SignatureRunner(self, sig.inputs, sig.outputs)
+
+    # -- device buffers: LiteRT's tensor buffers, bound once ----------------------------------
+
+    def get_device(self) -> DeviceHandle:
+        """The OpenCL device the model runs on, to allocate the buffers to bind there.
+
+        Returns:
+            A handle with ``context`` (pyopencl.Context), ``queue`` (its in-order
+            pyopencl.CommandQueue, which the model's kernels use), ``device`` and ``profile``.
+
+        Raises:
+            DeviceError: ``device="reference"`` (no device).
+        """
+        return self._session().handle
+
+    def bind_input(self, tensor_index: int, buffer: Any) -> None:
+        """Read a graph input from a device buffer of the application's, from now on.
+
+        ``invoke`` then reads the input where the application keeps it, with no copy through
+        the host (LiteRT: an input ``TensorBuffer`` made from OpenCL memory or a CUDA pointer,
+        passed to ``CompiledModel.run_by_index``). ``set_tensor`` refuses the input until
+        ``unbind``; ``get_tensor`` reads the buffer back. The binding holds for every thread
+        and until ``unbind`` or a resize.
+
+        Args:
+            tensor_index: the input's tensor index (as for ``set_tensor``).
+            buffer: a ``pyopencl.array.Array`` (shape, dtype and layout checked) or a
+                ``pyopencl.Buffer`` (size checked; C-contiguous elements of the input's dtype)
+                in ``get_device().context``; or on NVIDIA GPUs a CUDA tensor through DLPack
+                (torch, cupy: shape, dtype, layout and device checked), read by the CUDA graph
+                path. Write it through ``get_device().queue``, or finish your own queue (CUDA:
+                litekiln orders its stream after the tensor's pending work) before ``invoke``.
+
+        Raises:
+            InputError: not a graph input; host memory; a buffer whose shape, dtype, size or
+                layout does not fit.
+            DeviceError: a buffer of another OpenCL context or CUDA device, CUDA memory
+                without the CUDA path, or ``device="reference"``.
+        """
+        self._bind(tensor_index, buffer, "input")
+
+    def bind_output(self, tensor_index: int, buffer: Any) -> None:
+        """Write a graph output into a device buffer of the application's, from now on.
+
+        After ``invoke`` the buffer holds the output (the device work is finished when
+        ``invoke`` returns); ``get_tensor`` reads it back. Kernels write it in place when the
+        memory plan gives the output a storage of its own, else it is copied there on the
+        device. Takes the same buffers as ``bind_input``.
+
+        Raises:
+            InputError: not a graph output, or a buffer that does not fit (see ``bind_input``).
+            DeviceError: as for ``bind_input``.
+        """
+        self._bind(tensor_index, buffer, "output")
+
+    def unbind(self, tensor_index: int | None = None) -> None:
+        """Unbind one tensor's buffer (None: all): back to ``set_tensor`` / ``get_tensor``.
+
+        An unbound input must be set again (``set_tensor``) before the next ``invoke``.
+        """
+        with self._lock:
+            if self._backend is not None and hasattr(self._backend, "unbind"):
+                self._backend.unbind(tensor_index)
+
+    def get_bindings(self) -> dict[int, dict[str, Any]]:
+        """The bound tensors: index -> ``role``, ``name``, ``buffer`` (in words),
+        ``zero_copy`` (no inference copies it through the host), ``direct`` (where the GPU
+        reads or writes the buffer itself) and ``host_copies`` (why the host copies it)."""
+        with self._lock:
+            bindings = getattr(self._backend, "bindings", {}) if self._backend else {}
+            return {
+                t: {
+                    "role": b.buffer.slot.role,
+                    "name": b.buffer.slot.name,
+                    "buffer": b.buffer.describe(),
+                    "zero_copy": b.zero_copy,
+                    "direct": list(b.direct),
+                    "host_copies": list(b.host),
+                }
+                for t, b in bindings.items()
+            }
+
+    def _bind(self, tensor_index: int, buffer: Any, role: str) -> None:
+        with self._lock:
+            session = self._session()
+            session.bind(tensor_index, buffer, role)
+            for state in self._states.values():  # (the buffer holds the value now)
+                state.inputs.pop(tensor_index, None)
+
+    def _session(self) -> Any:
+        """The runtime session (allocating it), for what only a device has."""
+        self.allocate_tensors()
+        if isinstance(self._backend, _ReferenceBackend):
+            raise DeviceError(
+                "device='reference' runs the numpy reference: there is no device to bind "
+                "buffers on or to allocate them in"
+            )
+        return self._backend
+
+    def _is_bound(self, tensor_index: int) -> bool:
+        backend = self._backend
+        return backend is not None and tensor_index in getattr(backend, "bindings", {})
 
     # -- litekiln additions -------------------------------------------------------------------
 
@@ -447,7 +554,9 @@ class Interpreter:
         return buf
 
     def _inputs_for_invoke(self, state: _ThreadState) -> dict[int, np.ndarray]:
-        missing = [t for t in self._graph.inputs if t not in state.inputs]
+        """This thread's host inputs (a bound input is read from its buffer instead)."""
+        wanted = [t for t in self._graph.inputs if not self._is_bound(t)]
+        missing = [t for t in wanted if t not in state.inputs]
         if missing:
             names = ", ".join(f"{t} ({self._graph.tensors[t].name!r})" for t in missing)
             elsewhere = any(t in s.inputs for s in self._states.values() for t in missing)
@@ -457,7 +566,7 @@ class Interpreter:
                 else "; call set_tensor first"
             )
             raise InputError(f"inputs not set before invoke() in this thread: {names}{hint}")
-        return {t: state.inputs[t] for t in self._graph.inputs}
+        return {t: state.inputs[t] for t in wanted}
 
     def _check_index(self, tensor_index: int) -> None:
         if not 0 <= tensor_index < len(self._graph.tensors):
@@ -483,6 +592,10 @@ class Interpreter:
         self._check_index(tensor_index)
         with self._lock:
             state = self._state()
+            if self._is_bound(tensor_index):  # what the device buffer holds, read back
+                value = self._backend.read_bound(tensor_index)
+                value.flags.writeable = False
+                return value
             if tensor_index in self._graph.inputs:
                 return self._input_buffer(tensor_index)
             if state.values is not None and tensor_index in state.values:

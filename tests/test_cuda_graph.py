@@ -156,6 +156,9 @@ class FakeDriver:
     def cuMemcpyDtoHAsync(self, dst, src, n, stream):
         self._copy(dst, src, n, stream)
 
+    def cuMemcpyDtoDAsync(self, dst, src, n, stream):
+        self._copy(dst, src, n, stream)
+
     def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shm, stream, params, extra):
         assert extra is None and shm == 0
         name = self.functions[fn]

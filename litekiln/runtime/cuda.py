@@ -125,6 +125,7 @@ def _signatures() -> dict[str, tuple[str, list[Any]]]:
         "cuMemcpyHtoD": ("cuMemcpyHtoD_v2", [u64, vp, sz]),
         "cuMemcpyHtoDAsync": ("cuMemcpyHtoDAsync_v2", [u64, vp, sz, vp]),
         "cuMemcpyDtoHAsync": ("cuMemcpyDtoHAsync_v2", [vp, u64, sz, vp]),
+        "cuMemcpyDtoDAsync": ("cuMemcpyDtoDAsync_v2", [u64, u64, sz, vp]),
         "cuLaunchKernel": ("cuLaunchKernel", [vp, u32, u32, u32, u32, u32, u32, u32, vp, vp, vp]),
         "cuStreamBeginCapture": ("cuStreamBeginCapture_v2", [vp, i32]),
         "cuStreamEndCapture": ("cuStreamEndCapture", [vp, pvp]),
@@ -168,6 +169,7 @@ class _Driver:
     cuMemcpyHtoD: Any
     cuMemcpyHtoDAsync: Any
     cuMemcpyDtoHAsync: Any
+    cuMemcpyDtoDAsync: Any
     cuLaunchKernel: Any
     cuStreamBeginCapture: Any
     cuStreamEndCapture: Any
@@ -547,6 +549,11 @@ class CudaGraphExecutor(PartitionIO):
         self._upload_constants(constants)
         self._in_stage, self._out_stage = self._stage_io()
         self._functions: dict[str, ctypes.c_void_p] = {}
+        # Application memory bound to inputs and outputs (`bind_input`, `bind_output`).
+        self._bound_in: set[int] = set()
+        self._bound_out: set[int] = set()  # written in place
+        self._copy_out: dict[int, int] = {}  # output -> address it is copied to on the device
+        self._stale = False  # bindings changed: capture again before the next replay
         self._calls = [self._prepare(launch) for launch in self._launches]
         self._capture()
         self._pending = False
@@ -594,6 +601,8 @@ class CudaGraphExecutor(PartitionIO):
         arena = ctypes.c_uint64()
         self._drv.check("cuMemAlloc", self._drv.cuMemAlloc(ctypes.byref(arena), max(total, _ALIGN)))
         self._res["arena"] = arena
+        #: storage id -> its address in the arena (where an unbound storage goes back to)
+        self._own_address = {sid: arena.value + off for sid, off in offsets.items()}
         return {t.id: arena.value + offsets[t.storage] + t.offset for t in self.program.tensors}
 
     def _upload_constants(self, constants: Mapping[str, np.ndarray]) -> None:
@@ -708,8 +717,9 @@ class CudaGraphExecutor(PartitionIO):
         plan, side, events = self._branches()
         drv.check("cuStreamBeginCapture", drv.cuStreamBeginCapture(stream, 1))
         try:
-            for tid, stage in zip(self.program.inputs, self._in_stage, strict=True):
-                if stage.nbytes:
+            # A bound input is read where the application keeps it: no copy.
+            for i, (tid, stage) in enumerate(zip(self.program.inputs, self._in_stage, strict=True)):
+                if stage.nbytes and i not in self._bound_in:
                     drv.check(
                         "cuMemcpyHtoDAsync",
                         drv.cuMemcpyHtoDAsync(
@@ -717,8 +727,20 @@ class CudaGraphExecutor(PartitionIO):
                         ),
                     )
             self._enqueue_kernels(stream, plan, side, events)
-            for tid, stage in zip(self.program.outputs, self._out_stage, strict=True):
-                if stage.nbytes:
+            # A bound output is written in place by its kernel, or copied on the device.
+            for i, (tid, stage) in enumerate(
+                zip(self.program.outputs, self._out_stage, strict=True)
+            ):
+                if not stage.nbytes or i in self._bound_out:
+                    continue
+                if i in self._copy_out:
+                    drv.check(
+                        "cuMemcpyDtoDAsync",
+                        drv.cuMemcpyDtoDAsync(
+                            self._copy_out[i], self._ptr[tid], stage.nbytes, stream
+                        ),
+                    )
+                else:
                     drv.check(
                         "cuMemcpyDtoHAsync",
                         drv.cuMemcpyDtoHAsync(
@@ -755,6 +777,8 @@ class CudaGraphExecutor(PartitionIO):
             ValueError: Shape mismatch.
         """
         spec = self.input_spec(i)
+        if i in self._bound_in:
+            raise ValueError(f"input {i} ({spec.name}) is bound to device memory (bind_input)")
         arr = np.asarray(array)
         if arr.shape != spec.shape:
             raise ValueError(f"input {i} ({spec.name}): shape {arr.shape}, expected {spec.shape}")
@@ -764,6 +788,8 @@ class CudaGraphExecutor(PartitionIO):
 
     def run(self, *, wait: bool = False) -> None:
         """Launch the graph (input copies, kernels, output copies)."""
+        if self._stale:
+            self._recapture()
         self.device.make_current()
         self._drv.check("cuGraphLaunch", self._drv.cuGraphLaunch(self._exec, self.device.stream))
         self._pending = True
@@ -799,6 +825,8 @@ class CudaGraphExecutor(PartitionIO):
         if self._pending:
             self.finish()
         stage = self._out_stage[i]
+        if i in self._bound_out or i in self._copy_out:  # the graph left it on the device
+            copy_to_host(self.device, self._ptr[self.program.outputs[i]], stage)
         if out is None:
             return stage.copy()
         if out is stage:  # the caller reads the staging buffer itself (`output_buffers`)
@@ -824,12 +852,105 @@ class CudaGraphExecutor(PartitionIO):
         """
         return list(self._out_stage)
 
+    # ------------------------------------------------------------------ bound device memory
+    #: What `bind_input` and `bind_output` take: CUDA device addresses.
+    memory_kind = "cuda"
+
+    def bind_input(self, i: int, address: int, nbytes: int) -> None:
+        """Make input ``i`` read device memory at ``address`` directly.
+
+        The kernel arguments of every tensor on the input's storage (the input and its
+        reshaped views) point there, and the graph loses that input's host-to-device copy. The
+        graph is captured again before the next run (milliseconds: bind once, then write new
+        values into the same memory for each inference).
+
+        Args:
+            i: Input index.
+            address: Device address in this executor's context (the primary context).
+            nbytes: Bytes there (at least the input's size).
+
+        Raises:
+            ValueError: ``nbytes`` is smaller than the input.
+        """
+        spec = self.input_spec(i)
+        if nbytes < spec.nbytes:
+            raise ValueError(f"input {i} ({spec.name}): {nbytes} bytes, need {spec.nbytes}")
+        self._place_storage(spec.storage, address)
+        self._bound_in.add(i)
+        self._stale = True
+
+    def bind_output(self, i: int, address: int, nbytes: int) -> bool:
+        """Make output ``i`` end up in device memory at ``address``, with no host copy.
+
+        Written in place when the memory plan gives the output a storage of its own
+        (`PartitionIO.output_in_place`): its kernel arguments point at ``address``. Otherwise
+        the graph copies it there on the device after the kernels. Captured again before the
+        next run.
+
+        Returns:
+            True when written in place, False when copied on the device.
+
+        Raises:
+            ValueError: ``nbytes`` is smaller than the output.
+        """
+        spec = self.output_spec(i)
+        if nbytes < spec.nbytes:
+            raise ValueError(f"output {i} ({spec.name}): {nbytes} bytes, need {spec.nbytes}")
+        self.unbind_output(i)
+        in_place = self.output_in_place(i, nbytes)
+        if in_place:
+            self._place_storage(spec.storage, address)
+            self._bound_out.add(i)
+        else:
+            self._copy_out[i] = address
+        self._stale = True
+        return in_place
+
+    def unbind_input(self, i: int) -> None:
+        """Input ``i`` back to the executor's own memory, copied from the host by each run."""
+        if i in self._bound_in:
+            self._place_storage(self.input_spec(i).storage, None)
+            self._bound_in.discard(i)
+            self._stale = True
+
+    def unbind_output(self, i: int) -> None:
+        """Output ``i`` back to the executor's own memory, copied to the host by each run."""
+        if i in self._bound_out:
+            self._place_storage(self.output_spec(i).storage, None)
+            self._bound_out.discard(i)
+            self._stale = True
+        if self._copy_out.pop(i, None) is not None:
+            self._stale = True
+
+    def _place_storage(self, storage: int, address: int | None) -> None:
+        """Every tensor of ``storage`` at ``address`` (None: back in the arena)."""
+        base = self._own_address[storage] if address is None else address
+        for t in self.program.tensors:
+            if t.storage == storage:
+                self._ptr[t.id] = base + t.offset
+
+    def _recapture(self) -> None:
+        """Capture the graph again with the current pointers (after a binding changed)."""
+        drv = self._drv
+        self.finish()
+        if self._res.get("exec") is not None:
+            drv.cuGraphExecDestroy(self._res["exec"])
+            self._res["exec"] = None
+        if self._res.get("graph") is not None:
+            drv.cuGraphDestroy(self._res["graph"])
+            self._res["graph"] = None
+        self._calls = [self._prepare(launch) for launch in self._launches]
+        self._capture()
+        self._stale = False
+
     def profile(self) -> list[float]:
         """Each launch's device time (CUDA events around each kernel, launched one by one).
 
         Returns:
             Seconds per launch, in launch order.
         """
+        if self._stale:
+            self._recapture()
         drv, stream = self._drv, self.device.stream
         self.finish()  # (makes the context current)
         events = [_new_event(drv) for _ in range(len(self._calls) + 1)]
@@ -853,6 +974,8 @@ class CudaGraphExecutor(PartitionIO):
 
     def graph_time(self, reps: int = 20) -> float:
         """Median device time of one whole graph replay (CUDA events), in seconds."""
+        if self._stale:
+            self._recapture()
         drv, stream = self._drv, self.device.stream
         self.finish()  # (makes the context current)
         a, b = _new_event(drv), _new_event(drv)
@@ -870,6 +993,33 @@ class CudaGraphExecutor(PartitionIO):
         finally:
             drv.cuEventDestroy(a)
             drv.cuEventDestroy(b)
+
+
+def copy_to_host(device: CudaDevice, address: int, out: np.ndarray) -> None:
+    """Copy ``out.nbytes`` bytes at device ``address`` into ``out`` (C-contiguous), on the
+    device's stream, and wait for it."""
+    if not out.nbytes:
+        return
+    drv = driver()
+    device.make_current()
+    drv.check(
+        "cuMemcpyDtoHAsync",
+        drv.cuMemcpyDtoHAsync(out.ctypes.data, address, out.nbytes, device.stream),
+    )
+    drv.check("cuStreamSynchronize", drv.cuStreamSynchronize(device.stream))
+
+
+def copy_from_host(device: CudaDevice, address: int, array: np.ndarray) -> None:
+    """Copy ``array`` (C-contiguous) to device ``address``, on the device's stream, and wait."""
+    if not array.nbytes:
+        return
+    drv = driver()
+    device.make_current()
+    drv.check(
+        "cuMemcpyHtoDAsync",
+        drv.cuMemcpyHtoDAsync(address, array.ctypes.data, array.nbytes, device.stream),
+    )
+    drv.check("cuStreamSynchronize", drv.cuStreamSynchronize(device.stream))
 
 
 def _free_host(drv: _Driver, device: CudaDevice, host: ctypes.c_void_p) -> None:

@@ -139,6 +139,12 @@ class PartitionExecutor(PartitionIO):
         self._tensor_buffers: dict[int, cl.Buffer] = {
             t.id: self._view(t) for t in self.program.tensors
         }
+        #: The executor's own buffer of each storage (where an unbound storage goes back to).
+        self._own_buffers = dict(self._storage_buffers)
+        # Application buffers bound to inputs and outputs (`bind_input`, `bind_output`).
+        self._bound_in: set[int] = set()
+        self._bound_out: set[int] = set()  # written in place
+        self._copy_out: dict[int, cl.Buffer] = {}  # output -> buffer it is copied to by `run`
 
     def _bind_launches(self) -> list[_Prepared]:
         """One kernel object per launch, its arguments set once, its work-group checked.
@@ -316,6 +322,8 @@ class PartitionExecutor(PartitionIO):
             ValueError: Shape mismatch.
         """
         spec = self.input_spec(i)
+        if i in self._bound_in:
+            raise ValueError(f"input {i} ({spec.name}) is bound to a device buffer (bind_input)")
         arr = np.require(array, dtype=spec.dtype, requirements="C")  # (0-d stays 0-d)
         if arr.shape != spec.shape:
             raise ValueError(f"input {i} ({spec.name}): shape {arr.shape}, expected {spec.shape}")
@@ -336,6 +344,12 @@ class PartitionExecutor(PartitionIO):
             queue = self.queue
             for kernel, gsize, lsize in self._launches:
                 enqueue(queue, kernel, gsize, lsize)
+        for i, dest in self._copy_out.items():  # bound outputs not written in place
+            spec = self.output_spec(i)
+            if spec.nbytes:
+                cl.enqueue_copy(
+                    self.queue, dest, self._tensor_buffers[spec.id], byte_count=spec.nbytes
+                )
         if wait:
             self.queue.finish()
 
@@ -449,28 +463,81 @@ class PartitionExecutor(PartitionIO):
         """
         return self._tensor_buffers[self.program.outputs[i]]
 
+    #: What `bind_input` and `bind_output` take: OpenCL buffers of this context.
+    memory_kind = "opencl"
+
     def bind_input(self, i: int, buffer: cl.Buffer) -> None:
-        """Make input ``i`` read ``buffer`` directly (zero-copy chaining of partitions).
+        """Make input ``i`` read ``buffer`` directly (an application's buffer, or zero-copy
+        chaining of partitions).
 
         Every tensor on input ``i``'s storage (the input and its reshaped views) is rebound
-        and the affected kernel arguments are set again, once; later runs use ``buffer``.
-        Note that outputs aliasing this input then alias ``buffer`` too.
+        and the affected kernel arguments are set again, once; later runs use ``buffer``, and
+        `set_input` refuses the input until `unbind_input`. Note that outputs aliasing this
+        input then alias ``buffer`` too.
 
         Args:
             i: Input index.
             buffer: A buffer in the same context of at least the input's size.
 
         Raises:
-            ValueError: ``buffer`` is too small.
+            ValueError: ``buffer`` is too small or in another context.
         """
         spec = self.input_spec(i)
+        self._check_buffer(buffer, spec, f"input {i}")
+        self._rebind_storage(spec.storage, buffer)
+        self._bound_in.add(i)
+
+    def bind_output(self, i: int, buffer: cl.Buffer) -> bool:
+        """Make output ``i`` end up in ``buffer``, with no host copy.
+
+        Written in place when the memory plan gives the output a storage of its own
+        (`PartitionIO.output_in_place`): its kernel arguments are set to ``buffer``.
+        Otherwise each `run` copies it into ``buffer`` on the device after the kernels.
+
+        Returns:
+            True when written in place, False when copied on the device.
+
+        Raises:
+            ValueError: ``buffer`` is too small or in another context.
+        """
+        spec = self.output_spec(i)
+        self._check_buffer(buffer, spec, f"output {i}")
+        self.unbind_output(i)
+        if self.output_in_place(i, buffer.size):
+            self._rebind_storage(spec.storage, buffer)
+            self._bound_out.add(i)
+            return True
+        self._copy_out[i] = buffer
+        return False
+
+    def unbind_input(self, i: int) -> None:
+        """Input ``i`` back to the executor's own buffer (set by `set_input`)."""
+        if i in self._bound_in:
+            storage = self.input_spec(i).storage
+            self._rebind_storage(storage, self._own_buffers[storage])
+            self._bound_in.discard(i)
+
+    def unbind_output(self, i: int) -> None:
+        """Output ``i`` back to the executor's own buffer (read by `get_output`)."""
+        if i in self._bound_out:
+            storage = self.output_spec(i).storage
+            self._rebind_storage(storage, self._own_buffers[storage])
+            self._bound_out.discard(i)
+        self._copy_out.pop(i, None)
+
+    def _check_buffer(self, buffer: cl.Buffer, spec: TensorSpec, what: str) -> None:
         if buffer.size < spec.nbytes:
             raise ValueError(
-                f"input {i} ({spec.name}): buffer of {buffer.size} bytes, need {spec.nbytes}"
+                f"{what} ({spec.name}): buffer of {buffer.size} bytes, need {spec.nbytes}"
             )
-        self._storage_buffers[spec.storage] = buffer
+        if buffer.context.int_ptr != self.context.int_ptr:
+            raise ValueError(f"{what} ({spec.name}): the buffer belongs to another context")
+
+    def _rebind_storage(self, storage: int, buffer: cl.Buffer) -> None:
+        """Every tensor of ``storage`` (re)viewed in ``buffer``, its kernel arguments set."""
+        self._storage_buffers[storage] = buffer
         for t in self.program.tensors:
-            if t.storage == spec.storage:
+            if t.storage == storage:
                 self._tensor_buffers[t.id] = self._view(t)
                 for kernel, j in self._arg_slots.get(t.id, []):
                     kernel.set_arg(j, self._tensor_buffers[t.id])

@@ -36,6 +36,31 @@ class PartitionIO:
         """Shape/dtype of output ``i``."""
         return self._tensor_specs[self.program.outputs[i]]
 
+    def output_in_place(self, i: int, nbytes: int) -> bool:
+        """Whether output ``i`` can be written straight into an application buffer of
+        ``nbytes`` bytes by pointing its storage there.
+
+        Only when the memory plan gives the output a workspace storage of its own: at offset
+        0, holding no other output, and no larger than the buffer. The storage may hold
+        intermediates before the output is computed (the plan reuses storage), which then
+        pass through the application's buffer too; that is why it must fit whole. Otherwise
+        (an output that is a partition input or a constant passed through, one sharing its
+        storage, one in a storage larger than the buffer) the executor copies it on the device.
+        """
+        spec = self.output_spec(i)
+        storage = next(s for s in self.program.storages if s.id == spec.storage)
+        shared = any(
+            k != i and self._tensor_specs[t].storage == spec.storage
+            for k, t in enumerate(self.program.outputs)
+        )
+        return (
+            storage.role == "workspace"
+            and spec.offset == 0
+            and storage.nbytes <= nbytes
+            and not shared
+            and spec.id not in self.program.constants
+        )
+
 
 def constant_arrays(
     program: GpuProgram,

@@ -16,16 +16,23 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
 from litekiln import config
 from litekiln.artifact.compiled import CompiledModel, PartitionArtifact
-from litekiln.errors import DeviceError
+from litekiln.errors import DeviceError, InputError
 from litekiln.model.ir import Model
 from litekiln.ops.base import dequantize, is_quantized, quantize
 from litekiln.reference import run_ops
+from litekiln.runtime.buffers import (
+    CudaBuffer,
+    DeviceBuffer,
+    OpenCLBuffer,
+    TensorSlot,
+    device_buffer,
+)
 from litekiln.runtime.device import DeviceHandle
 from litekiln.runtime.executor import ExecutorError, PartitionExecutor
 from litekiln.runtime.threads import cpu_thread_limit
@@ -53,6 +60,46 @@ class DivergenceReport:
             f"validate: tensor {self.tensor} ({self.name!r}), output of op #{self.op}, diverges "
             f"from the reference: max |gpu - ref| = {self.max_abs_error:.3g} > {self.tolerance:.3g}"
         )
+
+
+@dataclass
+class Binding:
+    """An application buffer bound to a graph input or output, and how the session uses it.
+
+    Attributes:
+        buffer: the buffer (its ``slot`` names the tensor and the role).
+        direct: where a GPU partition reads or writes it with no host copy, in words.
+        host: why the host copies it, in words (empty when it never does): an op on the CPU
+            reads the input or makes the output, an 8-bit tensor is (de)quantized on the CPU,
+            or the partition's launch path cannot use that kind of memory.
+    """
+
+    buffer: DeviceBuffer
+    direct: list[str] = field(default_factory=list)
+    host: list[str] = field(default_factory=list)
+
+    @property
+    def zero_copy(self) -> bool:
+        """True when no inference copies this tensor through the host."""
+        return not self.host
+
+
+@dataclass
+class _BindingPlan:
+    """What `Session.run` does with the bound buffers (made by `Session._plan_bindings`)."""
+
+    #: (partition, input) pairs read from their bound buffer: no value to stage.
+    direct_in: set[tuple[int, int]] = field(default_factory=set)
+    #: (partition, output) pairs written to their bound buffer that nothing reads on the host.
+    device_only: set[tuple[int, int]] = field(default_factory=set)
+    #: Bound inputs the host needs, read at the start of each run.
+    host_reads: list[tuple[int, DeviceBuffer]] = field(default_factory=list)
+    #: Bound outputs made on the host, written to their buffers at the end of each run.
+    host_writes: list[tuple[int, DeviceBuffer]] = field(default_factory=list)
+    #: Buffers whose producer orders its pending work before each run (DLPack streams).
+    syncs: list[DeviceBuffer] = field(default_factory=list)
+    #: Executors waited for at the end of each run, so the bound outputs hold the results.
+    finish: list[Any] = field(default_factory=list)
 
 
 class ProgramStore(Protocol):
@@ -133,6 +180,9 @@ class Session:
         # OpenCL executor and to swap it in, so an inference never sees a half-made switch.
         self._lock = threading.Lock()
         self._graph_thread: threading.Thread | None = None
+        #: Application buffers bound to graph inputs and outputs, by tensor index (`bind`).
+        self.bindings: dict[int, Binding] = {}
+        self._bound: _BindingPlan | None = None
         self._start_graph_upgrade()
         self.load_seconds = time.perf_counter() - t0
 
@@ -320,6 +370,12 @@ class Session:
         values: dict[int, np.ndarray] = dict(inputs)
         report = DivergenceReport(ok=True) if self.validate else None
         times = self.step_times
+        bound = self._bound
+        if bound is not None:
+            for buf in bound.syncs:
+                buf.before_run()
+            for t, buf in bound.host_reads:
+                values[t] = buf.read()
         for kind, idx in self.compiled.steps:
             t0 = time.perf_counter() if times is not None else 0.0
             if kind == "cpu":
@@ -330,6 +386,8 @@ class Session:
             part = self.compiled.partitions[idx]
             ex = self.executors[idx]
             for i, t in enumerate(part.inputs):
+                if bound is not None and (idx, i) in bound.direct_in:
+                    continue  # read from its bound buffer
                 x = values[t]
                 if is_quantized(g.tensors[t]):
                     x = dequantize(x, g.tensors[t])  # 8-bit inputs: float view, on the CPU
@@ -345,6 +403,8 @@ class Session:
                 times.append(("gpu_launch", idx, t1 - t0))
                 t0 = t1
             for i, t in enumerate(part.outputs):
+                if bound is not None and (idx, i) in bound.device_only:
+                    continue  # in its bound buffer, and nothing reads it on the host
                 y = ex.get_output(i, out=self._outputs[idx][i])
                 tensor = g.tensors[t]
                 if is_quantized(tensor):
@@ -360,7 +420,212 @@ class Session:
             self.last_report = report
             if not report.ok:
                 log.warning("%s", report)
+        if bound is not None:
+            for t, buf in bound.host_writes:
+                buf.write(values[t])
+            for ex in bound.finish:
+                ex.finish()
         return values
+
+    # ------------------------------------------------------------------ bound buffers
+    def bind(self, tensor: int, buffer: Any, role: str) -> Binding:
+        """Bind an application's device buffer to a graph input or output.
+
+        From the next `run` on, a bound input is read from ``buffer`` (not from the ``inputs``
+        argument) and a bound output is written into it; `run` then returns no host value for
+        a bound output that no op on the CPU needs. Where a GPU partition reads the input or
+        makes the output, its kernels use the buffer itself (an OpenCL buffer on the OpenCL
+        path, CUDA memory on the CUDA graph path); where the CPU needs the value, or the
+        partition's launch path cannot use that kind of memory, the run copies it through the
+        host (`Binding.host` says why; a warning says so once). Waits for the background CUDA
+        graph upgrade first, so the binding is made on the launch path that stays.
+
+        Args:
+            tensor: the graph input or output tensor index.
+            buffer: a ``pyopencl.Buffer`` or ``pyopencl.array.Array`` in the session's
+                context, or CUDA memory through DLPack (`litekiln.runtime.buffers`).
+            role: ``"input"`` or ``"output"``.
+
+        Returns:
+            The binding (``bindings[tensor]``).
+
+        Raises:
+            InputError: not a graph input (output), already bound the other way, or a buffer
+                whose shape, dtype, size or layout does not fit.
+            DeviceError: a buffer in another context or on another device, or CUDA memory
+                where there is no CUDA device.
+        """
+        g = self.graph
+        names = g.inputs if role == "input" else g.outputs
+        if tensor not in names:
+            listing = [(t, g.tensors[t].name) for t in names]
+            raise InputError(
+                f"tensor {tensor} is not a graph {role}; the model's {role}s are {listing}"
+            )
+        other = self.bindings.get(tensor)
+        if other is not None and other.buffer.slot.role != role:
+            raise InputError(
+                f"tensor {tensor} ({g.tensors[tensor].name!r}) is already bound as an "
+                f"{other.buffer.slot.role}; unbind it first"
+            )
+        self.wait_for_graph()
+        t = g.tensors[tensor]
+        slot = TensorSlot(role, tensor, t.name, tuple(t.shape), np.dtype(t.dtype))
+        with self._lock:
+            buf = device_buffer(
+                buffer,
+                slot,
+                context=self.handle.context,
+                queue=self.handle.queue,
+                cuda_device=self._cuda_device,
+            )
+            previous = self.bindings.get(tensor)
+            self.bindings[tensor] = Binding(buf)
+            try:
+                self._plan_bindings()
+            except BaseException:
+                self.bindings.pop(tensor)
+                if previous is not None:
+                    self.bindings[tensor] = previous
+                self._plan_bindings()
+                raise
+            binding = self.bindings[tensor]
+        if binding.host:
+            log.warning(
+                "%s: %s: bound to a %s, but copied through the host on each inference: %s",
+                self.model.name, slot, buf.describe(), "; ".join(binding.host),
+            )  # fmt: skip
+        return binding
+
+    def unbind(self, tensor: int | None = None) -> None:
+        """Unbind a tensor (None: every tensor): back to host values for the next `run`."""
+        with self._lock:
+            if tensor is None:
+                self.bindings.clear()
+            else:
+                self.bindings.pop(tensor, None)
+            self._plan_bindings()
+
+    def read_bound(self, tensor: int) -> np.ndarray:
+        """A host copy of what a bound buffer holds now (after `run`: the tensor's value).
+
+        Raises:
+            KeyError: the tensor is not bound.
+        """
+        with self._lock:
+            return self.bindings[tensor].buffer.read()
+
+    def _cuda_device(self) -> Any:
+        """The CUDA device that is this session's GPU (for CUDA memory given to `bind`)."""
+        from litekiln.runtime.cuda import CudaUnsupported, cuda_device_for
+
+        try:
+            return cuda_device_for(self.handle.device, self.handle.profile)
+        except CudaUnsupported as exc:
+            raise DeviceError(
+                f"CUDA memory cannot be bound on {self.device_name}: {exc}; bind a "
+                "pyopencl.Buffer of the interpreter's context (Interpreter.get_device())"
+            ) from None
+
+    def _plan_bindings(self) -> None:
+        """Hand each executor the bound buffers it can use directly, and plan the host copies
+        of the others (`_BindingPlan`). Called under the lock whenever a binding changes."""
+        for ex in self.executors:
+            for i in range(ex.num_inputs):
+                ex.unbind_input(i)
+            for i in range(ex.num_outputs):
+                ex.unbind_output(i)
+        for b in self.bindings.values():
+            b.direct.clear()
+            b.host.clear()
+        if not self.bindings:
+            self._bound = None
+            return
+        plan = _BindingPlan()
+        host_use = self._plan_inputs(plan)
+        self._plan_outputs(plan, host_use)
+        plan.syncs = [b.buffer for b in self.bindings.values() if b.buffer.kind == "cuda"]
+        self._bound = plan
+
+    def _bound_as(self, role: str) -> dict[int, Binding]:
+        return {t: b for t, b in self.bindings.items() if b.buffer.slot.role == role}
+
+    def _plan_inputs(self, plan: _BindingPlan) -> set[int]:
+        """Bind the inputs the partitions read directly; returns the tensors some step reads
+        on the host (the bound inputs among them are read into host memory by each run)."""
+        g = self.graph
+        inputs = self._bound_as("input")
+        host_use: set[int] = set()
+        for kind, idx in self.compiled.steps:
+            if kind == "cpu":
+                op = g.ops[idx]
+                host_use.update(op.inputs)
+                for t in op.inputs:
+                    if t in inputs:
+                        inputs[t].host.append(f"op #{idx} ({op.name}) runs on the CPU")
+                continue
+            ex = self.executors[idx]
+            for i, t in enumerate(self.compiled.partitions[idx].inputs):
+                b = inputs.get(t)
+                why = self._not_direct(b, ex, ex.input_spec(i), idx) if b else "unbound"
+                if b is not None and not why:
+                    _bind_executor(ex, "input", i, b.buffer)
+                    plan.direct_in.add((idx, i))
+                    b.direct.append(f"read by partition {idx}")
+                    continue
+                host_use.add(t)
+                if b is not None:
+                    b.host.append(why)
+        if self.validate:  # the check re-runs each partition on its inputs' host values
+            for part in self.compiled.partitions:
+                host_use.update(part.inputs)
+        for t, b in inputs.items():
+            if t in host_use or t in g.outputs:
+                plan.host_reads.append((t, b.buffer))
+        return host_use
+
+    def _plan_outputs(self, plan: _BindingPlan, host_use: set[int]) -> None:
+        """Bind the outputs the partitions write directly; plan host writes for the others."""
+        outputs = self._bound_as("output")
+        made: set[int] = set()
+        for kind, idx in self.compiled.steps:
+            if kind != "gpu":
+                continue
+            ex = self.executors[idx]
+            for i, t in enumerate(self.compiled.partitions[idx].outputs):
+                b = outputs.get(t)
+                if b is None or t in made:
+                    continue
+                made.add(t)
+                why = self._not_direct(b, ex, ex.output_spec(i), idx)
+                if why:
+                    b.host.append(why)
+                    plan.host_writes.append((t, b.buffer))
+                    continue
+                in_place = _bind_executor(ex, "output", i, b.buffer)
+                how = "in place" if in_place else "through a copy on the device"
+                b.direct.append(f"written by partition {idx} {how}")
+                if t not in host_use and not self.validate:
+                    plan.device_only.add((idx, i))
+                if ex not in plan.finish:
+                    plan.finish.append(ex)
+        for t, b in outputs.items():
+            if t not in made:
+                b.host.append("made by an op on the CPU")
+                plan.host_writes.append((t, b.buffer))
+
+    def _not_direct(self, b: Binding, ex: Any, spec: Any, part: int) -> str:
+        """Why partition ``part``'s executor cannot use ``b``'s buffer itself ('' if it can)."""
+        tensor = self.graph.tensors[b.buffer.slot.index]
+        kind = getattr(ex, "memory_kind", "")
+        if b.buffer.kind != kind:
+            path = "one CUDA graph" if kind == "cuda" else "OpenCL launches"
+            return f"partition {part} runs as {path}, which cannot use {b.buffer.kind} memory"
+        if is_quantized(tensor):
+            return "8-bit tensors are (de)quantized on the CPU"
+        if np.dtype(spec.dtype) != tensor.dtype or tuple(spec.shape) != tuple(tensor.shape):
+            return f"partition {part} takes it as {spec.dtype}{list(spec.shape)}"
+        return ""
 
     def _validate_partition(
         self, part: Any, values: dict[int, np.ndarray], report: DivergenceReport
@@ -385,6 +650,20 @@ class Session:
                     report.tensor, report.name, report.op = t, g.tensors[t].name, i
                     report.max_abs_error, report.tolerance = err, tol
                     return
+
+
+def _bind_executor(ex: Any, role: str, i: int, buf: DeviceBuffer) -> bool:
+    """Hand an executor a bound buffer in the form its launch path takes; True when it is
+    written in place (outputs; inputs are always read in place)."""
+    native: tuple[Any, ...] = (
+        (buf.buffer,)
+        if isinstance(buf, OpenCLBuffer)
+        else (cast(CudaBuffer, buf).address, buf.nbytes)
+    )
+    if role == "input":
+        ex.bind_input(i, *native)
+        return True
+    return bool(ex.bind_output(i, *native))
 
 
 def partition_constants(compiled: CompiledModel, part: PartitionArtifact) -> dict[str, np.ndarray]:
