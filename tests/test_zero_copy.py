@@ -307,6 +307,14 @@ class _DLManagedTensor(ctypes.Structure):
     ]
 
 
+def _aligned(shape, dtype=np.float32, offset: int = 0) -> np.ndarray:
+    """A zeroed array at a multiple of 256 bytes (plus ``offset``), as CUDA allocations are."""
+    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.zeros(n + 512 + offset, np.uint8)
+    start = -raw.ctypes.data % 256 + offset
+    return raw[start : start + n].view(dtype).reshape(shape)
+
+
 class FakeCudaTensor:
     """Host memory that calls itself CUDA memory through DLPack: the fake driver's device
     addresses are host addresses, so kernels and copies of the fake reach it."""
@@ -354,23 +362,25 @@ def fake(monkeypatch):
 
 def test_cuda_tensors_are_checked_against_the_tensor_and_the_device(fake):
     device = cuda.CudaDevice(0)
-    ok = FakeCudaTensor(np.zeros((1, 4, 4, 3), np.float32))
+    ok = FakeCudaTensor(_aligned((1, 4, 4, 3), np.float32))
     buf = _bind(ok, lambda: device)
     assert buf.kind == "cuda" and buf.address == ok.array.ctypes.data and buf.nbytes == 192
     assert ok.streams == [device.stream.value]  # exported for litekiln's stream
     buf.before_run()
     assert ok.streams[-1] == device.stream.value
     with pytest.raises(InputError, match=r"has shape \[1, 3, 4, 4\], expected \[1, 4, 4, 3\]"):
-        _bind(FakeCudaTensor(np.zeros((1, 3, 4, 4), np.float32)), lambda: device)
+        _bind(FakeCudaTensor(_aligned((1, 3, 4, 4), np.float32)), lambda: device)
     with pytest.raises(InputError, match="has dtype int32, expected float32"):
-        _bind(FakeCudaTensor(np.zeros((1, 4, 4, 3), np.int32)), lambda: device)
+        _bind(FakeCudaTensor(_aligned((1, 4, 4, 3), np.int32)), lambda: device)
     with pytest.raises(InputError, match="has dtype bfloat32, expected float32"):
-        _bind(FakeCudaTensor(np.zeros((1, 4, 4, 3), np.float32), code=4), lambda: device)
-    strided = np.zeros((1, 4, 4, 6), np.float32)[..., ::2]
+        _bind(FakeCudaTensor(_aligned((1, 4, 4, 3), np.float32), code=4), lambda: device)
+    strided = _aligned((1, 4, 4, 6))[..., ::2]
     with pytest.raises(InputError, match="not C-contiguous"):
         _bind(FakeCudaTensor(strided), lambda: device)
+    with pytest.raises(InputError, match=r"starts at address 0x[0-9a-f]+, not a multiple of 256"):
+        _bind(FakeCudaTensor(_aligned((1, 4, 4, 3), offset=16)), lambda: device)
     with pytest.raises(DeviceError, match=r"on CUDA device 1, the model runs on CUDA device 0"):
-        _bind(FakeCudaTensor(np.zeros((1, 4, 4, 3), np.float32), device_id=1), lambda: device)
+        _bind(FakeCudaTensor(_aligned((1, 4, 4, 3), np.float32), device_id=1), lambda: device)
     # Host copies of a bound CUDA tensor (for ops on the CPU) go through the driver.
     ok.array[...] = 2.5
     np.testing.assert_array_equal(buf.read(), ok.array)
@@ -443,8 +453,8 @@ def test_session_binds_cuda_tensors_on_the_graph_path(fake, monkeypatch, model_c
     (ex,) = it._backend.executors  # noqa: SLF001
     assert isinstance(ex, cuda.CudaGraphExecutor)
     (inp,), (out,) = it.get_input_details(), it.get_output_details()
-    x = FakeCudaTensor(np.zeros(tuple(inp["shape"]), np.float32))
-    y = FakeCudaTensor(np.zeros(tuple(out["shape"]), np.float32))
+    x = FakeCudaTensor(_aligned(tuple(inp["shape"]), np.float32))
+    y = FakeCudaTensor(_aligned(tuple(out["shape"]), np.float32))
     it.bind_input(inp["index"], x)
     it.bind_output(out["index"], y)
     assert it.get_bindings()[inp["index"]]["zero_copy"]

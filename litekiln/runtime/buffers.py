@@ -78,6 +78,9 @@ _DL_DEVICES = {
 #: DLDataTypeCode -> numpy kind letter (kDLInt, kDLUInt, kDLFloat, kDLBool); other codes
 #: (opaque handles, bfloat, complex, fp8 ...) name no numpy dtype litekiln tensors have.
 _DL_KINDS = {0: "i", 1: "u", 2: "f", 6: "b"}
+#: Alignment of bound CUDA memory: the graph's own arena places every storage at a multiple of
+#: 256 bytes (cudaMalloc's), and the kernels may use vector loads that rely on it.
+CUDA_ALIGN = 256
 _DL_CODE_NAMES = {
     0: "int",
     1: "uint",
@@ -488,4 +491,10 @@ def _cuda_tensor(obj: Any, slot: TensorSlot, cuda_device: Callable[[], Any]) -> 
     _check_typed(slot, what, tensor.shape, tensor.dtype, tensor.c_contiguous, tensor.type_name)
     if not tensor.address and slot.nbytes:
         raise InputError(f"{slot}: the {type(obj).__name__} has no memory (null data pointer)")
+    if tensor.address % CUDA_ALIGN:
+        raise InputError(
+            f"{slot}: the {type(obj).__name__} starts at address {tensor.address:#x}, not a "
+            f"multiple of {CUDA_ALIGN} bytes as the kernels' memory is (a view into a larger "
+            "tensor?): bind a tensor that starts its own allocation (.clone())"
+        )
     return CudaBuffer(slot, tensor, device, obj)

@@ -223,6 +223,11 @@ latency16() {
     --precision fp16 --out "$OUT/latency_fp16.json" "${PATHS[@]}"
 }
 
+zerocopy() {  # host time per inference: numpy I/O against torch CUDA tensors bound via DLPack
+  timeout "$T_LATENCY" "$PY" scripts/remote_gpu/zero_copy.py --cache-dir "$CACHE" --runs "$RUNS" \
+    --out "$OUT/zero_copy.json" "${PATHS[@]}"
+}
+
 step graphprobe graphprobe
 step accuracy accuracy
 step startup startup
@@ -235,5 +240,6 @@ step profilewarm profilewarm
 step latencypy latencypy
 step latencycl latencycl
 step probeinit probeinit
+step zerocopy zerocopy
 echo "== results in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 exit $status
