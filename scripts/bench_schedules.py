@@ -287,6 +287,9 @@ def _print_pocl_table(summary: dict[str, Any]) -> None:
         "| largest kernel before | after | its FLOPs | largest kernel after |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    if not any("before" in v for v in summary.values()):  # one tree measured: its figures only
+        _print_after_table(summary)
+        return
     for name in sorted(summary):
         b, a = summary[name].get("before"), summary[name].get("after")
         if b is None or a is None:
@@ -297,6 +300,25 @@ def _print_pocl_table(summary: dict[str, Any]) -> None:
             f"| {b['ratio']:.1f} | {a['ratio']:.1f} | {pct(b['top_share'])} "
             f"| {pct(a['top_share'])} | {pct(a['top_flop_share'])} "
             f"| `{a['top_kernel']}` ({a['top_rule']}) |"
+        )
+
+
+def _print_after_table(summary: dict[str, Any]) -> None:
+    """The table of one measured tree (``after`` only): latency, LiteRT CPU, the ratio, the
+    largest kernel's share of the device time and of the FLOPs."""
+    print(
+        "\n| model | litekiln ms | LiteRT CPU ms | litekiln / LiteRT | largest kernel's time "
+        "| its FLOPs | largest kernel (rule) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name in sorted(summary):
+        a = summary[name].get("after")
+        if a is None:
+            continue
+        flops = "-" if a["top_flop_share"] is None else f"{100 * a['top_flop_share']:.0f}%"
+        print(
+            f"| {name} | {a['litekiln_ms']:.1f} | {a['litert_cpu_ms']:.1f} | {a['ratio']:.2f} "
+            f"| {100 * a['top_share']:.0f}% | {flops} | `{a['top_kernel']}` ({a['top_rule']}) |"
         )
 
 
