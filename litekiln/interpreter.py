@@ -387,7 +387,7 @@ class Interpreter:
         """
         return self._session().handle
 
-    def bind_input(self, tensor_index: int, buffer: Any) -> None:
+    def bind_input(self, tensor_index: int, buffer: Any, *, sync: bool = True) -> None:
         """Read a graph input from a device buffer of the application's, from now on.
 
         ``invoke`` then reads the input where the application keeps it, with no copy through
@@ -402,8 +402,13 @@ class Interpreter:
                 ``pyopencl.Buffer`` (size checked; C-contiguous elements of the input's dtype)
                 in ``get_device().context``; or on NVIDIA GPUs a CUDA tensor through DLPack
                 (torch, cupy: shape, dtype, layout and device checked), read by the CUDA graph
-                path. Write it through ``get_device().queue``, or finish your own queue (CUDA:
-                litekiln orders its stream after the tensor's pending work) before ``invoke``.
+                path. Write it through ``get_device().queue``, or finish your own queue, before
+                ``invoke``.
+            sync: CUDA tensors: at each ``invoke``, ask the tensor's library to order its
+                pending work before litekiln's stream (DLPack's ``__dlpack__(stream=...)``:
+                15-40 us per invoke on the H100 with torch, once per library). ``False`` when
+                the application makes sure of it (it synchronises its stream before
+                ``invoke``, and does not write an output buffer that is still being read).
 
         Raises:
             InputError: not a graph input; host memory; a buffer whose shape, dtype, size or
@@ -411,21 +416,22 @@ class Interpreter:
             DeviceError: a buffer of another OpenCL context or CUDA device, CUDA memory
                 without the CUDA path, or ``device="reference"``.
         """
-        self._bind(tensor_index, buffer, "input")
+        self._bind(tensor_index, buffer, "input", sync)
 
-    def bind_output(self, tensor_index: int, buffer: Any) -> None:
+    def bind_output(self, tensor_index: int, buffer: Any, *, sync: bool = True) -> None:
         """Write a graph output into a device buffer of the application's, from now on.
 
         After ``invoke`` the buffer holds the output (the device work is finished when
         ``invoke`` returns); ``get_tensor`` reads it back. Kernels write it in place when the
         memory plan gives the output a storage of its own, else it is copied there on the
-        device. Takes the same buffers as ``bind_input``.
+        device. Takes the same buffers and ``sync`` as ``bind_input`` (for an output: pending
+        reads of the buffer come before the next ``invoke`` writes it).
 
         Raises:
             InputError: not a graph output, or a buffer that does not fit (see ``bind_input``).
             DeviceError: as for ``bind_input``.
         """
-        self._bind(tensor_index, buffer, "output")
+        self._bind(tensor_index, buffer, "output", sync)
 
     def unbind(self, tensor_index: int | None = None) -> None:
         """Unbind one tensor's buffer (None: all): back to ``set_tensor`` / ``get_tensor``.
@@ -454,10 +460,10 @@ class Interpreter:
                 for t, b in bindings.items()
             }
 
-    def _bind(self, tensor_index: int, buffer: Any, role: str) -> None:
+    def _bind(self, tensor_index: int, buffer: Any, role: str, sync: bool) -> None:
         with self._lock:
             session = self._session()
-            session.bind(tensor_index, buffer, role)
+            session.bind(tensor_index, buffer, role, sync=sync)
             for state in self._states.values():  # (the buffer holds the value now)
                 state.inputs.pop(tensor_index, None)
 

@@ -259,6 +259,28 @@ def test_an_output_made_on_the_cpu_is_written_to_its_buffer(model_cache):
 # --------------------------------------------------------------------------- DLPack
 
 
+def test_one_export_per_run_for_each_library_that_syncs_whole_streams():
+    """torch and cupy order their current stream before ours whichever tensor is exported:
+    one export per run each; another producer's tensors are each exported; sync=False none."""
+    from types import SimpleNamespace
+
+    from litekiln.runtime.session import _stream_syncs
+
+    def owned_by(module: str):
+        return type("Tensor", (), {"__module__": module})()
+
+    def buf(owner, kind="cuda", sync=True):
+        return SimpleNamespace(kind=kind, owner=owner, sync=sync)
+
+    torch_a, torch_b = buf(owned_by("torch")), buf(owned_by("torch"))
+    cupy_a = buf(owned_by("cupy._core.core"))
+    other_a, other_b = buf(owned_by("jaxlib.xla")), buf(owned_by("jaxlib.xla"))
+    quiet = buf(owned_by("torch"), sync=False)
+    opencl = buf(owned_by("pyopencl.array"), kind="opencl")
+    picked = _stream_syncs([quiet, torch_a, torch_b, cupy_a, other_a, other_b, opencl])
+    assert picked == [torch_a, cupy_a, other_a, other_b]
+
+
 def test_dlpack_is_read_from_the_capsule():
     a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
     t = read_dlpack(a)
@@ -466,6 +488,10 @@ def test_session_binds_cuda_tensors_on_the_graph_path(fake, monkeypatch, model_c
     assert not [c for c, _ in graph if c[0] == "copy"], "no copies in the graph"
     pointers = {v for c, _ in graph if c[0] == "kernel" for v in c[4]}
     assert {x.array.ctypes.data, y.array.ctypes.data} <= pointers
+    it.bind_output(out["index"], y, sync=False)  # the app orders its own stream
+    n = len(y.streams)
+    it.invoke()
+    assert len(y.streams) == n and len(x.streams) == before + 2
 
     it.unbind()
     q = it.get_device().queue

@@ -237,12 +237,15 @@ class DeviceBuffer:
         slot: the tensor it is bound to.
         nbytes: the bytes the buffer holds (at least ``slot.nbytes``).
         owner: the object the application gave (kept alive with the binding).
+        sync: whether `before_run` orders the producer's pending work (CUDA tensors); False
+            when the application vouches for it.
     """
 
     kind: str
     slot: TensorSlot
     nbytes: int
     owner: Any
+    sync: bool = True
 
     def describe(self) -> str:
         """The buffer, in words."""
@@ -351,6 +354,7 @@ def device_buffer(
     context: Any,
     queue: Any,
     cuda_device: Callable[[], Any],
+    sync: bool = True,
 ) -> DeviceBuffer:
     """Check an application's buffer against the tensor it is to be bound to.
 
@@ -362,6 +366,8 @@ def device_buffer(
         queue: the session's in-order queue.
         cuda_device: returns the session's `CudaDevice` (called for CUDA memory only);
             raises `DeviceError` where there is none.
+        sync: for CUDA memory, order the producer's pending work before each run
+            (`DeviceBuffer.sync`).
 
     Returns:
         The bound buffer.
@@ -382,7 +388,9 @@ def device_buffer(
             )
         return OpenCLBuffer(slot, obj, queue, obj)
     if hasattr(obj, "__dlpack_device__") and hasattr(obj, "__dlpack__"):
-        return _cuda_tensor(obj, slot, cuda_device)
+        buf = _cuda_tensor(obj, slot, cuda_device)
+        buf.sync = sync
+        return buf
     if isinstance(obj, np.ndarray):
         raise InputError(
             f"{slot}: a numpy array is host memory: give it to set_tensor(); binding takes "

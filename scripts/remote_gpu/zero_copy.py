@@ -5,7 +5,10 @@ For each model, in one process and on one interpreter, alternately (``--repeat``
 * ``numpy``: ``set_tensor`` each input, ``invoke``, ``get_tensor`` each output (the LiteRT way);
 * ``bound_inputs``: the inputs bound to device tensors (``bind_input``), outputs read with
   ``get_tensor``: frames that already live on the GPU;
-* ``bound``: inputs and outputs bound (``bind_input``/``bind_output``): ``invoke`` alone.
+* ``bound``: inputs and outputs bound (``bind_input``/``bind_output``): ``invoke`` alone;
+* ``bound_nosync`` (CUDA tensors only): the same with ``sync=False``: no DLPack export per
+  ``invoke`` (``dlpack_export_us`` says what one costs), the application vouching for the
+  ordering of its own stream.
 
 Each mode is timed over ``--runs`` inferences after ``--warmup`` (the host's wall time of the
 synchronous call: ``invoke`` returns when the results are in the buffers), and the outputs the
@@ -45,7 +48,7 @@ _ROOT = Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:  # run from anywhere: the repository's litekiln
     sys.path.insert(0, str(_ROOT))
 
-MODES = ("numpy", "bound_inputs", "bound")
+MODES = ("numpy", "bound_inputs", "bound", "bound_nosync")
 
 
 def _model_path(name: str) -> str:
@@ -136,27 +139,34 @@ def measure(path: str, args: argparse.Namespace) -> dict[str, Any]:
         interp.unbind()
         if mode == "numpy":
             return
+        sync = mode != "bound_nosync"
         for d, b in zip(ins, bufs.inputs, strict=True):
-            interp.bind_input(d["index"], b)
-        if mode == "bound":
+            interp.bind_input(d["index"], b, sync=sync)
+        if mode != "bound_inputs":
             for d, b in zip(outs, bufs.outputs, strict=True):
-                interp.bind_output(d["index"], b)
+                interp.bind_output(d["index"], b, sync=sync)
 
     def bound_inputs_io() -> list[np.ndarray]:
         interp.invoke()
         return [interp.get_tensor(d["index"]) for d in outs]
 
-    calls = {"numpy": numpy_io, "bound_inputs": bound_inputs_io, "bound": interp.invoke}
-    samples: dict[str, list[float]] = {m: [] for m in MODES}
+    modes = [m for m in MODES if not (args.opencl_buffers and m == "bound_nosync")]
+    calls = {
+        "numpy": numpy_io,
+        "bound_inputs": bound_inputs_io,
+        "bound": interp.invoke,
+        "bound_nosync": interp.invoke,
+    }
+    samples: dict[str, list[float]] = {m: [] for m in modes}
     same: dict[str, float] = {}
     bindings: dict[str, Any] = {}
     for _ in range(args.repeat):
-        for mode in MODES:
+        for mode in modes:
             bind(mode)
             samples[mode] += _time(calls[mode], args.runs, args.warmup)
             if mode == "bound_inputs":
                 got = bound_inputs_io()
-            elif mode == "bound":
+            elif mode.startswith("bound"):
                 bindings = interp.get_bindings()
                 got = [bufs.host(b) for b in bufs.outputs]
             else:
@@ -168,6 +178,11 @@ def measure(path: str, args: argparse.Namespace) -> dict[str, Any]:
             same[mode] = max(same.get(mode, 0.0), diff)
     bind("numpy")
     transfer = _time(lambda: bufs.transfer(xs), args.runs, args.warmup)
+    # What one DLPack export for litekiln's stream costs (the per-run ordering, CUDA only).
+    export = None
+    if not args.opencl_buffers:
+        stream = int(session._cuda_device().stream.value)  # noqa: SLF001
+        export = _time(lambda: bufs.inputs[0].__dlpack__(stream=stream), args.runs, args.warmup)
     med = {m: statistics.median(s) * 1e3 for m, s in samples.items()}
     return {
         "model": Path(path).stem,
@@ -181,7 +196,11 @@ def measure(path: str, args: argparse.Namespace) -> dict[str, Any]:
             for m, s in samples.items()
         },
         "saved_ms": round(med["numpy"] - med["bound"], 4),
+        "saved_nosync_ms": round(med["numpy"] - med["bound_nosync"], 4)
+        if "bound_nosync" in med
+        else None,
         "transfer_ms": round(statistics.median(transfer) * 1e3, 4),
+        "dlpack_export_us": round(statistics.median(export) * 1e6, 2) if export else None,
         "input_bytes": int(sum(x.nbytes for x in xs)),
         "output_bytes": int(sum(w.nbytes for w in want)),
         "max_abs_diff": same,
