@@ -256,6 +256,27 @@ def test_an_output_made_on_the_cpu_is_written_to_its_buffer(model_cache):
     assert it.get_bindings()[out["index"]]["host_copies"] == ["made by an op on the CPU"]
 
 
+@pytest.mark.opencl
+def test_8bit_tensors_are_bound_through_the_host(model_cache):
+    """Quantized inputs and outputs are (de)quantized on the CPU: bound, they still work."""
+    import pyopencl.array as cla
+
+    it = _interpreter(SMOKE.with_name("smoke_int8.tflite"), model_cache)
+    (inp,), outs = it.get_input_details(), it.get_output_details()
+    x = it.random_inputs(0)[0]
+    want = _numpy_path(it, [x])
+    q = it.get_device().queue
+    ys = [cla.empty(q, tuple(d["shape"]), d["dtype"]) for d in outs]
+    it.bind_input(inp["index"], cla.to_device(q, x))
+    for d, y in zip(outs, ys, strict=True):
+        it.bind_output(d["index"], y)
+    it.invoke()
+    for y, w in zip(ys, want, strict=True):
+        np.testing.assert_array_equal(y.get(), w)
+    for b in it.get_bindings().values():
+        assert b["host_copies"] == ["8-bit tensors are (de)quantized on the CPU"]
+
+
 # --------------------------------------------------------------------------- DLPack
 
 

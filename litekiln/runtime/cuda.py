@@ -499,7 +499,9 @@ class CudaGraphExecutor(PartitionIO):
     needs (set_input, run, get_output, finish, profile, launch_names, num_launches). Inputs
     are staged in pinned host memory; the graph copies them in, runs every kernel and copies
     the outputs to pinned host memory, so one inference is one ``cuGraphLaunch`` and one
-    ``cuStreamSynchronize``.
+    ``cuStreamSynchronize``. Device memory of the application's can replace an input or an
+    output (`bind_input`, `bind_output`): the kernels then read or write it and the graph
+    has no copy for it.
 
     Attributes:
         program: The program being run.
