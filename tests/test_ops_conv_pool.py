@@ -189,17 +189,16 @@ def test_fully_connected(act: str, keep_num_dims: bool, bias: bool) -> None:
 
 
 def test_fully_connected_refuses_tanh_like_litert() -> None:
-    # LiteRT's FULLY_CONNECTED Prepare accepts only NONE/RELU/RELU_N1_TO_1/RELU6.
+    # LiteRT's FULLY_CONNECTED Prepare accepts only NONE/RELU/RELU_N1_TO_1/RELU6: litekiln
+    # refuses the model at load, naming the rule.
     model = single_op_model(
         "FULLY_CONNECTED",
         [Spec([2, 4])],
         {"fused_activation_function": "TANH"},
         consts={1: _const([3, 4]), 2: _const([3])},
     )
-    graph = load_model(model).main
-    op = graph.live_ops()[0]
     with pytest.raises(ModelError, match="fused activation"):
-        run_op(op, graph, [np.zeros([2, 4], np.float32), np.zeros([3, 4], np.float32), None])
+        load_model(model)
 
 
 def test_conv_fused_tanh_is_a_noop_like_litert() -> None:
@@ -685,7 +684,10 @@ def test_gpu_support_reasons() -> None:
         version=3,
     )
     g, op = _graph(dw3)
-    assert "version 3" in lookup(op).gpu_support(op, g, allow_quantized=False)
+    # Versions are features now: the GPU form takes v3; the documented table stops at v2.
+    assert lookup(op).gpu_support(op, g, allow_quantized=False) is None
+
+    assert "version 3 > 2" in (gpu_reason(op, g, allow_quantized=False, extended_table=False) or "")
     lstm_full = single_op_model(
         "LSTM",
         [Spec([1, 4]), Spec([1, 3]), Spec([1, 3])],
@@ -714,10 +716,10 @@ def test_gpu_support_reasons() -> None:
     g, op = _graph(custom)
     # In the extended table only: supported by the op, refused by the documented table.
     assert lookup(op).gpu_support(op, g) is None
-    assert gpu_reason(op, g) == (
-        "not in the GPU op table (it is in the extended table: op_table='extended')"
+    assert gpu_reason(op, g, extended_table=False) == (
+        "not in the documented GPU op table (op_table='documented')"
     )
-    assert gpu_reason(op, g, extended_table=True) is None
+    assert gpu_reason(op, g) is None  # the default table
     bad = single_op_model(
         "CUSTOM:Convolution2DTransposeBias",
         [Spec([1, 2, 2, 1])],
@@ -725,10 +727,8 @@ def test_gpu_support_reasons() -> None:
         custom_options=struct.pack("<3i", 3, 2, 2),
         out_shape=[1, 4, 4, 1],
     )
-    g, op = _graph(bad)
-    assert (
-        gpu_reason(op, g, extended_table=True) == "padding code 3 is neither SAME (1) nor VALID (2)"
-    )
+    with pytest.raises(ModelError, match=r"padding code 3 is neither SAME \(1\) nor VALID \(2\)"):
+        _graph(bad)  # refused at load now, naming the rule
 
 
 # -- whole MediaPipe models -------------------------------------------------------------------

@@ -360,10 +360,7 @@ def add_inspect_parser(sub: _Subcommands) -> None:
             "  litekiln inspect face_detection.tflite\n"
             "  litekiln inspect model.tflite --ops | grep cpu        # the CPU ops, and why\n"
             "  litekiln inspect model.tflite --op-table documented --json\n"
-            "  litekiln inspect model.tflite --compiled --cache-dir build/litekiln-cache\n"
-            "  litekiln inspect model.tflite --view model.html      # the graph, as a page\n"
-            "  litekiln bench model.tflite --profile --out prof.json && \\\n"
-            "    litekiln inspect model.tflite --view model.html --profile prof.json\n"
+            "  litekiln inspect model.tflite --view model.html --profile prof.json  # (bench)\n"
         ),
     )
     p.add_argument("model", metavar="MODEL", type=existing_file)
