@@ -16,6 +16,18 @@ from litekiln.ops.fold import GROWTH_BYTES
 from litekiln.placement import placement
 
 
+def _invoke(it: Any, feeds: list[np.ndarray]) -> list[np.ndarray]:
+    """Resize the inputs that differ, allocate, run: LiteRT's and litekiln's Interpreter alike."""
+    for d, x in zip(it.get_input_details(), feeds, strict=True):
+        if tuple(d["shape"]) != x.shape:
+            it.resize_tensor_input(d["index"], list(x.shape))
+    it.allocate_tensors()
+    for d, x in zip(it.get_input_details(), feeds, strict=True):
+        it.set_tensor(d["index"], x)
+    it.invoke()
+    return [it.get_tensor(d["index"]) for d in it.get_output_details()]
+
+
 def _litert(model: bytes, feeds: list[np.ndarray]) -> list[np.ndarray]:
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
@@ -23,26 +35,11 @@ def _litert(model: bytes, feeds: list[np.ndarray]) -> list[np.ndarray]:
         model_content=model,
         experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
     )
-    for d, x in zip(it.get_input_details(), feeds, strict=True):
-        if tuple(d["shape"]) != x.shape:
-            it.resize_tensor_input(d["index"], list(x.shape))
-    it.allocate_tensors()
-    for d, x in zip(it.get_input_details(), feeds, strict=True):
-        it.set_tensor(d["index"], x)
-    it.invoke()
-    return [it.get_tensor(d["index"]) for d in it.get_output_details()]
+    return _invoke(it, feeds)
 
 
 def _reference(model: bytes, feeds: list[np.ndarray], **kw: Any) -> list[np.ndarray]:
-    it = litekiln.Interpreter(model_content=model, device="reference", **kw)
-    for d, x in zip(it.get_input_details(), feeds, strict=True):
-        if tuple(d["shape"]) != x.shape:
-            it.resize_tensor_input(d["index"], list(x.shape))
-    it.allocate_tensors()
-    for d, x in zip(it.get_input_details(), feeds, strict=True):
-        it.set_tensor(d["index"], x)
-    it.invoke()
-    return [it.get_tensor(d["index"]) for d in it.get_output_details()]
+    return _invoke(litekiln.Interpreter(model_content=model, device="reference", **kw), feeds)
 
 
 def keras_reshape_model() -> bytes:

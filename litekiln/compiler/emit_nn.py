@@ -27,16 +27,19 @@ from litekiln.compiler.lowering import (
 from litekiln.ops.conv import C_PADDING_SAME, Convolution2DTransposeBias
 
 
+def _strides_and_dilation(ctx: Ctx) -> tuple[tuple[int, int], tuple[int, int]]:
+    """A convolution's (stride_h, stride_w) and (dilation_h, dilation_w) options."""
+    o = ctx.options
+    strides = (int(o.get("stride_h", 1)), int(o.get("stride_w", 1)))
+    return strides, (int(o.get("dilation_h_factor", 1)), int(o.get("dilation_w_factor", 1)))
+
+
 @emitter("CONV_2D")
 def _conv2d(ctx: Ctx) -> list[Expr]:
     w = ctx.const(1)  # OHWI
     _, h, wd, cin = ctx.tensor(0).shape
     o, kh, kw, wi = w.shape
-    sh, sw = int(ctx.options.get("stride_h", 1)), int(ctx.options.get("stride_w", 1))
-    dh, dw = (
-        int(ctx.options.get("dilation_h_factor", 1)),
-        int(ctx.options.get("dilation_w_factor", 1)),
-    )
+    (sh, sw), (dh, dw) = _strides_and_dilation(ctx)
     x, wc, pads = conv_data(ctx, w, conv_pads(ctx, h, wd, kh, kw, sh, sw, dh, dw))
     y = ctx.emit(
         relax.op.nn.conv2d(
@@ -60,11 +63,7 @@ def _dwconv(ctx: Ctx) -> list[Expr]:
     _, h, wd, cin = ctx.tensor(0).shape
     _, kh, kw, cm = w.shape
     w = np.ascontiguousarray(w.transpose(3, 1, 2, 0))  # (C*M), KH, KW, 1: grouped OHWI
-    sh, sw = int(ctx.options.get("stride_h", 1)), int(ctx.options.get("stride_w", 1))
-    dh, dw = (
-        int(ctx.options.get("dilation_h_factor", 1)),
-        int(ctx.options.get("dilation_w_factor", 1)),
-    )
+    (sh, sw), (dh, dw) = _strides_and_dilation(ctx)
     x, wc, pads = conv_data(ctx, w, conv_pads(ctx, h, wd, kh, kw, sh, sw, dh, dw))
     y = ctx.emit(
         relax.op.nn.conv2d(
