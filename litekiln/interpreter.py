@@ -137,6 +137,8 @@ class Interpreter:
         )
         self._last_invoker: _ThreadState | None = None
         self._variables = self._initial_variables()
+        #: Carried states (carry_state): graph input -> the graph output fed back into it.
+        self._carries: dict[int, int] = {}
         self._backend: Any = None
 
     @staticmethod
@@ -197,6 +199,9 @@ class Interpreter:
                     **self._options,
                 )
             self._backend.cpu_threads = self.num_threads
+            if hasattr(self._backend, "carry"):  # carried states survive a re-plan
+                for dst, src in self._carries.items():
+                    self._backend.carry(src, dst)
 
     @property
     def device(self) -> str:
@@ -237,7 +242,7 @@ class Interpreter:
             InputError: not an input index, or a wrong shape or dtype.
         """
         t = self._input_view(tensor_index)
-        if self._is_bound(tensor_index):
+        if self._is_bound(tensor_index) and tensor_index not in self._carries:
             raise InputError(
                 f"input {tensor_index} ({t.name!r}) is bound to a device buffer (bind_input): "
                 "write the new value into that buffer, or unbind() it first"
@@ -254,6 +259,9 @@ class Interpreter:
                 f"{list(arr.shape)}; resize_tensor_input() changes it"
             )
         with self._lock:
+            if self._is_bound(tensor_index):  # a carried state: its next value, on the device
+                self._backend.write_bound(tensor_index, arr)
+                return
             np.copyto(self._input_buffer(tensor_index), arr)
 
     def resize_tensor_input(self, input_index: int, tensor_size: Any, strict: bool = False) -> None:
@@ -308,6 +316,9 @@ class Interpreter:
                 self._last_invoker.values = _detached(self._last_invoker)
             state.values = self._backend.run({**self._variables, **inputs})
             self._last_invoker = state
+            for dst, src in self._carries.items():
+                if not self._is_bound(dst):  # carried on the host (device="reference")
+                    np.copyto(self._input_buffer(dst), state.values[src])
 
     def get_tensor(self, tensor_index: int, subgraph_index: int = 0) -> np.ndarray:
         """A copy of a tensor's value: this thread's inputs and results (zeros before its
@@ -337,9 +348,69 @@ class Interpreter:
         return view
 
     def reset_all_variables(self) -> None:
-        """Reset the model's variable tensors (state kept across invocations) to zero."""
+        """Reset the model's variable tensors (state kept across invocations) to zero, and
+        the inputs that carry a state (``carry_state``)."""
         with self._lock:
             self._variables = self._initial_variables()
+            if self._backend is not None and hasattr(self._backend, "reset_state"):
+                self._backend.reset_state()
+            for state in self._states.values():
+                for dst in self._carries:
+                    state.inputs.pop(dst, None)
+
+    def carry_state(self, output_index: int, input_index: int) -> None:
+        """Feed a graph output back into a graph input after every ``invoke``, on the device.
+
+        For recurrent models that take their state as inputs and return the new state as
+        outputs, such as a basic LSTM cell (previous activation and cell state in, new ones
+        out): where a LiteRT app copies each new state out with ``get_tensor`` and back in with
+        ``set_tensor``, here the state never leaves the device. litekiln binds buffers of its
+        own to both tensors and copies the output's into the input's on the device at the end
+        of each ``invoke`` (one copy of the state's bytes: its memory is the GPU path's, OpenCL
+        or CUDA).
+
+        The state starts at zero, as LiteRT's variable tensors do; ``set_tensor`` on the
+        input sets it (an initial state), ``reset_all_variables`` zeroes it, ``get_tensor``
+        reads either end. It holds for every thread and across ``resize_tensor_input``;
+        ``unbind`` of either end ends it. With ``device="reference"`` it is carried on the
+        host. Where an op on the CPU reads the input or makes the output, that end is copied
+        through the host (``get_bindings`` says why).
+
+        Args:
+            output_index: the graph output holding the new state.
+            input_index: the graph input taking the previous state (same shape and dtype).
+
+        Raises:
+            InputError: not a graph output and a graph input, differing shapes or dtypes,
+                an input already carrying a state, or an end already bound.
+        """
+        g = self._graph
+        with self._lock:
+            if output_index not in g.outputs or input_index not in g.inputs:
+                raise InputError(
+                    f"carry_state({output_index}, {input_index}) takes a graph output and a "
+                    f"graph input: the outputs are {list(g.outputs)}, the inputs "
+                    f"{list(g.inputs)}"
+                )
+            if input_index in self._carries:
+                raise InputError(
+                    f"input {input_index} ({g.tensors[input_index].name!r}) already carries "
+                    f"output {self._carries[input_index]}; unbind({input_index}) first"
+                )
+            out, inp = g.tensors[output_index], self._input_view(input_index)
+            if tuple(out.shape) != tuple(inp.shape) or out.dtype != inp.dtype:
+                raise InputError(
+                    f"cannot carry output {output_index} ({out.name!r}, "
+                    f"{out.dtype.name}{list(out.shape)}) into input {input_index} "
+                    f"({inp.name!r}, {inp.dtype.name}{list(inp.shape)}): shapes and dtypes "
+                    "must match"
+                )
+            self.allocate_tensors()
+            if hasattr(self._backend, "carry"):
+                self._backend.carry(output_index, input_index)
+            self._carries[input_index] = output_index
+            for state in self._states.values():
+                state.inputs.pop(input_index, None)  # zero, like a reset
 
     def get_signature_list(self) -> dict[str, dict[str, list[str]]]:
         return {
@@ -437,15 +508,20 @@ class Interpreter:
         """Unbind one tensor's buffer (None: all): back to ``set_tensor`` / ``get_tensor``.
 
         An unbound input must be set again (``set_tensor``) before the next ``invoke``.
+        Unbinding either end of a carried state (``carry_state``) ends the carry.
         """
         with self._lock:
             if self._backend is not None and hasattr(self._backend, "unbind"):
                 self._backend.unbind(tensor_index)
+            for dst, src in list(self._carries.items()):
+                if tensor_index is None or tensor_index in (dst, src):
+                    del self._carries[dst]
 
     def get_bindings(self) -> dict[int, dict[str, Any]]:
         """The bound tensors: index -> ``role``, ``name``, ``buffer`` (in words),
         ``zero_copy`` (no inference copies it through the host), ``direct`` (where the GPU
-        reads or writes the buffer itself) and ``host_copies`` (why the host copies it)."""
+        reads or writes the buffer itself), ``host_copies`` (why the host copies it) and
+        ``carried_from`` (an input carrying a state: the output fed back into it, else None)."""
         with self._lock:
             bindings = getattr(self._backend, "bindings", {}) if self._backend else {}
             return {
@@ -456,6 +532,7 @@ class Interpreter:
                     "zero_copy": b.zero_copy,
                     "direct": list(b.direct),
                     "host_copies": list(b.host),
+                    "carried_from": self._carries.get(t),
                 }
                 for t, b in bindings.items()
             }
@@ -562,6 +639,9 @@ class Interpreter:
     def _inputs_for_invoke(self, state: _ThreadState) -> dict[int, np.ndarray]:
         """This thread's host inputs (a bound input is read from its buffer instead)."""
         wanted = [t for t in self._graph.inputs if not self._is_bound(t)]
+        for t in wanted:
+            if t in self._carries:  # a state carried on the host: zero until set
+                self._input_buffer(t)
         missing = [t for t in wanted if t not in state.inputs]
         if missing:
             names = ", ".join(f"{t} ({self._graph.tensors[t].name!r})" for t in missing)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -262,6 +262,11 @@ class DeviceBuffer:
         """Copy a host value of the tensor into the buffer (done when this returns)."""
         raise NotImplementedError
 
+    def copy_from(self, other: DeviceBuffer) -> None:
+        """Enqueue a device copy of ``other``'s tensor bytes (same kind of memory) into this
+        buffer, after the work already queued; `write` and `read` wait for it."""
+        raise NotImplementedError
+
 
 class OpenCLBuffer(DeviceBuffer):
     """A ``pyopencl.Buffer`` (or a ``pyopencl.array.Array``'s memory) in the session's context.
@@ -298,6 +303,13 @@ class OpenCLBuffer(DeviceBuffer):
         arr = np.require(array, self.slot.dtype, "C")
         if arr.nbytes:
             cl.enqueue_copy(self.queue, self.buffer, arr, is_blocking=True)
+
+    def copy_from(self, other: DeviceBuffer) -> None:
+        import pyopencl as cl
+
+        if self.slot.nbytes:
+            src = cast(OpenCLBuffer, other).buffer
+            cl.enqueue_copy(self.queue, self.buffer, src, byte_count=self.slot.nbytes)
 
 
 class CudaBuffer(DeviceBuffer):
@@ -338,6 +350,48 @@ class CudaBuffer(DeviceBuffer):
         from litekiln.runtime.cuda import copy_from_host
 
         copy_from_host(self.device, self.address, np.require(array, self.slot.dtype, "C"))
+
+    def copy_from(self, other: DeviceBuffer) -> None:
+        from litekiln.runtime.cuda import copy_on_device
+
+        copy_on_device(self.device, self.address, cast(CudaBuffer, other).address, self.slot.nbytes)
+
+
+class CudaMemory(CudaBuffer):
+    """CUDA memory litekiln allocates itself (a carried state's buffers), freed with it."""
+
+    def __init__(self, slot: TensorSlot, device: Any) -> None:
+        from litekiln.runtime.cuda import DeviceAllocation
+
+        self.slot = slot
+        self.device = device
+        self.owner = DeviceAllocation(device, slot.nbytes)
+        self.address = self.owner.address
+        self.nbytes = slot.nbytes
+        self.sync = False  # nobody else writes it: nothing to order
+
+    def describe(self) -> str:
+        return f"litekiln's CUDA memory of {self.nbytes} bytes (device {self.device.ordinal})"
+
+    def before_run(self) -> None:
+        pass
+
+
+def state_buffer(
+    kind: str, slot: TensorSlot, *, context: Any, queue: Any, cuda_device: Callable[[], Any]
+) -> DeviceBuffer:
+    """A zeroed buffer of litekiln's own for one tensor, in ``kind`` memory (``"opencl"``: in
+    the session's context; ``"cuda"``: on the session's CUDA device)."""
+    buf: DeviceBuffer
+    if kind == "cuda":
+        buf = CudaMemory(slot, cuda_device())
+    else:
+        import pyopencl as cl
+
+        mem = cl.Buffer(context, cl.mem_flags.READ_WRITE, max(slot.nbytes, 4))
+        buf = OpenCLBuffer(slot, mem, queue, mem)
+    buf.write(np.zeros(slot.shape, slot.dtype))
+    return buf
 
 
 _ACCEPTED = (

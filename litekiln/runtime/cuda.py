@@ -1024,6 +1024,40 @@ def copy_from_host(device: CudaDevice, address: int, array: np.ndarray) -> None:
     drv.check("cuStreamSynchronize", drv.cuStreamSynchronize(device.stream))
 
 
+def copy_on_device(device: CudaDevice, dst: int, src: int, nbytes: int) -> None:
+    """Enqueue a copy of ``nbytes`` bytes from device ``src`` to ``dst`` on the device's
+    stream (after the graphs launched there; not waited for)."""
+    if not nbytes:
+        return
+    drv = driver()
+    device.make_current()
+    drv.check("cuMemcpyDtoDAsync", drv.cuMemcpyDtoDAsync(dst, src, nbytes, device.stream))
+
+
+class DeviceAllocation:
+    """``nbytes`` of device memory (cuMemAlloc: 256-byte aligned, like the graphs' arenas),
+    freed when the object goes."""
+
+    def __init__(self, device: CudaDevice, nbytes: int) -> None:
+        drv = driver()
+        device.make_current()
+        ptr = ctypes.c_uint64()
+        drv.check("cuMemAlloc", drv.cuMemAlloc(ctypes.byref(ptr), max(nbytes, _ALIGN)))
+        self.address = int(ptr.value)
+        self.nbytes = nbytes
+        weakref.finalize(self, _free_device, drv, device, self.address)
+
+
+def _free_device(drv: _Driver, device: CudaDevice, address: int) -> None:
+    """Free a `DeviceAllocation` (its finalizer), after the work queued on the stream."""
+    try:
+        device.make_current()
+        drv.cuStreamSynchronize(device.stream)
+        drv.cuMemFree(address)
+    except Exception:  # noqa: BLE001 - at interpreter exit the driver may already be gone
+        pass
+
+
 def _free_host(drv: _Driver, device: CudaDevice, host: ctypes.c_void_p) -> None:
     """Free a pinned staging block (the finalizer of the ctypes array over it)."""
     try:

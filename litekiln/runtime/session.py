@@ -32,6 +32,7 @@ from litekiln.runtime.buffers import (
     OpenCLBuffer,
     TensorSlot,
     device_buffer,
+    state_buffer,
 )
 from litekiln.runtime.device import DeviceHandle
 from litekiln.runtime.executor import ExecutorError, PartitionExecutor
@@ -182,6 +183,8 @@ class Session:
         self._graph_thread: threading.Thread | None = None
         #: Application buffers bound to graph inputs and outputs, by tensor index (`bind`).
         self.bindings: dict[int, Binding] = {}
+        #: Carried states (`carry`): graph input -> the graph output copied into it after each run.
+        self.carries: dict[int, int] = {}
         self._bound: _BindingPlan | None = None
         self._start_graph_upgrade()
         self.load_seconds = time.perf_counter() - t0
@@ -423,6 +426,8 @@ class Session:
         if bound is not None:
             for t, buf in bound.host_writes:
                 buf.write(values[t])
+            for dst, src in self.carries.items():  # the state for the next run, on the device
+                self.bindings[dst].buffer.copy_from(self.bindings[src].buffer)
             for ex in bound.finish:
                 ex.finish()
         return values
@@ -472,9 +477,13 @@ class Session:
                 f"tensor {tensor} ({g.tensors[tensor].name!r}) is already bound as an "
                 f"{other.buffer.slot.role}; unbind it first"
             )
+        if self._carried(tensor):
+            raise InputError(
+                f"tensor {tensor} ({g.tensors[tensor].name!r}) carries a state "
+                "(carry_state); unbind it first"
+            )
         self.wait_for_graph()
-        t = g.tensors[tensor]
-        slot = TensorSlot(role, tensor, t.name, tuple(t.shape), np.dtype(t.dtype))
+        slot = self._slot(tensor, role)
         with self._lock:
             buf = device_buffer(
                 buffer,
@@ -484,31 +493,131 @@ class Session:
                 cuda_device=self._cuda_device,
                 sync=sync,
             )
-            previous = self.bindings.get(tensor)
-            self.bindings[tensor] = Binding(buf)
-            try:
-                self._plan_bindings()
-            except BaseException:
-                self.bindings.pop(tensor)
-                if previous is not None:
-                    self.bindings[tensor] = previous
-                self._plan_bindings()
-                raise
-            binding = self.bindings[tensor]
-        if binding.host:
-            log.warning(
-                "%s: %s: bound to a %s, but copied through the host on each inference: %s",
-                self.model.name, slot, buf.describe(), "; ".join(binding.host),
-            )  # fmt: skip
+            binding = self._install({tensor: buf})[tensor]
+        self._warn_host_copies(binding)
         return binding
 
+    def carry(self, output: int, input: int) -> tuple[Binding, Binding]:
+        """Feed a graph output back into a graph input after each run, on the device.
+
+        The session binds buffers of its own to both tensors (memory of the launch path that
+        reads the input: OpenCL, or CUDA on the graph path) and, at the end of each run,
+        enqueues one device copy of the output's buffer into the input's. The input starts at
+        zero (`reset_state`); `write_bound` sets it. A recurrent cell's state (the basic
+        LSTM's new activation and cell state into its previous ones) thus never leaves the
+        device between inferences.
+
+        Returns:
+            The output's and the input's bindings (their ``host`` says where a step on the
+            CPU makes the host copy them anyway).
+
+        Raises:
+            InputError: not a graph output and a graph input, their shapes or dtypes differ,
+                or one is already bound.
+        """
+        g = self.graph
+        for t, role, names in ((output, "output", g.outputs), (input, "input", g.inputs)):
+            if t not in names:
+                listing = [(i, g.tensors[i].name) for i in names]
+                raise InputError(
+                    f"tensor {t} is not a graph {role}; the model's {role}s are {listing}"
+                )
+            if t in self.bindings:
+                raise InputError(
+                    f"tensor {t} ({g.tensors[t].name!r}) is already bound; unbind it first"
+                )
+        src, dst = self._slot(output, "output"), self._slot(input, "input")
+        if (src.shape, src.dtype) != (dst.shape, dst.dtype):
+            raise InputError(
+                f"cannot carry {src} into {dst}: a state is carried into an input of its "
+                "own shape and dtype"
+            )
+        self.wait_for_graph()
+        kind = self._state_memory(input, output)
+        with self._lock:
+            made = {
+                t: state_buffer(
+                    kind,
+                    slot,
+                    context=self.handle.context,
+                    queue=self.handle.queue,
+                    cuda_device=self._cuda_device,
+                )  # fmt: skip
+                for t, slot in ((output, src), (input, dst))
+            }
+            bindings = self._install(made)
+            self.carries[input] = output
+        for b in bindings.values():
+            self._warn_host_copies(b)
+        return bindings[output], bindings[input]
+
+    def reset_state(self) -> None:
+        """Zero every carried input (`carry`)."""
+        with self._lock:
+            for t in self.carries:
+                buf = self.bindings[t].buffer
+                buf.write(np.zeros(buf.slot.shape, buf.slot.dtype))
+
+    def write_bound(self, tensor: int, value: np.ndarray) -> None:
+        """Copy a host value into a bound input's buffer (a carried state's start value)."""
+        with self._lock:
+            self.bindings[tensor].buffer.write(value)
+
+    def _carried(self, tensor: int) -> bool:
+        return tensor in self.carries or tensor in self.carries.values()
+
+    def _slot(self, tensor: int, role: str) -> TensorSlot:
+        t = self.graph.tensors[tensor]
+        return TensorSlot(role, tensor, t.name, tuple(t.shape), np.dtype(t.dtype))
+
+    def _state_memory(self, input: int, output: int) -> str:
+        """Where a carried state lives: the memory of the first GPU partition that reads the
+        input or makes the output (OpenCL when no partition does)."""
+        for kind, idx in self.compiled.steps:
+            part = self.compiled.partitions[idx] if kind == "gpu" else None
+            if part is not None and (input in part.inputs or output in part.outputs):
+                return str(getattr(self.executors[idx], "memory_kind", "opencl"))
+        return "opencl"
+
+    def _install(self, buffers: dict[int, DeviceBuffer]) -> dict[int, Binding]:
+        """Bind ``buffers`` (under the lock) and re-plan: all of them, or none on error."""
+        previous = {t: self.bindings.get(t) for t in buffers}
+        for t, buf in buffers.items():
+            self.bindings[t] = Binding(buf)
+        try:
+            self._plan_bindings()
+        except BaseException:
+            for t, prev in previous.items():
+                if prev is None:
+                    self.bindings.pop(t, None)
+                else:
+                    self.bindings[t] = prev
+            self._plan_bindings()
+            raise
+        return {t: self.bindings[t] for t in buffers}
+
+    def _warn_host_copies(self, binding: Binding) -> None:
+        if binding.host:
+            buf = binding.buffer
+            log.warning(
+                "%s: %s: bound to a %s, but copied through the host on each inference: %s",
+                self.model.name, buf.slot, buf.describe(), "; ".join(binding.host),
+            )  # fmt: skip
+
     def unbind(self, tensor: int | None = None) -> None:
-        """Unbind a tensor (None: every tensor): back to host values for the next `run`."""
+        """Unbind a tensor (None: every tensor): back to host values for the next `run`.
+        Unbinding either end of a carried state (`carry`) ends the carry."""
         with self._lock:
             if tensor is None:
                 self.bindings.clear()
+                self.carries.clear()
             else:
                 self.bindings.pop(tensor, None)
+                for dst, src in list(self.carries.items()):  # a carry needs both ends
+                    if tensor in (dst, src):
+                        del self.carries[dst]
+                        self.bindings.pop(dst, None)
+                        self.bindings.pop(src, None)
             self._plan_bindings()
 
     def read_bound(self, tensor: int) -> np.ndarray:
