@@ -228,6 +228,11 @@ zerocopy() {  # host time per inference: numpy I/O against torch CUDA tensors bo
     --out "$OUT/zero_copy.json" "${PATHS[@]}"
 }
 
+statecarry() {  # a basic LSTM cell stepped over time: state carried on the device vs the host loop
+  timeout "$T_LATENCY" "$PY" scripts/remote_gpu/state_carry.py --cache-dir "$CACHE" \
+    --steps "${CARRY_STEPS:-500}" --out "$OUT/state_carry.json" "${PATHS[@]}"
+}
+
 step graphprobe graphprobe
 step accuracy accuracy
 step startup startup
@@ -241,5 +246,6 @@ step latencypy latencypy
 step latencycl latencycl
 step probeinit probeinit
 step zerocopy zerocopy
+step statecarry statecarry
 echo "== results in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 exit $status
