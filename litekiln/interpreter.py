@@ -364,10 +364,11 @@ class Interpreter:
         For recurrent models that take their state as inputs and return the new state as
         outputs, such as a basic LSTM cell (previous activation and cell state in, new ones
         out): where a LiteRT app copies each new state out with ``get_tensor`` and back in with
-        ``set_tensor``, here the state never leaves the device. litekiln binds buffers of its
-        own to both tensors and copies the output's into the input's on the device at the end
-        of each ``invoke`` (one copy of the state's bytes: its memory is the GPU path's, OpenCL
-        or CUDA).
+        ``set_tensor``, here the state never leaves the device. litekiln binds a buffer of its
+        own to the input (in the GPU path's memory, OpenCL or CUDA) and at the end of each
+        ``invoke`` copies the output into it on the device, from where its partition left it
+        (one copy of the state's bytes). The output is read as before (``get_tensor``, or a
+        buffer the app binds to it).
 
         The state starts at zero, as LiteRT's variable tensors do; ``set_tensor`` on the
         input sets it (an initial state), ``reset_all_variables`` zeroes it, ``get_tensor``
@@ -382,7 +383,7 @@ class Interpreter:
 
         Raises:
             InputError: not a graph output and a graph input, differing shapes or dtypes,
-                an input already carrying a state, or an end already bound.
+                an input already carrying a state, or an input already bound.
         """
         g = self._graph
         with self._lock:

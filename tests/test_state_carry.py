@@ -100,12 +100,30 @@ def test_carried_state_matches_litert_host_loop(cl_device: str) -> None:
         _close(g[0], w[0], f"step {k} h'")
         _close(g[1], w[1], f"step {k} y")
     bindings = it.get_bindings()
-    assert set(bindings) == {h_in, h_out}
-    assert bindings[h_in]["carried_from"] == h_out and bindings[h_out]["carried_from"] is None
-    for t in (h_in, h_out):
-        assert bindings[t]["zero_copy"], bindings[t]["host_copies"]
+    assert set(bindings) == {h_in}  # the output is left as it was: read with get_tensor
+    assert bindings[h_in]["carried_from"] == h_out
+    assert bindings[h_in]["zero_copy"], bindings[h_in]["host_copies"]
     # get_tensor on the input shows the state the next invoke starts from: the last h'.
     np.testing.assert_array_equal(it.get_tensor(h_in), got[-1][0])
+
+
+@pytest.mark.opencl
+@pytest.mark.each_device
+def test_carried_output_may_be_bound_by_the_app(cl_device: str) -> None:
+    """The app binds the carried output to a buffer of its own: the state is copied from
+    there, and the app's buffer holds each step's h'."""
+    import pyopencl.array as cla
+
+    model, xs = rnn_model()
+    want = litert_loop(model, xs, np.zeros([1, UNITS], np.float32))
+    it, x_in, h_in, h_out, y_out = _carried(cl_device)
+    mine = cla.zeros(it.get_device().queue, (1, UNITS), np.float32)
+    it.bind_output(h_out, mine)
+    for k, x in enumerate(xs):
+        it.set_tensor(x_in, x)
+        it.invoke()
+        _close(mine.get(), want[k][0].astype(np.float64), f"step {k} h' in the app's buffer")
+        _close(it.get_tensor(y_out), want[k][1].astype(np.float64), f"step {k} y")
 
 
 @pytest.mark.opencl
@@ -177,10 +195,36 @@ def test_cuda_state_buffers_are_litekilns_memory_copied_on_the_device(fake):  # 
         slot = TensorSlot(role, index, "h", (1, UNITS), np.dtype(np.float32))
         return state_buffer("cuda", slot, context=None, queue=None, cuda_device=lambda: device)
 
-    dst, src = make("input", 1), make("output", 5)
+    dst, src = make("input", 1), make("output", 5)  # src: as a partition's output memory
     assert dst.kind == "cuda" and not dst.sync and dst.describe().startswith("litekiln's CUDA")
     np.testing.assert_array_equal(dst.read(), np.zeros([1, UNITS], np.float32))
     value = np.arange(UNITS, dtype=np.float32).reshape(1, UNITS)
     src.write(value)
-    dst.copy_from(src)  # through the (fake) driver's cuMemcpyDtoDAsync
+    dst.copy_from(src.address)  # through the (fake) driver's cuMemcpyDtoDAsync
     np.testing.assert_array_equal(dst.read(), value)
+
+
+def test_cuda_graph_forwards_an_output_in_the_graph(fake):  # noqa: F811
+    """On the CUDA graph path the carried state's copy is a node of the graph (no driver call
+    of its own per run), after the kernels, from where the output is written."""
+    from test_cuda_graph import _PTX, _axpb_program
+
+    from litekiln.runtime import cuda
+
+    prog = _axpb_program()  # x (input) -> z = 2.5 x + b + 1 (output)
+    b = np.linspace(-1, 1, 1000, dtype=np.float32).reshape(10, 100)
+    ex = cuda.CudaGraphExecutor(prog, {"b": b}, _PTX.encode() + b"\0", cuda.CudaDevice(0))
+    x = np.random.default_rng(0).standard_normal((10, 100)).astype(np.float32)
+    state = np.zeros((10, 100), np.float32)
+    ex.forward_output(0, state.ctypes.data)
+    ex.set_input(0, x)
+    ex.run()
+    np.testing.assert_allclose(ex.get_output(0), 2.5 * x + b + 1, rtol=1e-6)
+    np.testing.assert_array_equal(state, ex.get_output(0))
+    nodes = [c for c, _ in fake.graphs[max(fake.graphs)] if c[0] == "copy"]
+    assert (state.ctypes.data, ex.output_buffer(0), 4000) in [n[1:] for n in nodes]
+    ex.drop_forwards()
+    state[...] = 0
+    ex.run()
+    ex.get_output(0)
+    assert not state.any(), "a dropped forward copies nothing"

@@ -28,7 +28,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -262,9 +262,11 @@ class DeviceBuffer:
         """Copy a host value of the tensor into the buffer (done when this returns)."""
         raise NotImplementedError
 
-    def copy_from(self, other: DeviceBuffer) -> None:
-        """Enqueue a device copy of ``other``'s tensor bytes (same kind of memory) into this
-        buffer, after the work already queued; `write` and `read` wait for it."""
+    def copy_from(self, source: Any) -> None:
+        """Enqueue a device copy of the tensor's bytes from ``source`` into this buffer, after
+        the work already queued (`write` and `read` wait for it). ``source``: memory of the
+        same kind, as an executor's ``output_buffer`` gives it (a ``pyopencl.Buffer``, or a
+        CUDA device address)."""
         raise NotImplementedError
 
 
@@ -304,12 +306,11 @@ class OpenCLBuffer(DeviceBuffer):
         if arr.nbytes:
             cl.enqueue_copy(self.queue, self.buffer, arr, is_blocking=True)
 
-    def copy_from(self, other: DeviceBuffer) -> None:
+    def copy_from(self, source: Any) -> None:
         import pyopencl as cl
 
         if self.slot.nbytes:
-            src = cast(OpenCLBuffer, other).buffer
-            cl.enqueue_copy(self.queue, self.buffer, src, byte_count=self.slot.nbytes)
+            cl.enqueue_copy(self.queue, self.buffer, source, byte_count=self.slot.nbytes)
 
 
 class CudaBuffer(DeviceBuffer):
@@ -351,14 +352,14 @@ class CudaBuffer(DeviceBuffer):
 
         copy_from_host(self.device, self.address, np.require(array, self.slot.dtype, "C"))
 
-    def copy_from(self, other: DeviceBuffer) -> None:
+    def copy_from(self, source: Any) -> None:
         from litekiln.runtime.cuda import copy_on_device
 
-        copy_on_device(self.device, self.address, cast(CudaBuffer, other).address, self.slot.nbytes)
+        copy_on_device(self.device, self.address, int(source), self.slot.nbytes)
 
 
 class CudaMemory(CudaBuffer):
-    """CUDA memory litekiln allocates itself (a carried state's buffers), freed with it."""
+    """CUDA memory litekiln allocates itself (a carried state's buffer), freed with it."""
 
     def __init__(self, slot: TensorSlot, device: Any) -> None:
         from litekiln.runtime.cuda import DeviceAllocation

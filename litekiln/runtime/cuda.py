@@ -555,6 +555,7 @@ class CudaGraphExecutor(PartitionIO):
         self._bound_in: set[int] = set()
         self._bound_out: set[int] = set()  # written in place
         self._copy_out: dict[int, int] = {}  # output -> address it is copied to on the device
+        self._forward: dict[int, int] = {}  # output -> address it is also copied to (carries)
         self._stale = False  # bindings changed: capture again before the next replay
         self._calls = [self._prepare(launch) for launch in self._launches]
         self._capture()
@@ -749,6 +750,15 @@ class CudaGraphExecutor(PartitionIO):
                             stage.ctypes.data, self._ptr[tid], stage.nbytes, stream
                         ),
                     )
+            for i, dest in self._forward.items():  # outputs fed back (a carried state)
+                spec = self.output_spec(i)
+                if spec.nbytes:
+                    drv.check(
+                        "cuMemcpyDtoDAsync",
+                        drv.cuMemcpyDtoDAsync(
+                            dest, self._ptr[self.program.outputs[i]], spec.nbytes, stream
+                        ),
+                    )
         finally:
             graph = ctypes.c_void_p()
             err = drv.cuStreamEndCapture(stream, ctypes.byref(graph))
@@ -853,6 +863,24 @@ class CudaGraphExecutor(PartitionIO):
         on every inference anyway (the session): one host copy fewer.
         """
         return list(self._out_stage)
+
+    def forward_output(self, i: int, address: int) -> None:
+        """Also copy output ``i`` to device memory at ``address`` after the kernels, in the
+        graph (a node, no call of its own per run): a carried state's next value. Captured
+        again before the next run."""
+        self._forward[i] = address
+        self._stale = True
+
+    def drop_forwards(self) -> None:
+        """Forget every `forward_output`."""
+        if self._forward:
+            self._forward.clear()
+            self._stale = True
+
+    def output_buffer(self, i: int) -> int:
+        """The device address output ``i`` is written to (valid after `run`; overwritten by
+        the next run): its bound memory, or its place in the graph's arena."""
+        return self._ptr[self.program.outputs[i]]
 
     # ------------------------------------------------------------------ bound device memory
     #: What `bind_input` and `bind_output` take: CUDA device addresses.

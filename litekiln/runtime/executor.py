@@ -145,6 +145,7 @@ class PartitionExecutor(PartitionIO):
         self._bound_in: set[int] = set()
         self._bound_out: set[int] = set()  # written in place
         self._copy_out: dict[int, cl.Buffer] = {}  # output -> buffer it is copied to by `run`
+        self._forward: dict[int, cl.Buffer] = {}  # output -> buffer it is also copied to
 
     def _bind_launches(self) -> list[_Prepared]:
         """One kernel object per launch, its arguments set once, its work-group checked.
@@ -344,12 +345,13 @@ class PartitionExecutor(PartitionIO):
             queue = self.queue
             for kernel, gsize, lsize in self._launches:
                 enqueue(queue, kernel, gsize, lsize)
-        for i, dest in self._copy_out.items():  # bound outputs not written in place
-            spec = self.output_spec(i)
-            if spec.nbytes:
-                cl.enqueue_copy(
-                    self.queue, dest, self._tensor_buffers[spec.id], byte_count=spec.nbytes
-                )
+        for copies in (self._copy_out, self._forward):  # bound outputs not written in place,
+            for i, dest in copies.items():  # outputs fed back (carried states)
+                spec = self.output_spec(i)
+                if spec.nbytes:
+                    cl.enqueue_copy(
+                        self.queue, dest, self._tensor_buffers[spec.id], byte_count=spec.nbytes
+                    )
         if wait:
             self.queue.finish()
 
@@ -454,6 +456,15 @@ class PartitionExecutor(PartitionIO):
         if out.nbytes:
             cl.enqueue_copy(self.queue, out, self._tensor_buffers[spec.id], is_blocking=True)
         return out
+
+    def forward_output(self, i: int, buffer: cl.Buffer) -> None:
+        """Also copy output ``i`` into ``buffer`` on the device after the kernels of each
+        `run` (a carried state's next value)."""
+        self._forward[i] = buffer
+
+    def drop_forwards(self) -> None:
+        """Forget every `forward_output`."""
+        self._forward.clear()
 
     def output_buffer(self, i: int) -> cl.Buffer:
         """The device buffer of output ``i`` (valid after `run`; overwritten by the next run).

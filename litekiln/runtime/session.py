@@ -101,6 +101,9 @@ class _BindingPlan:
     syncs: list[DeviceBuffer] = field(default_factory=list)
     #: Executors waited for at the end of each run, so the bound outputs hold the results.
     finish: list[Any] = field(default_factory=list)
+    #: Carried states (input, output) copied from the output's host value at the end of each
+    #: run: made on the CPU, or in memory of another kind than the input's buffer.
+    host_carries: list[tuple[int, int]] = field(default_factory=list)
 
 
 class ProgramStore(Protocol):
@@ -185,6 +188,10 @@ class Session:
         self.bindings: dict[int, Binding] = {}
         #: Carried states (`carry`): graph input -> the graph output copied into it after each run.
         self.carries: dict[int, int] = {}
+        #: Tensor -> (partition, output position) of the partition that makes it in the form
+        #: the graph declares (no 8-bit or dtype conversion on the host): what `carry` copies
+        #: on the device.
+        self._made_by = self._partition_outputs()
         self._bound: _BindingPlan | None = None
         self._start_graph_upgrade()
         self.load_seconds = time.perf_counter() - t0
@@ -282,6 +289,8 @@ class Session:
                 with self._lock:
                     self.executors[slot] = cu
                     self._outputs[slot] = _output_arrays(cu)
+                    if self.bindings:  # made on the executor that goes: hand them over
+                        self._plan_bindings()
         except Exception as exc:  # noqa: BLE001 - never let the background upgrade break a session
             if threading.current_thread() is not self._graph_thread:
                 raise  # (``on``: here, now, errors included)
@@ -426,8 +435,8 @@ class Session:
         if bound is not None:
             for t, buf in bound.host_writes:
                 buf.write(values[t])
-            for dst, src in self.carries.items():  # the state for the next run, on the device
-                self.bindings[dst].buffer.copy_from(self.bindings[src].buffer)
+            for dst, src in bound.host_carries:  # states no partition forwards itself
+                self.bindings[dst].buffer.write(values[src])
             for ex in bound.finish:
                 ex.finish()
         return values
@@ -477,7 +486,7 @@ class Session:
                 f"tensor {tensor} ({g.tensors[tensor].name!r}) is already bound as an "
                 f"{other.buffer.slot.role}; unbind it first"
             )
-        if self._carried(tensor):
+        if tensor in self.carries:
             raise InputError(
                 f"tensor {tensor} ({g.tensors[tensor].name!r}) carries a state "
                 "(carry_state); unbind it first"
@@ -497,23 +506,24 @@ class Session:
         self._warn_host_copies(binding)
         return binding
 
-    def carry(self, output: int, input: int) -> tuple[Binding, Binding]:
+    def carry(self, output: int, input: int) -> Binding:
         """Feed a graph output back into a graph input after each run, on the device.
 
-        The session binds buffers of its own to both tensors (memory of the launch path that
-        reads the input: OpenCL, or CUDA on the graph path) and, at the end of each run,
-        enqueues one device copy of the output's buffer into the input's. The input starts at
-        zero (`reset_state`); `write_bound` sets it. A recurrent cell's state (the basic
-        LSTM's new activation and cell state into its previous ones) thus never leaves the
-        device between inferences.
+        The session binds a buffer of its own to the input (memory of the launch path that
+        reads it: OpenCL, or CUDA on the graph path) and, at the end of each run, enqueues one
+        device copy into it from where the partition that makes the output left it. The
+        output itself stays as it was: returned by `run`, or bound by the application. The
+        input starts at zero (`reset_state`); `write_bound` sets it. A recurrent cell's state
+        (the basic LSTM's new activation and cell state into its previous ones) thus never
+        leaves the device between inferences.
 
         Returns:
-            The output's and the input's bindings (their ``host`` says where a step on the
-            CPU makes the host copy them anyway).
+            The input's binding (its ``host`` says where a step on the CPU makes the host
+            copy it anyway).
 
         Raises:
             InputError: not a graph output and a graph input, their shapes or dtypes differ,
-                or one is already bound.
+                or the input is bound already.
         """
         g = self.graph
         for t, role, names in ((output, "output", g.outputs), (input, "input", g.inputs)):
@@ -522,10 +532,10 @@ class Session:
                 raise InputError(
                     f"tensor {t} is not a graph {role}; the model's {role}s are {listing}"
                 )
-            if t in self.bindings:
-                raise InputError(
-                    f"tensor {t} ({g.tensors[t].name!r}) is already bound; unbind it first"
-                )
+        if input in self.bindings:
+            raise InputError(
+                f"tensor {input} ({g.tensors[input].name!r}) is already bound; unbind it first"
+            )
         src, dst = self._slot(output, "output"), self._slot(input, "input")
         if (src.shape, src.dtype) != (dst.shape, dst.dtype):
             raise InputError(
@@ -533,23 +543,19 @@ class Session:
                 "own shape and dtype"
             )
         self.wait_for_graph()
-        kind = self._state_memory(input, output)
         with self._lock:
-            made = {
-                t: state_buffer(
-                    kind,
-                    slot,
-                    context=self.handle.context,
-                    queue=self.handle.queue,
-                    cuda_device=self._cuda_device,
-                )  # fmt: skip
-                for t, slot in ((output, src), (input, dst))
-            }
-            bindings = self._install(made)
-            self.carries[input] = output
-        for b in bindings.values():
-            self._warn_host_copies(b)
-        return bindings[output], bindings[input]
+            buf = state_buffer(
+                self._state_memory(input, output), dst, context=self.handle.context,
+                queue=self.handle.queue, cuda_device=self._cuda_device,
+            )  # fmt: skip
+            self.carries[input] = output  # (planned by _install)
+            try:
+                binding = self._install({input: buf})[input]
+            except BaseException:
+                del self.carries[input]
+                raise
+        self._warn_host_copies(binding)
+        return binding
 
     def reset_state(self) -> None:
         """Zero every carried input (`carry`)."""
@@ -563,8 +569,18 @@ class Session:
         with self._lock:
             self.bindings[tensor].buffer.write(value)
 
-    def _carried(self, tensor: int) -> bool:
-        return tensor in self.carries or tensor in self.carries.values()
+    def _partition_outputs(self) -> dict[int, tuple[int, int]]:
+        out: dict[int, tuple[int, int]] = {}
+        for kind, idx in self.compiled.steps:
+            if kind != "gpu":
+                continue
+            ex = self.executors[idx]
+            for i, t in enumerate(self.compiled.partitions[idx].outputs):
+                tensor, spec = self.graph.tensors[t], ex.output_spec(i)
+                same = np.dtype(spec.dtype) == tensor.dtype and tuple(spec.shape) == tensor.shape
+                if same and not is_quantized(tensor):
+                    out.setdefault(t, (idx, i))
+        return out
 
     def _slot(self, tensor: int, role: str) -> TensorSlot:
         t = self.graph.tensors[tensor]
@@ -613,11 +629,10 @@ class Session:
                 self.carries.clear()
             else:
                 self.bindings.pop(tensor, None)
-                for dst, src in list(self.carries.items()):  # a carry needs both ends
+                for dst, src in list(self.carries.items()):  # either end ends a carry
                     if tensor in (dst, src):
                         del self.carries[dst]
                         self.bindings.pop(dst, None)
-                        self.bindings.pop(src, None)
             self._plan_bindings()
 
     def read_bound(self, tensor: int) -> np.ndarray:
@@ -649,6 +664,7 @@ class Session:
                 ex.unbind_input(i)
             for i in range(ex.num_outputs):
                 ex.unbind_output(i)
+            ex.drop_forwards()
         for b in self.bindings.values():
             b.direct.clear()
             b.host.clear()
@@ -658,8 +674,24 @@ class Session:
         plan = _BindingPlan()
         host_use = self._plan_inputs(plan)
         self._plan_outputs(plan, host_use)
+        self._plan_carries(plan)
         plan.syncs = _stream_syncs([b.buffer for b in self.bindings.values()])
         self._bound = plan
+
+    def _plan_carries(self, plan: _BindingPlan) -> None:
+        """Carried states: the partition that makes the output copies it into the input's
+        buffer itself after its kernels (on the CUDA graph path, a node of the graph) where
+        its memory is of the buffer's kind; the others are copied by `run` at its end."""
+        for dst, src in self.carries.items():
+            if dst not in self.bindings:  # (a carry being made failed to bind)
+                continue
+            buf, made = self.bindings[dst].buffer, self._made_by.get(src)
+            if made is not None:
+                ex = self.executors[made[0]]
+                if getattr(ex, "memory_kind", "") == buf.kind:
+                    ex.forward_output(made[1], _native(buf)[0])
+                    continue
+            plan.host_carries.append((dst, src))
 
     def _bound_as(self, role: str) -> dict[int, Binding]:
         return {t: b for t, b in self.bindings.items() if b.buffer.slot.role == role}
@@ -789,14 +821,17 @@ def _stream_syncs(buffers: list[DeviceBuffer]) -> list[DeviceBuffer]:
     return out
 
 
+def _native(buf: DeviceBuffer) -> tuple[Any, ...]:
+    """A bound buffer in the form its launch path's executor takes."""
+    if isinstance(buf, OpenCLBuffer):
+        return (buf.buffer,)
+    return (cast(CudaBuffer, buf).address, buf.nbytes)
+
+
 def _bind_executor(ex: Any, role: str, i: int, buf: DeviceBuffer) -> bool:
     """Hand an executor a bound buffer in the form its launch path takes; True when it is
     written in place (outputs; inputs are always read in place)."""
-    native: tuple[Any, ...] = (
-        (buf.buffer,)
-        if isinstance(buf, OpenCLBuffer)
-        else (cast(CudaBuffer, buf).address, buf.nbytes)
-    )
+    native = _native(buf)
     if role == "input":
         ex.bind_input(i, *native)
         return True

@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-#: Float constants smaller than this stay as they are (biases, scales, shape-like floats).
+#: Float constants smaller than this stay as they are (biases, scales, shape-like floats), as
+#: do the constants a custom op reads (SSD's anchors: their boxes must stay boxes).
 MIN_BYTES = 4096
 _FLOATS = {0: np.dtype("<f4"), 1: np.dtype("<f2")}  # TensorType FLOAT32, FLOAT16
 
@@ -39,12 +40,19 @@ def weight_buffers(data: bytes) -> list[dict[str, Any]]:
 
     fb = tflite.Model.GetRootAs(data, 0)
     kinds: dict[int, np.dtype] = {}
+    custom = set()  # buffers a custom op reads (SSD's anchors): data, not weights; kept
     for s in range(fb.SubgraphsLength()):
         sg = fb.Subgraphs(s)
+        for o in range(sg.OperatorsLength()):
+            op = sg.Operators(o)
+            if fb.OperatorCodes(op.OpcodeIndex()).CustomCode():
+                custom.update(sg.Tensors(int(t)).Buffer() for t in op.InputsAsNumpy() if t >= 0)
         for t in range(sg.TensorsLength()):
             tensor = sg.Tensors(t)
             if tensor.Type() in _FLOATS and tensor.Buffer() > 0 and tensor.Sparsity() is None:
                 kinds.setdefault(tensor.Buffer(), _FLOATS[tensor.Type()])
+    for b in custom:
+        kinds.pop(b, None)
     base = np.frombuffer(data, np.uint8).ctypes.data
     out = []
     for b, dtype in sorted(kinds.items()):
