@@ -15,6 +15,7 @@ inferences run one at a time. A thread therefore never reads another thread's re
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import weakref
@@ -32,12 +33,14 @@ from litekiln import config
 from litekiln.errors import DeviceError, InputError
 from litekiln.loading import open_session, split_options
 from litekiln.model import Model, Tensor, load_model
+from litekiln.ops.base import lookup
 from litekiln.reference import run_graph
 from litekiln.resize import resized
 from litekiln.runtime.device import DeviceHandle, DeviceOpener
 from litekiln.runtime.threads import cpu_thread_limit
 
 REFERENCE = "reference"
+log = logging.getLogger("litekiln")
 
 #: LiteRT's experimental constructor flags that change nothing litekiln does (delegate
 #: clustering, node fusion and profiling of LiteRT's own delegates); accepted as booleans.
@@ -137,8 +140,10 @@ class Interpreter:
         )
         self._last_invoker: _ThreadState | None = None
         self._variables = self._initial_variables()
-        #: Carried states (carry_state): graph input -> the graph output fed back into it.
-        self._carries: dict[int, int] = {}
+        #: Carried states: graph input -> the graph output fed back into it after each invoke:
+        #: those LiteRT's kernels carry themselves (the basic LSTM's), then carry_state's.
+        self._carries: dict[int, int] = self._kernel_carries()
+        self._kernel_carried = frozenset(self._carries)
         self._backend: Any = None
 
     @staticmethod
@@ -349,13 +354,15 @@ class Interpreter:
 
     def reset_all_variables(self) -> None:
         """Reset the model's variable tensors (state kept across invocations) to zero, and
-        the inputs that carry a state (``carry_state``)."""
+        the inputs given a carried state by ``carry_state``. (As in LiteRT, the inputs in
+        which a basic LSTM carries its own state keep it: set them to restart.)"""
         with self._lock:
             self._variables = self._initial_variables()
+            explicit = [t for t in self._carries if t not in self._kernel_carried]
             if self._backend is not None and hasattr(self._backend, "reset_state"):
-                self._backend.reset_state()
+                self._backend.reset_state(explicit)
             for state in self._states.values():
-                for dst in self._carries:
+                for dst in explicit:
                     state.inputs.pop(dst, None)
 
     def carry_state(self, output_index: int, input_index: int) -> None:
@@ -709,6 +716,28 @@ class Interpreter:
             if tensor_index not in state.zeros:  # LiteRT: zeros before the first invoke
                 state.zeros[tensor_index] = np.zeros(t.shape, t.dtype)
             return state.zeros[tensor_index]
+
+    def _kernel_carries(self) -> dict[int, int]:
+        """The states LiteRT's kernels carry in their own inputs (``OpDef.state_carries``:
+        the basic LSTM's activation and cell state), as carried states: graph input -> graph
+        output. A state whose new value is not a graph output is not carried: warned."""
+        g = self._original.main
+        out: dict[int, int] = {}
+        for k, op in enumerate(g.ops):
+            for o, i in lookup(op).state_carries(op):
+                src, dst = op.outputs[o], op.inputs[i]
+                if dst not in g.inputs or dst in out:
+                    continue  # LiteRT overwrites an earlier op's output there: not a state
+                if src in g.outputs:
+                    out[dst] = src
+                    continue
+                log.warning(
+                    "op #%d (%s) copies its output %d (%r) into graph input %d (%r) after "
+                    "each invocation in LiteRT; litekiln carries it only when that output is "
+                    "a graph output: set input %d before each invoke()",
+                    k, op.name, src, g.tensors[src].name, dst, g.tensors[dst].name, dst,
+                )  # fmt: skip
+        return out
 
     def _initial_variables(self) -> dict[int, np.ndarray]:
         """Variable tensors at their reset value: zero (the zero point when quantized)."""

@@ -228,3 +228,75 @@ def test_cuda_graph_forwards_an_output_in_the_graph(fake):  # noqa: F811
     ex.run()
     ex.get_output(0)
     assert not state.any(), "a dropped forward copies nothing"
+
+
+def lstm_model(depth: int = 6, units: int = 5) -> bytes:
+    """One basic LSTM cell (batch 1), PyTorch's initialisation (a stable recurrence); inputs x,
+    act, state; outputs the new activation and state."""
+    rng = np.random.default_rng(7)
+    k = 1.0 / np.sqrt(units)
+    b = ModelBuilder()
+    x, h, c = b.input("x", [1, depth]), b.input("act", [1, units]), b.input("state", [1, units])
+    w = b.const("w", rng.uniform(-k, k, [4 * units, depth + units]).astype(np.float32))
+    bias = b.const("b", rng.uniform(-k, k, [4 * units]).astype(np.float32))
+    outs = [b.tensor(n, s) for n, s in (("new_act", [1, units]), ("new_state", [1, units]))]
+    outs += [b.tensor("concat", [1, depth + units]), b.tensor("activ", [1, 4 * units])]
+    options = {"fused_activation_function": "TANH", "kernel_type": "BASIC"}
+    b.op("LSTM", [x, h, w, bias, c], outputs=outs, options=options, version=2)
+    b.output(outs[0], outs[1])
+    return b.build()
+
+
+def _lstm_steps(it: Any, xs: np.ndarray) -> list[list[np.ndarray]]:
+    """Set only x at each step; read the new activation and both state inputs."""
+    x_in, act_in, state_in = (d["index"] for d in it.get_input_details())
+    act_out = it.get_output_details()[0]["index"]
+    got = []
+    for x in xs:
+        it.set_tensor(x_in, x[:, :6])
+        it.invoke()
+        got.append([it.get_tensor(t) for t in (act_out, act_in, state_in)])
+    return got
+
+
+@pytest.mark.opencl
+@pytest.mark.each_device
+@pytest.mark.parametrize("device", ["gpu", "reference"])
+def test_basic_lstm_carries_its_state_as_litert_does(cl_device: str, device: str) -> None:
+    """LiteRT's basic LSTM kernel copies its new activation and state into its own inputs
+    after each invoke (lstm.cc basic::Eval): an app sets the state once and steps x. litekiln
+    does the same, on the device; reset_all_variables leaves that state alone, as LiteRT's
+    does; set_tensor restarts it."""
+    from ai_edge_litert.interpreter import Interpreter as LiteRT
+
+    model = lstm_model()
+    xs = np.random.default_rng(3).uniform(-1, 1, [STEPS, 1, 6]).astype(np.float32)
+    zero = np.zeros([1, 5], np.float32)
+    ours = litekiln.Interpreter(
+        model_content=model, use_cache=False, device=cl_device if device == "gpu" else "reference"
+    )
+    lite = LiteRT(model_content=model)
+    lite.allocate_tensors()
+    for it in (ours, lite):
+        it.set_tensor(1, zero)
+        it.set_tensor(2, zero)
+    want, got = _lstm_steps(lite, xs[:3]), _lstm_steps(ours, xs[:3])
+    for it in (ours, lite):
+        it.reset_all_variables()  # not a variable tensor: the state stays
+    want += _lstm_steps(lite, xs[3:])
+    got += _lstm_steps(ours, xs[3:])
+    for it in (ours, lite):
+        it.set_tensor(1, zero)  # restart
+        it.set_tensor(2, zero)
+    want += _lstm_steps(lite, xs[:2])
+    got += _lstm_steps(ours, xs[:2])
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        for a, b, what in zip(g, w, ("new activation", "act input", "state input"), strict=True):
+            _close(a, b.astype(np.float64), f"step {k} {what}")
+    if device == "gpu":
+        bindings = ours.get_bindings()
+        assert {t: b["carried_from"] for t, b in bindings.items() if b["carried_from"]} == {
+            1: 5,
+            2: 6,
+        }
+        assert all(b["zero_copy"] for b in bindings.values())

@@ -427,6 +427,14 @@ class OpDef:
             c.count("outputs", len(op.outputs), *counts)
 
     @classmethod
+    def state_carries(cls, op: Op) -> tuple[tuple[int, int], ...]:
+        """(output position, input position) pairs whose value LiteRT's kernel copies into
+        that input tensor after it runs, so that the next invocation starts from it: state
+        the op keeps across invocations in its own inputs (the basic LSTM's activation and
+        cell state). Empty for almost every op."""
+        return ()
+
+    @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
         """Compute the op's outputs with numpy (float view for quantized tensors)."""
         raise NotImplementedError

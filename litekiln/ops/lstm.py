@@ -8,7 +8,9 @@ Basic kernel (reference_ops ``LstmCell``), 5 inputs and 4 outputs:
   (input, new input, forget, output) along the last axis;
 * ``state = sigmoid(i) * tanh(g) + sigmoid(f) * prev_state``,
   ``output = sigmoid(o) * tanh(state)``;
-* outputs: output activation, new state, concat temp, activ temp.
+* outputs: output activation, new state, concat temp, activ temp;
+* after it runs, the kernel copies the new activation and state into its previous-activation
+  and previous-state inputs (``state_carries``): the next invocation starts from them.
 
 The full kernel (20-24 inputs, peepholes, projection, layer norm) is not implemented yet.
 """
@@ -100,6 +102,15 @@ class Lstm(OpDef):
         state = (i_gate * g + f_gate * prev_state.reshape(-1, units)).astype(np.float32)
         out = (o_gate * np.tanh(state)).astype(np.float32)
         return [out, state, concat.astype(np.float32), activ]
+
+    @classmethod
+    def state_carries(cls, op: Op) -> tuple[tuple[int, int], ...]:
+        """lstm.cc ``basic::Eval`` ends by copying the new activation and state (outputs 0
+        and 1) into the previous activation and state (inputs 1 and 4): a basic cell carries
+        its state from one invocation to the next unless the app sets those inputs again."""
+        if int(op.options.get("kernel_type", KERNEL_FULL)) != KERNEL_BASIC:
+            return ()
+        return ((0, 1), (1, 4))
 
     @classmethod
     def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:

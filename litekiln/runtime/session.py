@@ -557,10 +557,12 @@ class Session:
         self._warn_host_copies(binding)
         return binding
 
-    def reset_state(self) -> None:
-        """Zero every carried input (`carry`)."""
+    def reset_state(self, inputs: Sequence[int] | None = None) -> None:
+        """Zero the carried inputs (`carry`) among ``inputs`` (None: every one)."""
         with self._lock:
             for t in self.carries:
+                if inputs is not None and t not in inputs:
+                    continue
                 buf = self.bindings[t].buffer
                 buf.write(np.zeros(buf.slot.shape, buf.slot.dtype))
 
