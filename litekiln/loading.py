@@ -303,9 +303,13 @@ def _build_on_device(
     tuning choices), so that an app's first start on this device and driver loads them."""
     import numpy as np
 
-    session = open_session(
-        model, device=device, precision=copts.precision, cache_dir=cache_dir, **options
-    )
+    try:
+        session = open_session(
+            model, device=device, precision=copts.precision, cache_dir=cache_dir, **options
+        )
+    except DeviceError as exc:  # (the compiled model is stored: only the binary is missing)
+        log.warning("%s: no device binary stored for --device %s: %s", model.name, device, exc)
+        return False
     g = model.main
     session.run({t: np.zeros(g.tensors[t].shape, g.tensors[t].dtype) for t in g.inputs})
     session.wait_for_graph()
