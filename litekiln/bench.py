@@ -170,7 +170,30 @@ def _write_json(results: dict[str, Any], a: Any) -> None:
 # ---------------------------------------------------------------------------------- start-up
 
 
-def _child(spec: dict[str, Any]) -> dict[str, Any]:
+#: The child's first lines, run with ``python -c``: the import clock starts before any of
+#: litekiln (numpy and pyopencl included) is imported.
+_CHILD_CODE = (
+    "import sys, time; _t0 = time.perf_counter(); "
+    "from litekiln.interpreter import Interpreter; _t1 = time.perf_counter(); "
+    "import litekiln.bench as b; b._child_main(sys.argv[1], _t1 - _t0)"
+)
+#: The bare driver start, in a fresh process: import pyopencl, find the device, make a context.
+_DRIVER_CODE = (
+    "import sys, time; t0 = time.perf_counter(); import pyopencl as cl; t1 = time.perf_counter(); "
+    "from litekiln.runtime.device import list_devices, select_device; "
+    "h = select_device(sys.argv[1] or None); t2 = time.perf_counter(); "
+    "print('" + "LITEKILN_BENCH_RESULT " + '\' + \'{"import_s": %r, "context_s": %r}\' '
+    "% (t1 - t0, t2 - t1))"
+)
+#: The start-up steps a child reports (seconds), in order; they add up to ``total_s``.
+STEPS = ("imports", "parse", "device", "cache_read", "build", "setup", "first_run")
+
+
+def _child_main(spec_json: str, imports_s: float) -> None:
+    print(_MARK + json.dumps(_child(json.loads(spec_json), imports_s)), flush=True)
+
+
+def _child(spec: dict[str, Any], imports_s: float = 0.0) -> dict[str, Any]:
     """One start-up measurement, in a fresh process (see the module docstring)."""
     from litekiln.interpreter import Interpreter
 
@@ -186,17 +209,36 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     sess = interp._backend
     stats = getattr(getattr(sess, "compiled", None), "stats", {}) or {}
     load_s = float(getattr(sess, "load_seconds", 0.0))
-    return {
-        "total_s": (t1 - t0) + (t4 - t2),
-        "construct_s": t1 - t0,  # read + parse the model file
-        "open_s": (t3 - t2) - load_s,  # pyopencl import, device/context, cache lookup, compile
-        "load_s": load_s,  # device program build (binary or source), buffers, constants
+    st = dict(getattr(sess, "startup", {}) or {})
+    steps = {
+        "imports_s": imports_s,
+        "parse_s": t1 - t0,  # read + parse the model file (the device opens meanwhile)
+        "device_s": st.get("device_s", 0.0),  # waiting for the driver and context
+        "cache_read_s": st.get("cache_read_s", 0.0),  # compiled model (or compiling it)
+        "build_s": st.get("build_s", 0.0),  # programs from binaries or built from source
         "first_run_s": t4 - t3,
+    }
+    # buffers, constants, kernel arguments and whatever else allocate_tensors did
+    steps["setup_s"] = max(
+        0.0, (t3 - t2) - steps["device_s"] - steps["cache_read_s"] - steps["build_s"]
+    )
+    sess.wait_for_graph()  # (not timed) what a first start stores after its first inference
+    return {
+        **steps,
+        "total_s": imports_s + (t1 - t0) + (t4 - t2),
+        "construct_s": t1 - t0,
+        "open_s": (t3 - t2) - load_s,  # device wait, cache lookup, compile
+        "load_s": load_s,  # device program build (binary or source), buffers, constants
         "compile_s_recorded": (stats.get("timings_s") or {}).get("total"),
         "kernels": stats.get("kernels"),
         "tvm_imported": sys.modules.get("tvm") is not None,
         "device": str(getattr(sess, "device_name", "")),
         "checksum": float(sum(np.abs(o.astype(np.float64)).sum() for o in outs)),
+        "cache": {
+            "model": bool(st.get("model_cached")),
+            "binaries": f"{st.get('binaries', 0)}/{st.get('partitions', 0)}",
+            "tuning": f"{st.get('tuning', 0)}/{st.get('variants', 0)}",
+        },
     }
 
 
@@ -212,7 +254,7 @@ def _spawn(
     spec = {"model": model, "cache_dir": cache_dir, "kwargs": kwargs}
     t0 = time.perf_counter()
     p = subprocess.run(
-        [sys.executable, "-m", "litekiln.bench", _CHILD, json.dumps(spec)],
+        [sys.executable, "-c", _CHILD_CODE, json.dumps(spec)],
         env=env,
         capture_output=True,
         text=True,
@@ -265,8 +307,36 @@ def _strip_binaries(cache_dir: str) -> int:
 
 
 def _summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = ("total_s", "construct_s", "open_s", "load_s", "first_run_s", "process_s")
-    return {k.replace("_s", "_ms"): _ms(_median([s[k] for s in samples])) for k in keys}
+    keys: tuple[str, ...] = ("total_s", "construct_s", "open_s", "load_s", "process_s")
+    keys += tuple(f"{k}_s" for k in STEPS)
+    out: dict[str, Any] = {
+        k[: -len("_s")] + "_ms": _ms(_median([s[k] for s in samples])) for k in keys
+    }
+    if samples:
+        out["cache"] = samples[-1]["cache"]  # what the cache held (the same in every sample)
+    return out
+
+
+def driver_floor(device: str | None, repeat: int) -> dict[str, Any]:
+    """The bare driver start in fresh processes (median): importing pyopencl, and opening the
+    device (platforms, device, context, queue) as litekiln does; the floor of any start."""
+    runs = []
+    for _ in range(max(1, repeat)):
+        p = subprocess.run(
+            [sys.executable, "-c", _DRIVER_CODE, device or ""],
+            capture_output=True,
+            text=True,
+            timeout=_CHILD_TIMEOUT_S,
+            check=False,
+        )
+        lines = [ln for ln in p.stdout.splitlines() if ln.startswith(_MARK)]
+        if p.returncode != 0 or not lines:
+            raise LitekilnError(f"driver start-up child failed (exit {p.returncode}): {p.stderr}")
+        runs.append(json.loads(lines[-1][len(_MARK) :]))
+    return {
+        f"{k[: -len('_s')]}_ms": _ms(_median([r[k] for r in runs]))
+        for k in ("import_s", "context_s")
+    }
 
 
 def startup_model(
@@ -321,6 +391,17 @@ def startup_model(
             if progress:
                 print(f"  {name}: cold {cold[-1]['total_s'] * 1e3:.0f} ms", file=sys.stderr)
         # `work` now holds the model and this device's binary (written by the last cold run).
+        # `compiled`: what `litekiln compile` leaves (the model, no device binary), driver
+        # cache off: an app's first start on a new device (in warm-only mode: the cold runs).
+        compiled: list[dict[str, Any]] = []
+        for r in range(0 if warm_only else slow_repeat):
+            plain = os.path.join(root, f"compiled{r}")
+            shutil.copytree(work, plain)
+            os.chmod(plain, 0o700)
+            _strip_binaries(plain)
+            compiled.append(_spawn(path, plain, kwargs, driver_cache=False))
+            if progress:
+                print(f"  {name}: compiled {compiled[-1]['total_s'] * 1e3:.0f} ms", file=sys.stderr)
         shipped_runs = [
             _spawn(path, work, kwargs, driver_cache=False)
             for _ in range(slow_repeat if shipped else 0)
@@ -330,6 +411,7 @@ def startup_model(
     finally:
         shutil.rmtree(root, ignore_errors=True)
     cs, ss, ws = _summary(cold), _summary(shipped_runs), _summary(warm)
+    ps = _summary(compiled if compiled else cold)
     cold_ms, warm_ms = cs["total_ms"], ws["total_ms"]
     compile_s = cold[-1].get("compile_s_recorded")
     rec: dict[str, Any] = {
@@ -341,7 +423,9 @@ def startup_model(
         "shipped_ms": ss["total_ms"],
         "warm_ms": warm_ms,
         "warm_vs_cold_pct": round(100.0 * warm_ms / cold_ms, 2) if cold_ms else None,
+        "compiled_ms": ps["total_ms"],
         "cold_breakdown": cs,
+        "compiled_breakdown": ps,
         "shipped_breakdown": ss,
         "warm_breakdown": ws,
         "compile_s_recorded": compile_s,
@@ -350,6 +434,7 @@ def startup_model(
         "outputs_agree": len({round(s["checksum"], 3) for s in cold + shipped_runs + warm}) == 1,
         "samples_ms": {
             "cold": [_ms(s["total_s"]) for s in cold],
+            "compiled": [_ms(s["total_s"]) for s in compiled or cold],
             "shipped": [_ms(s["total_s"]) for s in shipped_runs],
             "prime": _ms(prime["total_s"]),
             "warm": [_ms(s["total_s"]) for s in warm],
@@ -389,7 +474,13 @@ def startup_main(a: Any, kwargs: dict[str, Any]) -> int:
         "clock": "Interpreter(model_path=...) to the first run's outputs on the host; litekiln "
         "and numpy imported before; median over fresh processes",
         "models": [],
+        "steps": "imports (litekiln, numpy, pyopencl), parse (model file; the device opens "
+        "meanwhile), device (waiting for the driver and context), cache_read (compiled model; "
+        "cold: compiling it), build (device programs: from binaries or from source), setup "
+        "(buffers, constants, kernel arguments), first_run (first inference, outputs on the "
+        "host); total = their sum",
     }
+    results["driver_floor"] = driver_floor(kwargs.get("device"), a.repeat)
     for path in a.models:
         rec = startup_model(
             path,
@@ -421,42 +512,41 @@ def _print_startup(results: dict[str, Any]) -> None:
         f"start-up on {results['device']} ({results['mode']}, "
         f"median of {results['repeat']} processes)"
     )
-    head = f"{'model':32s} {'cold ms':>9s} {'shipped ms':>10s} {'warm ms':>8s} {'warm/cold':>9s}"
-    if warm_only:
-        head += f" {'+compile ms':>11s} {'warm/est':>8s}"
-    head += f" | warm: {'parse':>6s} {'open':>6s} {'load':>6s} {'run1':>6s}"
+    head = f"{'model':28s} {'case':9s} {'total ms':>9s} |"
+    head += "".join(f" {k.replace('_', ' ')[:9]:>9s}" for k in STEPS)
+    head += " | cache held (model, binaries, tuning)"
     print(head)
+    cases = ("cold", "compiled", "shipped", "warm")
     for m in results["models"]:
-        w = m["warm_breakdown"]
-        line = (
-            f"{m['model']:32s} {_fmt(m['cold_ms'], '9.1f')} {_fmt(m['shipped_ms'], '10.1f')} "
-            f"{_fmt(m['warm_ms'], '8.1f')} {_fmt(m['warm_vs_cold_pct'], '8.2f')}%"
-        )
-        if warm_only:
+        for case in cases:
+            b = m.get(f"{case}_breakdown") or {}
+            if b.get("total_ms") is None or (case == "compiled" and warm_only):
+                continue
+            c = b.get("cache", {})
+            line = f"{m['model']:28s} {case:9s} {_fmt(b['total_ms'], '9.1f')} |"
+            line += "".join(f" {_fmt(b.get(f'{k}_ms'), '9.1f')}" for k in STEPS)
             line += (
-                f" {_fmt(m.get('cold_estimate_ms'), '11.1f')} "
-                f"{_fmt(m.get('warm_vs_cold_estimate_pct'), '7.2f')}%"
+                f" | {'yes' if c.get('model') else 'no'}, {c.get('binaries')}, {c.get('tuning')}"
             )
-        line += (
-            f" |       {_fmt(w['construct_ms'], '6.1f')} {_fmt(w['open_ms'], '6.1f')} "
-            f"{_fmt(w['load_ms'], '6.1f')} {_fmt(w['first_run_ms'], '6.1f')}"
-        )
-        print(line)
+            print(line)
         if m["warm_imported_tvm"]:
             print(f"  WARNING: a warm start of {m['model']} imported TVM")
         if not m["outputs_agree"]:
             print(f"  WARNING: {m['model']}: outputs differ between processes")
+    f = results.get("driver_floor") or {}
     print(
-        "warm/cold: warm start-up as a percentage of the cold one (cold: empty cache, "
-        "driver cache off; shipped: litekiln cache hit, driver cache off; warm: both caches "
-        "hot). "
-        "parse/open/load/run1: model file, device + cache lookup, program build + upload, "
-        "first inference."
+        f"driver floor (fresh process): import pyopencl {_fmt(f.get('import_ms'), '.1f')} ms, "
+        f"device and context {_fmt(f.get('context_ms'), '.1f')} ms"
+    )
+    print(
+        "cold: empty cache, driver cache off; compiled: what `litekiln compile` stores (no "
+        "device binary), driver cache off: a first start on a new device; shipped: cache with "
+        "this device's binary, driver cache off; warm: both caches hot."
     )
     if warm_only:
         print(
-            "warm-only: cold = device part only (no compiler here); +compile adds the compile "
-            "time recorded on the build machine."
+            "warm-only: cold = device part only (no compiler here); the compile time recorded "
+            "on the build machine is cold_estimate_ms in the JSON."
         )
 
 
@@ -748,7 +838,13 @@ def latency_main(a: Any, kwargs: dict[str, Any], *, quiet_peers: bool = True) ->
         "timing": "median of --runs runs after warm-up; each run = inputs in, inference, outputs "
         "back on the host; speedup = peer_ms / litekiln_ms",
         "models": [],
+        "steps": "imports (litekiln, numpy, pyopencl), parse (model file; the device opens "
+        "meanwhile), device (waiting for the driver and context), cache_read (compiled model; "
+        "cold: compiling it), build (device programs: from binaries or from source), setup "
+        "(buffers, constants, kernel arguments), first_run (first inference, outputs on the "
+        "host); total = their sum",
     }
+    results["driver_floor"] = driver_floor(kwargs.get("device"), a.repeat)
     for path in a.models:
         rec = latency_model(
             path,

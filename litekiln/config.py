@@ -184,6 +184,21 @@ CUDA_STREAMS: Setting[int] = Setting(
     "heads) run concurrently; the dependencies come from the memory plan's byte ranges. "
     "1: every kernel after the previous one.",
 )
+BUILD_THREADS: Setting[int] = Setting(
+    "LITEKILN_BUILD_THREADS",
+    int,
+    0,
+    "Threads that build device programs from source at a first start on a device (one "
+    "program per partition, built at once); 0 (default): one per program, at most 8.",
+)
+PROGRESS: Setting[str] = Setting(
+    "LITEKILN_PROGRESS",
+    _choice("auto", "on", "off"),
+    "auto",
+    "The line on stderr while a first start builds device programs from source "
+    "(`litekiln: building MODEL for DEVICE: partition 0/1, 3.2 s`): `auto` (default) only "
+    "when stderr is a terminal (updated in place), `on` always, `off` never.",
+)
 LOG_LEVEL: Setting[str] = Setting(
     "LITEKILN_LOG", _choice("debug", "info", "warning", "error"), "warning", "Log level."
 )
@@ -208,6 +223,8 @@ SETTINGS: tuple[Setting, ...] = (
     FAST_LAUNCH,
     CUDA_GRAPH,
     CUDA_STREAMS,
+    BUILD_THREADS,
+    PROGRESS,
     LOG_LEVEL,
     ZOO_DIR,
 )

@@ -90,16 +90,25 @@ def open_session(
         CompileError: the model is not cached and cannot be compiled here.
     """
     copts, rt = split_options(options, precision)
+    t0 = time.perf_counter()
     handle = device.result() if isinstance(device, DeviceOpener) else select_device(device)
+    t1 = time.perf_counter()
     _say_if_cpu_only(handle)
     copts = _for_device(copts, handle, explicit=options)
     use_cache = bool(rt.get("use_cache", True)) and not config.NO_CACHE.get()
     cache = ModelCache.open(cache_dir) if use_cache else None
     validate = bool(rt.get("validate", False))
     tune = config.TUNE.get(rt.get("tune"))
-    compiled = load_or_compile(model, copts, cache, progress=rt.get("progress"))
+    t2 = time.perf_counter()
+    compiled, hit = _load_or_compile(model, copts, cache, progress=rt.get("progress"))
+    t3 = time.perf_counter()
     try:
-        return Session(model, compiled, handle, programs=cache, validate=validate, tune=tune)
+        session = Session(model, compiled, handle, programs=cache, validate=validate, tune=tune)
+        # The start-up's steps on the caller's thread (`litekiln bench --startup`): waiting
+        # for the device (opened in the background while the model was parsed), reading the
+        # compiled model from the cache (or compiling it), then the session's own.
+        session.startup.update(device_s=t1 - t0, cache_read_s=t3 - t2, model_cached=hit)
+        return session
     except DeviceError as exc:
         half_refused = "half-precision" in str(exc)
         if not (copts.precision == "fp16" and copts.half == "native" and half_refused):
@@ -162,12 +171,25 @@ def load_or_compile(
     Raises:
         CompileError: not cached, and the compiler is not available or fails.
     """
+    return _load_or_compile(model, options, cache, progress=progress, force=force)[0]
+
+
+def _load_or_compile(
+    model: Model,
+    options: CompileOptions,
+    cache: ModelCache | None,
+    *,
+    progress: Any = None,
+    force: bool = False,
+) -> tuple[CompiledModel, bool]:
+    """`load_or_compile`, and whether the compiled model came from the cache."""
     compiled = None if cache is None or force else cache.load_model(model.token, options, model)
-    if compiled is None:
-        compiled = compile_for(model, options, progress=progress)
-        if cache is not None:
-            cache.save_model(compiled)
-    return compiled
+    if compiled is not None:
+        return compiled, True
+    compiled = compile_for(model, options, progress=progress)
+    if cache is not None:
+        cache.save_model(compiled)
+    return compiled, False
 
 
 def default_schedules(handle: DeviceHandle) -> str:
@@ -233,7 +255,8 @@ def precompile(
         force: recompile even if the cache already holds the model.
         options: compile options (:class:`~litekiln.artifact.compiled.CompileOptions` fields);
             ``device`` names the OpenCL device whose schedule family to use (default: this
-            machine's default device; "fast" for GPUs when there is none).
+            machine's default device; "fast" for GPUs when there is none) and, when given,
+            the device to build the program on: its binary and tuning choices are stored too.
 
     Returns:
         A summary: token, cached (bool), partitions, kernels, gpu/cpu op counts, seconds.
@@ -251,6 +274,7 @@ def precompile(
     compiled = None if force else cache.load_model(model.token, copts, model)
     hit = compiled is not None
     info = compiled or load_or_compile(model, copts, cache, force=True)
+    built = device not in (None, "") and _build_on_device(model, device, copts, cache_dir, options)
     return {
         "model": os.fspath(model_path),
         "token": model.token,
@@ -263,4 +287,30 @@ def precompile(
         "compile_seconds": info.stats.get("timings_s", {}).get("total"),
         "seconds": round(time.perf_counter() - t0, 3),
         "cache_dir": str(cache.store.directory),
+        "device_binary": bool(built),
     }
+
+
+def _build_on_device(
+    model: Model,
+    device: str,
+    copts: CompileOptions,
+    cache_dir: str | os.PathLike[str] | None,
+    options: Mapping[str, Any],
+) -> bool:
+    """`precompile` with a named device: build the program there, run one inference (on
+    zeros) and let the session store what a first start stores (the device binary, the
+    tuning choices), so that an app's first start on this device and driver loads them."""
+    import numpy as np
+
+    try:
+        session = open_session(
+            model, device=device, precision=copts.precision, cache_dir=cache_dir, **options
+        )
+    except DeviceError as exc:  # (the compiled model is stored: only the binary is missing)
+        log.warning("%s: no device binary stored for --device %s: %s", model.name, device, exc)
+        return False
+    g = model.main
+    session.run({t: np.zeros(g.tensors[t].shape, g.tensors[t].dtype) for t in g.inputs})
+    session.wait_for_graph()
+    return session.startup.get("partitions", 0) > 0

@@ -50,7 +50,9 @@ def test_startup_warm_only_and_profile(smoke_path: Path, tmp_path: Path) -> None
     from litekiln.bench import latency_model, startup_model
 
     cache = tmp_path / "cache"
-    litekiln.Interpreter(model_path=smoke_path, cache_dir=cache).allocate_tensors()  # compiles
+    first = litekiln.Interpreter(model_path=smoke_path, cache_dir=cache)  # compiles
+    first.run(first.random_inputs(0))
+    first._backend.wait_for_graph()  # noqa: SLF001 - PoCL's binary is stored after the first run
     rec = startup_model(
         str(smoke_path), {}, repeat=1, warm_only=True, cache_dir=str(cache), progress=False
     )
@@ -59,6 +61,18 @@ def test_startup_warm_only_and_profile(smoke_path: Path, tmp_path: Path) -> None
     assert rec["outputs_agree"]
     assert rec["binaries_dropped_for_cold"] >= 1
     assert rec["cold_estimate_ms"] > rec["cold_ms"]
+    # The start-up breakdown: its steps add up to the total (each a median, so close to it),
+    # and each case says what the cache really held.
+    from litekiln.bench import STEPS
+
+    for case in ("cold", "shipped", "warm"):
+        b = rec[f"{case}_breakdown"]
+        assert all(b[f"{k}_ms"] >= 0 for k in STEPS)
+        assert sum(b[f"{k}_ms"] for k in STEPS) == pytest.approx(b["total_ms"], rel=0.1)
+        assert b["imports_ms"] > 0 and b["build_ms"] > 0 and b["first_run_ms"] > 0
+    cached = {c: rec[f"{c}_breakdown"]["cache"] for c in ("cold", "shipped", "warm")}
+    assert cached["cold"]["model"] and cached["cold"]["binaries"] == "0/1"
+    assert cached["shipped"]["binaries"] == cached["warm"]["binaries"] == "1/1"
     json.dumps(rec)
 
     lat = latency_model(

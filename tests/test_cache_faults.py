@@ -56,7 +56,6 @@ from litekiln.cache.backend import DiskcacheBackend
 from litekiln.cache.models import ModelCache
 from litekiln.errors import DeviceError
 from litekiln.model import load_model
-from litekiln.runtime.executor import ExecutorError, PartitionExecutor
 from litekiln.runtime.profile import DeviceProfile
 
 pytestmark = pytest.mark.opencl
@@ -287,12 +286,16 @@ def test_binary_the_driver_rejects_is_rebuilt_from_source(
 def test_binary_rejected_and_source_build_failing_is_a_clear_error(
     cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def build(self, binary):
-        if binary is not None:
-            raise ExecutorError("building from the cached device binary failed: simulated")
-        raise ExecutorError("OpenCL build failed on this device: simulated")
+    from litekiln.runtime import build
 
-    monkeypatch.setattr(PartitionExecutor, "_build", build)
+    def from_binary(*args):
+        raise build.BuildError("building from the cached device binary failed: simulated")
+
+    def from_source(*args):
+        raise build.BuildError("OpenCL build failed on this device: simulated")
+
+    monkeypatch.setattr(build, "_from_binary", from_binary)
+    monkeypatch.setattr(build, "_from_source", from_source)
     with pytest.raises(DeviceError, match="partition 0: OpenCL build failed"):
         infer(cache)
     _assert_clean(cache)  # the entries stay as they were

@@ -162,6 +162,7 @@ def test_binary_key_follows_the_exact_bytes_handed_to_the_driver(
     def load() -> tuple[list[bool], list[np.ndarray]]:
         interp = litekiln.Interpreter(model_path=smoke_path, cache_dir=cache, tune=False)
         out = interp.run(interp.random_inputs(0))
+        interp._backend.wait_for_graph()  # noqa: SLF001 - a first start stores in the background
         return [ex.from_binary for ex in interp._backend.executors], out  # noqa: SLF001
 
     def stored_sources() -> dict[str, list[str]]:

@@ -1,4 +1,5 @@
-"""Per-device tuning: schedule variants emitted by the compiler, timed and chosen at first load.
+"""Per-device tuning: schedule variants emitted by the compiler, timed and chosen after the
+first inference on a device (in the background: the first start runs the default schedules).
 
 The GPU profile (``schedules="fast"``) emits alternative schedules of the heavy kernels
 (`litekiln.artifact.program.Variant`); the runtime times them on the device once, keeps the
@@ -43,9 +44,9 @@ def counted_tune(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
     real = PartitionExecutor.tune
 
-    def tune(self: PartitionExecutor, reps: int = 5) -> list[int]:
+    def tune(self: PartitionExecutor, reps: int = 5, **kw: Any) -> list[int] | None:
         calls.append(1)
-        return real(self, reps)
+        return real(self, reps, **kw)
 
     monkeypatch.setattr(PartitionExecutor, "tune", tune)
     return calls
@@ -79,7 +80,13 @@ def test_choice_is_stored_with_the_binary_and_reused(
 ) -> None:
     first = _interp(smoke_path, tmp_path)
     first.allocate_tensors()
-    chosen = first._backend.executors[0].choices  # noqa: SLF001
+    ex = first._backend.executors[0]  # noqa: SLF001
+    # The first start runs the default schedules: tuning waits for the first inference.
+    assert counted_tune == []
+    assert ex.choices == [0] * len(ex.program.variants)
+    first.run(first.random_inputs(0))
+    first._backend.wait_for_graph()  # noqa: SLF001 - waits for the background tuning
+    chosen = ex.choices
     assert counted_tune == [1]
     second = _interp(smoke_path, tmp_path)
     second.allocate_tensors()
@@ -98,9 +105,13 @@ def test_tune_false_runs_the_default_schedules(
     ex = interp._backend.executors[0]  # noqa: SLF001
     assert counted_tune == []
     assert ex.program.variants and ex.choices == [0] * len(ex.program.variants)
+    interp.run(interp.random_inputs(0))
+    interp._backend.wait_for_graph()  # noqa: SLF001
+    assert counted_tune == []
     # Nothing was stored as a choice: a later load with tuning on tunes.
     again = _interp(smoke_path, tmp_path)
     again.allocate_tensors()
+    again._backend.wait_for_graph()  # noqa: SLF001
     assert counted_tune == [1]
 
 
@@ -112,12 +123,14 @@ def test_a_stored_choice_that_does_not_fit_is_retuned(
     interp = _interp(smoke_path, tmp_path)
     interp.allocate_tensors()
     sess = interp._backend  # noqa: SLF001
+    sess.wait_for_graph()
     prog, ex = sess.compiled.partitions[0].program, sess.executors[0]
     key = (ex.driver.source_bytes, ex.driver.options, sess.handle.profile.identity())
     cache = ModelCache.open(tmp_path)
     cache.save_program(*key, ex.binary, tuning=[7] * (len(prog.variants) + 1))
     again = _interp(smoke_path, tmp_path)
     again.allocate_tensors()
+    again._backend.wait_for_graph()  # noqa: SLF001
     assert counted_tune == [1, 1]
     assert ModelCache.open(tmp_path).load_program(*key)[1] == again._backend.executors[0].choices  # noqa: SLF001
 

@@ -64,6 +64,8 @@ def cmd_compile(a: argparse.Namespace) -> int:
                 if info["cached"]
                 else f"compiled in {info['compile_seconds']:.1f} s"
             )
+            if info.get("device_binary"):
+                state += "; device binary stored"
             print(
                 f"{path}: token {info['token']}, {info['partitions']} GPU partition(s), "
                 f"{info['kernels']} kernels, {info['gpu_ops']} ops on the GPU / "
@@ -285,13 +287,15 @@ def add_compile_parser(sub: _Subcommands) -> None:
         description="Compile each model's GPU partitions to OpenCL and store them in "
         "the cache, so that the app's first Interpreter start is a cache hit. No "
         "device is needed: the program is device-independent OpenCL, and each "
-        "device builds and caches its binary at first load. Ship the cache "
+        "device builds and caches its binary at first load. With --device, the program "
+        "is also built on that device and its binary and tuning choices stored, so "
+        "that a first start on the same device and driver loads them. Ship the cache "
         "directory (or `litekiln cache export`) with the app.",
         epilog=examples(
             "  litekiln compile face_detection.tflite --cache-dir build/litekiln-cache\n"
             "  litekiln compile models/zoo/*.tflite --precision fp16\n"
             "  litekiln compile model.tflite --schedules fast-cpu --force   # for PoCL, again\n"
-            "  litekiln compile model.tflite --json\n"
+            "  litekiln compile model.tflite --device cpu   # and PoCL's binary\n"
         ),
     )
     p.add_argument("models", nargs="+", metavar="MODEL", type=existing_file)

@@ -10,6 +10,8 @@ allocation, constant upload, ``kernel.set_args``.  `PartitionExecutor.run` then 
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +24,7 @@ import pyopencl.characterize  # noqa: F401
 import pyopencl.invoker  # noqa: F401
 
 from litekiln.artifact.program import SCALAR_TYPES, BufferArg, GpuProgram, Launch, TensorSpec
+from litekiln.runtime.build import BuildJob, BuiltProgram, build_programs, program_binary
 from litekiln.runtime.partition_io import PartitionIO, constant_arrays
 from litekiln.runtime.profile import DeviceProfile
 
@@ -59,6 +62,14 @@ def _cl_enqueue() -> tuple[Any, Any]:
     return _ENQUEUE
 
 
+def build_job(
+    program: GpuProgram, profile: DeviceProfile, binary: bytes | None = None, label: str = ""
+) -> BuildJob:
+    """The build of ``program`` on the device ``profile`` describes (from ``binary`` if given)."""
+    driver = profile.driver_program(program.source, program.build_options)
+    return BuildJob(label, driver.source, driver.options, binary, program.uses_half)
+
+
 class ExecutorError(RuntimeError):
     """The program cannot be loaded or run on this device (message says why)."""
 
@@ -87,6 +98,7 @@ class PartitionExecutor(PartitionIO):
         queue: cl.CommandQueue,
         binary: bytes | None = None,
         profile: DeviceProfile | None = None,
+        built: BuiltProgram | None = None,
     ) -> None:
         """Build, allocate, upload and bind everything.
 
@@ -98,6 +110,8 @@ class PartitionExecutor(PartitionIO):
             binary: A device binary from a previous load (`binary`) of the same driver program
                 and device; if given, the program is built from it (fast path).
             profile: The device's profile (default: read from ``queue``'s device).
+            built: The program already made by `litekiln.runtime.build.build_programs` (the
+                session builds its partitions together); ``binary`` is then ignored.
 
         Raises:
             ExecutorError: A constant is missing or mismatched, the binary or source fails to
@@ -112,10 +126,18 @@ class PartitionExecutor(PartitionIO):
         self.device_profile = profile or DeviceProfile.of(self.device, context)
         self.driver = self.device_profile.driver_program(program.source, program.build_options)
         self._tensor_specs: dict[int, TensorSpec] = {t.id: t for t in program.tensors}
-        self._cl_program = self._build(binary)
-        self._given_binary = binary
+        if built is None:
+            job = self.build_job(binary)
+            built = build_programs(
+                [job], context, self.device, self.device_profile, fallback=False
+            )[0]
+        if built.error is not None:
+            raise ExecutorError(str(built.error))
+        assert built.program is not None
+        self._cl_program: cl.Program = built.program
+        self._given_binary = binary if built.from_binary else None
         #: Built from a stored binary (else from source: a binary worth storing).
-        self.from_binary = binary is not None
+        self.from_binary = built.from_binary
         self._allocate()
         self._upload_constants(constants)
         prepared = self._bind_launches()
@@ -212,7 +234,9 @@ class PartitionExecutor(PartitionIO):
         self._launches = self._plan(self.choices)
         self._fast = self._make_fast_launcher()
 
-    def tune(self, reps: int = 5) -> list[int]:
+    def tune(
+        self, reps: int = 5, *, lock: Any = None, stop: threading.Event | None = None
+    ) -> list[int] | None:
         """Time every option of every variant on this device and select the fastest.
 
         Each option runs ``reps`` times (after one warm-up) on a profiling queue, in the
@@ -221,26 +245,40 @@ class PartitionExecutor(PartitionIO):
         smallest median device time (OpenCL profiling events) wins. Costs a few milliseconds
         per variant, once per device: the session stores the choices next to the binary.
 
+        Args:
+            reps: timed runs per option.
+            lock: held while each variant is timed and while the choices are applied (the
+                session's: tuning in the background never runs kernels during an inference,
+                whose buffers the tuned kernels write).
+            stop: when set, tuning stops before the next variant (the process is exiting).
+
         Returns:
-            The chosen option per variant (also applied, see `select`).
+            The chosen option per variant (also applied, see `select`), or None if stopped.
         """
         if not self.program.variants:
             return []
+        guard = lock if lock is not None else contextlib.nullcontext()
         pq = self._profiling()
-        self.queue.finish()
         choices = []
         for v, opts in zip(self.program.variants, self._options, strict=True):
+            if stop is not None and stop.is_set():
+                return None
             timings = []
-            for launches in [self._default[v.start : v.stop], *opts]:
-                samples = []
-                for r in range(reps + 1):
-                    events = [cl.enqueue_nd_range_kernel(pq, k, g, loc) for k, g, loc in launches]
-                    pq.finish()
-                    if r:  # the first run is the warm-up
-                        samples.append(sum(e.profile.end - e.profile.start for e in events))
-                timings.append(float(np.median(samples)))
+            with guard:
+                self.queue.finish()
+                for launches in [self._default[v.start : v.stop], *opts]:
+                    samples = []
+                    for r in range(reps + 1):
+                        events = [
+                            cl.enqueue_nd_range_kernel(pq, k, g, loc) for k, g, loc in launches
+                        ]
+                        pq.finish()
+                        if r:  # the first run is the warm-up
+                            samples.append(sum(e.profile.end - e.profile.start for e in events))
+                    timings.append(float(np.median(samples)))
             choices.append(int(np.argmin(timings)))
-        self.select(choices)
+        with guard:
+            self.select(choices)
         return choices
 
     def _profiling(self) -> cl.CommandQueue:
@@ -260,34 +298,14 @@ class PartitionExecutor(PartitionIO):
         Queried on demand: reading CL_PROGRAM_BINARIES copies the whole binary out of the
         driver, which a load from the cached binary never needs.
         """
-        if self._given_binary is not None:
-            return self._given_binary
-        binaries: list[bytes] = self._cl_program.get_info(cl.program_info.BINARIES)  # type: ignore[assignment]  # pyopencl types get_info as object
-        return bytes(binaries[0]) if binaries and binaries[0] else None
+        if self._given_binary is None:
+            self._given_binary = program_binary(self._cl_program)
+        return self._given_binary
 
     # ------------------------------------------------------------------ load helpers
-    def _build(self, binary: bytes | None) -> cl.Program:
-        options = list(self.driver.options)
-        if binary is not None:
-            try:
-                prg = cl.Program(self.context, [self.device], [binary])
-                return prg.build(options=options)
-            except cl.Error as e:
-                raise ExecutorError(f"building from the cached device binary failed: {e}") from e
-        try:
-            prg = cl.Program(self.context, self.driver.source)
-            return prg.build(options=options, devices=[self.device])
-        except cl.RuntimeError as e:
-            if self.program.uses_half:
-                # Tried rather than checked against the extension list: NVIDIA builds half
-                # kernels without listing cl_khr_fp16, PoCL cannot (docs/vendors.md).
-                raise ExecutorError(
-                    f"{self.device_profile.name} cannot build half-precision kernels "
-                    "(cl_khr_fp16); "
-                    "use precision='fp32', or compile the fp16 variant for devices without half "
-                    "arithmetic (`litekiln compile --precision fp16 --half emulated`)"
-                ) from e
-            raise ExecutorError(f"OpenCL build failed on {self.device_profile.name}: {e}") from e
+    def build_job(self, binary: bytes | None = None) -> BuildJob:
+        """What `build_programs` needs to make this executor's program."""
+        return build_job(self.program, self.device_profile, binary)
 
     def _view(self, t: TensorSpec) -> cl.Buffer:
         base = self._storage_buffers[t.storage]

@@ -217,6 +217,15 @@ class DeviceProfile:
         return not (self.family == "pocl" or (self.family == "intel" and self.kind == "cpu"))
 
     @property
+    def binary_read_compiles(self) -> bool:
+        """Whether reading a program's binary compiles its kernels: on PoCL it compiles every
+        kernel for any work-group size (face_landmark: 9.7 s) and holds the kernels compiled
+        so far for their launch sizes, which a program built from source compiles at their
+        first launch (8.2 s). The session then reads the binary for the cache after the first
+        inference, in the background (`litekiln.runtime.build`)."""
+        return self.family == "pocl"
+
+    @property
     def cuda_graph_candidate(self) -> bool:
         """Whether the CUDA-graph launch path may apply: NVIDIA's OpenCL builds PTX, which the
         CUDA driver loads (`litekiln.runtime.cuda` checks the rest)."""

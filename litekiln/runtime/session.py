@@ -34,8 +34,9 @@ from litekiln.runtime.buffers import (
     device_buffer,
     state_buffer,
 )
+from litekiln.runtime.build import BuildProgress, BuiltProgram, build_programs
 from litekiln.runtime.device import DeviceHandle
-from litekiln.runtime.executor import ExecutorError, PartitionExecutor
+from litekiln.runtime.executor import ExecutorError, PartitionExecutor, build_job
 from litekiln.runtime.threads import cpu_thread_limit
 
 log = logging.getLogger("litekiln")
@@ -104,6 +105,10 @@ class _BindingPlan:
     #: Carried states (input, output) copied from the output's host value at the end of each
     #: run: made on the CPU, or in memory of another kind than the input's buffer.
     host_carries: list[tuple[int, int]] = field(default_factory=list)
+
+
+#: A program's key in the `ProgramStore`: driver source bytes, driver options, device identity.
+_ProgramKey = tuple[bytes, tuple[str, ...], dict[str, str]]
 
 
 class ProgramStore(Protocol):
@@ -178,12 +183,28 @@ class Session:
         #: own default); the Interpreter's ``num_threads``.
         self.cpu_threads: int | None = None
         self._cpu_steps = any(kind == "cpu" for kind, _ in compiled.steps)
-        self.executors: list[Any] = [self._load_partition(p) for p in compiled.partitions]
-        self._outputs = [_output_arrays(ex) for ex in self.executors]
-        # `run` holds the lock; the CUDA graph upgrade takes it to check a graph against the
-        # OpenCL executor and to swap it in, so an inference never sees a half-made switch.
+        # `run` holds the lock; the background work (tuning, the CUDA graph upgrade) takes it
+        # to time kernels and to swap a launch plan in, so an inference never sees a half-made
+        # switch nor kernels of the tuner writing its buffers.
         self._lock = threading.Lock()
-        self._graph_thread: threading.Thread | None = None
+        self._background: threading.Thread | None = None
+        #: Seconds of the load's steps ("build_s": programs made, "setup_s": buffers,
+        #: constants, kernel arguments) and what the cache held ("binaries": partitions
+        #: loaded from a stored binary, "tuning": partitions whose stored choices applied,
+        #: "partitions"). `litekiln.loading` adds its own steps; `litekiln bench` reports them.
+        self.startup: dict[str, Any] = {}
+        #: Partitions (slot, program-store key) whose variants are timed after the load.
+        self._to_tune: list[tuple[int, _ProgramKey]] = []
+        #: Partitions built from source whose binary is stored after the first inference
+        #: (`DeviceProfile.binary_read_compiles`).
+        self._to_store: list[tuple[int, _ProgramKey]] = []
+        #: Set by the first inference (or `wait_for_graph`): the background work starts then,
+        #: so that it never competes with the first inference.
+        self._ready = threading.Event()
+        #: Partitions whose variant choices are stored or made here (stored with the binary).
+        self._chosen: set[int] = set()
+        self.executors: list[Any] = self._load_partitions(compiled.partitions)
+        self._outputs = [_output_arrays(ex) for ex in self.executors]
         #: Application buffers bound to graph inputs and outputs, by tensor index (`bind`).
         self.bindings: dict[int, Binding] = {}
         #: Carried states (`carry`): graph input -> the graph output copied into it after each run.
@@ -193,92 +214,188 @@ class Session:
         #: on the device.
         self._made_by = self._partition_outputs()
         self._bound: _BindingPlan | None = None
-        self._start_graph_upgrade()
+        self._start_background()
         self.load_seconds = time.perf_counter() - t0
 
-    def _load_partition(self, part: PartitionArtifact) -> PartitionExecutor:
-        """The partition's executor: built from the stored binary when there is one, tuned on
-        this device unless its choices are stored, and what is new stored back."""
-        prog = part.program
-        profile = self.handle.profile
-        driver = profile.driver_program(prog.source, prog.build_options)
-        key = (driver.source_bytes, driver.options, profile.identity())
-        binary, choices = self._programs.load_program(*key) if self._programs else (None, None)
-        ex = self._executor(part, binary)
-        changed = not ex.from_binary  # built from source: a binary to store
-        if prog.variants and self._tuned(ex, part, choices):
-            changed = True
-        if changed and self._programs is not None and ex.binary:
-            tuning = ex.choices if prog.variants and self._tune else None
-            self._programs.save_program(
-                *key, ex.binary, tuning=tuning,
-                model_name=self.compiled.model_name, model_token=self.compiled.token,
-            )  # fmt: skip
-        return ex
-
-    def _executor(self, part: PartitionArtifact, binary: bytes | None) -> PartitionExecutor:
-        """Build the partition's executor; a stored binary the driver rejects (a new driver, a
-        damaged entry) is dropped and the program built from source."""
+    def _load_partitions(self, parts: Sequence[PartitionArtifact]) -> list[Any]:
+        """Every partition's executor. Programs come from their stored binaries, or are built
+        from source together (`build_programs`: in threads, with a progress line); what is new
+        is stored at once. Stored variant choices apply; without them the default schedules
+        run and the variants are timed after the load (`_start_background`)."""
         h = self.handle
-        consts = partition_constants(self.compiled, part)
+        profile = h.profile
+        keys: list[_ProgramKey] = []
+        stored: list[Any] = []
+        jobs = []
+        for part in parts:
+            job = build_job(part.program, profile, label=f"partition {part.index}")
+            key = (job.source.encode(), job.options, profile.identity())
+            binary, choices = self._programs.load_program(*key) if self._programs else (None, None)
+            job.binary = binary
+            keys.append(key)
+            stored.append(choices)
+            jobs.append(job)
+        t0 = time.perf_counter()
+        fresh = any(j.binary is None for j in jobs)
+        progress = BuildProgress(self.model.name, self.device_name) if fresh else None
+        built = build_programs(jobs, h.context, h.device, profile, progress=progress)
+        t1 = time.perf_counter()
+        executors: list[Any] = []
+        tuned = 0
+        for slot, (part, res, key, choices) in enumerate(
+            zip(parts, built, keys, stored, strict=True)
+        ):
+            if res.rejected:
+                log.warning("cached device binary rejected (%s); rebuilt from source", res.rejected)
+            ex = self._executor(part, res)
+            applied = self._apply_choices(ex, choices)
+            tuned += applied
+            if part.program.variants and not applied and self._tune:
+                self._to_tune.append((slot, key))
+            if applied:
+                self._chosen.add(slot)
+            if not ex.from_binary and self._programs is not None and profile.binary_read_compiles:
+                self._to_store.append((slot, key))
+            elif not ex.from_binary and self._programs is not None and ex.binary:
+                self._programs.save_program(
+                    *key, ex.binary, tuning=list(ex.choices) if applied else None,
+                    model_name=self.compiled.model_name, model_token=self.compiled.token,
+                )  # fmt: skip
+            executors.append(ex)
+        self.startup.update(
+            build_s=t1 - t0,
+            setup_s=time.perf_counter() - t1,
+            partitions=len(parts),
+            binaries=sum(1 for r in built if r.from_binary),
+            tuning=tuned,
+            variants=sum(1 for p in parts if p.program.variants),
+        )
+        return executors
+
+    def _executor(self, part: PartitionArtifact, built: BuiltProgram) -> PartitionExecutor:
+        """The partition's executor on its built program."""
+        h = self.handle
         try:
-            return PartitionExecutor(part.program, consts, h.context, h.queue, binary, h.profile)
-        except ExecutorError as exc:
-            if binary is None:
-                raise DeviceError(f"{self.model.name}: partition {part.index}: {exc}") from None
-            log.warning("cached device binary rejected (%s); rebuilding from source", exc)
-        try:
-            return PartitionExecutor(part.program, consts, h.context, h.queue, None, h.profile)
+            if built.error is not None:
+                raise ExecutorError(str(built.error))
+            consts = partition_constants(self.compiled, part)
+            return PartitionExecutor(
+                part.program, consts, h.context, h.queue, None, h.profile, built=built
+            )
         except ExecutorError as exc:
             raise DeviceError(f"{self.model.name}: partition {part.index}: {exc}") from None
 
-    def _tuned(self, ex: PartitionExecutor, part: PartitionArtifact, choices: Any) -> bool:
-        """Apply the stored variant choices; without valid ones (first load on this device, or
-        choices of another program), time the variants once. True if it tuned."""
-        if choices is not None:
-            try:
-                ex.select(choices)
-                return False
-            except ValueError:
-                pass
-        if not self._tune:
+    @staticmethod
+    def _apply_choices(ex: PartitionExecutor, choices: Any) -> bool:
+        """Apply stored variant choices; False when there are none that fit the program."""
+        if choices is None or not ex.program.variants:
             return False
-        picked = ex.tune()
-        log.info(
-            "%s: partition %d tuned: %d of %d kernels changed",
-            self.model.name, part.index, sum(1 for c in picked if c), len(picked),
-        )  # fmt: skip
+        try:
+            ex.select(choices)
+        except ValueError:
+            return False
         return True
 
-    def _start_graph_upgrade(self) -> None:
-        """Move the partitions onto CUDA graphs (NVIDIA; `_graph_path`).
+    def _start_background(self) -> None:
+        """Tune, store, then move onto CUDA graphs, without holding up the first inference.
 
-        Under ``LITEKILN_CUDA_GRAPH=auto`` this happens in a background thread: the session is
-        ready on the OpenCL executors at once (starting the CUDA driver and a context costs
+        Tuning (timing the schedule variants of programs without stored choices on this
+        device), storing the binaries not stored yet and the CUDA graph upgrade
+        (`_graph_todo`) run in one background thread, in that order (the graph replays the
+        tuned plan), once the first inference is done (or `wait_for_graph` is called): the
+        session is ready at once on the default schedules, and the first inference has the
+        device to itself. ``LITEKILN_CUDA_GRAPH=on`` does all of it here, now.
+        """
+        graph = self._graph_todo()
+        if not self._to_tune and not self._to_store and not graph:
+            return
+        if config.CUDA_GRAPH.get() == "on":
+            self._tune_pending()
+            self._store_pending()
+            self._upgrade(graph)
+            return
+        self._background = threading.Thread(
+            target=self._in_background, args=(graph,), daemon=True, name="litekiln-background"
+        )
+        _UPGRADES.add(self._background)
+        self._background.start()
+
+    def _in_background(self, graph: list[tuple[int, Any]]) -> None:
+        try:
+            while not self._ready.wait(0.1):
+                if _STOPPING.is_set():
+                    return  # exiting before any inference: the next start builds again
+            self._tune_pending()
+            self._store_pending()
+            if graph and not _STOPPING.is_set():
+                self._upgrade(graph)
+        except Exception as exc:  # noqa: BLE001 - never let the background work break a session
+            log.warning(
+                "%s: background tuning stopped: %s: %s", self.model.name, type(exc).__name__, exc
+            )
+        finally:
+            _UPGRADES.discard(threading.current_thread())
+
+    def _tune_pending(self) -> None:
+        """Time the variants of the partitions without stored choices, and store the choices."""
+        while self._to_tune:
+            slot, key = self._to_tune[0]
+            ex = self.executors[slot]
+            picked = ex.tune(lock=self._lock, stop=_STOPPING)
+            if picked is None:
+                return  # the process is exiting: the next start tunes again
+            self._to_tune.pop(0)
+            self._chosen.add(slot)
+            log.info(
+                "%s: partition %d tuned: %d of %d kernels changed",
+                self.model.name, slot, sum(1 for c in picked if c), len(picked),
+            )  # fmt: skip
+            if (slot, key) not in self._to_store:
+                self._save(slot, key)
+
+    def _store_pending(self) -> None:
+        """Store the binaries of the programs built from source (with their tuning choices,
+        if made): read after the first inference, the binary holds the kernels compiled for
+        their launch sizes (PoCL), and reading it stalls no inference (ctypes, no lock)."""
+        while self._to_store:
+            self._save(*self._to_store.pop(0))
+
+    def _save(self, slot: int, key: _ProgramKey) -> None:
+        ex = self.executors[slot]
+        binary = getattr(ex, "binary", None)
+        if self._programs is None or not binary:
+            return
+        self._programs.save_program(
+            *key, binary, tuning=list(ex.choices) if slot in self._chosen else None,
+            model_name=self.compiled.model_name, model_token=self.compiled.token,
+        )  # fmt: skip
+
+    def _graph_todo(self) -> list[tuple[int, Any]]:
+        """The partitions to move onto CUDA graphs (NVIDIA; `_graph_path`), or none.
+
+        Under ``LITEKILN_CUDA_GRAPH=auto`` this happens in the background thread: the session
+        is ready on the OpenCL executors at once (starting the CUDA driver and a context costs
         another ~100-200 ms on the H100, after OpenCL's own start), the first inferences run
         there, and each partition switches to its graph between two inferences once the graph
-        is built and checked. `wait_for_graph` waits for that. ``on`` does it here, now, and
-        fails if any partition cannot take the graph path; ``off`` never touches CUDA.
+        is built and checked. `wait_for_graph` waits for that. ``on`` does it while the model
+        loads, and fails if any partition cannot take the graph path; ``off`` never touches
+        CUDA.
+
+        Raises:
+            DeviceError: ``on``, and the device is not an NVIDIA OpenCL device.
         """
         mode = config.CUDA_GRAPH.get()
         todo = [(slot, ex) for slot, ex in enumerate(self.executors) if ex.program.launches]
         if mode == "off" or not todo:
-            return
+            return []
         if not self.handle.profile.cuda_graph_candidate:
             if mode == "on":
                 raise DeviceError(
                     f"{self.model.name}: LITEKILN_CUDA_GRAPH=on, but {self.device_name} is not "
                     "an NVIDIA OpenCL device"
                 )
-            return
-        if mode == "on":
-            self._upgrade(todo)
-            return
-        self._graph_thread = threading.Thread(
-            target=self._upgrade, args=(todo,), daemon=True, name="litekiln-cuda-graph"
-        )
-        _UPGRADES.add(self._graph_thread)
-        self._graph_thread.start()
+            return []
+        return todo
 
     def _upgrade(self, todo: list[tuple[int, Any]]) -> None:
         try:
@@ -292,18 +409,18 @@ class Session:
                     if self.bindings:  # made on the executor that goes: hand them over
                         self._plan_bindings()
         except Exception as exc:  # noqa: BLE001 - never let the background upgrade break a session
-            if threading.current_thread() is not self._graph_thread:
+            if threading.current_thread() is not self._background:
                 raise  # (``on``: here, now, errors included)
             log.warning(
                 "%s: CUDA graph path abandoned: %s: %s", self.model.name, type(exc).__name__, exc
             )
-        finally:
-            _UPGRADES.discard(threading.current_thread())
 
     def wait_for_graph(self, timeout: float | None = None) -> None:
-        """Wait until the background CUDA graph upgrade (if any) has finished: from then on
-        `executors` holds the launch path every later inference takes."""
-        t = self._graph_thread
+        """Wait until the background work (tuning, the CUDA graph upgrade; if any) has
+        finished: from then on `executors` holds the launch path and the schedules every
+        later inference takes, and the tuning choices are stored."""
+        self._ready.set()
+        t = self._background
         if t is not None:
             t.join(timeout)
 
@@ -375,7 +492,9 @@ class Session:
             overwrites: copy what must outlive it.
         """
         with self._lock, cpu_thread_limit(self.cpu_threads if self._cpu_steps else None):
-            return self._run(inputs)
+            values = self._run(inputs)
+        self._ready.set()
+        return values
 
     def _run(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
         g = self.graph
@@ -867,15 +986,20 @@ def _output_arrays(ex: Any) -> list[np.ndarray]:
     ]
 
 
-#: Background CUDA graph upgrades still running; joined at exit, so that no thread is inside
-#: the CUDA driver while the process tears it down.
+#: Background work (tuning, storing binaries, CUDA graph upgrades) still running; joined at
+#: exit, so that no thread is inside the CUDA driver while the process tears it down and a
+#: first start's binary is stored for the next (PoCL: seconds). Tuning stops at the next
+#: variant instead (its choices are then not stored: the next start tunes), and no graph is
+#: made.
 _UPGRADES: set[threading.Thread] = set()
+_STOPPING = threading.Event()
 
 
 @atexit.register
 def _join_upgrades() -> None:
+    _STOPPING.set()
     for t in list(_UPGRADES):
-        t.join(timeout=15)
+        t.join(timeout=60)
 
 
 def _compare_paths(a: Any, b: Any, seed: int = 0) -> str:

@@ -1,0 +1,186 @@
+"""A first start on a device: programs built in threads, the progress line, what is stored when.
+
+`litekiln.runtime.build` builds every program from source in worker threads; these tests check
+that threaded builds run exactly what a serial build runs, that the progress line shows on a
+terminal (a real pty) or when forced and never otherwise, and that PoCL's binary is stored
+after the first inference (holding the kernels compiled for their launch sizes) so that the
+next start builds nothing.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pty
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tvm")
+
+import litekiln  # noqa: E402
+from litekiln.runtime.build import BuildProgress, build_programs  # noqa: E402
+
+pytestmark = pytest.mark.opencl
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("mode", "tty", "lines"),
+    [("auto", True, 2), ("auto", False, 0), ("on", False, 2), ("off", True, 0)],
+)
+def test_progress_line_on_a_terminal_or_forced_only(
+    monkeypatch: pytest.MonkeyPatch, mode: str, tty: bool, lines: int
+) -> None:
+    monkeypatch.setenv("LITEKILN_PROGRESS", mode)
+    monkeypatch.delenv("TERM", raising=False)
+    stream = _Tty() if tty else io.StringIO()
+    p = BuildProgress("face", "Some GPU (OpenCL)", stream)
+    p(0, 1, 0.2)  # within half a second: nothing yet
+    p(0, 1, 0.7)
+    p(0, 1, 1.4)
+    p(1, 1, 2.1)
+    out = stream.getvalue()
+    if not lines:
+        assert out == ""
+        return
+    assert "litekiln: building face for Some GPU (OpenCL): partition 0/1, 0.7 s" in out
+    assert out.endswith("litekiln: building face for Some GPU (OpenCL): partition 1/1, 2.1 s\n")
+    if tty:  # updated in place
+        assert out.count("\r\x1b[K") == 3 and out.count("\n") == 1
+    else:  # a log: the first line and the last
+        assert out.count("\n") == lines and "1.4 s" not in out
+
+
+_CHILD = textwrap.dedent(
+    """
+    import sys, time
+    import litekiln
+    from litekiln.runtime import build
+
+    real = build._from_source
+
+    def slow(*args):  # the smoke model builds in well under the line's half second
+        time.sleep(1.2)
+        return real(*args)
+
+    build._from_source = slow
+    it = litekiln.Interpreter(model_path=sys.argv[1], cache_dir=sys.argv[2], tune=False)
+    it.run(it.random_inputs(0))
+    print("done")
+    """
+)
+
+
+def _first_start(smoke_path: Path, cache: Path, *, pty_stderr: bool, env: dict[str, str]) -> str:
+    """A first start (compiled model cached, no binary) in a fresh process; its stderr."""
+    cmd = [sys.executable, "-c", _CHILD, str(smoke_path), str(cache)]
+    full = {**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm", **env}
+    if not pty_stderr:
+        p = subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        return p.stderr
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(cmd, env=full, stdout=subprocess.DEVNULL, stderr=follower)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 4096)
+        except OSError:  # EIO: the child closed the pty
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(leader)
+    assert proc.wait(timeout=300) == 0
+    return b"".join(chunks).decode(errors="replace")
+
+
+@pytest.fixture
+def compiled_cache(smoke_path: Path, tmp_path: Path) -> Path:
+    """A cache as `litekiln compile` leaves it: the compiled model, no device binary."""
+    cache = tmp_path / "cache"
+    from litekiln.loading import precompile
+
+    precompile(smoke_path, cache_dir=cache)
+    return cache
+
+
+def test_progress_line_in_a_pty_and_not_in_a_pipe(
+    smoke_path: Path, compiled_cache: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    fresh = tmp_path / "fresh"
+    shutil.copytree(compiled_cache, fresh)
+    out = _first_start(smoke_path, compiled_cache, pty_stderr=True, env={})
+    assert "\r\x1b[Klitekiln: building smoke for " in out
+    assert "partition 1/1" in out
+    piped = _first_start(smoke_path, fresh, pty_stderr=False, env={})
+    assert "litekiln: building" not in piped
+    # The second start loads the binary the first stored: nothing to build, no line.
+    again = _first_start(smoke_path, compiled_cache, pty_stderr=True, env={})
+    assert "litekiln: building" not in again
+
+
+def test_threaded_builds_run_what_a_serial_build_runs(smoke_path: Path, tmp_path: Path) -> None:
+    """The same programs built on 3 threads at once and on 1: bit-identical outputs."""
+    from litekiln.runtime.executor import PartitionExecutor, build_job
+    from litekiln.runtime.session import partition_constants
+
+    it = litekiln.Interpreter(model_path=smoke_path, cache_dir=tmp_path / "c", tune=False)
+    it.allocate_tensors()
+    sess = it._backend  # noqa: SLF001
+    h = sess.handle
+    part = sess.compiled.partitions[0]
+    consts = partition_constants(sess.compiled, part)
+    rng = np.random.default_rng(0)
+    x = [
+        rng.uniform(-1, 1, sess.executors[0].input_spec(i).shape).astype(np.float32)
+        for i in range(sess.executors[0].num_inputs)
+    ]
+    outs = {}
+    for threads in (1, 3):
+        jobs = [build_job(part.program, h.profile, label=f"copy {i}") for i in range(3)]
+        built = build_programs(jobs, h.context, h.device, h.profile, threads=threads)
+        assert all(b.error is None and not b.from_binary for b in built)
+        outs[threads] = [
+            PartitionExecutor(part.program, consts, h.context, h.queue, None, h.profile, built=b)(
+                *x
+            )
+            for b in built
+        ]
+    flat = [y for runs in outs.values() for ys in runs for y in ys]
+    n = len(outs[1][0])
+    for k, y in enumerate(flat):
+        np.testing.assert_array_equal(y, flat[k % n])
+
+
+def test_first_start_stores_binary_after_first_inference(
+    smoke_path: Path, compiled_cache: Path
+) -> None:
+    it = litekiln.Interpreter(model_path=smoke_path, cache_dir=compiled_cache, tune=False)
+    it.allocate_tensors()
+    sess = it._backend  # noqa: SLF001
+    assert sess.startup["binaries"] == 0 and sess.startup["model_cached"]
+    it.run(it.random_inputs(0))
+    sess.wait_for_graph()
+    again = litekiln.Interpreter(model_path=smoke_path, cache_dir=compiled_cache, tune=False)
+    again.allocate_tensors()
+    st = again._backend.startup  # noqa: SLF001
+    assert (st["binaries"], st["partitions"]) == (1, 1)
+    np.testing.assert_array_equal(
+        again.run(again.random_inputs(0))[0],
+        it.run(it.random_inputs(0))[0],
+    )
