@@ -31,7 +31,8 @@ def _pad(ctx: Ctx) -> list[Expr]:
 @emitter("CONCATENATION")
 def _concat(ctx: Ctx) -> list[Expr]:
     # Moves stored values, unless a fused activation computes on them.
-    present = [i for i in range(len(ctx.op.inputs)) if ctx.has(i)]
+    # (Empty operands add nothing: an unrolled loop's first and last steps write some.)
+    present = [i for i in range(len(ctx.op.inputs)) if ctx.has(i) and ctx.tensor(i).size]
     if int(ctx.options.get("fused_activation_function", 0) or 0):
         xs = [ctx.arg(i) for i in present]
     else:

@@ -258,6 +258,8 @@ class _Loader:
         opcodes = self._opcodes(fb)
         buffers = self._buffers(fb)
         subgraphs = [self._subgraph(fb.Subgraphs(i), i, opcodes, buffers) for i in range(n_sub)]
+        for sub in subgraphs:
+            sub.model_subgraphs = subgraphs
         check_graph(subgraphs[0], self.name)
         signatures = self._signatures(fb, subgraphs)
         n_meta = self.length(fb.MetadataLength(), "metadata list")
