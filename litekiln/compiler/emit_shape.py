@@ -28,6 +28,15 @@ def _pad(ctx: Ctx) -> list[Expr]:
     return [ctx.emit(relax.op.nn.pad(ctx.arg_stored(0), flat, "constant", 0.0))]
 
 
+@emitter("REVERSE_V2")
+def _reverse(ctx: Ctx) -> list[Expr]:
+    x = ctx.arg_stored(0)
+    rank = len(ctx.out().shape)
+    for axis in sorted({int(a) % rank for a in ctx.const(1).reshape(-1)}):
+        x = ctx.emit(relax.op.flip(x, axis))
+    return [x]
+
+
 @emitter("CONCATENATION")
 def _concat(ctx: Ctx) -> list[Expr]:
     # Moves stored values, unless a fused activation computes on them.

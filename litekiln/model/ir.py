@@ -165,6 +165,9 @@ class Subgraph:
     Attributes:
         model_subgraphs: every subgraph of the model this one belongs to (the loader sets
             it; shared, not copied): what a control-flow op (WHILE, IF) calls by index.
+        file_tensors: how many tensors the file declares (0: all of ``tensors``); the
+            tensors after them were added at load (the steps of an unrolled loop) and are
+            not listed to users.
     """
 
     index: int
@@ -174,6 +177,7 @@ class Subgraph:
     inputs: list[int]
     outputs: list[int]
     model_subgraphs: list[Subgraph] = field(default_factory=list, repr=False, compare=False)
+    file_tensors: int = 0
 
     def called(self, index: int) -> Subgraph:
         """Subgraph ``index`` of this subgraph's model (a control-flow op's callee).

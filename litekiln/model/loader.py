@@ -519,7 +519,13 @@ class _Loader:
             self.ints(sg, "Outputs", f"outputs of subgraph {index}"), "graph output", False
         )
         sub = Subgraph(
-            index, self.string(sg, 12, f"name of subgraph {index}"), tensors, ops, inputs, outputs
+            index,
+            self.string(sg, 12, f"name of subgraph {index}"),
+            tensors,
+            ops,
+            inputs,
+            outputs,
+            file_tensors=n_t,
         )
         _fold_constants(sub, self.fail)
         return sub
