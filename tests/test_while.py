@@ -94,6 +94,21 @@ def _counted_loop_model(tf: Any) -> bytes:
     return bytes(conv.convert())
 
 
+def _static_loop_model(tf: Any) -> bytes:
+    """``tf.while_loop`` with a constant bound, its body no Keras cell: unrolled at load."""
+
+    @tf.function(input_signature=[tf.TensorSpec([1, 4], tf.float32)])
+    def f(x: Any) -> Any:
+        def body(i: Any, y: Any, z: Any) -> tuple[Any, Any, Any]:
+            return i + 2, tf.tanh(y * 1.5 + z), z * 0.5
+
+        _, y, z = tf.while_loop(lambda i, y, z: i < 7, body, [tf.constant(1), x, x + 1.0])
+        return y, z
+
+    conv = tf.lite.TFLiteConverter.from_concrete_functions([f.get_concrete_function()], f)
+    return bytes(conv.convert())
+
+
 def _build(out: Path) -> None:
     """Write every test model to ``out`` (run in a process of its own, see :func:`models`)."""
     import tensorflow as tf
@@ -101,6 +116,7 @@ def _build(out: Path) -> None:
     for name in KERAS:
         (out / f"{name}.tflite").write_bytes(_keras_model(tf, name))
     (out / "counted_loop.tflite").write_bytes(_counted_loop_model(tf))
+    (out / "static_loop.tflite").write_bytes(_static_loop_model(tf))
 
 
 @functools.cache
@@ -184,6 +200,15 @@ def test_keras_rnn_as_a_loop_matches_litert_on_the_reference(
     _assert_close(got, _litert(model), f"{name} (loop, reference)")
 
 
+def test_a_loop_with_a_constant_bound_unrolls_whatever_its_body() -> None:
+    model = _models()["static_loop"]
+    loaded = load_model(model)
+    assert "WHILE" not in loaded.op_histogram()
+    assert loaded.op_histogram().get("TANH") == 3  # i = 1, 3, 5
+    got = _run(litekiln.Interpreter(model_content=model, device="reference"), _feeds(model))
+    _assert_close(got, _litert(model), "static loop (unrolled, reference)")
+
+
 def test_file_tensors_keep_their_indices_and_inlined_ones_follow() -> None:
     model = keras_model("lstm")
     from litekiln.model.loader import load_model as load_unchecked
@@ -199,9 +224,9 @@ def test_file_tensors_keep_their_indices_and_inlined_ones_follow() -> None:
 
 
 @pytest.mark.opencl
-@pytest.mark.parametrize("name", KERAS)
-def test_keras_rnn_runs_whole_on_the_gpu_and_matches_litert(name: str) -> None:
-    model = keras_model(name)
+@pytest.mark.parametrize("name", [*KERAS, "static_loop"])
+def test_loop_runs_whole_on_the_gpu_and_matches_litert(name: str) -> None:
+    model = _models()[name]
     it = litekiln.Interpreter(model_content=model, use_cache=False)
     it.allocate_tensors()
     compiled = it._backend.compiled  # noqa: SLF001 - what the session really runs

@@ -354,15 +354,22 @@ def unroll_plan(op: Op, graph: Subgraph) -> tuple[int | None, str]:
     if n is None:
         return None, why
     _, body = callees(op, graph)
+    written = {t for b in body.live_ops() for t in b.outputs}
+    seen: set[int] = set()
     for k, (src, dst) in enumerate(zip(op.inputs, op.outputs, strict=True)):
-        quants = [body.tensors[body.inputs[k]], body.tensors[body.outputs[k]]]
+        out = body.outputs[k]
+        quants = [body.tensors[body.inputs[k]], body.tensors[out]]
         quants += [graph.tensors[t] for t in (src, dst) if t >= 0]
         if any(not _same_quantization(q, quants[0]) for q in quants[1:]):
             return None, f"loop variable {k} changes its quantization between the subgraphs"
-        if dst in graph.outputs and (n == 0 or body.outputs[k] in body.inputs):
+        # The last step writes a loop output itself when the body computes it (once);
+        # else the output is another tensor's value, which a graph output cannot be.
+        computed = n > 0 and out in written and out not in seen
+        seen.add(out)
+        if dst in graph.outputs and not computed:
             return None, (
-                f"graph output {graph.tensors[dst].name!r} is a loop variable the loop passes "
-                "through unchanged"
+                f"graph output {graph.tensors[dst].name!r} is a loop variable the body does "
+                "not compute (passed through, a constant or another output's value)"
             )
     return n, ""
 

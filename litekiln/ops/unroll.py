@@ -30,6 +30,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+import numpy as np
+
 from litekiln.model.ir import Model, Op, Subgraph, Tensor
 from litekiln.model.loader import check_graph
 from litekiln.ops.base import validate_model
@@ -42,14 +44,23 @@ log = logging.getLogger("litekiln")
 def check_and_rewrite(model: Model) -> None:
     """The loader's model check: each op of the main graph validated, then (a WHILE)
     unrolled or (any other op) folded if its inputs are known, in op order, so that each op
-    is checked against the constants and the unrolled steps before it."""
-    validate_model(model, after_op=_unroll_or_fold)
+    is checked against the constants and the unrolled steps before it. Once a loop is
+    unrolled, the ops after it are also simplified (:func:`simplify_op`) before they fold,
+    and the ops nothing reads any more are dropped at the end."""
+    unrolled = False
 
+    def after_op(op: Op, graph: Subgraph) -> None:
+        nonlocal unrolled
+        if op.name == "WHILE" and unroll_while(op, graph, where=graph.name):
+            unrolled = True
+            return
+        if unrolled:
+            simplify_op(op, graph)
+        fold_op(op, graph)
 
-def _unroll_or_fold(op: Op, graph: Subgraph) -> None:
-    if op.name == "WHILE" and unroll_while(op, graph, where=graph.name):
-        return
-    fold_op(op, graph)
+    validate_model(model, after_op=after_op)
+    if unrolled:
+        _drop_dead_ops(model.main)
 
 
 def unroll_while(op: Op, graph: Subgraph, *, where: str = "") -> bool:
@@ -173,3 +184,138 @@ def _needed(steps: list[Op], rest: list[Op], outputs: list[int]) -> list[Op]:
         need.update(op.inputs)
     kept.reverse()
     return kept
+
+
+# -- the unrolled graph simplified ------------------------------------------------------------
+#
+# Keras writes a step's output into its sequence buffer as CONCATENATION(SLICE(buffer, rows
+# before k), new row, SLICE(buffer, rows after k)). Unrolled, each buffer is made from the
+# previous one, and a GPU compiler that fuses these movements inlines the chain into one
+# expression that doubles at every step (a 32-step GRU never finished compiling). A SLICE of
+# a CONCATENATION that takes whole operands is those operands, and a CONCATENATION of a
+# CONCATENATION along the same axis is one: after both, the last buffer is the steps' rows
+# concatenated once, and the rows before a step are the earlier steps' rows.
+
+
+def simplify_op(op: Op, graph: Subgraph) -> bool:
+    """Rewrite ``op`` (checked, not yet folded) into a simpler op of the same outputs:
+    a SLICE of a CONCATENATION along its axis becomes the operands it takes (a SLICE of the
+    one operand it falls in, a CONCATENATION of the whole ones), and a CONCATENATION's
+    operands that are CONCATENATIONs along the same axis are replaced by theirs. Whether it
+    changed ``op``."""
+    if op.folded:
+        return False
+    if op.name == "SLICE":
+        return _slice_of_concat(op, graph)
+    if op.name == "CONCATENATION":
+        return _flatten_concat(op, graph)
+    return False
+
+
+def _plain_concat(graph: Subgraph, t: int) -> tuple[Op, int] | None:
+    """The live CONCATENATION that writes ``t`` and its axis, when it only moves values
+    (no fused activation, no quantization to rescale)."""
+    producer = graph.producers().get(t)
+    if producer is None:
+        return None
+    cat = graph.ops[producer]
+    if cat.name != "CONCATENATION" or cat.folded or cat.options.get("fused_activation_function"):
+        return None
+    tensors = [graph.tensors[u] for u in [*cat.inputs, *cat.outputs] if u >= 0]
+    if any(u.quantization is not None for u in tensors):
+        return None
+    rank = len(graph.tensors[t].shape)
+    return cat, int(cat.options.get("axis", 0)) % max(rank, 1)
+
+
+def _flatten_concat(op: Op, graph: Subgraph) -> bool:
+    mine = _plain_concat(graph, op.outputs[0]) if op.outputs else None
+    if mine is None or mine[0] is not op:
+        return False
+    axis = mine[1]
+    inputs: list[int] = []
+    for t in op.inputs:
+        inner = _plain_concat(graph, t) if t >= 0 else None
+        if inner is not None and inner[1] == axis and t not in graph.outputs:
+            inputs.extend(inner[0].inputs)
+        else:
+            inputs.append(t)
+    if inputs == op.inputs:
+        return False
+    op.inputs = inputs
+    return True
+
+
+def _slice_of_concat(op: Op, graph: Subgraph) -> bool:
+    x, begin_t, size_t = (graph.tensors[t] if t >= 0 else None for t in op.inputs[:3])
+    if x is None or begin_t is None or size_t is None or begin_t.data is None:
+        return False
+    found = _plain_concat(graph, x.index)
+    out = graph.tensors[op.outputs[0]]
+    if found is None or size_t.data is None or len(out.shape) != len(x.shape):
+        return False
+    cat, axis = found
+    begin = [int(v) for v in begin_t.data.reshape(-1)]
+    others = [k for k in range(len(x.shape)) if k != axis]
+    if any(begin[k] != 0 or out.shape[k] != x.shape[k] for k in others):
+        return False  # (only a slice along the concatenation's axis is its operands)
+    lo, hi = begin[axis], begin[axis] + out.shape[axis]
+    spans, start = [], 0
+    for t in cat.inputs:
+        n = graph.tensors[t].shape[axis]
+        spans.append((t, start, start + n))
+        start += n
+    whole = [t for t, a, b in spans if lo <= a and b <= hi and a < b]
+    if whole and sum(graph.tensors[t].shape[axis] for t in whole) == hi - lo:
+        if len(whole) == 1:
+            return _alias(op, graph, whole[0])
+        op.name, op.code, op.version = cat.name, cat.code, cat.version
+        op.options = {"axis": axis, "fused_activation_function": 0}
+        op.inputs = whole
+        return True
+    inside = [(t, a) for t, a, b in spans if a <= lo and hi <= b and a < b]
+    if len(inside) != 1:
+        return False
+    t, a = inside[0]
+    begin[axis] -= a
+    shifted = Tensor(
+        index=len(graph.tensors),
+        name=f"{begin_t.name}/shifted",
+        shape=begin_t.shape,
+        dtype=begin_t.dtype,
+        shape_signature=begin_t.shape,
+        data=np.asarray(begin, begin_t.dtype).reshape(begin_t.shape),
+    )
+    graph.tensors.append(shifted)
+    op.inputs = [t, shifted.index, *op.inputs[2:]]
+    return True
+
+
+def _alias(op: Op, graph: Subgraph, source: int) -> bool:
+    """Make the ops after ``op`` read ``source`` where they read ``op``'s output (which is
+    then unread: dropped at the end); not for a graph output."""
+    out = op.outputs[0]
+    if out in graph.outputs or graph.tensors[source].shape != graph.tensors[out].shape:
+        return False
+    for later in graph.ops[op.index + 1 :]:
+        later.inputs = [source if t == out else t for t in later.inputs]
+    return True
+
+
+def _drop_dead_ops(graph: Subgraph) -> None:
+    """Drop the live ops whose outputs nothing reads (no later op, no graph output) and
+    renumber the ops."""
+    need = set(graph.outputs)
+    keep: list[Op] = []
+    for op in reversed(graph.ops):
+        if not op.folded and need.isdisjoint(op.outputs):
+            continue
+        keep.append(op)
+        if not op.folded:
+            need.update(op.inputs)
+    keep.reverse()
+    if len(keep) == len(graph.ops):
+        return
+    graph.ops = keep
+    for i, op in enumerate(keep):
+        op.index = i
