@@ -10,6 +10,9 @@ that each compiles in seconds. Each must
   unrolling capped at 0 ops: the reference runs the cond and body subgraphs);
 * run whole on the GPU path (one partition, no CPU op) and match LiteRT there (PoCL).
 
+A tf.while_loop with a constant bound unrolls whatever its body; Keras' per-step writes into
+its sequence buffer end as one CONCATENATION of the rows; an IF (tf.cond on the input) runs
+the branch it takes on the reference (both branches: seeds 0-3) and matches LiteRT.
 A loop whose trip count comes from an input (tf.while_loop) stays a WHILE on the CPU, with a
 reason that says so, and matches LiteRT. The loader's rules for WHILE (while.cc) are checked
 on a loaded model made wrong.
@@ -109,6 +112,17 @@ def _static_loop_model(tf: Any) -> bytes:
     return bytes(conv.convert())
 
 
+def _branch_model(tf: Any) -> bytes:
+    """``tf.cond`` on a value computed from the input: an IF with two branch subgraphs."""
+
+    @tf.function(input_signature=[tf.TensorSpec([1, 4], tf.float32)])
+    def f(x: Any) -> Any:
+        return tf.cond(tf.reduce_sum(x) > 0, lambda: tf.tanh(x * 2.0), lambda: x * x - 1.0)
+
+    conv = tf.lite.TFLiteConverter.from_concrete_functions([f.get_concrete_function()], f)
+    return bytes(conv.convert())
+
+
 def _build(out: Path) -> None:
     """Write every test model to ``out`` (run in a process of its own, see :func:`models`)."""
     import tensorflow as tf
@@ -117,6 +131,7 @@ def _build(out: Path) -> None:
         (out / f"{name}.tflite").write_bytes(_keras_model(tf, name))
     (out / "counted_loop.tflite").write_bytes(_counted_loop_model(tf))
     (out / "static_loop.tflite").write_bytes(_static_loop_model(tf))
+    (out / "branch.tflite").write_bytes(_branch_model(tf))
 
 
 @functools.cache
@@ -152,15 +167,18 @@ def _run(it: Any, feeds: list[np.ndarray]) -> list[np.ndarray]:
     return [np.array(it.get_tensor(d["index"])) for d in it.get_output_details()]
 
 
-@functools.cache
-def _litert(model: bytes, n: int | None = None) -> list[np.ndarray]:
+def _litert_interpreter(model: bytes) -> Any:
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-    it = Interpreter(
+    return Interpreter(
         model_content=model,
         experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
     )
-    return _run(it, _loop_feeds(model, n))
+
+
+@functools.cache
+def _litert(model: bytes, n: int | None = None) -> list[np.ndarray]:
+    return _run(_litert_interpreter(model), _loop_feeds(model, n))
 
 
 def _loop_feeds(model: bytes, n: int | None) -> list[np.ndarray]:
@@ -207,6 +225,24 @@ def test_a_loop_with_a_constant_bound_unrolls_whatever_its_body() -> None:
     assert loaded.op_histogram().get("TANH") == 3  # i = 1, 3, 5
     got = _run(litekiln.Interpreter(model_content=model, device="reference"), _feeds(model))
     _assert_close(got, _litert(model), "static loop (unrolled, reference)")
+
+
+def test_a_sequence_buffer_is_written_once_when_unrolled() -> None:
+    # Keras writes each step's row as CONCATENATION(SLICE before, row, SLICE after) of the
+    # previous buffer; unrolled and simplified, the rows are concatenated once.
+    hist = load_model(keras_model("gru_seq")).op_histogram()
+    assert hist.get("CONCATENATION") == 1 and "SLICE" not in hist, hist
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_branch_runs_its_subgraphs_on_the_cpu_and_matches_litert(seed: int) -> None:
+    model = _models()["branch"]
+    loaded = load_model(model)
+    assert "IF" in loaded.op_histogram()
+    feeds = _feeds(model, seed)
+    litert = _run(_litert_interpreter(model), feeds)
+    got = _run(litekiln.Interpreter(model_content=model, device="reference"), feeds)
+    _assert_close(got, litert, f"branch, seed {seed}")
 
 
 def test_file_tensors_keep_their_indices_and_inlined_ones_follow() -> None:
