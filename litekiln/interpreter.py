@@ -234,8 +234,9 @@ class Interpreter:
         graph = self._subgraph(subgraph_index)
         if graph is self._original.main:
             graph = self._graph
+        listed = graph.tensors[: graph.file_tensors or None]  # (not an unrolled loop's steps)
         return [self._details(self._input_view(t.index) if t.index in graph.inputs else t)
-                for t in graph.tensors]  # fmt: skip
+                for t in listed]  # fmt: skip
 
     def num_subgraphs(self) -> int:
         return len(self._model.subgraphs)

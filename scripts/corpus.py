@@ -132,6 +132,8 @@ class CorpusModel:
             spec.update(kwargs=self.kwargs, seed=SEED, input_shape=list(self.input_shape))
         if self.is_torch:
             spec.update(library=self.source, layout="NCHW", weights=TORCH_WEIGHTS)
+        elif self.source == "keras" and self.constructor == "Sequential":
+            spec.update(weights="keras.utils.set_random_seed(seed)")
         elif self.source == "keras":
             spec.update(weights="keras.utils.set_random_seed(seed), batch norms calibrated v1")
         if self.sha256:
@@ -157,6 +159,20 @@ def _keras(constructor: str) -> CorpusModel:
         {"classifier_activation": None},
         (1, 224, 224, 3),
         note="classifier_activation=None: logits; batch norms calibrated on a random batch",
+    )
+
+
+def _keras_rnn(name: str, layers: list[dict[str, Any]], steps: int, features: int) -> CorpusModel:
+    """A sequence model: Keras recurrent layers (``{"layer": "LSTM", ...kwargs}``, in order),
+    then a dense layer of 10; TFLite has them as a WHILE over the steps, which litekiln
+    unrolls at load."""
+    return CorpusModel(
+        f"keras_{name}",
+        "keras",
+        "Sequential",
+        {"layers": layers, "dense": 10},
+        (1, steps, features),
+        note="recurrent layers, then Dense(10): a WHILE over the time steps",
     )
 
 
@@ -206,6 +222,14 @@ MODELS: tuple[CorpusModel, ...] = (
     _keras("EfficientNetV2B0"),
     _keras("NASNetMobile"),
     _keras("DenseNet121"),
+    # Keras recurrent layers: a WHILE over the time steps
+    _keras_rnn("lstm", [{"layer": "LSTM", "units": 64}], 32, 16),
+    _keras_rnn(
+        "gru",
+        [{"layer": "GRU", "units": 64, "return_sequences": True}, {"layer": "GRU", "units": 64}],
+        32,
+        16,
+    ),
     # MediaPipe 0.10.14: the zoo's seven ...
     _mp("face_detection", "face_detection_short_range"),
     _mp("face_detection", "face_detection_full_range_sparse"),
@@ -444,9 +468,12 @@ def build_keras(model: CorpusModel) -> tuple[bytes, dict[str, Any]]:
 
     with mz.quiet_stderr():
         keras.utils.set_random_seed(SEED)
-        app = getattr(keras.applications, model.constructor)
-        net = app(weights=None, input_shape=model.input_shape[1:], **model.kwargs)
-        _calibrate_batch_norms(keras, net, model.input_shape)
+        if model.constructor == "Sequential":
+            net = _keras_sequential(keras, model)
+        else:
+            app = getattr(keras.applications, model.constructor)
+            net = app(weights=None, input_shape=model.input_shape[1:], **model.kwargs)
+            _calibrate_batch_norms(keras, net, model.input_shape)
         spec = tf.TensorSpec(model.input_shape, tf.float32, name="input")
         serve = tf.function(lambda x: net(x, training=False), input_signature=[spec])
         # Frozen first, as make_zoo.convert explains: handed Keras 3's variables, the
@@ -458,6 +485,21 @@ def build_keras(model: CorpusModel) -> tuple[bytes, dict[str, Any]]:
         "parameters": int(net.count_params()),
         "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
     }
+
+
+def _keras_sequential(keras: Any, model: CorpusModel) -> Any:
+    """A ``_keras_rnn`` recipe's network: its recurrent layers, then the dense layer."""
+    layers = []
+    for spec in model.kwargs["layers"]:
+        kwargs = dict(spec)
+        layers.append(getattr(keras.layers, kwargs.pop("layer"))(**kwargs))
+    return keras.Sequential(
+        [
+            keras.Input(model.input_shape[1:], batch_size=model.input_shape[0]),
+            *layers,
+            keras.layers.Dense(model.kwargs["dense"]),
+        ]
+    )
 
 
 def _calibrate_batch_norms(keras: Any, net: Any, input_shape: tuple[int, ...]) -> None:

@@ -29,7 +29,8 @@ def ops_md() -> str:
         "**versions** (LiteRT's kernels; other versions are refused at load): an op stays on the",
         "CPU only for a feature its GPU form lacks, and says which (`litekiln inspect MODEL",
         "--ops`). **documented limits**: the newest version `op_table='documented'` accepts for",
-        "float models / with quantized models allowed.",
+        "float models / with quantized models allowed. An op the loader rewrites into others",
+        "says how (a WHILE whose trip count is static is unrolled: its steps run on the GPU).",
         "",
         "| op | GPU | versions | documented limits | GPU lowering |",
         "| --- | --- | --- | --- | --- |",
@@ -43,6 +44,8 @@ def ops_md() -> str:
             continue
         seen.add((cls, name))
         gpu = "documented" if cls.gpu else ("litekiln" if cls.gpu_extended else "CPU only")
+        if cls.rewritten_at_load:
+            gpu += f"; {cls.rewritten_at_load}"
         lo_hi = cls.versions
         vers = "custom op" if lo_hi is None else f"{lo_hi[0]}-{lo_hi[1]}"
         limits = f"{cls.gpu_max_version} / {cls.gpu_quant_max_version}" if cls.gpu else ""

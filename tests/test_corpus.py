@@ -61,7 +61,7 @@ def test_a_torch_recipe_holds_what_rebuilds_the_module() -> None:
 
 def test_groups_resolve_in_corpus_order() -> None:
     got = corpus.resolve(["mp_hand_recrop", "keras"])
-    assert [m.source for m in got] == ["keras"] * 7 + ["mediapipe"]
+    assert [m.source for m in got] == ["keras"] * 9 + ["mediapipe"]
     with pytest.raises(SystemExit, match="unknown"):
         corpus.resolve(["no_such_model"])
 

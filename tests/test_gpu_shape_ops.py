@@ -227,6 +227,10 @@ def _transpose(shape, perm, version=1):
     )
 
 
+def _reverse(shape, axes, version=1):
+    return lambda g: g.op("REVERSE_V2", [g.x(shape), g.ints(axes)], list(shape), version=version)
+
+
 def _concat(shapes, axis, version=1):
     a = axis % len(shapes[0])
     out = list(shapes[0])
@@ -303,6 +307,9 @@ MOVEMENT = Batch(
         Case("transpose_rank5_v4", _transpose([2, 3, 1, 4, 2], [4, 1, 0, 3, 2], 4)),
         Case("transpose_rank6_v6", _transpose([2, 1, 3, 2, 2, 3], [5, 0, 3, 1, 4, 2], 6)),
         Case("transpose_nchw_v9", _transpose([1, 3, 4, 5], [0, 2, 3, 1], 9)),
+        Case("reverse_axis0", _reverse([5, 1, 4], [0])),
+        Case("reverse_axis_neg1_rank4", _reverse([1, 3, 4, 5], [-1])),
+        Case("reverse_two_axes_v3", _reverse([2, 3, 4], [2, 1], 3)),
         Case("concat_rank5", _concat([[1, 2, 2, 3, 2], [1, 2, 2, 1, 2]], 3)),
         Case(
             "concat_rank5_neg_axis_three",

@@ -28,10 +28,20 @@ def _pad(ctx: Ctx) -> list[Expr]:
     return [ctx.emit(relax.op.nn.pad(ctx.arg_stored(0), flat, "constant", 0.0))]
 
 
+@emitter("REVERSE_V2")
+def _reverse(ctx: Ctx) -> list[Expr]:
+    x = ctx.arg_stored(0)
+    rank = len(ctx.out().shape)
+    for axis in sorted({int(a) % rank for a in ctx.const(1).reshape(-1)}):
+        x = ctx.emit(relax.op.flip(x, axis))
+    return [x]
+
+
 @emitter("CONCATENATION")
 def _concat(ctx: Ctx) -> list[Expr]:
     # Moves stored values, unless a fused activation computes on them.
-    present = [i for i in range(len(ctx.op.inputs)) if ctx.has(i)]
+    # (Empty operands add nothing: an unrolled loop's first and last steps write some.)
+    present = [i for i in range(len(ctx.op.inputs)) if ctx.has(i) and ctx.tensor(i).size]
     if int(ctx.options.get("fused_activation_function", 0) or 0):
         xs = [ctx.arg(i) for i in present]
     else:

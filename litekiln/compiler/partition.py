@@ -145,7 +145,7 @@ def gpu_reason(
     except UnsupportedOpError:
         return "not supported by litekiln"
     if not (cls.gpu or cls.gpu_extended):
-        return "no GPU form in litekiln"
+        return cls.cpu_reason(op, graph)
     if not extended_table:
         if not cls.gpu:
             return "not in the documented GPU op table (op_table='documented')"

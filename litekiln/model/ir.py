@@ -160,7 +160,15 @@ class Op:
 
 @dataclass
 class Subgraph:
-    """A TFLite subgraph: tensors, ops in execution order, graph inputs and outputs."""
+    """A TFLite subgraph: tensors, ops in execution order, graph inputs and outputs.
+
+    Attributes:
+        model_subgraphs: every subgraph of the model this one belongs to (the loader sets
+            it; shared, not copied): what a control-flow op (WHILE, IF) calls by index.
+        file_tensors: how many tensors the file declares (0: all of ``tensors``); the
+            tensors after them were added at load (the steps of an unrolled loop) and are
+            not listed to users.
+    """
 
     index: int
     name: str
@@ -168,6 +176,20 @@ class Subgraph:
     ops: list[Op]
     inputs: list[int]
     outputs: list[int]
+    model_subgraphs: list[Subgraph] = field(default_factory=list, repr=False, compare=False)
+    file_tensors: int = 0
+
+    def called(self, index: int) -> Subgraph:
+        """Subgraph ``index`` of this subgraph's model (a control-flow op's callee).
+
+        Raises:
+            IndexError: the model has no such subgraph.
+        """
+        if not 0 <= index < len(self.model_subgraphs):
+            raise IndexError(
+                f"subgraph {index}: the model has {len(self.model_subgraphs)} subgraphs"
+            )
+        return self.model_subgraphs[index]
 
     def live_ops(self) -> list[Op]:
         """Ops that executors run (everything the loader did not fold)."""

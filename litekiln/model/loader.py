@@ -258,6 +258,8 @@ class _Loader:
         opcodes = self._opcodes(fb)
         buffers = self._buffers(fb)
         subgraphs = [self._subgraph(fb.Subgraphs(i), i, opcodes, buffers) for i in range(n_sub)]
+        for sub in subgraphs:
+            sub.model_subgraphs = subgraphs
         check_graph(subgraphs[0], self.name)
         signatures = self._signatures(fb, subgraphs)
         n_meta = self.length(fb.MetadataLength(), "metadata list")
@@ -517,7 +519,13 @@ class _Loader:
             self.ints(sg, "Outputs", f"outputs of subgraph {index}"), "graph output", False
         )
         sub = Subgraph(
-            index, self.string(sg, 12, f"name of subgraph {index}"), tensors, ops, inputs, outputs
+            index,
+            self.string(sg, 12, f"name of subgraph {index}"),
+            tensors,
+            ops,
+            inputs,
+            outputs,
+            file_tensors=n_t,
         )
         _fold_constants(sub, self.fail)
         return sub

@@ -4,11 +4,13 @@ Importing this package imports every family module, which registers its ops, and
 model loader check every op of a model it loads against its kernel's rules
 (:func:`validate_model`, through :func:`litekiln.model.loader.add_model_check`: the loader
 is a layer below and cannot import the registry), folding every op whose inputs are known
-right after its checks (:func:`litekiln.ops.fold.check_and_fold`).
+right after its checks, and unrolling every WHILE whose trip count is static
+(:func:`litekiln.ops.unroll.check_and_rewrite`).
 """
 
 from litekiln.model.loader import add_model_check
 from litekiln.ops import (  # noqa: F401  (imported for their @register side effects)
+    control,
     conv,
     detection,
     elementwise,
@@ -23,9 +25,9 @@ from litekiln.ops import (  # noqa: F401  (imported for their @register side eff
 )
 from litekiln.ops.base import REGISTRY, Check, OpContext, OpDef, lookup, register, run_op
 from litekiln.ops.base import validate_model as validate_model
-from litekiln.ops.fold import check_and_fold
+from litekiln.ops.unroll import check_and_rewrite
 
-add_model_check(check_and_fold)  # validate_model, folding each op after its checks
+add_model_check(check_and_rewrite)  # validate_model; each op then folded, or unrolled (WHILE)
 
 __all__ = [
     "REGISTRY",

@@ -328,23 +328,38 @@ def validate_model(model: Model, after_op: Callable[[Op, Subgraph], object] | No
 
     Ops litekiln does not know are left alone (running them raises UnsupportedOpError).
     Folded ops (constant DEQUANTIZE, DENSIFY) are checked too: LiteRT prepares them. Output
-    shapes become the ones the ops compute (:meth:`Check.output_shape`).
+    shapes become the ones the ops compute (:meth:`Check.output_shape`). The subgraphs that
+    control-flow ops call are checked by those ops (:mod:`litekiln.ops.control`).
 
     Args:
         model: the loaded model.
         after_op: called with each op once it is checked, before the next op is (constant
             folding, :mod:`litekiln.ops.fold`: an op then sees its folded inputs as the
-            constants they are, as LiteRT's kernels see them at their Prepare).
+            constants they are, as LiteRT's kernels see them at their Prepare). It may
+            replace the op in the graph by others (a loop unrolled), which are checked next.
 
     Raises:
         ModelValidationError: an op breaks a rule; the error names op and rule.
     """
+    validate_graph(model.main, model.name, after_op)
+
+
+def validate_graph(
+    graph: Subgraph,
+    model_name: str,
+    after_op: Callable[[Op, Subgraph], object] | None = None,
+    skip: Callable[[Op], bool] | None = None,
+) -> None:
+    """:func:`validate_model` for one subgraph (``model_name`` names it in messages); ops
+    for which ``skip(op)`` is true are not checked (nor passed to ``after_op``)."""
     from litekiln import ops as _families  # noqa: F401  (importing registers every family)
 
-    graph = model.main
-    for op in graph.ops:
+    i = 0
+    while i < len(graph.ops):
+        op = graph.ops[i]
         cls = REGISTRY.get(op.name)
-        if cls is None:
+        if cls is None or (skip is not None and skip(op)):
+            i += 1
             continue
         c = Check(op, graph)
         try:
@@ -356,11 +371,14 @@ def validate_model(model: Model, after_op: Callable[[Op, Subgraph], object] | No
             raise c.fail("malformed", f"cannot be checked ({type(exc).__name__}: {exc})") from None
         if after_op is not None:
             after_op(op, graph)
+            if i < len(graph.ops) and graph.ops[i] is not op:
+                continue  # replaced (a loop unrolled): check the ops that took its place
+        i += 1
     # Outputs now have the types and shapes the kernels give them: bound them (the loader
     # bounded only the tensors no op writes), and the model's activations together.
     written = {t for op in graph.ops for t in op.outputs}
-    check_tensors(model.name, [t for t in graph.tensors if t.index in written])
-    check_activation_bytes(graph, model.name)
+    check_tensors(model_name, [t for t in graph.tensors if t.index in written])
+    check_activation_bytes(graph, model_name)
 
 
 class OpDef:
@@ -397,6 +415,9 @@ class OpDef:
     #: its inputs are known; False for an op with state or randomness.
     foldable: ClassVar[bool] = True
     versions: ClassVar[tuple[int, int] | None] = (1, 1)
+    #: How the loader replaces the op by ops the GPU path runs, when it can ("unrolled at
+    #: load" for WHILE); shown in the op table (docs/ops.md).
+    rewritten_at_load: ClassVar[str] = ""
     num_inputs: ClassVar[tuple[int, int] | None] = None
     num_outputs: ClassVar[tuple[int, int] | None] = (1, 1)
 
@@ -479,6 +500,12 @@ class OpDef:
                 continue
             return _integer_reason(tensor, t in integers, t in op.outputs)
         return None
+
+    @classmethod
+    def cpu_reason(cls, op: Op, graph: Subgraph) -> str:
+        """Why ``op``, of an op with no GPU form (neither ``gpu`` nor ``gpu_extended``),
+        stays on the CPU (the partitioner's reason)."""
+        return "no GPU form in litekiln"
 
     @classmethod
     def is_quantized_op(cls, op: Op, graph: Subgraph) -> bool:
@@ -719,6 +746,21 @@ def is_quantized(tensor: Tensor | None) -> TypeGuard[Tensor]:
     return tensor is not None and tensor.quantization is not None and tensor.dtype.kind in "iu"
 
 
+def is_dynamic(tensor: Tensor) -> bool:
+    """Whether the file leaves a dimension of ``tensor`` open (-1 in its signature) while
+    the tensor has no static shape of its own: an activation of a called subgraph whose
+    shape depends on data (a SLICE at a loop counter), which LiteRT resizes when it runs.
+    The main graph's open dimensions (Keras' batch) get static sizes at load."""
+    return tensor.data is None and -1 in tensor.shape_signature
+
+
+def fits_signature(shape: tuple[int, ...], signature: tuple[int, ...]) -> bool:
+    """``shape`` agrees with ``signature`` wherever the signature fixes a dimension."""
+    return len(shape) == len(signature) and all(
+        s in (-1, d) for d, s in zip(shape, signature, strict=True)
+    )
+
+
 def run_op(op: Op, graph: Subgraph, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
     """Run one op on the numpy reference, handling quantized tensors through a float view.
 
@@ -771,7 +813,9 @@ def run_op(op: Op, graph: Subgraph, inputs: list[np.ndarray | None]) -> list[np.
         tensor = graph.tensors[t]
         r = np.asarray(r)
         if tensor.shape and r.shape != tensor.shape:
-            if r.size == tensor.size:
+            if is_dynamic(tensor) and fits_signature(r.shape, tensor.shape_signature):
+                pass  # a called subgraph's dynamic tensor: its shape is known only now
+            elif r.size == tensor.size:
                 r = r.reshape(tensor.shape)
             else:
                 raise ModelError(

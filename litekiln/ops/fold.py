@@ -15,6 +15,9 @@ STRIDED_SLICE -> PACK -> RESHAPE, and after folding the RESHAPE reads a constant
 TRANSPOSE_CONV's computed output shape becomes a constant the same way. Shape arithmetic
 therefore never reaches the partitioner.
 
+An op whose outputs are all empty (static shapes with a 0) folds too, whatever its inputs:
+its value is known.
+
 Not folded: an op that writes a graph output (the output stays a computed tensor), an op that
 reads or writes a variable tensor, an op whose definition says it must not be (``foldable =
 False``: it has state or randomness), an op whose outputs would be much larger than its
@@ -63,7 +66,7 @@ def fold_op(op: Op, graph: Subgraph) -> bool:
         return False
     shape_of = _shape_of_static(op, graph)
     if shape_of is None and not _all_constant(op, graph):
-        return False
+        return _fold_empty(op, graph)
     if not _may_fold(op, graph):
         return False
     inputs: list[np.ndarray | None] = []
@@ -98,6 +101,18 @@ def fold_op(op: Op, graph: Subgraph) -> bool:
     op.folded_shape = shape_of is not None or any(
         p.folded_shape and read.intersection(p.outputs) for p in graph.ops[: op.index]
     )
+    return True
+
+
+def _fold_empty(op: Op, graph: Subgraph) -> bool:
+    """An op whose every output is empty (a SLICE of no element: an unrolled loop's first
+    or last step) has a known value, whatever its inputs: it becomes an empty constant."""
+    outputs = [graph.tensors[t] for t in op.outputs if t >= 0]
+    if not outputs or any(t.size for t in outputs) or not _may_fold(op, graph):
+        return False
+    for tensor in outputs:
+        tensor.data = np.zeros(tensor.shape, tensor.dtype)
+    op.folded = True
     return True
 
 

@@ -261,6 +261,47 @@ class Transpose(_Movement):
 
 
 @register
+class ReverseV2(_Movement):
+    """REVERSE_V2: the input with the order of its elements reversed along the given axes
+    (Keras' Bidirectional layers run the backward direction on the reversed sequence)."""
+
+    name = "REVERSE_V2"
+    gpu_extended = True
+    # v2 adds int8 and uint8, v3 int16: moved as stored integers, like the float view.
+    gpu_constants = {1: "axes"}
+    versions = (1, 3)
+    num_inputs = (2, 2)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """reverse.cc: a rank-1 int32 axis operand of no more elements than the input has
+        dimensions, each axis in range; the output of the input's type and shape."""
+        super().validate(c)
+        x, axes_t, y = c.input(0), c.input(1), c.output()
+        c.dtype(x, _REVERSE_TYPES, "input")
+        c.same_dtype(y, x, "output")
+        c.rank(axes_t, 1, None, "axis")
+        if axes_t.size > len(x.shape):
+            raise c.fail("axis", f"{axes_t.size} axes for an input of rank {len(x.shape)}")
+        axes = sorted(
+            _axis(c, a, len(x.shape)) for a in _ints(c, axes_t, "axis", frozenset({"int32"})) or ()
+        )
+        if axes and axes != list(range(axes[0], axes[0] + len(axes))):
+            # (LiteRT's kernel fails when it runs: "Non-contiguous `axes` not supported".)
+            raise c.fail("axis", f"axes {axes}: the kernel reverses contiguous axes only")
+        c.output_shape(x.shape)
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        x = required(ctx, inputs, 0)
+        axes = tuple(int(a) % x.ndim for a in int_input(ctx, inputs, 1).reshape(-1))
+        return [np.flip(x, axes) if axes else x]
+
+
+_REVERSE_TYPES = frozenset({"float32", "uint8", "int8", "int16", "int32", "int64", "bool"})
+
+
+@register
 class Concatenation(_Movement):
     name = "CONCATENATION"
     gpu = True

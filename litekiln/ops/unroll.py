@@ -1,0 +1,321 @@
+"""Loops unrolled at load: a WHILE with a static trip count becomes its body, N times.
+
+Keras' recurrent layers convert to a WHILE over the time steps whose step counter starts
+from a constant and whose bound is a constant (the sequence length): its trip count is
+known at load (:func:`litekiln.ops.control.static_trip_count`). The loader then replaces
+the WHILE in the main graph by the body's live ops, once per step, and drops the cond:
+
+* each step's activations are new tensors of the main graph (appended after the file's
+  tensors, named ``<body tensor>/step_<k>``); the body's constants are appended once and
+  shared by every step (the weights are not copied);
+* step k reads the tensors step k-1 wrote (step 0 the WHILE's inputs); the last step writes
+  the WHILE's output tensors themselves, so the ops after the loop, the graph inputs and the
+  graph outputs keep their tensors. A loop variable the last step does not write (passed
+  through, or a loop that never runs) is read from where its value is;
+* the inlined ops the rest of the graph never reads are dropped (the step counter, once its
+  uses have been folded);
+* the ops are renumbered: the ops after the loop move by the number of ops inlined less one.
+
+The loader then checks the inlined ops and folds them as it does every op, in order
+(:func:`check_and_rewrite`): the counter and everything computed from it (the GATHER index of
+the step's input, the SLICE bounds where Keras writes the step's output) become constants,
+so the partitioner sees plain FULLY_CONNECTED, LOGISTIC, TANH, MUL... ops, and the model
+runs whole on the GPU. A WHILE that cannot be unrolled stays a loop on the CPU (the numpy
+reference runs its subgraphs), with a warning that says why; so does any loop that would add
+more than :data:`~litekiln.ops.control.UNROLL_MAX_OPS` ops.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+
+from litekiln.model.ir import Model, Op, Subgraph, Tensor
+from litekiln.model.loader import check_graph
+from litekiln.ops.base import validate_model
+from litekiln.ops.control import callees, unroll_plan
+from litekiln.ops.fold import fold_op
+
+log = logging.getLogger("litekiln")
+
+
+def check_and_rewrite(model: Model) -> None:
+    """The loader's model check: each op of the main graph validated, then (a WHILE)
+    unrolled or (any other op) folded if its inputs are known, in op order, so that each op
+    is checked against the constants and the unrolled steps before it. Once a loop is
+    unrolled, the ops after it are also simplified (:func:`simplify_op`) before they fold,
+    and the ops nothing reads any more are dropped at the end."""
+    unrolled = False
+
+    def after_op(op: Op, graph: Subgraph) -> None:
+        nonlocal unrolled
+        if op.name == "WHILE" and unroll_while(op, graph, where=graph.name):
+            unrolled = True
+            return
+        if unrolled:
+            simplify_op(op, graph)
+        fold_op(op, graph)
+
+    validate_model(model, after_op=after_op)
+    if unrolled:
+        _drop_dead_ops(model.main)
+
+
+def unroll_while(op: Op, graph: Subgraph, *, where: str = "") -> bool:
+    """Replace the WHILE ``op`` of ``graph`` by its body, once per step; whether it was.
+
+    The ops that take its place start at ``op.index``; the ops after it are renumbered.
+    """
+    n, why = unroll_plan(op, graph)
+    if n is None:
+        log.warning("%s stays a loop on the CPU: %s", op.describe(), why)
+        return False
+    _, body = callees(op, graph)
+    written = {t for b in body.live_ops() for t in b.outputs}
+    inliner = _Inliner(graph, body)
+    current = list(op.inputs)
+    for k in range(n):
+        targets: dict[int, int] = {}
+        if k == n - 1:
+            for t, dst in zip(body.outputs, op.outputs, strict=True):
+                if t in written and t not in targets:
+                    targets[t] = dst
+        current = inliner.step(current, k, targets)
+    rest = graph.ops[op.index + 1 :]
+    alias = {dst: t for dst, t in zip(op.outputs, current, strict=True) if dst != t}
+    for later in rest:
+        later.inputs = [alias.get(t, t) for t in later.inputs]
+    steps = _needed(inliner.ops, rest, graph.outputs)
+    graph.ops = [*graph.ops[: op.index], *steps, *rest]
+    for i, o in enumerate(graph.ops):
+        o.index = i
+    graph.__dict__.pop("is_quantized", None)  # (a cached property: the body's tensors count)
+    check_graph(graph, where or graph.name)
+    log.info(
+        "%s unrolled: %d steps of %d ops, %d ops kept",
+        op.describe(),
+        n,
+        len(body.live_ops()),
+        len(steps),
+    )
+    return True
+
+
+class _Inliner:
+    """Copies of a body's ops into a graph, step by step."""
+
+    def __init__(self, graph: Subgraph, body: Subgraph) -> None:
+        self.graph = graph
+        self.body = body
+        self.constants: dict[int, int] = {}  # body constant -> its one copy in the graph
+        self.ops: list[Op] = []
+
+    def step(self, current: Sequence[int], k: int, targets: dict[int, int]) -> list[int]:
+        """Inline one step reading the loop variables ``current`` (tensor indices of the
+        graph); body tensors in ``targets`` are written to the given graph tensors.
+        Returns the tensors that hold the loop variables after the step."""
+        body = self.body
+        names = dict(zip(body.inputs, current, strict=True))
+        for b in body.live_ops():
+            inputs = [self._resolve(t, names) for t in b.inputs]
+            outputs = []
+            for t in b.outputs:
+                if t >= 0:
+                    names[t] = (
+                        targets[t] if t in targets else self._tensor(body.tensors[t], k).index
+                    )
+                outputs.append(names.get(t, -1))
+            self.ops.append(
+                Op(
+                    -1,
+                    b.name,
+                    b.code,
+                    b.version,
+                    inputs,
+                    outputs,
+                    dict(b.options),
+                    b.custom_code,
+                    b.custom_options,
+                )
+            )
+        return [self._resolve(t, names) for t in body.outputs]
+
+    def _resolve(self, t: int, names: dict[int, int]) -> int:
+        if t < 0:
+            return -1
+        if t in names:
+            return names[t]
+        if t not in self.constants:  # (check_graph: the body reads nothing else)
+            src = self.body.tensors[t]
+            copy = self._tensor(src, None)
+            copy.data = src.data
+            copy.was_sparse, copy.int4 = src.was_sparse, src.int4
+            self.constants[t] = copy.index
+        return self.constants[t]
+
+    def _tensor(self, src: Tensor, step: int | None) -> Tensor:
+        """A new tensor of the graph like the body's ``src`` (a step's copy, or the one copy
+        of a constant when ``step`` is None), appended after the graph's tensors."""
+        tensors = self.graph.tensors
+        copy = Tensor(
+            index=len(tensors),
+            name=src.name if step is None else f"{src.name}/step_{step}",
+            shape=src.shape,
+            dtype=src.dtype,
+            shape_signature=src.shape,  # static: the checks give it the shape the op computes
+            quantization=src.quantization,
+        )
+        tensors.append(copy)
+        return copy
+
+
+def _needed(steps: list[Op], rest: list[Op], outputs: list[int]) -> list[Op]:
+    """The inlined ops whose outputs the rest of the graph reads, directly or not."""
+    need = set(outputs)
+    for op in rest:
+        need.update(op.inputs)
+    kept = []
+    for op in reversed(steps):
+        if need.isdisjoint(op.outputs):
+            continue
+        kept.append(op)
+        need.update(op.inputs)
+    kept.reverse()
+    return kept
+
+
+# -- the unrolled graph simplified ------------------------------------------------------------
+#
+# Keras writes a step's output into its sequence buffer as CONCATENATION(SLICE(buffer, rows
+# before k), new row, SLICE(buffer, rows after k)). Unrolled, each buffer is made from the
+# previous one, and a GPU compiler that fuses these movements inlines the chain into one
+# expression that doubles at every step (a 32-step GRU never finished compiling). A SLICE of
+# a CONCATENATION that takes whole operands is those operands, and a CONCATENATION of a
+# CONCATENATION along the same axis is one: after both, the last buffer is the steps' rows
+# concatenated once, and the rows before a step are the earlier steps' rows.
+
+
+def simplify_op(op: Op, graph: Subgraph) -> bool:
+    """Rewrite ``op`` (checked, not yet folded) into a simpler op of the same outputs:
+    a SLICE of a CONCATENATION along its axis becomes the operands it takes (a SLICE of the
+    one operand it falls in, a CONCATENATION of the whole ones), and a CONCATENATION's
+    operands that are CONCATENATIONs along the same axis are replaced by theirs. Whether it
+    changed ``op``."""
+    if op.folded:
+        return False
+    if op.name == "SLICE":
+        return _slice_of_concat(op, graph)
+    if op.name == "CONCATENATION":
+        return _flatten_concat(op, graph)
+    return False
+
+
+def _plain_concat(graph: Subgraph, t: int) -> tuple[Op, int] | None:
+    """The live CONCATENATION that writes ``t`` and its axis, when it only moves values
+    (no fused activation, no quantization to rescale)."""
+    producer = graph.producers().get(t)
+    if producer is None:
+        return None
+    cat = graph.ops[producer]
+    if cat.name != "CONCATENATION" or cat.folded or cat.options.get("fused_activation_function"):
+        return None
+    tensors = [graph.tensors[u] for u in [*cat.inputs, *cat.outputs] if u >= 0]
+    if any(u.quantization is not None for u in tensors):
+        return None
+    rank = len(graph.tensors[t].shape)
+    return cat, int(cat.options.get("axis", 0)) % max(rank, 1)
+
+
+def _flatten_concat(op: Op, graph: Subgraph) -> bool:
+    mine = _plain_concat(graph, op.outputs[0]) if op.outputs else None
+    if mine is None or mine[0] is not op:
+        return False
+    axis = mine[1]
+    inputs: list[int] = []
+    for t in op.inputs:
+        inner = _plain_concat(graph, t) if t >= 0 else None
+        if inner is not None and inner[1] == axis and t not in graph.outputs:
+            inputs.extend(inner[0].inputs)
+        else:
+            inputs.append(t)
+    if inputs == op.inputs:
+        return False
+    op.inputs = inputs
+    return True
+
+
+def _slice_of_concat(op: Op, graph: Subgraph) -> bool:
+    x, begin_t, size_t = (graph.tensors[t] if t >= 0 else None for t in op.inputs[:3])
+    if x is None or begin_t is None or size_t is None or begin_t.data is None:
+        return False
+    found = _plain_concat(graph, x.index)
+    out = graph.tensors[op.outputs[0]]
+    if found is None or size_t.data is None or len(out.shape) != len(x.shape):
+        return False
+    cat, axis = found
+    begin = [int(v) for v in begin_t.data.reshape(-1)]
+    others = [k for k in range(len(x.shape)) if k != axis]
+    if any(begin[k] != 0 or out.shape[k] != x.shape[k] for k in others):
+        return False  # (only a slice along the concatenation's axis is its operands)
+    lo, hi = begin[axis], begin[axis] + out.shape[axis]
+    spans, start = [], 0
+    for t in cat.inputs:
+        n = graph.tensors[t].shape[axis]
+        spans.append((t, start, start + n))
+        start += n
+    whole = [t for t, a, b in spans if lo <= a and b <= hi and a < b]
+    if whole and sum(graph.tensors[t].shape[axis] for t in whole) == hi - lo:
+        if len(whole) == 1:
+            return _alias(op, graph, whole[0])
+        op.name, op.code, op.version = cat.name, cat.code, cat.version
+        op.options = {"axis": axis, "fused_activation_function": 0}
+        op.inputs = whole
+        return True
+    inside = [(t, a) for t, a, b in spans if a <= lo and hi <= b and a < b]
+    if len(inside) != 1:
+        return False
+    t, a = inside[0]
+    begin[axis] -= a
+    shifted = Tensor(
+        index=len(graph.tensors),
+        name=f"{begin_t.name}/shifted",
+        shape=begin_t.shape,
+        dtype=begin_t.dtype,
+        shape_signature=begin_t.shape,
+        data=np.asarray(begin, begin_t.dtype).reshape(begin_t.shape),
+    )
+    graph.tensors.append(shifted)
+    op.inputs = [t, shifted.index, *op.inputs[2:]]
+    return True
+
+
+def _alias(op: Op, graph: Subgraph, source: int) -> bool:
+    """Make the ops after ``op`` read ``source`` where they read ``op``'s output (which is
+    then unread: dropped at the end); not for a graph output."""
+    out = op.outputs[0]
+    if out in graph.outputs or graph.tensors[source].shape != graph.tensors[out].shape:
+        return False
+    for later in graph.ops[op.index + 1 :]:
+        later.inputs = [source if t == out else t for t in later.inputs]
+    return True
+
+
+def _drop_dead_ops(graph: Subgraph) -> None:
+    """Drop the live ops whose outputs nothing reads (no later op, no graph output) and
+    renumber the ops."""
+    need = set(graph.outputs)
+    keep: list[Op] = []
+    for op in reversed(graph.ops):
+        if not op.folded and need.isdisjoint(op.outputs):
+            continue
+        keep.append(op)
+        if not op.folded:
+            need.update(op.inputs)
+    keep.reverse()
+    if len(keep) == len(graph.ops):
+        return
+    graph.ops = keep
+    for i, op in enumerate(keep):
+        op.index = i
