@@ -185,6 +185,31 @@ _DRIVER_CODE = (
     "print('" + "LITEKILN_BENCH_RESULT " + '\' + \'{"import_s": %r, "context_s": %r}\' '
     "% (t1 - t0, t2 - t1))"
 )
+#: LiteRT's GPU path started in a fresh process (the peer of a first start): import LiteRT,
+#: ``CompiledModel`` with the GPU accelerator (its shaders compiled there), one run on zeros
+#: with the outputs read back. Kept apart from litekiln: nothing of ours is imported.
+_LITERT_GPU_CODE = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import numpy as np
+from ai_edge_litert.compiled_model import CompiledModel
+from ai_edge_litert.hardware_accelerator import HardwareAccelerator as HA
+t1 = time.perf_counter()
+cm = CompiledModel.from_file(sys.argv[1], hardware_accel=HA.GPU | HA.CPU)
+ins, outs = cm.create_input_buffers(0), cm.create_output_buffers(0)
+t2 = time.perf_counter()
+for b in ins:
+    d = b.get_tensor_details()
+    b.write(np.zeros([int(x) for x in d["shape"]], np.dtype(d["dtype"])))
+cm.run_by_index(0, ins, outs)
+for b in outs:
+    d = b.get_tensor_details()
+    b.read(int(np.prod([int(x) for x in d["shape"]])), np.dtype(d["dtype"]))
+t3 = time.perf_counter()
+print("LITEKILN_BENCH_RESULT " + json.dumps({
+    "imports_s": t1 - t0, "init_s": t2 - t1, "first_run_s": t3 - t2, "total_s": t3 - t0,
+    "fully_accelerated": bool(cm.is_fully_accelerated())}))
+"""
 #: The start-up steps a child reports (seconds), in order; they add up to ``total_s``.
 STEPS = ("imports", "parse", "device", "cache_read", "build", "setup", "first_run")
 
@@ -339,6 +364,41 @@ def driver_floor(device: str | None, repeat: int) -> dict[str, Any]:
     }
 
 
+def litert_gpu_start(path: str, repeat: int) -> dict[str, Any]:
+    """LiteRT's GPU path started in fresh processes with the drivers' caches off (median):
+    import, ``CompiledModel`` creation (shader compilation included) and the first run.
+
+    Returns:
+        ``total_ms``, ``imports_ms``, ``init_ms``, ``first_run_ms``, ``fully_accelerated``;
+        or ``error`` where LiteRT's GPU path does not start here.
+    """
+    env = dict(os.environ)
+    env.update(_DRIVER_CACHE_OFF)
+    runs = []
+    for _ in range(max(1, repeat)):
+        p = subprocess.run(
+            [sys.executable, "-c", _LITERT_GPU_CODE, path],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=_CHILD_TIMEOUT_S,
+            check=False,
+        )
+        lines = [ln for ln in p.stdout.splitlines() if ln.startswith(_MARK)]
+        if p.returncode != 0 or not lines:
+            said = [ln for ln in (p.stderr or p.stdout).splitlines() if ln.strip()]
+            tail = [ln for ln in said if not ln.startswith(("INFO:", "W0000", "I0000"))][-2:]
+            return {"error": f"exit {p.returncode}: " + " / ".join(tail or said[-2:])}
+        runs.append(json.loads(lines[-1][len(_MARK) :]))
+    out: dict[str, Any] = {
+        f"{k}_ms": _ms(_median([r[f"{k}_s"] for r in runs]))
+        for k in ("total", "imports", "init", "first_run")
+    }
+    out["fully_accelerated"] = all(r["fully_accelerated"] for r in runs)
+    out["samples_ms"] = [_ms(r["total_s"]) for r in runs]
+    return out
+
+
 def startup_model(
     path: str,
     kwargs: dict[str, Any],
@@ -349,6 +409,7 @@ def startup_model(
     progress: bool = True,
     cold_repeat: int | None = None,
     shipped: bool = True,
+    litert_gpu: bool = False,
 ) -> dict[str, Any]:
     """Cold, shipped and warm start-up of one model (see the module docstring).
 
@@ -359,6 +420,8 @@ def startup_model(
         cold_repeat: fresh processes for the cold and shipped measurements, which can take
             seconds each (default: ``repeat``).
         shipped: also measure the shipped start (False: ``shipped_ms`` is None).
+        litert_gpu: also start LiteRT's GPU path on the model, with the drivers' caches off
+            (`litert_gpu_start`): the peer of the ``compiled`` case.
         warm_only: start cold runs from a binary-free copy of ``cache_dir`` instead of an
             empty cache (no compiler here).
         cache_dir: the prebuilt cache (``warm_only``); otherwise unused.
@@ -440,6 +503,15 @@ def startup_model(
             "warm": [_ms(s["total_s"]) for s in warm],
         },
     }
+    if litert_gpu:
+        peer = litert_gpu_start(path, slow_repeat)
+        rec["litert_gpu"] = peer
+        first = rec["compiled_ms"]
+        if peer.get("total_ms") and first:
+            rec["first_start_vs_litert_gpu"] = round(first / peer["total_ms"], 3)
+        if progress:
+            print(f"  {name}: LiteRT GPU start {peer.get('total_ms', peer.get('error'))} ms",
+                  file=sys.stderr)  # fmt: skip
     if warm_only:
         rec["binaries_dropped_for_cold"] = stripped
         est = cold_ms + compile_s * 1e3 if (cold_ms is not None and compile_s is not None) else None
@@ -489,6 +561,7 @@ def startup_main(a: Any, kwargs: dict[str, Any]) -> int:
             warm_only=warm_only,
             cache_dir=getattr(a, "cache_dir", None),
             progress=not a.json,
+            litert_gpu=bool(getattr(a, "litert_gpu", False)),
         )
         results["device"] = results["device"] or rec["device"]
         results["models"].append(rec)
@@ -533,6 +606,20 @@ def _print_startup(results: dict[str, Any]) -> None:
             print(f"  WARNING: a warm start of {m['model']} imported TVM")
         if not m["outputs_agree"]:
             print(f"  WARNING: {m['model']}: outputs differ between processes")
+        peer = m.get("litert_gpu")
+        if peer:
+            first = (m.get("compiled_breakdown") or {}).get("total_ms")
+            print(
+                f"{m['model']:28s} {'LiteRT GPU':9s} "
+                + (
+                    f"{_fmt(peer['total_ms'], '9.1f')} | imports {_fmt(peer['imports_ms'], '.1f')}"
+                    f", init {_fmt(peer['init_ms'], '.1f')}, first run "
+                    f"{_fmt(peer['first_run_ms'], '.1f')}; litekiln's first start "
+                    f"{_fmt(first, '.1f')} ms = {_fmt(m.get('first_start_vs_litert_gpu'), '.2f')}x"
+                    if "total_ms" in peer
+                    else f"did not start: {peer['error']}"
+                )
+            )
     f = results.get("driver_floor") or {}
     print(
         f"driver floor (fresh process): import pyopencl {_fmt(f.get('import_ms'), '.1f')} ms, "

@@ -406,6 +406,7 @@ def add_bench_parser(sub: _Subcommands) -> None:
             "  litekiln bench models/zoo/*.tflite --runs 200 --out lat.json --plot lat.png\n"
             "  litekiln bench --startup face_detection.tflite --repeat 5\n"
             "  litekiln bench --startup --warm-only --cache-dir kit/cache model.tflite\n"
+            "  litekiln bench --startup --litert-gpu model.tflite   # vs LiteRT GPU's start\n"
         ),
     )
     p.add_argument("models", nargs="+", metavar="MODEL", type=existing_file)
@@ -416,6 +417,12 @@ def add_bench_parser(sub: _Subcommands) -> None:
         help="start-up without a compiler: --cache-dir holds the models compiled "
         "elsewhere; cold runs start from a copy without device binaries and the "
         "recorded compile time is added as an estimate",
+    )
+    p.add_argument(
+        "--litert-gpu",
+        action="store_true",
+        help="start-up: also start LiteRT's GPU path on each model in fresh processes, "
+        "drivers' caches off, the peer of litekiln's first start on a new device",
     )
     p.add_argument(
         "--repeat",

@@ -25,7 +25,11 @@ FAMILIES = ("nvidia", "pocl", "intel", "generic")
 
 #: Environment variables that switch the drivers' own compiled-kernel caches off (a
 #: device-cold start): NVIDIA's compute cache and PoCL's kernel cache.
-DRIVER_CACHES_OFF = {"CUDA_CACHE_DISABLE": "1", "POCL_KERNEL_CACHE": "0"}
+DRIVER_CACHES_OFF = {
+    "CUDA_CACHE_DISABLE": "1",  # NVIDIA's compute (OpenCL, CUDA) kernel cache
+    "__GL_SHADER_DISK_CACHE": "0",  # NVIDIA's shader cache (Vulkan: LiteRT's GPU path)
+    "POCL_KERNEL_CACHE": "0",
+}
 
 
 def driver_scratch_env(folder: str) -> dict[str, str]:

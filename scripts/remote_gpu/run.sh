@@ -162,7 +162,7 @@ EOF
 }
 
 startup() {
-  timeout "$T_STARTUP" "$PY" -m litekiln.cli bench --startup --warm-only --cache-dir "$CACHE" \
+  timeout "$T_STARTUP" "$PY" -m litekiln.cli bench --startup --warm-only --litert-gpu --cache-dir "$CACHE" \
     --repeat "$REPEAT" --out "$OUT/startup.json" "${PATHS[@]}"
 }
 
