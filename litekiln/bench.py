@@ -5,13 +5,15 @@ install (the GPU machine), over a cache compiled elsewhere. Only a cold start-up
 ``--warm-only`` compiles, and it does so in a child process.
 
 Start-up (``litekiln bench --startup MODEL...``), each figure the median over ``--repeat``
-fresh processes (``python -m litekiln.bench _child``). The clock starts when the child calls
-``Interpreter(model_path=...)``, with ``litekiln`` and ``litekiln.interpreter`` (so numpy)
-already imported, and stops when the first ``run`` has returned its outputs to the host. Inside
-the clock: reading and parsing the model file, importing pyopencl, opening the OpenCL device
-(context creation), the cache lookup, compiling (cold), building the device program, allocating
-and uploading constants, binding kernels, and the first inference with its copies. Outside:
-Python's own start and the generation of the random inputs.
+fresh processes (``python -m litekiln.bench _child``). The clock starts before the child
+imports ``litekiln.interpreter`` (numpy, pyopencl and litekiln's runtime: the ``imports``
+column) and stops when the first ``run`` has returned its outputs to the host. Inside the
+clock, in the columns of `STEPS`: the imports, reading and parsing the model file, opening the
+OpenCL device (context creation, overlapped with the parse), the cache lookup, compiling
+(cold), building the device program, allocating and uploading constants, binding kernels, and
+the first inference with its copies. Outside: Python's own start and the generation of the
+random inputs. (Before the breakdown, 2026-11-25, the clock started after the imports: older
+figures in docs/benchmarks.md are lower by the imports.)
 
 * ``cold``: empty private cache directory, and the driver's compiled-kernel caches off
   (``CUDA_CACHE_DISABLE=1``, ``POCL_KERNEL_CACHE=0``): TVM compile, device build from source.
@@ -925,13 +927,7 @@ def latency_main(a: Any, kwargs: dict[str, Any], *, quiet_peers: bool = True) ->
         "timing": "median of --runs runs after warm-up; each run = inputs in, inference, outputs "
         "back on the host; speedup = peer_ms / litekiln_ms",
         "models": [],
-        "steps": "imports (litekiln, numpy, pyopencl), parse (model file; the device opens "
-        "meanwhile), device (waiting for the driver and context), cache_read (compiled model; "
-        "cold: compiling it), build (device programs: from binaries or from source), setup "
-        "(buffers, constants, kernel arguments), first_run (first inference, outputs on the "
-        "host); total = their sum",
     }
-    results["driver_floor"] = driver_floor(kwargs.get("device"), a.repeat)
     for path in a.models:
         rec = latency_model(
             path,
