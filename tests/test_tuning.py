@@ -261,3 +261,39 @@ def test_native_half_program_compiles_with_clang(name: str) -> None:
             if "error:" in line and "array subscript is not an integer" not in line
         ]
         assert not errors, errors[:5]
+
+
+def test_a_first_start_builds_the_default_kernels_then_the_whole_program(
+    smoke_path: Path, tmp_path: Path
+) -> None:
+    """Without a stored binary the session builds each partition's default kernels alone
+    (`default_program`: the variants' kernels wait), and the first inference runs on them;
+    after it the whole program is built in the background, swapped in, tuned and stored, and
+    the next start loads the whole program's binary with its choices."""
+    from litekiln.runtime.build import default_program
+
+    ref = litekiln.Interpreter(model_path=smoke_path, device="reference")
+    inputs = ref.random_inputs(0)
+    expected = ref.run(inputs)
+    it = _interp(smoke_path, tmp_path / "c")
+    it.allocate_tensors()
+    sess = it._backend  # noqa: SLF001 - what the session runs
+    first, full = sess.executors[0], sess.compiled.partitions[0].program
+    cut = default_program(full)
+    assert full.variants and cut is not None and first.program.variants == []
+    assert first.program.source == cut.source and len(cut.source) < len(full.source)
+    assert set(cut.kernels) == {la.kernel for la in full.launches}
+    variant_only = {la.kernel for la in full.all_launches()} - set(cut.kernels)
+    assert variant_only, "the smoke model's fast schedules have variants of their own"
+    assert not any(f"void {k}(" in cut.source for k in variant_only)
+    assert _err(it.run(inputs), expected) <= TOL
+    sess.wait_for_graph()
+    whole = sess.executors[0]
+    assert whole is not first and whole.program is full and len(whole.choices) == len(full.variants)
+    assert _err(it.run(inputs), expected) <= TOL
+    again = _interp(smoke_path, tmp_path / "c")
+    again.allocate_tensors()
+    ex = again._backend.executors[0]  # noqa: SLF001
+    assert ex.from_binary and ex.program.variants and ex.choices == whole.choices
+    assert _err(again.run(inputs), expected) <= TOL
+    assert default_program(cut) is None  # nothing left to cut

@@ -22,6 +22,7 @@ import numpy as np
 
 from litekiln import config
 from litekiln.artifact.compiled import CompiledModel, PartitionArtifact
+from litekiln.artifact.program import GpuProgram
 from litekiln.errors import DeviceError, InputError
 from litekiln.model.ir import Model
 from litekiln.ops.base import dequantize, is_quantized, quantize
@@ -34,7 +35,7 @@ from litekiln.runtime.buffers import (
     device_buffer,
     state_buffer,
 )
-from litekiln.runtime.build import BuildProgress, BuiltProgram, build_programs
+from litekiln.runtime.build import BuildProgress, BuiltProgram, build_programs, default_program
 from litekiln.runtime.device import DeviceHandle
 from litekiln.runtime.executor import ExecutorError, PartitionExecutor, build_job
 from litekiln.runtime.threads import cpu_thread_limit
@@ -203,6 +204,9 @@ class Session:
         self._ready = threading.Event()
         #: Partitions whose variant choices are stored or made here (stored with the binary).
         self._chosen: set[int] = set()
+        #: Partitions running their default kernels alone (`default_program`): the whole
+        #: program is built after the first inference, then tuned and stored.
+        self._to_complete: list[tuple[int, _ProgramKey]] = []
         self.executors: list[Any] = self._load_partitions(compiled.partitions)
         self._outputs = [_output_arrays(ex) for ex in self.executors]
         #: Application buffers bound to graph inputs and outputs, by tensor index (`bind`).
@@ -227,11 +231,16 @@ class Session:
         keys: list[_ProgramKey] = []
         stored: list[Any] = []
         jobs = []
-        for part in parts:
+        firsts: dict[int, GpuProgram] = {}
+        for slot, part in enumerate(parts):
             job = build_job(part.program, profile, label=f"partition {part.index}")
             key = (job.source.encode(), job.options, profile.identity())
             binary, choices = self._programs.load_program(*key) if self._programs else (None, None)
             job.binary = binary
+            first = default_program(part.program) if binary is None and self._tune else None
+            if first is not None:  # the variants' kernels are built after the first inference
+                firsts[slot] = first
+                job = build_job(first, profile, label=f"partition {part.index}")
             keys.append(key)
             stored.append(choices)
             jobs.append(job)
@@ -247,7 +256,11 @@ class Session:
         ):
             if res.rejected:
                 log.warning("cached device binary rejected (%s); rebuilt from source", res.rejected)
-            ex = self._executor(part, res)
+            ex = self._executor(part, res, firsts.get(slot))
+            if slot in firsts:
+                self._to_complete.append((slot, key))
+                executors.append(ex)
+                continue
             applied = self._apply_choices(ex, choices)
             tuned += applied
             if part.program.variants and not applied and self._tune:
@@ -272,15 +285,18 @@ class Session:
         )
         return executors
 
-    def _executor(self, part: PartitionArtifact, built: BuiltProgram) -> PartitionExecutor:
-        """The partition's executor on its built program."""
+    def _executor(
+        self, part: PartitionArtifact, built: BuiltProgram, program: GpuProgram | None = None
+    ) -> PartitionExecutor:
+        """The partition's executor on its built program (``program``: the partition's
+        program cut to its default kernels, `default_program`)."""
         h = self.handle
         try:
             if built.error is not None:
                 raise ExecutorError(str(built.error))
             consts = partition_constants(self.compiled, part)
             return PartitionExecutor(
-                part.program, consts, h.context, h.queue, None, h.profile, built=built
+                program or part.program, consts, h.context, h.queue, None, h.profile, built=built
             )
         except ExecutorError as exc:
             raise DeviceError(f"{self.model.name}: partition {part.index}: {exc}") from None
@@ -307,26 +323,29 @@ class Session:
         device to itself. ``LITEKILN_CUDA_GRAPH=on`` does all of it here, now.
         """
         graph = self._graph_todo()
-        if not self._to_tune and not self._to_store and not graph:
+        if not self._to_complete and not self._to_tune and not self._to_store and not graph:
             return
         if config.CUDA_GRAPH.get() == "on":
+            self._complete_pending()
             self._tune_pending()
             self._store_pending()
-            self._upgrade(graph)
+            self._upgrade(self._graph_todo())
             return
         self._background = threading.Thread(
-            target=self._in_background, args=(graph,), daemon=True, name="litekiln-background"
+            target=self._in_background, daemon=True, name="litekiln-background"
         )
         _UPGRADES.add(self._background)
         self._background.start()
 
-    def _in_background(self, graph: list[tuple[int, Any]]) -> None:
+    def _in_background(self) -> None:
         try:
             while not self._ready.wait(0.1):
                 if _STOPPING.is_set():
                     return  # exiting before any inference: the next start builds again
+            self._complete_pending()
             self._tune_pending()
             self._store_pending()
+            graph = self._graph_todo()  # (on the executors that stay)
             if graph and not _STOPPING.is_set():
                 self._upgrade(graph)
         except Exception as exc:  # noqa: BLE001 - never let the background work break a session
@@ -335,6 +354,37 @@ class Session:
             )
         finally:
             _UPGRADES.discard(threading.current_thread())
+
+    def _complete_pending(self) -> None:
+        """Build the whole program of each partition that started on its default kernels
+        (`default_program`), and swap its executor in between two inferences; it is then tuned
+        and stored like any program built from source. A build that fails keeps the default
+        kernels (a warning says why)."""
+        profile = self.handle.profile
+        while self._to_complete and not _STOPPING.is_set():
+            slot, key = self._to_complete.pop(0)
+            part = self.compiled.partitions[slot]
+            job = build_job(part.program, profile, label=f"partition {part.index}")
+            built = build_programs(
+                [job], self.handle.context, self.handle.device, profile, fallback=False
+            )[0]
+            try:
+                ex = self._executor(part, built)
+            except DeviceError as exc:
+                log.warning("%s: the tuning variants stay unbuilt: %s", self.model.name, exc)
+                continue
+            with self._lock:
+                self.executors[slot] = ex
+                self._outputs[slot] = _output_arrays(ex)
+                if self.bindings:  # made on the executor that goes: hand them over
+                    self._plan_bindings()
+            tune = self._tune and bool(ex.program.variants)
+            if tune:
+                self._to_tune.append((slot, key))
+            if self._programs is not None and profile.binary_read_compiles:
+                self._to_store.append((slot, key))
+            elif not tune:
+                self._save(slot, key)  # (a tuned program is stored with its choices)
 
     def _tune_pending(self) -> None:
         """Time the variants of the partitions without stored choices, and store the choices."""
