@@ -322,6 +322,8 @@ class Interpreter:
                 self._last_invoker.values = _detached(self._last_invoker)
             state.values = self._backend.run({**self._variables, **inputs})
             self._last_invoker = state
+            for var, src in self._graph.variable_updates.items():  # LiteRT's kernels write
+                self._variables[var] = np.array(state.values[src], copy=True)  # (new states)
             for dst, src in self._carries.items():
                 if not self._is_bound(dst):  # carried on the host (device="reference")
                     np.copyto(self._input_buffer(dst), state.values[src])
@@ -354,7 +356,8 @@ class Interpreter:
         return view
 
     def reset_all_variables(self) -> None:
-        """Reset the model's variable tensors (state kept across invocations) to zero, and
+        """Reset the model's variable tensors (state kept across invocations: the states a
+        UNIDIRECTIONAL_SEQUENCE_LSTM writes back after each ``invoke``) to zero, and
         the inputs given a carried state by ``carry_state``. (As in LiteRT, the inputs in
         which a basic LSTM carries its own state keep it: set them to restart.)"""
         with self._lock:
