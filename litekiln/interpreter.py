@@ -696,6 +696,8 @@ class Interpreter:
                 return value
             if tensor_index in self._graph.inputs:
                 return self._input_buffer(tensor_index)
+            if tensor_index in self._variables:  # (its value now: after the last invoke's)
+                return self._variables[tensor_index]
             if state.values is not None and tensor_index in state.values:
                 return state.values[tensor_index]
             t = self._graph.tensors[tensor_index]
@@ -703,8 +705,6 @@ class Interpreter:
                 view = t.data.view()
                 view.flags.writeable = False
                 return view
-            if tensor_index in self._variables:
-                return self._variables[tensor_index]
             kept = tensor_index in self._graph.outputs or self._preserve_all
             if not kept:
                 raise InputError(
