@@ -80,7 +80,7 @@ def _build_keras(out: Path) -> None:
 def _keras() -> dict[str, bytes]:
     for module in ("tensorflow", "tf_keras"):
         if importlib.util.find_spec(module) is None:
-            pytest.skip(f"{module} is not installed (pip install -e .[test])")
+            pytest.skip(f"{module} is not installed (pip install -e .[zoo])")
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([sys.executable, __file__, tmp], check=True, capture_output=True)
         return {p.stem: p.read_bytes() for p in Path(tmp).glob("*.tflite")}
@@ -155,7 +155,7 @@ def built_model(
 BUILT: dict[str, dict[str, Any]] = {
     "basic": {},
     "batch2": {"batch": 2},
-    "time_major": {"time_major": True, "batch": 2},
+    "built_time_major": {"time_major": True, "batch": 2},
     "cifg": {"cifg": True},
     "peephole": {"peephole": True},
     "cifg_peephole": {"cifg": True, "peephole": True},

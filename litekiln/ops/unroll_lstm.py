@@ -120,7 +120,8 @@ class _Builder:
         return y
 
     def binary(self, name: str, x: int, z: int, out: str) -> int:
-        y = self.tensor(out, self.graph.tensors[x].shape)
+        tensors = self.graph.tensors
+        y = self.tensor(out, np.broadcast_shapes(tensors[x].shape, tensors[z].shape))
         self.op(name, [x, z], [y], fused_activation_function=0)
         return y
 
@@ -226,7 +227,7 @@ def _expand(op: Op, graph: Subgraph, b: _Builder, s: LstmShape) -> tuple[int, in
 
         f = b.unary("LOGISTIC", gate("forget", c), f"{p}/forget")
         if s.cifg:
-            i = b.binary("SUB", const("ones", np.ones((batch, cells))), f, f"{p}/input")
+            i = b.binary("SUB", const("ones", np.ones((1, cells))), f, f"{p}/input")
         else:
             i = b.unary("LOGISTIC", gate("input", c), f"{p}/input")
         g = act(gate("cell", None), f"{p}/cell_gate")
