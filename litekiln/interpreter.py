@@ -745,12 +745,7 @@ class Interpreter:
 
     def _initial_variables(self) -> dict[int, np.ndarray]:
         """Variable tensors at their reset value: zero (the zero point when quantized)."""
-        out = {}
-        for t in self._original.main.tensors:
-            if t.is_variable and t.data is None:
-                zero = int(t.quantization.zero_point.reshape(-1)[0]) if t.quantization else 0
-                out[t.index] = np.full(t.shape, zero, t.dtype)
-        return out
+        return self._original.main.initial_variables()
 
     @staticmethod
     def _details(t: Tensor) -> dict[str, Any]:

@@ -203,6 +203,16 @@ class Subgraph:
         extra = [t for t in self.variable_updates.values() if t not in self.outputs]
         return [*self.outputs, *extra]
 
+    def initial_variables(self) -> dict[int, np.ndarray]:
+        """The variable tensors at their reset value: zero (the zero point when quantized),
+        what every run of the graph starts from until an invocation updates them."""
+        out = {}
+        for t in self.tensors:
+            if t.is_variable and t.data is None:
+                zero = int(t.quantization.zero_point.reshape(-1)[0]) if t.quantization else 0
+                out[t.index] = np.full(t.shape, zero, t.dtype)
+        return out
+
     def live_ops(self) -> list[Op]:
         """Ops that executors run (everything the loader did not fold)."""
         return [op for op in self.ops if not op.folded]
