@@ -322,6 +322,8 @@ class Interpreter:
                 self._last_invoker.values = _detached(self._last_invoker)
             state.values = self._backend.run({**self._variables, **inputs})
             self._last_invoker = state
+            for var, src in self._graph.variable_updates.items():  # LiteRT's kernels write
+                self._variables[var] = np.array(state.values[src], copy=True)  # (new states)
             for dst, src in self._carries.items():
                 if not self._is_bound(dst):  # carried on the host (device="reference")
                     np.copyto(self._input_buffer(dst), state.values[src])
@@ -354,7 +356,8 @@ class Interpreter:
         return view
 
     def reset_all_variables(self) -> None:
-        """Reset the model's variable tensors (state kept across invocations) to zero, and
+        """Reset the model's variable tensors (state kept across invocations: the states a
+        UNIDIRECTIONAL_SEQUENCE_LSTM writes back after each ``invoke``) to zero, and
         the inputs given a carried state by ``carry_state``. (As in LiteRT, the inputs in
         which a basic LSTM carries its own state keep it: set them to restart.)"""
         with self._lock:
@@ -693,6 +696,8 @@ class Interpreter:
                 return value
             if tensor_index in self._graph.inputs:
                 return self._input_buffer(tensor_index)
+            if tensor_index in self._variables:  # (its value now: after the last invoke's)
+                return self._variables[tensor_index]
             if state.values is not None and tensor_index in state.values:
                 return state.values[tensor_index]
             t = self._graph.tensors[tensor_index]
@@ -700,8 +705,6 @@ class Interpreter:
                 view = t.data.view()
                 view.flags.writeable = False
                 return view
-            if tensor_index in self._variables:
-                return self._variables[tensor_index]
             kept = tensor_index in self._graph.outputs or self._preserve_all
             if not kept:
                 raise InputError(
@@ -742,12 +745,7 @@ class Interpreter:
 
     def _initial_variables(self) -> dict[int, np.ndarray]:
         """Variable tensors at their reset value: zero (the zero point when quantized)."""
-        out = {}
-        for t in self._original.main.tensors:
-            if t.is_variable and t.data is None:
-                zero = int(t.quantization.zero_point.reshape(-1)[0]) if t.quantization else 0
-                out[t.index] = np.full(t.shape, zero, t.dtype)
-        return out
+        return self._original.main.initial_variables()
 
     @staticmethod
     def _details(t: Tensor) -> dict[str, Any]:

@@ -65,12 +65,16 @@ def _infer_shapes(g: Subgraph, inputs: Mapping[int, tuple[int, ...]]) -> list:
     """Every tensor of ``g`` with the shape its ops compute from ``inputs`` (on zeros)."""
     # Activations lose their declared shapes, so that each op's reference computes its own
     # (RESHAPE then reads its shape operand, as LiteRT's kernel does); constants keep theirs.
+    variables = g.initial_variables()  # (they keep their shapes: LiteRT does not resize them)
     open_tensors = [
-        t if t.is_constant else dataclasses.replace(t, shape=inputs.get(t.index, ()))
+        t
+        if t.is_constant or t.index in variables
+        else dataclasses.replace(t, shape=inputs.get(t.index, ()))
         for t in g.tensors
     ]
     probe = dataclasses.replace(g, tensors=open_tensors)
     feeds = {t: np.zeros(shape, g.tensors[t].dtype) for t, shape in inputs.items()}
+    feeds.update(variables)
     try:
         values = run_graph(probe, feeds, intermediates=True)
     except LitekilnError as exc:

@@ -35,7 +35,8 @@ class Partition:
         index: partition number (execution order).
         ops: op indices, in execution order.
         inputs: non-constant tensors read from outside the partition (graph order).
-        outputs: tensors produced inside and read outside (or graph outputs).
+        outputs: tensors produced inside and read outside (or graph outputs, or the new
+            values of variable tensors: ``Subgraph.variable_updates``).
         constants: constant tensors the partition reads.
     """
 
@@ -356,7 +357,7 @@ def _fill_boundaries(
             for t in graph.ops[i].inputs:
                 if t >= 0:
                     readers[t].add(owner.get(i, "cpu"))
-    graph_outputs = set(graph.outputs)
+    graph_outputs = set(graph.kept_outputs)  # (with the variables' new values)
     for p in partitions:
         seen: set[int] = set()
         for i in p.ops:

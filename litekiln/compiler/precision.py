@@ -106,7 +106,8 @@ def boundary_tensors(partitions: Iterable[Partition]) -> set[int]:
 
 
 def calibration_inputs(graph: Subgraph) -> list[dict[int, np.ndarray]]:
-    """Two fixed input sets: floats in [0, 1) and in [-1, 1); integers over their range."""
+    """Two fixed input sets: floats in [0, 1) and in [-1, 1); integers over their range;
+    the variable tensors at their reset value."""
     sets = []
     for seed, lo in ((0x5EED, 0.0), (0x5EEE, -1.0)):
         rng = np.random.default_rng(seed)
@@ -122,6 +123,7 @@ def calibration_inputs(graph: Subgraph) -> list[dict[int, np.ndarray]]:
                 values[t] = rng.integers(
                     max(info.min, -128), min(info.max, 127) + 1, tensor.shape
                 ).astype(tensor.dtype)
+        values.update(graph.initial_variables())  # (a sequence LSTM's state, at reset)
         sets.append(values)
     return sets
 

@@ -168,6 +168,10 @@ class Subgraph:
         file_tensors: how many tensors the file declares (0: all of ``tensors``); the
             tensors after them were added at load (the steps of an unrolled loop) and are
             not listed to users.
+        variable_updates: variable tensor -> the tensor that holds its value after an
+            invocation (the final states of a UNIDIRECTIONAL_SEQUENCE_LSTM, which LiteRT's
+            kernel writes back into its variable inputs): the interpreter copies each into
+            its variable after every ``invoke``, and the partitioner keeps them as outputs.
     """
 
     index: int
@@ -178,6 +182,7 @@ class Subgraph:
     outputs: list[int]
     model_subgraphs: list[Subgraph] = field(default_factory=list, repr=False, compare=False)
     file_tensors: int = 0
+    variable_updates: dict[int, int] = field(default_factory=dict)
 
     def called(self, index: int) -> Subgraph:
         """Subgraph ``index`` of this subgraph's model (a control-flow op's callee).
@@ -190,6 +195,23 @@ class Subgraph:
                 f"subgraph {index}: the model has {len(self.model_subgraphs)} subgraphs"
             )
         return self.model_subgraphs[index]
+
+    @property
+    def kept_outputs(self) -> list[int]:
+        """The tensors whose values must outlive an invocation: the graph outputs, then
+        the new values of the variable tensors (``variable_updates``)."""
+        extra = [t for t in self.variable_updates.values() if t not in self.outputs]
+        return [*self.outputs, *extra]
+
+    def initial_variables(self) -> dict[int, np.ndarray]:
+        """The variable tensors at their reset value: zero (the zero point when quantized),
+        what every run of the graph starts from until an invocation updates them."""
+        out = {}
+        for t in self.tensors:
+            if t.is_variable and t.data is None:
+                zero = int(t.quantization.zero_point.reshape(-1)[0]) if t.quantization else 0
+                out[t.index] = np.full(t.shape, zero, t.dtype)
+        return out
 
     def live_ops(self) -> list[Op]:
         """Ops that executors run (everything the loader did not fold)."""

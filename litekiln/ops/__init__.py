@@ -21,6 +21,7 @@ from litekiln.ops import (  # noqa: F401  (imported for their @register side eff
     quant,
     reduce,
     resize,
+    seq_lstm,
     shape,
 )
 from litekiln.ops.base import REGISTRY, Check, OpContext, OpDef, lookup, register, run_op

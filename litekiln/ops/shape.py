@@ -1146,6 +1146,11 @@ class Unpack(_Movement):
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
         x = required(ctx, inputs, 0)
         axis = int(ctx.options.get("axis", 0))
+        if x.shape[axis] != len(ctx.op.outputs):  # (unpack.cc: NumOutputs == the axis' size)
+            raise ctx.fail(
+                f"input of shape {list(x.shape)} has {x.shape[axis]} slices along axis "
+                f"{axis}, the op {len(ctx.op.outputs)} outputs"
+            )
         return [np.take(x, i, axis=axis) for i in range(x.shape[axis])]
 
 

@@ -37,6 +37,7 @@ from litekiln.model.loader import check_graph
 from litekiln.ops.base import validate_model
 from litekiln.ops.control import callees, unroll_plan
 from litekiln.ops.fold import fold_op
+from litekiln.ops.unroll_lstm import expand_sequence_lstm
 
 log = logging.getLogger("litekiln")
 
@@ -44,7 +45,9 @@ log = logging.getLogger("litekiln")
 def check_and_rewrite(model: Model) -> None:
     """The loader's model check: each op of the main graph validated, then (a WHILE)
     unrolled or (any other op) folded if its inputs are known, in op order, so that each op
-    is checked against the constants and the unrolled steps before it. Once a loop is
+    is checked against the constants and the unrolled steps before it. A float
+    UNIDIRECTIONAL_SEQUENCE_LSTM is expanded into its steps the same way
+    (:mod:`litekiln.ops.unroll_lstm`). Once a loop is
     unrolled, the ops after it are also simplified (:func:`simplify_op`) before they fold,
     and the ops nothing reads any more are dropped at the end."""
     unrolled = False
@@ -54,6 +57,8 @@ def check_and_rewrite(model: Model) -> None:
         if op.name == "WHILE" and unroll_while(op, graph, where=graph.name):
             unrolled = True
             return
+        if op.name == "UNIDIRECTIONAL_SEQUENCE_LSTM" and expand_sequence_lstm(op, graph):
+            return  # (its steps are checked next)
         if unrolled:
             simplify_op(op, graph)
         fold_op(op, graph)
@@ -87,7 +92,7 @@ def unroll_while(op: Op, graph: Subgraph, *, where: str = "") -> bool:
     alias = {dst: t for dst, t in zip(op.outputs, current, strict=True) if dst != t}
     for later in rest:
         later.inputs = [alias.get(t, t) for t in later.inputs]
-    steps = _needed(inliner.ops, rest, graph.outputs)
+    steps = _needed(inliner.ops, rest, graph.kept_outputs)
     graph.ops = [*graph.ops[: op.index], *steps, *rest]
     for i, o in enumerate(graph.ops):
         o.index = i
@@ -305,7 +310,7 @@ def _alias(op: Op, graph: Subgraph, source: int) -> bool:
 def _drop_dead_ops(graph: Subgraph) -> None:
     """Drop the live ops whose outputs nothing reads (no later op, no graph output) and
     renumber the ops."""
-    need = set(graph.outputs)
+    need = set(graph.kept_outputs)
     keep: list[Op] = []
     for op in reversed(graph.ops):
         if not op.folded and need.isdisjoint(op.outputs):
