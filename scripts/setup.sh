@@ -59,6 +59,9 @@ if [ ! -f "$stamp" ]; then
   # pip's and setuptools' own notices (deprecation boxes) go to the log.
   step pip-install .venv/bin/python -m pip install -q -e ".[$extras]"
   step import-check .venv/bin/python -c "import litekiln, pyopencl"
+  case ",$extras," in  # Keras 2 for the converted test models, on tensorflow-cpu (pyproject.toml)
+    *,zoo,*) step tf-keras .venv/bin/python -m pip install -q --no-deps "tf_keras>=2.18,<2.22" ;;
+  esac
   touch "$stamp"
 fi
 
