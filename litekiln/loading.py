@@ -311,6 +311,7 @@ def _build_on_device(
         log.warning("%s: no device binary stored for --device %s: %s", model.name, device, exc)
         return False
     g = model.main
-    session.run({t: np.zeros(g.tensors[t].shape, g.tensors[t].dtype) for t in g.inputs})
+    zeros = {t: np.zeros(g.tensors[t].shape, g.tensors[t].dtype) for t in g.inputs}
+    session.run({**g.initial_variables(), **zeros})  # (variables: the model's state, reset)
     session.wait_for_graph()
     return session.startup.get("partitions", 0) > 0

@@ -386,3 +386,22 @@ def test_a_resize_of_the_time_axis_is_refused_with_the_reason() -> None:
 
 if __name__ == "__main__":
     _build_keras(Path(sys.argv[1]))
+
+
+@pytest.mark.opencl
+def test_compile_for_a_device_runs_the_model_with_its_state(tmp_path: Path) -> None:
+    """`litekiln compile --device` runs one inference to store the device binary: on a model
+    with variable tensors it feeds them their reset value (it raised KeyError before), and the
+    app's first start then loads the binary and matches LiteRT invocation by invocation."""
+    import litekiln
+    from litekiln.cli import main
+
+    name = next(iter(BUILT))
+    path = tmp_path / f"{name}.tflite"
+    path.write_bytes(_model(name))
+    cache = tmp_path / "cache"
+    assert main(["compile", str(path), "--cache-dir", str(cache), "--device", "cpu"]) == 0
+    it = litekiln.Interpreter(model_path=path, cache_dir=cache, device="cpu")
+    got = _invocations(it, _feeds(_model(name)))
+    assert it._backend.startup["binaries"] == 1  # noqa: SLF001 - stored by compile --device
+    _compare(name, got, "after compile --device")
