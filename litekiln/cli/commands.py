@@ -404,9 +404,8 @@ def add_bench_parser(sub: _Subcommands) -> None:
         epilog=examples(
             "  litekiln bench face_detection.tflite                   # vs LiteRT CPU and GPU\n"
             "  litekiln bench models/zoo/*.tflite --runs 200 --out lat.json --plot lat.png\n"
-            "  litekiln bench --startup face_detection.tflite --repeat 5\n"
+            "  litekiln bench --startup --litert-gpu face_detection.tflite   # and LiteRT GPU's\n"
             "  litekiln bench --startup --warm-only --cache-dir kit/cache model.tflite\n"
-            "  litekiln bench --startup --litert-gpu model.tflite   # vs LiteRT GPU's start\n"
         ),
     )
     p.add_argument("models", nargs="+", metavar="MODEL", type=existing_file)
