@@ -344,13 +344,16 @@ def _summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def driver_floor(device: str | None, repeat: int) -> dict[str, Any]:
-    """The bare driver start in fresh processes (median): importing pyopencl, and opening the
-    device (platforms, device, context, queue) as litekiln does; the floor of any start."""
+def _children(
+    code: str, arg: str, repeat: int, env: dict[str, str] | None = None
+) -> list[dict[str, Any]] | str:
+    """Run ``python -c code arg`` ``repeat`` times, each a fresh process; the JSON each printed
+    after `_MARK`, or why one failed (its exit status and last words, logging left out)."""
     runs = []
     for _ in range(max(1, repeat)):
         p = subprocess.run(
-            [sys.executable, "-c", _DRIVER_CODE, device or ""],
+            [sys.executable, "-c", code, arg],
+            env=env,
             capture_output=True,
             text=True,
             timeout=_CHILD_TIMEOUT_S,
@@ -358,8 +361,19 @@ def driver_floor(device: str | None, repeat: int) -> dict[str, Any]:
         )
         lines = [ln for ln in p.stdout.splitlines() if ln.startswith(_MARK)]
         if p.returncode != 0 or not lines:
-            raise LitekilnError(f"driver start-up child failed (exit {p.returncode}): {p.stderr}")
+            said = [ln for ln in (p.stderr or p.stdout).splitlines() if ln.strip()]
+            tail = [ln for ln in said if not ln.startswith(("INFO:", "W0000", "I0000"))][-2:]
+            return f"exit {p.returncode}: " + " / ".join(tail or said[-2:])
         runs.append(json.loads(lines[-1][len(_MARK) :]))
+    return runs
+
+
+def driver_floor(device: str | None, repeat: int) -> dict[str, Any]:
+    """The bare driver start in fresh processes (median): importing pyopencl, and opening the
+    device (platforms, device, context, queue) as litekiln does; the floor of any start."""
+    runs = _children(_DRIVER_CODE, device or "", repeat)
+    if isinstance(runs, str):
+        raise LitekilnError(f"driver start-up child failed: {runs}")
     return {
         f"{k[: -len('_s')]}_ms": _ms(_median([r[k] for r in runs]))
         for k in ("import_s", "context_s")
@@ -374,24 +388,9 @@ def litert_gpu_start(path: str, repeat: int) -> dict[str, Any]:
         ``total_ms``, ``imports_ms``, ``init_ms``, ``first_run_ms``, ``fully_accelerated``;
         or ``error`` where LiteRT's GPU path does not start here.
     """
-    env = dict(os.environ)
-    env.update(_DRIVER_CACHE_OFF)
-    runs = []
-    for _ in range(max(1, repeat)):
-        p = subprocess.run(
-            [sys.executable, "-c", _LITERT_GPU_CODE, path],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=_CHILD_TIMEOUT_S,
-            check=False,
-        )
-        lines = [ln for ln in p.stdout.splitlines() if ln.startswith(_MARK)]
-        if p.returncode != 0 or not lines:
-            said = [ln for ln in (p.stderr or p.stdout).splitlines() if ln.strip()]
-            tail = [ln for ln in said if not ln.startswith(("INFO:", "W0000", "I0000"))][-2:]
-            return {"error": f"exit {p.returncode}: " + " / ".join(tail or said[-2:])}
-        runs.append(json.loads(lines[-1][len(_MARK) :]))
+    runs = _children(_LITERT_GPU_CODE, path, repeat, {**os.environ, **_DRIVER_CACHE_OFF})
+    if isinstance(runs, str):
+        return {"error": runs}
     out: dict[str, Any] = {
         f"{k}_ms": _ms(_median([r[f"{k}_s"] for r in runs]))
         for k in ("total", "imports", "init", "first_run")

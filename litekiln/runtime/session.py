@@ -373,11 +373,7 @@ class Session:
             except DeviceError as exc:
                 log.warning("%s: the tuning variants stay unbuilt: %s", self.model.name, exc)
                 continue
-            with self._lock:
-                self.executors[slot] = ex
-                self._outputs[slot] = _output_arrays(ex)
-                if self.bindings:  # made on the executor that goes: hand them over
-                    self._plan_bindings()
+            self._swap(slot, ex)
             tune = self._tune and bool(ex.program.variants)
             if tune:
                 self._to_tune.append((slot, key))
@@ -385,6 +381,14 @@ class Session:
                 self._to_store.append((slot, key))
             elif not tune:
                 self._save(slot, key)  # (a tuned program is stored with its choices)
+
+    def _swap(self, slot: int, ex: Any) -> None:
+        """Put ``ex`` in partition ``slot``'s place, between two inferences."""
+        with self._lock:
+            self.executors[slot] = ex
+            self._outputs[slot] = _output_arrays(ex)
+            if self.bindings:  # made on the executor that goes: hand them over
+                self._plan_bindings()
 
     def _tune_pending(self) -> None:
         """Time the variants of the partitions without stored choices, and store the choices."""
@@ -451,13 +455,8 @@ class Session:
         try:
             for slot, ex in todo:
                 cu = self._graph_path(ex, slot)
-                if cu is ex:
-                    continue
-                with self._lock:
-                    self.executors[slot] = cu
-                    self._outputs[slot] = _output_arrays(cu)
-                    if self.bindings:  # made on the executor that goes: hand them over
-                        self._plan_bindings()
+                if cu is not ex:
+                    self._swap(slot, cu)
         except Exception as exc:  # noqa: BLE001 - never let the background upgrade break a session
             if threading.current_thread() is not self._background:
                 raise  # (``on``: here, now, errors included)
