@@ -144,6 +144,8 @@ class Interpreter:
         #: those LiteRT's kernels carry themselves (the basic LSTM's), then carry_state's.
         self._carries: dict[int, int] = self._kernel_carries()
         self._kernel_carried = frozenset(self._carries)
+        #: Variable tensors kept on the device between invocations (`_carry_variables`).
+        self._device_variables: frozenset[int] = frozenset()
         self._backend: Any = None
 
     @staticmethod
@@ -207,6 +209,7 @@ class Interpreter:
             if hasattr(self._backend, "carry"):  # carried states survive a re-plan
                 for dst, src in self._carries.items():
                     self._backend.carry(src, dst)
+                self._device_variables = self._carry_variables()
 
     @property
     def device(self) -> str:
@@ -323,7 +326,8 @@ class Interpreter:
             state.values = self._backend.run({**self._variables, **inputs})
             self._last_invoker = state
             for var, src in self._graph.variable_updates.items():  # LiteRT's kernels write
-                self._variables[var] = np.array(state.values[src], copy=True)  # (new states)
+                if var not in self._device_variables:  # (new states; else kept on the device)
+                    self._variables[var] = np.array(state.values[src], copy=True)
             for dst, src in self._carries.items():
                 if not self._is_bound(dst):  # carried on the host (device="reference")
                     np.copyto(self._input_buffer(dst), state.values[src])
@@ -364,7 +368,7 @@ class Interpreter:
             self._variables = self._initial_variables()
             explicit = [t for t in self._carries if t not in self._kernel_carried]
             if self._backend is not None and hasattr(self._backend, "reset_state"):
-                self._backend.reset_state(explicit)
+                self._backend.reset_state([*explicit, *self._device_variables])
             for state in self._states.values():
                 for dst in explicit:
                     state.inputs.pop(dst, None)
@@ -544,7 +548,7 @@ class Interpreter:
                     "zero_copy": b.zero_copy,
                     "direct": list(b.direct),
                     "host_copies": list(b.host),
-                    "carried_from": self._carries.get(t),
+                    "carried_from": self._carries.get(t, self._variable_source(t)),
                 }
                 for t, b in bindings.items()
             }
@@ -720,6 +724,25 @@ class Interpreter:
             if tensor_index not in state.zeros:  # LiteRT: zeros before the first invoke
                 state.zeros[tensor_index] = np.zeros(t.shape, t.dtype)
             return state.zeros[tensor_index]
+
+    def _variable_source(self, tensor: int) -> int | None:
+        """The tensor a variable kept on the device is carried from (None: not one)."""
+        if tensor in self._device_variables:
+            return self._graph.variable_updates[tensor]
+        return None
+
+    def _carry_variables(self) -> frozenset[int]:
+        """Keep the float variable tensors that kernels write back (``variable_updates``: a
+        UNIDIRECTIONAL_SEQUENCE_LSTM's states) on the device between invocations, as carried
+        states; the others go through ``self._variables`` on the host."""
+        g = self._graph
+        kept = set()
+        for var, src in g.variable_updates.items():
+            if g.tensors[var].dtype.kind == "f" and g.tensors[var].quantization is None:
+                self._backend.carry(src, var)
+                self._backend.write_bound(var, self._variables[var])
+                kept.add(var)
+        return frozenset(kept)
 
     def _kernel_carries(self) -> dict[int, int]:
         """The states LiteRT's kernels carry in their own inputs (``OpDef.state_carries``:

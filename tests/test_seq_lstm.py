@@ -356,6 +356,12 @@ def test_whole_on_the_gpu_with_its_state_and_matches_litert(name: str) -> None:
     assert compiled.cpu_reasons == {}, f"ops on the CPU: {compiled.cpu_reasons}"
     assert compiled.steps == [("gpu", 0)], f"steps {compiled.steps}"
     _compare(name, _invocations(it, _feeds(model)), "GPU path")
+    # The states stay on the device between invocations: each variable is carried from the
+    # tensor holding its new value, and no invocation copies it through the host.
+    updates = it.model.main.variable_updates
+    bindings = it.get_bindings()
+    assert updates and {v: bindings[v]["carried_from"] for v in updates} == updates
+    assert all(bindings[v]["zero_copy"] for v in updates), bindings
 
 
 @pytest.mark.opencl

@@ -685,6 +685,9 @@ class Session:
         (the basic LSTM's new activation and cell state into its previous ones) thus never
         leaves the device between inferences.
 
+        A variable tensor that an op's kernel writes back (``Subgraph.variable_updates``)
+        is carried the same way, from the tensor holding its new value.
+
         Returns:
             The input's binding (its ``host`` says where a step on the CPU makes the host
             copy it anyway).
@@ -694,7 +697,9 @@ class Session:
                 or the input is bound already.
         """
         g = self.graph
-        for t, role, names in ((output, "output", g.outputs), (input, "input", g.inputs)):
+        variables = [v for v in g.variable_updates if v not in g.inputs]
+        kept, takers = g.kept_outputs, [*g.inputs, *variables]
+        for t, role, names in ((output, "output", kept), (input, "input", takers)):
             if t not in names:
                 listing = [(i, g.tensors[i].name) for i in names]
                 raise InputError(
