@@ -8,6 +8,9 @@ included).
     # there (pyopencl only), the drivers' caches off:
     CUDA_CACHE_DISABLE=1 python scripts/remote_gpu/probe_build.py time .devcache/probe \
         --chunks 1 4 8 16 --out probe_build.json
+    # there: how much of a build is the PTX JIT (NVIDIA's OpenCL binary, and any
+    # MODEL.pN.nvptx.ptx beside the sources, loaded through the CUDA driver)
+    CUDA_CACHE_DISABLE=1 python scripts/remote_gpu/probe_build.py ptx .devcache/probe --out ptx.json
 
 Each build runs in a fresh process (a driver may cache programs by source within a process).
 Prints one JSON line per model and case: kernels built, seconds wall.
@@ -77,19 +80,7 @@ print("RESULT " + json.dumps({"s": time.perf_counter() - t0, "errors": errs}))
 
 
 def _time_build(sources: list[str], options: str) -> dict[str, Any]:
-    p = subprocess.run(
-        [sys.executable, "-c", _BUILD_CODE],
-        input=json.dumps([sources, options]),
-        capture_output=True,
-        text=True,
-        env=dict(os.environ),
-        check=False,
-    )
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    if not lines:
-        return {"error": (p.stderr or p.stdout)[-300:]}
-    r: dict[str, Any] = json.loads(lines[-1][7:])
-    return r
+    return _run_code(_BUILD_CODE, json.dumps([sources, options]))
 
 
 def time_builds(folder: str, chunks: list[int], out: str | None) -> None:
@@ -118,6 +109,85 @@ def time_builds(folder: str, chunks: list[int], out: str | None) -> None:
                 Path(out).write_text(json.dumps(rows, indent=1) + "\n")
 
 
+_PTX_CODE = r"""
+import ctypes, json, re, sys, time
+ptx, level = sys.stdin.read(), int(sys.argv[1])
+ptx = re.sub(r"mov\.b32\s+(%r\d+),\s*%envreg[012];", r"mov.b32 \1, 0;", ptx)
+cu = ctypes.CDLL("libcuda.so.1")
+t0 = time.perf_counter()
+assert cu.cuInit(0) == 0
+dev = ctypes.c_int(); cu.cuDeviceGet(ctypes.byref(dev), 0)
+ctx = ctypes.c_void_p(); cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+cu.cuCtxSetCurrent(ctx)
+t1 = time.perf_counter()
+mod = ctypes.c_void_p()
+opts = (ctypes.c_int * 1)(7)  # CU_JIT_OPTIMIZATION_LEVEL
+vals = (ctypes.c_void_p * 1)(level)
+err = cu.cuModuleLoadDataEx(ctypes.byref(mod), ctypes.c_char_p(ptx.encode() + b"\0"), 1, opts, vals)
+t2 = time.perf_counter()
+print("RESULT " + json.dumps({"init_s": t1 - t0, "jit_s": t2 - t1, "err": err,
+                              "entries": ptx.count(".entry")}))
+"""
+
+_BINARY_CODE = r"""
+import json, sys, time
+import pyopencl as cl
+src, opts = json.loads(sys.stdin.read())
+gpus = [d for p in cl.get_platforms() for d in p.get_devices() if d.type & cl.device_type.GPU]
+ctx = cl.Context(gpus[:1])
+t0 = time.perf_counter()
+prg = cl.Program(ctx, src).build(options=opts.split())
+t1 = time.perf_counter()
+print("RESULT " + json.dumps({"build_s": t1 - t0, "ptx": prg.binaries[0].decode("latin-1")}))
+"""
+
+
+def _run_code(code: str, stdin: str, *args: str) -> dict[str, Any]:
+    p = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        check=False,
+    )
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    if not lines:
+        return {"error": (p.stderr or p.stdout)[-300:]}
+    r: dict[str, Any] = json.loads(lines[-1][7:])
+    return r
+
+
+def time_ptx(folder: str, out: str | None) -> None:
+    """OpenCL build of the default kernels, then the CUDA driver's JIT of the PTX it made (and
+    of any TVM-made ``.nvptx.ptx``), each in a fresh process, at JIT levels 4 and 1."""
+    rows = []
+
+    def emit(row: dict[str, Any]) -> None:
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if out:
+            Path(out).write_text(json.dumps(rows, indent=1) + "\n")
+
+    for f in sorted(Path(folder).glob("*.json.xz")):
+        rec = json.loads(lzma.decompress(f.read_bytes()))
+        head, kernels = split_source(rec["source"])
+        name = f.name.split(".json")[0]
+        default = head + "".join(kernels[k] for k in rec["default"] if k in kernels)
+        for case, src in (("default", default), ("all", rec["source"])):
+            b = _run_code(_BINARY_CODE, json.dumps([src, rec["options"]]))
+            ptx = b.pop("ptx", "")
+            emit({"model": name, "case": f"opencl build {case}", **b})
+            for level in (4, 1):
+                r = _run_code(_PTX_CODE, ptx, str(level)) if ptx else {}
+                emit({"model": name, "case": f"jit of opencl ptx {case} O{level}", **r})
+        nv = f.with_name(name + ".nvptx.ptx")
+        if nv.exists():
+            for level in (4, 1):
+                r = _run_code(_PTX_CODE, nv.read_text(), str(level))
+                emit({"model": name, "case": f"jit of tvm nvptx O{level}", **r})
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -128,8 +198,13 @@ def main() -> int:
     t.add_argument("folder")
     t.add_argument("--chunks", type=int, nargs="*", default=[1, 4, 8, 16])
     t.add_argument("--out")
+    x = sub.add_parser("ptx")
+    x.add_argument("folder")
+    x.add_argument("--out")
     a = p.parse_args()
-    if a.cmd == "extract":
+    if a.cmd == "ptx":
+        time_ptx(a.folder, a.out)
+    elif a.cmd == "extract":
         extract(a.models, a.out)
     else:
         time_builds(a.folder, a.chunks, a.out)

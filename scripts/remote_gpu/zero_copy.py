@@ -116,6 +116,14 @@ def _time(fn: Callable[[], Any], runs: int, warmup: int) -> list[float]:
     return samples
 
 
+def _graph_ms(session: Any) -> float:
+    """Device time of one replay of each CUDA graph, summed (median of 50; -1 on OpenCL)."""
+    graphs = [e for e in session.executors if hasattr(e, "graph_time")]
+    if not graphs:
+        return -1.0
+    return sum(e.graph_time(50) for e in graphs) * 1e3
+
+
 def measure(path: str, args: argparse.Namespace) -> dict[str, Any]:
     from litekiln.interpreter import Interpreter
 
@@ -158,12 +166,14 @@ def measure(path: str, args: argparse.Namespace) -> dict[str, Any]:
         "bound_nosync": interp.invoke,
     }
     samples: dict[str, list[float]] = {m: [] for m in modes}
+    graph_ms: dict[str, list[float]] = {m: [] for m in modes}
     same: dict[str, float] = {}
     bindings: dict[str, Any] = {}
     for _ in range(args.repeat):
         for mode in modes:
             bind(mode)
             samples[mode] += _time(calls[mode], args.runs, args.warmup)
+            graph_ms[mode].append(_graph_ms(session))
             if mode == "bound_inputs":
                 got = bound_inputs_io()
             elif mode.startswith("bound"):
@@ -195,6 +205,8 @@ def measure(path: str, args: argparse.Namespace) -> dict[str, Any]:
             m: [round(float(np.percentile(s, q)) * 1e3, 4) for q in (10, 90)]
             for m, s in samples.items()
         },
+        "graph_ms": {m: [round(v, 4) for v in g] for m, g in graph_ms.items() if g[0] >= 0},
+        "branches": [getattr(e, "branches", None) for e in session.executors],
         "saved_ms": round(med["numpy"] - med["bound"], 4),
         "saved_nosync_ms": round(med["numpy"] - med["bound_nosync"], 4)
         if "bound_nosync" in med
