@@ -264,6 +264,8 @@ def _child(spec: dict[str, Any], imports_s: float = 0.0) -> dict[str, Any]:
         "cache": {
             "model": bool(st.get("model_cached")),
             "binaries": f"{st.get('binaries', 0)}/{st.get('partitions', 0)}",
+            # partitions whose first start ran the shipped PTX (NVIDIA: no OpenCL build)
+            "ptx": f"{st.get('ptx', 0)}/{st.get('partitions', 0)}",
             "tuning": f"{st.get('tuning', 0)}/{st.get('variants', 0)}",
         },
     }
@@ -588,7 +590,7 @@ def _print_startup(results: dict[str, Any]) -> None:
     )
     head = f"{'model':28s} {'case':9s} {'total ms':>9s} |"
     head += "".join(f" {k.replace('_', ' ')[:9]:>9s}" for k in STEPS)
-    head += " | cache held (model, binaries, tuning)"
+    head += " | cache held (model, binaries, tuning, PTX used)"
     print(head)
     cases = ("cold", "compiled", "shipped", "warm")
     for m in results["models"]:
@@ -600,7 +602,8 @@ def _print_startup(results: dict[str, Any]) -> None:
             line = f"{m['model']:28s} {case:9s} {_fmt(b['total_ms'], '9.1f')} |"
             line += "".join(f" {_fmt(b.get(f'{k}_ms'), '9.1f')}" for k in STEPS)
             line += (
-                f" | {'yes' if c.get('model') else 'no'}, {c.get('binaries')}, {c.get('tuning')}"
+                f" | {'yes' if c.get('model') else 'no'}, {c.get('binaries')}, {c.get('tuning')}, "
+                f"{c.get('ptx')}"
             )
             print(line)
         if m["warm_imported_tvm"]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -184,6 +185,17 @@ CUDA_STREAMS: Setting[int] = Setting(
     "heads) run concurrently; the dependencies come from the memory plan's byte ranges. "
     "1: every kernel after the previous one.",
 )
+PTX: Setting[str] = Setting(
+    "LITEKILN_PTX",
+    _choice("auto", "on", "off"),
+    "auto",
+    "Compiler: also write each partition's default kernels as NVIDIA PTX (portable across "
+    "NVIDIA GPUs; no GPU needed), so that a first start on an NVIDIA GPU loads them through "
+    "the CUDA driver instead of building OpenCL C first. Needs the CUDA toolkit's nvcc "
+    "($CUDA_PATH/bin, $PATH or /usr/local/cuda/bin). `auto` (default): at build time "
+    "(`litekiln compile`), not when a model is compiled as it is opened; `on`: every compile; "
+    "`off`: never.",
+)
 BUILD_THREADS: Setting[int] = Setting(
     "LITEKILN_BUILD_THREADS",
     int,
@@ -206,6 +218,10 @@ ZOO_DIR: Setting[str] = Setting(
     "LITEKILN_ZOO_DIR", str, "", "Model zoo folder. Default: `<repo>/models/zoo`."
 )
 
+#: True while a model is compiled ahead of time (`litekiln compile`), where ``LITEKILN_PTX=auto``
+#: makes PTX; a compile as a model is opened makes none (it would only delay that start).
+AHEAD_OF_TIME: ContextVar[bool] = ContextVar("litekiln_ahead_of_time", default=False)
+
 SETTINGS: tuple[Setting, ...] = (
     DEVICE,
     PRECISION,
@@ -223,6 +239,7 @@ SETTINGS: tuple[Setting, ...] = (
     FAST_LAUNCH,
     CUDA_GRAPH,
     CUDA_STREAMS,
+    PTX,
     BUILD_THREADS,
     PROGRESS,
     LOG_LEVEL,

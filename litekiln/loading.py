@@ -273,7 +273,11 @@ def precompile(
     cache = ModelCache.open(cache_dir)
     compiled = None if force else cache.load_model(model.token, copts, model)
     hit = compiled is not None
-    info = compiled or load_or_compile(model, copts, cache, force=True)
+    ahead = config.AHEAD_OF_TIME.set(True)  # (LITEKILN_PTX=auto: PTX for NVIDIA GPUs too)
+    try:
+        info = compiled or load_or_compile(model, copts, cache, force=True)
+    finally:
+        config.AHEAD_OF_TIME.reset(ahead)
     built = device not in (None, "") and _build_on_device(model, device, copts, cache_dir, options)
     return {
         "model": os.fspath(model_path),
@@ -288,6 +292,8 @@ def precompile(
         "seconds": round(time.perf_counter() - t0, 3),
         "cache_dir": str(cache.store.directory),
         "device_binary": bool(built),
+        # partitions whose default kernels are also NVIDIA PTX (LITEKILN_PTX)
+        "ptx_partitions": sum(1 for p in info.partitions if p.program.ptx),
     }
 
 

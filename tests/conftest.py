@@ -28,6 +28,10 @@ ICD_VENDORS = Path(sys.prefix) / "etc" / "OpenCL" / "vendors"
 if "OCL_ICD_VENDORS" not in os.environ and (ICD_VENDORS / "intel.icd").is_file():
     os.environ["OCL_ICD_VENDORS"] = str(ICD_VENDORS)
 
+#: No PTX for NVIDIA GPUs unless a test asks (tests/test_ptx.py): `litekiln compile` would run
+#: nvcc on every model the CLI tests compile, for kernels no test machine can run.
+os.environ.setdefault("LITEKILN_PTX", "off")
+
 #: The driver families the GPU-path tests always name, with what installs each (CI runs both).
 CI_FAMILIES = {
     "pocl": "PoCL is not installed (apt-get install pocl-opencl-icd; scripts/setup.sh)",

@@ -185,6 +185,10 @@ class GpuProgram:
             runtime times them on the device once and keeps the fastest (see `Variant`).
         meta: Free-form provenance (compiler versions, target string...), not used to run.
         format_version: Layout version, see `FORMAT_VERSION`.
+        ptx: The kernels of `launches` (the default schedules) as NVIDIA PTX, made by the
+            compiler where a CUDA compiler was found (`litekiln.compiler.ptx`), else "": a
+            first start on an NVIDIA GPU loads it through the CUDA driver instead of building
+            the OpenCL C first.
     """
 
     source: str
@@ -199,6 +203,7 @@ class GpuProgram:
     variants: list[Variant] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+    ptx: str = ""
 
     @property
     def uses_half(self) -> bool:
@@ -373,6 +378,7 @@ class GpuProgram:
                 for v in self.variants
             ],
             "meta": self.meta,
+            **({"ptx": self.ptx} if self.ptx else {}),
         }
 
     def to_json(self, *, indent: int | None = None) -> str:
@@ -434,6 +440,7 @@ class GpuProgram:
                 variants=variants,
                 meta=dict(d.get("meta", {})),
                 format_version=int(version),
+                ptx=str(d.get("ptx", "")),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ProgramFormatError(f"malformed program: {e!r}") from e

@@ -66,6 +66,8 @@ def cmd_compile(a: argparse.Namespace) -> int:
             )
             if info.get("device_binary"):
                 state += "; device binary stored"
+            if info.get("ptx_partitions"):
+                state += f"; PTX for NVIDIA GPUs in {info['ptx_partitions']} partition(s)"
             print(
                 f"{path}: token {info['token']}, {info['partitions']} GPU partition(s), "
                 f"{info['kernels']} kernels, {info['gpu_ops']} ops on the GPU / "

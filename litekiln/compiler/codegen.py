@@ -53,6 +53,7 @@ from litekiln.artifact.program import (
     TensorSpec,
     Variant,
 )
+from litekiln.compiler import ptx
 
 # `tvm.tirx.build` the attribute is a function: import the module by name.
 _tir_build = importlib.import_module("tvm.tirx.build")
@@ -948,6 +949,7 @@ class _LoweredFuncs:
     kernel_funcs: dict[str, Any]  # kernel name -> device PrimFunc
     source: str  # OpenCL C of every kernel
     t_tir: float  # when the TIR pipeline ended (perf_counter)
+    device_mods: list[Any]  # the device functions before OpenCL code generation
     # PrimFunc name -> names of its variants (`<name>__v<k>`), each a host function
     variants_of: dict[str, list[str]] = field(default_factory=dict)
 
@@ -961,6 +963,8 @@ class _DeviceCode:
     variants: list[Variant]
     t_tir: float
     t_codegen: float
+    ptx: str = ""  # the default kernels as PTX (`litekiln.compiler.ptx`), or ""
+    ptx_note: str = ""  # how it was made, or why there is none
 
 
 def _device_code(
@@ -983,16 +987,35 @@ def _device_code(
     launches, variants = _LaunchReader(planner, funcs).read()
     # Variants no option kept (equal to the default) need not be built.
     prune = bool(funcs.variants_of)
-    source, launches, variants = _finish_kernels(funcs.source, launches, variants, prune=prune)
-    return _DeviceCode(source, launches, variants, funcs.t_tir, t_codegen)
+    source, short, variants = _finish_kernels(funcs.source, launches, variants, prune=prune)
+    code = _DeviceCode(source, short, variants, funcs.t_tir, t_codegen)
+    code.ptx, code.ptx_note = _default_ptx(funcs.device_mods, launches, short)
+    return code
+
+
+def _default_ptx(
+    device_mods: list[Any], launches: list[Launch], short: list[Launch]
+) -> tuple[str, str]:
+    """PTX of the default kernels (`litekiln.compiler.ptx`) and a note, or "" and why not."""
+    nvcc = ptx.wanted()
+    if nvcc is None:
+        return "", "not made: not asked for (LITEKILN_PTX) or no nvcc found"
+    rename = {a.kernel: b.kernel for a, b in zip(launches, short, strict=True)}
+    try:
+        text, seconds = ptx.make_ptx(device_mods, rename, nvcc)
+    except ptx.PtxUnavailable as exc:
+        return "", f"not made: {exc}"
+    except Exception as exc:  # noqa: BLE001 - PTX is an extra: never fail a compile for it
+        return "", f"not made: {type(exc).__name__}: {str(exc)[:300]}"
+    return text, f"{ptx.PTX_ARCH}, {len(set(rename))} kernels, nvcc {seconds:.1f} s"
 
 
 def _lower_used(
     lowered: tvm.IRModule, used: Sequence[str], target: tvm.target.Target
 ) -> _LoweredFuncs:
     tir_mod = tvm.IRModule({gv: f for gv, f in lowered.functions.items() if gv.name_hint in used})
-    host_funcs, kernel_funcs, source, t_tir = _lower_tir(tir_mod, target)
-    return _LoweredFuncs(host_funcs, kernel_funcs, source, t_tir)
+    host_funcs, kernel_funcs, source, t_tir, device_mods = _lower_tir(tir_mod, target)
+    return _LoweredFuncs(host_funcs, kernel_funcs, source, t_tir, device_mods)
 
 
 def _add_schedule_variants(
@@ -1007,7 +1030,7 @@ def _add_schedule_variants(
     alt = _schedule_variants(fused, lowered, used, rules, target)
     if not alt:
         return
-    v_host, v_kernels, v_source, _ = _lower_tir(tvm.IRModule(alt), target)
+    v_host, v_kernels, v_source, _, _ = _lower_tir(tvm.IRModule(alt), target)
     funcs.host_funcs.update(v_host)
     funcs.kernel_funcs.update(v_kernels)
     funcs.source = funcs.source + "\n" + v_source
@@ -1127,8 +1150,10 @@ def _program(
             "tvm_version": tvm.__version__,
             "target": str(target.kind.name),
             "target_full": target.export() if hasattr(target, "export") else str(target),
+            "ptx": code.ptx_note,
         },
         format_version=FORMAT_VERSION,
+        ptx=code.ptx,
     )
     program.meta = _jsonable(program.meta)
     program.validate()
@@ -1297,8 +1322,9 @@ def _jsonable(x: Any) -> Any:
 
 def _lower_tir(
     tir_mod: tvm.IRModule, target: tvm.target.Target
-) -> tuple[dict[str, Any], dict[str, Any], str, float]:
-    """Run TVM's TIR pipeline; return host funcs (post-SplitHostDevice), kernels, OpenCL C."""
+) -> tuple[dict[str, Any], dict[str, Any], str, float, list[Any]]:
+    """Run TVM's TIR pipeline; return host funcs (post-SplitHostDevice), kernels, OpenCL C,
+    when the pipeline ended, and the device modules (before their OpenCL code generation)."""
     captured: dict[str, tvm.IRModule] = {}
 
     @tvm.ir.instrument.pass_instrument
@@ -1333,4 +1359,4 @@ def _lower_tir(
             raise CodegenError(f"device functions for target {dev_target.kind.name}")
         rt_mod = _tir_build.codegen_build(finalize_device()(dev_mod), dev_target)
         sources.append(rt_mod.inspect_source())
-    return host_funcs, kernel_funcs, "\n".join(sources), t_tir
+    return host_funcs, kernel_funcs, "\n".join(sources), t_tir, list(device_mods.values())

@@ -35,7 +35,13 @@ from litekiln.runtime.buffers import (
     device_buffer,
     state_buffer,
 )
-from litekiln.runtime.build import BuildProgress, BuiltProgram, build_programs, default_program
+from litekiln.runtime.build import (
+    BuildJob,
+    BuildProgress,
+    BuiltProgram,
+    build_programs,
+    default_program,
+)
 from litekiln.runtime.device import DeviceHandle
 from litekiln.runtime.executor import ExecutorError, PartitionExecutor, build_job
 from litekiln.runtime.threads import cpu_thread_limit
@@ -230,30 +236,42 @@ class Session:
         profile = h.profile
         keys: list[_ProgramKey] = []
         stored: list[Any] = []
-        jobs = []
+        jobs: list[BuildJob | None] = []
         firsts: dict[int, GpuProgram] = {}
+        from_ptx: dict[int, Any] = {}  # slot -> CUDA graph executor on the shipped PTX
+        t0 = time.perf_counter()
         for slot, part in enumerate(parts):
             job = build_job(part.program, profile, label=f"partition {part.index}")
             key = (job.source.encode(), job.options, profile.identity())
             binary, choices = self._programs.load_program(*key) if self._programs else (None, None)
             job.binary = binary
             first = default_program(part.program) if binary is None and self._tune else None
+            keys.append(key)
+            stored.append(choices)
+            cu = self._ptx_executor(part, first) if binary is None else None
+            if cu is not None:  # no OpenCL build before the first inference
+                from_ptx[slot] = cu
+                jobs.append(None)
+                continue
             if first is not None:  # the variants' kernels are built after the first inference
                 firsts[slot] = first
                 job = build_job(first, profile, label=f"partition {part.index}")
-            keys.append(key)
-            stored.append(choices)
             jobs.append(job)
-        t0 = time.perf_counter()
-        fresh = any(j.binary is None for j in jobs)
+        todo = [j for j in jobs if j is not None]
+        fresh = any(j.binary is None for j in todo)
         progress = BuildProgress(self.model.name, self.device_name) if fresh else None
-        built = build_programs(jobs, h.context, h.device, profile, progress=progress)
+        made = iter(build_programs(todo, h.context, h.device, profile, progress=progress))
+        built = [None if j is None else next(made) for j in jobs]
         t1 = time.perf_counter()
         executors: list[Any] = []
         tuned = 0
         for slot, (part, res, key, choices) in enumerate(
             zip(parts, built, keys, stored, strict=True)
         ):
+            if res is None:  # loaded from its PTX: OpenCL builds the whole program later
+                executors.append(from_ptx[slot])
+                self._to_complete.append((slot, key))
+                continue
             if res.rejected:
                 log.warning("cached device binary rejected (%s); rebuilt from source", res.rejected)
             ex = self._executor(part, res, firsts.get(slot))
@@ -279,11 +297,43 @@ class Session:
             build_s=t1 - t0,
             setup_s=time.perf_counter() - t1,
             partitions=len(parts),
-            binaries=sum(1 for r in built if r.from_binary),
+            binaries=sum(1 for r in built if r is not None and r.from_binary),
+            ptx=len(from_ptx),
             tuning=tuned,
             variants=sum(1 for p in parts if p.program.variants),
         )
         return executors
+
+    def _ptx_executor(self, part: PartitionArtifact, first: GpuProgram | None) -> Any:
+        """A first start on an NVIDIA GPU: the partition's default kernels from the PTX the
+        compiler shipped (`GpuProgram.ptx`), loaded through the CUDA driver as one CUDA graph,
+        with no OpenCL build (NVIDIA's OpenCL C front end is most of a build's time: see
+        `litekiln.compiler.ptx`). None where that does not apply (no PTX, not NVIDIA,
+        ``LITEKILN_CUDA_GRAPH=off``) or fails (logged): the OpenCL build then goes on."""
+        if (
+            not part.program.ptx
+            or not self.handle.profile.cuda_graph_candidate
+            or config.CUDA_GRAPH.get() == "off"
+        ):
+            return None
+        from litekiln.runtime.cuda import CudaGraphExecutor, CudaUnsupported, cuda_device_for
+
+        program = first or part.program
+        try:
+            device = cuda_device_for(self.handle.device, self.handle.profile)
+            return CudaGraphExecutor(
+                program,
+                partition_constants(self.compiled, part),
+                part.program.ptx.encode(),
+                device,
+                streams=config.CUDA_STREAMS.get(),
+            )
+        except CudaUnsupported as exc:
+            log.info(
+                "%s: partition %d: the shipped PTX is not used (%s); building OpenCL",
+                self.model.name, part.index, exc,
+            )  # fmt: skip
+            return None
 
     def _executor(
         self, part: PartitionArtifact, built: BuiltProgram, program: GpuProgram | None = None
@@ -439,7 +489,11 @@ class Session:
             DeviceError: ``on``, and the device is not an NVIDIA OpenCL device.
         """
         mode = config.CUDA_GRAPH.get()
-        todo = [(slot, ex) for slot, ex in enumerate(self.executors) if ex.program.launches]
+        todo = [
+            (slot, ex)
+            for slot, ex in enumerate(self.executors)
+            if ex.program.launches and getattr(ex, "memory_kind", "") != "cuda"
+        ]
         if mode == "off" or not todo:
             return []
         if not self.handle.profile.cuda_graph_candidate:
