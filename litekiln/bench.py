@@ -31,7 +31,9 @@ in, outputs back on the host), LiteRT's CPU interpreter (XNNPACK, ``os.cpu_count
 and, where it loads, LiteRT's GPU path (``CompiledModel`` with GPU|CPU accelerators), each the
 median of ``--runs`` timed runs after warm-up, on the same seeded inputs. Speed-ups are
 ``peer_ms / litekiln_ms`` (above 1: litekiln is faster). Also the host cost of enqueueing one
-kernel launch and, with ``--profile``, every kernel's device time from OpenCL profiling events.
+kernel launch and, with ``--profile``, every kernel's device time from OpenCL profiling events
+and the model's roofline: each launch's bytes and FLOPs, the rates it reaches, and the floor
+its launches allow at the device's peaks (measured in the same run, `litekiln.runtime.roofline`).
 LiteRT's own C++ logging (TFLite, absl, Dawn's Vulkan/WebGPU start-up: some 30 lines per
 model) is held back while it runs (`peer_logs`) unless ``litekiln -v``; what it said is used to
 explain a peer that fails (e.g. no GPU adapter).
@@ -98,7 +100,7 @@ def _ratio(a: float, b: float) -> float:
 
 def _fmt(x: float | None, spec: str = "8.2f") -> str:
     if x is None:
-        return f"{'n/a':>{int(spec.split('.')[0])}s}"
+        return f"{'n/a':>{int(spec.split('.')[0] or 0)}s}"
     return format(x, spec)
 
 
@@ -723,33 +725,158 @@ def _host_breakdown(
 
 
 def _kernel_profile(sess: Any, reps: int = 10) -> dict[str, Any] | None:
-    """Median device time of each launch, from OpenCL profiling events."""
+    """Median device time of each launch, from OpenCL profiling events (CUDA events on the
+    graph path), with the bytes of its buffer arguments and its FLOPs (the compiler's
+    count), and the rates they make (GB/s, GFLOP/s)."""
     executors = getattr(sess, "executors", None)
     if not executors:
         return None
     per: list[list[float]] = []
-    names: list[tuple[int, int, str]] = []
+    names: list[tuple[int, int, Any, int]] = []
     for pi, ex in enumerate(executors):
         ex.profile()  # warm the profiling queue
         runs = [ex.profile() for _ in range(reps)]
-        for li, kname in enumerate(ex.launch_names()):
-            names.append((pi, li, kname))
+        for li, launch in enumerate(ex.program.plan(ex.choices)):
+            names.append((pi, li, launch, ex.program.launch_bytes(launch)))
             per.append([r[li] for r in runs])
     rows: list[dict[str, Any]] = [
-        {"partition": pi, "launch": li, "kernel": k, "ms": round(statistics.median(ts) * 1e3, 5)}
-        for (pi, li, k), ts in zip(names, per, strict=True)
+        {
+            "partition": pi,
+            "launch": li,
+            "kernel": launch.kernel,
+            "ms": round(statistics.median(ts) * 1e3, 5),
+            "bytes": nbytes,
+            "flops": launch.flops,
+            **_rates(nbytes, launch.flops, statistics.median(ts)),
+        }
+        for (pi, li, launch, nbytes), ts in zip(names, per, strict=True)
     ]
-    by_kernel: dict[str, float] = {}
+    by_kernel: dict[str, dict[str, float]] = {}
     for r in rows:
-        by_kernel[r["kernel"]] = by_kernel.get(r["kernel"], 0.0) + r["ms"]
+        k = by_kernel.setdefault(r["kernel"], {"ms": 0.0, "bytes": 0, "flops": 0})
+        for f in ("ms", "bytes", "flops"):
+            k[f] += r[f]
     return {
         "kernel_sum_ms": round(sum(r["ms"] for r in rows), 4),
         "launches": rows,
         "top": [
-            {"kernel": k, "ms": round(v, 5)}
-            for k, v in sorted(by_kernel.items(), key=lambda kv: -kv[1])[:15]
+            {
+                "kernel": name,
+                "ms": round(k["ms"], 5),
+                "bytes": int(k["bytes"]),
+                "flops": int(k["flops"]),
+                **_rates(int(k["bytes"]), int(k["flops"]), k["ms"] * 1e-3),
+            }
+            for name, k in sorted(by_kernel.items(), key=lambda kv: -kv[1]["ms"])[:15]
         ],
     }
+
+
+def _rates(nbytes: int, flops: int, seconds: float) -> dict[str, float | None]:
+    """Achieved GB/s and GFLOP/s (None for a launch too short to time)."""
+    if seconds <= 0:
+        return {"gbps": None, "gflops": None}
+    return {"gbps": _sig(nbytes / seconds / 1e9), "gflops": _sig(flops / seconds / 1e9)}
+
+
+def _sig(x: float) -> float:
+    """``x`` to 4 significant digits."""
+    return float(f"{x:.4g}")
+
+
+#: Peaks and node costs measured in this process, by (device, what): a bench of several
+#: models measures them once.
+_MEASURED: dict[tuple[str, str], float] = {}
+
+
+def _measured(handle: Any, what: str, measure: Any) -> float:
+    key = (str(handle.description), what)
+    if key not in _MEASURED:
+        _MEASURED[key] = float(measure())
+    return _MEASURED[key]
+
+
+def _roofline(
+    sess: Any,
+    prof: dict[str, Any],
+    latency_ms: float,
+    *,
+    peak_gbps: float | None = None,
+    peak_gflops: float | None = None,
+) -> dict[str, Any]:
+    """The model's floor at the device's peaks (`litekiln.runtime.roofline.model_floor`)
+    and how far the latency is from it; each profiled launch (and kernel of ``top``) gets
+    its own floor, ``floor_ms``.
+
+    Peaks not given are measured on the session's device (a streaming copy, multiply-add
+    chains); the cost of one launch is measured on each launch path the partitions take (a
+    CUDA graph of empty kernels, or empty OpenCL launches). Where a measurement fails the
+    record holds ``error`` and no floor.
+    """
+    from litekiln.runtime import roofline as rl
+
+    paths = ["cuda_graph" if hasattr(ex, "graph_time") else "opencl" for ex in sess.executors]
+    try:
+        roof = _roof(sess, paths, peak_gbps, peak_gflops)
+    except Exception as exc:  # noqa: BLE001 - a device where a probe kernel fails: say why
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    gbps, gflops = roof["peak_gbps"], roof["peak_gflops"]
+    work = []
+    by_kernel: dict[str, float] = {}
+    for r in prof["launches"]:
+        work.append(
+            rl.LaunchWork(r["bytes"], r["flops"], roof["node_us"][paths[r["partition"]]] * 1e-6)
+        )
+        floor_s = rl.kernel_floor(r["bytes"], r["flops"], gbps, gflops)
+        r["floor_ms"] = _sig(floor_s * 1e3)
+        by_kernel[r["kernel"]] = by_kernel.get(r["kernel"], 0.0) + floor_s
+    for t in prof["top"]:  # the sum of its launches' floors
+        t["floor_ms"] = _sig(by_kernel[t["kernel"]] * 1e3)
+    floor = rl.model_floor(work, gbps, gflops)
+    floor_ms, kernels_ms = floor["floor_s"] * 1e3, floor["kernels_s"] * 1e3
+    return {
+        "floor_ms": _sig(floor_ms),
+        "latency_ms": latency_ms,
+        "latency_over_floor": _ratio(latency_ms, floor_ms) if floor_ms > 0 else None,
+        "kernel_floor_ms": _sig(kernels_ms),
+        "kernels_over_floor": _ratio(prof["kernel_sum_ms"], kernels_ms) if kernels_ms else None,
+        "launch_floor_ms": _sig(floor["launches_s"] * 1e3),
+        "launches": len(work),
+        "bytes": sum(w.nbytes for w in work),
+        "flops": sum(w.flops for w in work),
+        **roof,
+    }
+
+
+def _roof(sess: Any, paths: list[str], gbps: float | None, gflops: float | None) -> dict[str, Any]:
+    """The peaks (given, or measured once per device and process) and the cost of one
+    launch on each of ``paths``, in microseconds."""
+    from litekiln.runtime import roofline as rl
+
+    h = sess.handle
+    out: dict[str, Any] = {
+        "peak_gbps": _sig(gbps or _measured(h, "gbps", lambda: rl.measure_bandwidth(h))),
+        "peak_gflops": _sig(gflops or _measured(h, "gflops", lambda: rl.measure_compute(h))),
+        "peak_source": {
+            "gbps": "given" if gbps else "measured",
+            "gflops": "given" if gflops else "measured",
+        },
+        "node_us": {},
+    }
+    for path in sorted(set(paths)):
+        ex = sess.executors[paths.index(path)]
+        cost = _node_cost(h, path, ex)
+        out["node_us"][path] = _sig(_measured(h, f"node:{path}", cost) * 1e6)
+    return out
+
+
+def _node_cost(handle: Any, path: str, ex: Any) -> Any:
+    """How to measure one launch's cost on ``path`` (seconds)."""
+    from litekiln.runtime import roofline as rl
+
+    if path == "cuda_graph":
+        return lambda: rl.graph_node_cost(handle, ex.device)
+    return lambda: rl.launch_cost(handle)
 
 
 def _litert_cpu(
@@ -819,6 +946,8 @@ def latency_model(
     litert_gpu: bool = True,
     breakdown: bool = True,
     quiet_peers: bool = True,
+    peak_gbps: float | None = None,
+    peak_gflops: float | None = None,
 ) -> dict[str, Any]:
     """Warm latency of litekiln and LiteRT CPU/GPU on one model, same process, same inputs.
 
@@ -826,11 +955,14 @@ def latency_model(
         path: the .tflite file.
         kwargs: Interpreter keyword arguments (device, cache_dir, precision, ...).
         runs: timed runs of each (after ``min(20, max(3, runs // 10))`` untimed ones).
-        profile: also time every kernel with OpenCL profiling events.
+        profile: also time every kernel with OpenCL profiling events, and place the model
+            under its roofline (``roofline``: `_roofline`).
         litert_gpu: also time LiteRT's GPU path (where it loads).
         breakdown: also measure the host cost of a launch and where an inference's host
             time goes (100 more inferences).
         quiet_peers: hold back LiteRT's own logging (`peer_logs`).
+        peak_gbps: the roofline's bandwidth, GB/s (None: measured on the device).
+        peak_gflops: the roofline's fp32 rate, GFLOP/s (None: measured on the device).
 
     Returns:
         A JSON-ready record; a peer that cannot load or run the model leaves its figures None
@@ -877,6 +1009,14 @@ def latency_model(
         rec["graph_device_ms"] = round(sum(graph_times) * 1e3, 4)
     if profile:
         rec["profile"] = _kernel_profile(sess)
+        if rec["profile"] is not None:
+            rec["roofline"] = _roofline(
+                sess,
+                rec["profile"],
+                rec["litekiln_ms"],
+                peak_gbps=peak_gbps,
+                peak_gflops=peak_gflops,
+            )
     ref = None
     failure: tuple[str, str] | None = None
     with peer_logs(quiet_peers) as said:
@@ -913,7 +1053,8 @@ def latency_main(a: Any, kwargs: dict[str, Any], *, quiet_peers: bool = True) ->
     """``litekiln bench``: warm latency against LiteRT CPU and GPU.
 
     Args:
-        a: the command's options (models, runs, profile, json, out, plot).
+        a: the command's options (models, runs, profile, peak_gbps, peak_gflops, json, out,
+            plot).
         kwargs: the Interpreter's keyword arguments the options stand for.
         quiet_peers: hold back LiteRT's own logging (False with ``litekiln -v``).
     """
@@ -938,6 +1079,8 @@ def latency_main(a: Any, kwargs: dict[str, Any], *, quiet_peers: bool = True) ->
             profile=bool(a.profile),
             litert_gpu=True,
             quiet_peers=quiet_peers,
+            peak_gbps=getattr(a, "peak_gbps", None),
+            peak_gflops=getattr(a, "peak_gflops", None),
         )
         results["device"] = results["device"] or rec["device"]
         results["models"].append(rec)
@@ -994,8 +1137,40 @@ def _print_profile(rec: dict[str, Any]) -> None:
         "in all "
         f"(litekiln end-to-end {rec['litekiln_ms']:.3f} ms)"
     )
+    print(f"    {'ms':>9s} {'GB/s':>8s} {'GFLOP/s':>8s} {'x floor':>8s}  kernel")
     for t in p["top"][:10]:
-        print(f"    {t['ms']:9.4f} ms  {t['kernel']}")
+        floor = t.get("floor_ms")
+        over = _ratio(t["ms"], floor) if floor else None
+        print(
+            f"    {t['ms']:9.4f} {_fmt(t.get('gbps'), '8.3g')} {_fmt(t.get('gflops'), '8.3g')} "
+            f"{_fmt(over, '8.3g')}  {t['kernel']}"
+        )
+    _print_roofline(rec)
+
+
+def _print_roofline(rec: dict[str, Any]) -> None:
+    r = rec.get("roofline")
+    if not r:
+        return
+    if "error" in r:
+        print(f"  roofline: n/a ({r['error']})")
+        return
+    src = r["peak_source"]
+    nodes = ", ".join(
+        f"{'CUDA graph node' if path == 'cuda_graph' else 'OpenCL launch'} {us:.3g} us"
+        for path, us in r["node_us"].items()
+    )
+    print(
+        f"  roofline: {r['bytes'] / 1e6:.3g} MB moved, {r['flops'] / 1e9:.3g} GFLOP; "
+        f"peaks {r['peak_gbps']:.4g} GB/s ({src['gbps']}), {r['peak_gflops']:.4g} GFLOP/s "
+        f"({src['gflops']}); {nodes}"
+    )
+    print(
+        f"  floor {r['floor_ms']:.4g} ms = kernels {r['kernel_floor_ms']:.4g} + "
+        f"{r['launches']} launches {r['launch_floor_ms']:.4g}; litekiln "
+        f"{r['latency_ms']:.4g} ms = {_fmt(r['latency_over_floor'], '.3g')}x the floor "
+        f"(kernels {_fmt(r['kernels_over_floor'], '.3g')}x theirs)"
+    )
 
 
 def _print_latency_notes(results: dict[str, Any]) -> None:

@@ -168,6 +168,7 @@ def _positionals(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
         (["bench", SMOKE, "--runs", "0"], "argument --runs: expected an integer >= 1"),
         (["bench", SMOKE, "--repeat", "x"], "argument --repeat: expected an integer"),
         (["bench", SMOKE, "--plot", "/no/such/dir/p.png"], "argument --plot:"),
+        (["bench", SMOKE, "--peak-gbps", "0"], "argument --peak-gbps: expected a number above 0"),
         (["compile", SMOKE, "--max-partitions", "-1"], "argument --max-partitions:"),
         (["compile", SMOKE, "--fp16-budget", "2"], "argument --fp16-budget:"),
         (["inspect", SMOKE, "--bogus"], "unrecognized arguments: --bogus"),

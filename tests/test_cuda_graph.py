@@ -394,6 +394,25 @@ def test_output_buffers_are_read_in_place_and_outlive_the_executor(fake):
     assert len(fake.freed_host) == 1
 
 
+def test_roofline_node_cost_is_a_graph_of_empty_kernels(fake, monkeypatch):
+    """`litekiln bench --profile`'s cost of one graph node: the empty kernel's PTX (from the
+    OpenCL driver, here given) captured N times in one graph, its replay's device time / N."""
+    import types
+
+    from litekiln.runtime import roofline
+
+    ptx = ".version 8.0\n.target sm_90, texmode_independent\n.address_size 64\n"
+    ptx += ".entry litekiln_empty()\n{ ret; }\n"
+    monkeypatch.setattr(
+        roofline, "_executor", lambda handle, program: types.SimpleNamespace(binary=ptx.encode())
+    )
+    seconds = roofline.graph_node_cost(None, cuda.CudaDevice(0), nodes=40, reps=3)
+    assert seconds == pytest.approx(0.5e-3 / 40)  # the fake's event clock: 0.5 ms a replay
+    (nodes,) = [g for g in fake.graphs.values() if g]
+    assert [n[0][1] for n in nodes] == ["litekiln_empty"] * 40  # kernels only, no copies
+    assert fake.graph_launches == 1 + 3  # the load-time check, then the timed replays
+
+
 def test_ptx_checks_refuse_what_cuda_would_run_differently():
     prog = _axpb_program()
     launches = prog.plan()

@@ -33,8 +33,8 @@ from typing import Any, Literal
 import numpy as np
 
 #: Bump whenever the JSON layout or the meaning of a field changes; readers reject other
-#: versions (the cache treats that as a miss and recompiles).
-FORMAT_VERSION = 2
+#: versions (the cache treats that as a miss and recompiles). 3: each launch's FLOPs.
+FORMAT_VERSION = 3
 
 StorageRole = Literal["input", "constant", "workspace"]
 _STORAGE_ROLES = ("input", "constant", "workspace")
@@ -138,6 +138,9 @@ class Launch:
         global_size: NDRange global size (work-items per axis, axis 0 first).
         local_size: Work-group size per axis (same length as ``global_size``).
         func: Name of the Relax-level PrimFunc that issued the launch (debugging only).
+        flops: Floating-point operations of the launch's share of its PrimFunc's work, as
+            the compiler counted them before scheduling (a multiply-add is 2; 0: unknown or
+            none). For reports (`litekiln bench --profile`'s roofline), never used to run.
     """
 
     kernel: str
@@ -145,6 +148,7 @@ class Launch:
     global_size: tuple[int, ...]
     local_size: tuple[int, ...]
     func: str = ""
+    flops: int = 0
 
 
 @dataclass(frozen=True)
@@ -230,6 +234,18 @@ class GpuProgram:
             pos = v.stop
         out.extend(self.launches[pos:])
         return out
+
+    def launch_bytes(self, launch: Launch) -> int:
+        """Bytes of the buffers ``launch`` reads or writes: the size of each distinct tensor
+        among its buffer arguments, counted once (what the kernel must move at the least when
+        it touches every byte of its arguments once; a kernel that reads part of a tensor
+        moves less, one that reads a tensor again from memory more).
+
+        Raises:
+            KeyError: an argument names no tensor of the program.
+        """
+        ids = {a.tensor for a in launch.args if isinstance(a, BufferArg)}
+        return sum(self.tensor(t).nbytes for t in sorted(ids))
 
     def all_launches(self) -> list[Launch]:
         """Every launch of every option (what the runtime prepares kernels for)."""
@@ -327,6 +343,8 @@ class GpuProgram:
                 or not 1 <= len(launch.global_size) <= 3
             ):
                 raise ProgramFormatError(f"launch {i} ({launch.kernel}): bad NDRange rank")
+            if launch.flops < 0:
+                raise ProgramFormatError(f"launch {i} ({launch.kernel}): negative FLOPs")
             for g, loc in zip(launch.global_size, launch.local_size, strict=True):
                 if loc <= 0 or g % loc:
                     raise ProgramFormatError(
@@ -481,6 +499,7 @@ def _launch_to_dict(launch: Launch) -> dict[str, Any]:
         ],
         "global_size": list(launch.global_size),
         "local_size": list(launch.local_size),
+        "flops": launch.flops,
     }
 
 
@@ -497,4 +516,5 @@ def _launch_from_dict(d: dict[str, Any]) -> Launch:
         global_size=tuple(int(x) for x in d["global_size"]),
         local_size=tuple(int(x) for x in d["local_size"]),
         func=d.get("func", ""),
+        flops=int(d["flops"]),
     )

@@ -22,6 +22,7 @@ from litekiln.cli.common import (
     int_at_least,
     interpreter_kwargs,
     output_file,
+    positive_float,
     print_json,
 )
 
@@ -439,7 +440,24 @@ def add_bench_parser(sub: _Subcommands) -> None:
         metavar="N",
         help="timed runs per model (latency; default 100)",
     )
-    p.add_argument("--profile", action="store_true", help="per-kernel GPU profile (latency)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="per-kernel GPU profile and the model's roofline: each launch's bytes, FLOPs, "
+        "GB/s and GFLOP/s, and the floor its launches allow at the device's peaks (latency)",
+    )
+    p.add_argument(
+        "--peak-gbps",
+        type=positive_float,
+        metavar="GBPS",
+        help="roofline: the device's memory bandwidth, GB/s (default: measured, a streaming copy)",
+    )
+    p.add_argument(
+        "--peak-gflops",
+        type=positive_float,
+        metavar="GFLOPS",
+        help="roofline: the device's fp32 rate, GFLOP/s (default: measured, multiply-add chains)",
+    )
     p.add_argument("--plot", type=output_file, help="write a PNG of speed-ups (latency)")
     add_json_option(p)
     p.add_argument("--out", help="also write the JSON results to this file")

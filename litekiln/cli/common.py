@@ -123,6 +123,17 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def positive_float(text: str) -> float:
+    """A number above 0 (``--peak-gbps``)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a number above 0, got {text!r}")
+    return v
+
+
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """argparse's help, where text written with line breaks (the examples) is kept as written
     and a one-paragraph text (a description) is wrapped to the terminal as usual."""

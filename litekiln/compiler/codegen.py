@@ -13,6 +13,9 @@ Pipeline (one GPU partition):
    extents..., launch_params=[...])``, i.e. the kernel argument order and the static NDRange.
 3. OpenCL C: the device part of the fully lowered module goes through TVM's OpenCL codegen
    (``target.build.opencl``) and ``inspect_source()``.
+4. FLOPs: each launch records its PrimFunc's floating-point work (`Launch.flops`, for the
+   roofline of ``litekiln bench --profile``), counted by TVM's estimator on the function as
+   FuseTIR left it, before scheduling (`_func_flops`).
 
 We deliberately do not call ``tvm.compile``: it would also compile the host side with LLVM
 (work we throw away, since our runtime replaces TVM's VM and host code) and the PyPI wheel
@@ -857,7 +860,7 @@ def compile_relax_full(
     _check_module(mod, tgt)
     # 1. Relax pipeline.
     relax_pass = _relax_pass(tgt, pipeline, schedule, schedules)
-    lowered, fused = _run_relax_pass(relax_pass, mod, tgt, capture_fused=bool(variant_rules))
+    lowered, fused = _run_relax_pass(relax_pass, mod, tgt)
     t_relax = time.perf_counter()
     planner, outputs = _plan_main(lowered)
     # 2-3. TIR lowering and OpenCL C of the PrimFuncs that main calls, and their launches.
@@ -900,15 +903,13 @@ def _run_relax_pass(
     relax_pass: tvm.transform.Pass,
     mod: tvm.IRModule,
     target: tvm.target.Target,
-    *,
-    capture_fused: bool,
 ) -> tuple[tvm.IRModule, tvm.IRModule | None]:
     """Run the Relax pipeline on ``mod``.
 
     Returns:
-        ``(lowered, fused)``: the lowered module and, with ``capture_fused``, a copy of the
-        module right after FuseTIR (its PrimFuncs as they were before scheduling; ``None``
-        if the pipeline has no FuseTIR), for the schedule variants to start from.
+        ``(lowered, fused)``: the lowered module and a copy of the module right after
+        FuseTIR (its PrimFuncs as they were before scheduling; ``None`` if the pipeline has
+        no FuseTIR), for the schedule variants to start from and the FLOPs to be counted on.
     """
     captured: dict[str, tvm.IRModule] = {}
 
@@ -919,7 +920,7 @@ def _run_relax_pass(
                 # A copy: the schedule pass updates the module in place.
                 captured["fused"] = tvm.IRModule(dict(m.functions.items()))
 
-    with target, tvm.transform.PassContext(instruments=[_CaptureFused()] if capture_fused else []):
+    with target, tvm.transform.PassContext(instruments=[_CaptureFused()]):
         lowered = relax_pass(mod)
     return lowered, captured.get("fused")
 
@@ -984,7 +985,8 @@ def _device_code(
     if variant_rules and fused is not None:
         _add_schedule_variants(funcs, fused, lowered, used, variant_rules, target)
     t_codegen = time.perf_counter()
-    launches, variants = _LaunchReader(planner, funcs).read()
+    flops = _func_flops(fused, lowered, used)
+    launches, variants = _LaunchReader(planner, funcs, flops).read()
     # Variants no option kept (equal to the default) need not be built.
     prune = bool(funcs.variants_of)
     source, short, variants = _finish_kernels(funcs.source, launches, variants, prune=prune)
@@ -1041,12 +1043,14 @@ def _add_schedule_variants(
 class _LaunchReader:
     """Reads the launches of every PrimFunc call, and the variant options worth timing."""
 
-    def __init__(self, planner: _MainPlanner, funcs: _LoweredFuncs) -> None:
+    def __init__(self, planner: _MainPlanner, funcs: _LoweredFuncs, flops: dict[str, int]) -> None:
         self.planner = planner
         self.funcs = funcs
+        self.flops = flops
         self.kernel_params = {
             name: _kernel_params(f, name) for name, f in funcs.kernel_funcs.items()
         }
+        self._per_item: dict[str, float] = {}  # kernel -> TVM's count per work-item (weights)
         self.bodies = _kernel_bodies(funcs.source) if funcs.variants_of else {}
         self.vector_check = _HALF_PROGRAM_VECTOR if "cl_khr_fp16" in funcs.source else _HALF_VECTOR
 
@@ -1063,7 +1067,7 @@ class _LaunchReader:
         return launches, variants
 
     def _launches(self, call: _Call, func_name: str, *, workspaces: bool = True) -> list[Launch]:
-        return _call_launches(
+        launches = _call_launches(
             call,
             func_name,
             self.planner,
@@ -1071,6 +1075,32 @@ class _LaunchReader:
             self.kernel_params,
             workspaces=workspaces,
         )
+        return self._with_flops(launches, self.flops.get(call.func, 0))
+
+    def _with_flops(self, launches: list[Launch], total: int) -> list[Launch]:
+        """``launches`` (one call's) with the call's FLOPs shared out between them.
+
+        One launch takes them all. Several (a convolution's padding kernel and its own, a
+        scan, a two-stage reduction) share them in proportion to each kernel's operations
+        per work-item (`_stored_ops`) times its work-items: a count of each thread's code
+        that includes padded iterations and cross-thread steps, so it weighs the kernels
+        against each other without measuring the work; where it counts nothing for any of
+        them, in proportion to the work-items.
+        """
+        if not total or not launches:
+            return launches
+        items = [float(np.prod(ln.global_size)) for ln in launches]
+        weights = [
+            self._kernel_weight(ln.kernel) * n for ln, n in zip(launches, items, strict=True)
+        ]
+        shares = _split(total, weights if any(weights) else items)
+        return [dataclasses.replace(ln, flops=f) for ln, f in zip(launches, shares, strict=True)]
+
+    def _kernel_weight(self, kernel: str) -> float:
+        if kernel not in self._per_item:
+            func = self.funcs.kernel_funcs.get(kernel)
+            self._per_item[kernel] = _stored_ops(func.body) if func is not None else 0.0
+        return self._per_item[kernel]
 
     def _signature(self, launches: Sequence[Launch]) -> tuple[Any, ...]:
         # What an option runs: kernel code (names blanked), NDRanges and arguments.
@@ -1105,6 +1135,79 @@ class _LaunchReader:
             # float2 to parameter of incompatible type half").
             return None
         return option
+
+
+def _estimate_flops(func: Any) -> float | None:
+    """TVM's count of a PrimFunc's floating-point operations (a multiply-add is 2), or None
+    where it cannot count them (a loop of symbolic extent, a construct it does not know)."""
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    try:
+        return float(estimate_tir_flops(tvm.IRModule({"main": func})))
+    except Exception:  # noqa: BLE001 - TVM's estimator refuses what it cannot count: unknown
+        return None
+
+
+def _stored_ops(stmt: Any) -> float:
+    """The operations of the values a device kernel's thread stores (TVM's count of each
+    `BufferStore`), its loops multiplied out, the larger branch of each ``if``; unlike TVM's
+    count of the whole kernel, without the address arithmetic of its ``Bind``s (the
+    common subexpressions of its indices: a padding kernel does no float work)."""
+    if stmt is None or isinstance(stmt, (tirx.Bind, tirx.Evaluate)):
+        return 0.0
+    if isinstance(stmt, tirx.SeqStmt):
+        return sum(_stored_ops(s) for s in stmt.seq)
+    if isinstance(stmt, tirx.For):
+        extent = stmt.extent.value if isinstance(stmt.extent, tirx.IntImm) else 1
+        return float(extent) * _stored_ops(stmt.body)
+    if isinstance(stmt, tirx.IfThenElse):
+        return max(_stored_ops(stmt.then_case), _stored_ops(stmt.else_case))
+    if isinstance(stmt, tirx.BufferStore):
+        from tvm.s_tir.analysis import estimate_tir_flops
+
+        try:
+            return float(estimate_tir_flops(stmt))
+        except Exception:  # noqa: BLE001 - an expression TVM's estimator does not know
+            return 0.0
+    return _stored_ops(getattr(stmt, "body", None))
+
+
+def _func_flops(
+    fused: tvm.IRModule | None, lowered: tvm.IRModule, used: Sequence[str]
+) -> dict[str, int]:
+    """The FLOPs of each used PrimFunc (0 where TVM cannot count them).
+
+    Counted on the function as FuseTIR left it, before scheduling: its loop nest is the
+    computation itself (a matmul of M x N x K counts 2*M*N*K), where the scheduled function
+    also holds the iterations a tiling pads, the guards and the cross-thread reduction
+    steps. A function made after FuseTIR (or a pipeline without it) is counted as
+    scheduled.
+    """
+    before = {} if fused is None else _prim_funcs(fused)
+    after = _prim_funcs(lowered)
+    out: dict[str, int] = {}
+    for name in used:
+        func = before.get(name, after.get(name))
+        count = _estimate_flops(func) if func is not None else None
+        out[name] = max(0, round(count or 0.0))
+    return out
+
+
+def _prim_funcs(mod: tvm.IRModule) -> dict[str, Any]:
+    return {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+
+
+def _split(total: int, weights: Sequence[float]) -> list[int]:
+    """``total`` split in proportion to ``weights`` (not all 0), in integers that add up to
+    it (each share rounded at its running sum)."""
+    whole = float(sum(weights))
+    out, done, run = [], 0, 0.0
+    for w in weights:
+        run += w
+        upto = round(total * run / whole)
+        out.append(upto - done)
+        done = upto
+    return out
 
 
 def _finish_kernels(
