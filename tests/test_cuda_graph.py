@@ -746,3 +746,33 @@ def cl_enqueue(queue, kernel, gsize, lsize):
     import pyopencl as cl
 
     cl.enqueue_nd_range_kernel(queue, kernel, gsize, lsize)
+
+
+def test_preloaded_ptx_is_handed_to_the_executor_once(fake, monkeypatch):
+    """`preload_ptx` loads the module on its thread (a first start: while OpenCL opens); the
+    executor that loads the same text on that device takes it instead of loading again, and
+    one with other PTX loads its own."""
+    monkeypatch.setattr(cuda, "_PRELOADED", {})
+    monkeypatch.setattr(cuda, "_PRELOADING", {})
+    loads: list[str] = []
+    real = fake.lib.cuModuleLoadData
+
+    def counting(p, data):
+        loads.append(ctypes.cast(data, ctypes.c_char_p).value.decode())
+        return real(p, data)
+
+    fake.lib.cuModuleLoadData = counting
+    monkeypatch.setattr(cuda, "_DRIVER", cuda._Driver(lib=fake.lib))
+    prog = _axpb_program()
+    b = np.ones((10, 100), np.float32)
+    cuda.preload_ptx([_PTX]).join()
+    assert len(loads) == 1
+    ex = cuda.CudaGraphExecutor(prog, {"b": b}, _PTX.encode() + b"\0", cuda.CudaDevice(0))
+    assert len(loads) == 1  # taken over, not loaded again
+    x = np.full((10, 100), 2.0, np.float32)
+    ex.set_input(0, x)
+    ex.run()
+    np.testing.assert_allclose(ex.get_output(0), 2.5 * x + b + 1, rtol=1e-6)
+    # Handed over once: a second executor of the same text loads its own module.
+    cuda.CudaGraphExecutor(prog, {"b": b}, _PTX.encode() + b"\0", cuda.CudaDevice(0))
+    assert len(loads) == 2

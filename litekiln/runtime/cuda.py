@@ -27,7 +27,9 @@ Only ctypes and numpy: libcuda.so.1 is part of every NVIDIA driver install that 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import itertools
+import logging
 import re
 import threading
 import weakref
@@ -40,6 +42,8 @@ import numpy as np
 from litekiln.artifact.program import SCALAR_TYPES, BufferArg, GpuProgram, Launch, TensorSpec
 from litekiln.runtime.partition_io import PartitionIO, constant_arrays
 from litekiln.runtime.profile import DeviceProfile
+
+log = logging.getLogger("litekiln")
 
 _NOT_READY = 600  # CUDA_ERROR_NOT_READY from cuStreamQuery
 _EVENT_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING
@@ -325,10 +329,77 @@ def cuda_device_for(cl_device: Any, profile: DeviceProfile) -> CudaDevice:
         raise CudaUnsupported(
             f"no CUDA device matches the OpenCL device (PCI {want}, {len(ordinals)} CUDA devices)"
         )
+    return _device(pick)
+
+
+def _device(ordinal: int) -> CudaDevice:
+    """The process's `CudaDevice` for ``ordinal`` (made once)."""
     with _LOCK:
-        if pick not in _DEVICES:
-            _DEVICES[pick] = CudaDevice(pick)
-        return _DEVICES[pick]
+        if ordinal not in _DEVICES:
+            _DEVICES[ordinal] = CudaDevice(ordinal)
+        return _DEVICES[ordinal]
+
+
+# ----------------------------------------------------------------------------- PTX preload
+# A first start that loads the compiler's PTX (`GpuProgram.ptx`) spends 1-2 s in the driver's
+# JIT, and NVIDIA's OpenCL takes 1.3-2.0 s to open the device with its caches cold. Neither
+# needs the other: `preload_ptx` starts the JIT on a thread while OpenCL opens, and the
+# executor that later loads the same text on the same device takes the module made
+# (`_take_preloaded`), or waits for the one in flight.
+_PRELOADED: dict[tuple[int, str], ctypes.c_void_p | None] = {}
+_PRELOADING: dict[tuple[int, str], threading.Event] = {}
+
+
+def _ptx_key(ordinal: int, text: str) -> tuple[int, str]:
+    return ordinal, hashlib.sha1(text.encode("latin-1"), usedforsecurity=False).hexdigest()
+
+
+def preload_ptx(texts: list[str], ordinal: int = 0) -> threading.Thread:
+    """Start loading each PTX text (as `ptx_for_cuda` makes it) on CUDA device ``ordinal``,
+    in a daemon thread. Failures are only logged: the executor then loads (and reports) it
+    itself."""
+    keys = []
+    with _LOCK:
+        for t in texts:
+            key = _ptx_key(ordinal, ptx_for_cuda(t))
+            if key not in _PRELOADING:
+                _PRELOADING[key] = threading.Event()
+                keys.append((key, t))
+
+    def work() -> None:
+        try:
+            device = _device(ordinal)
+            drv = driver()
+            device.make_current()
+            for key, t in keys:
+                module = ctypes.c_void_p()
+                text = ptx_for_cuda(t).encode("latin-1") + b"\0"
+                err = drv.cuModuleLoadData(ctypes.byref(module), text)
+                with _LOCK:
+                    _PRELOADED[key] = module if err == 0 else None
+                _PRELOADING[key].set()
+        except Exception as exc:  # noqa: BLE001 - a preload is an optimisation only
+            log.debug("PTX preload stopped: %s: %s", type(exc).__name__, exc)
+        finally:
+            for key, _ in keys:
+                _PRELOADING[key].set()
+
+    thread = threading.Thread(target=work, daemon=True, name="litekiln-ptx-preload")
+    thread.start()
+    return thread
+
+
+def _take_preloaded(ordinal: int, text: str) -> ctypes.c_void_p | None:
+    """The module `preload_ptx` made of ``text`` on ``ordinal`` (waiting for it if it is
+    being made), handed over once; None if there is none."""
+    key = _ptx_key(ordinal, text)
+    event = _PRELOADING.get(key)
+    if event is None:
+        return None
+    event.wait()
+    with _LOCK:
+        _PRELOADING.pop(key, None)
+        return _PRELOADED.pop(key, None)
 
 
 # NVIDIA's OpenCL computes get_group_id(d) as %envreg<d> + %ctaid.<d>: the environment
@@ -587,11 +658,13 @@ class CudaGraphExecutor(PartitionIO):
         return res
 
     def _load_module(self, text: str) -> None:
-        module = ctypes.c_void_p()
-        self._drv.check(
-            "cuModuleLoadData (PTX)",
-            self._drv.cuModuleLoadData(ctypes.byref(module), text.encode("latin-1") + b"\0"),
-        )
+        module = _take_preloaded(self.device.ordinal, text)
+        if module is None:
+            module = ctypes.c_void_p()
+            self._drv.check(
+                "cuModuleLoadData (PTX)",
+                self._drv.cuModuleLoadData(ctypes.byref(module), text.encode("latin-1") + b"\0"),
+            )
         self._res["module"] = module
 
     def _allocate_arena(self) -> dict[int, int]:

@@ -131,6 +131,8 @@ class DeviceOpener:
     """
 
     def __init__(self, choice: str | None = None) -> None:
+        #: The device choice being opened.
+        self.choice = (choice or "").strip()
         self._handle: DeviceHandle | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(
@@ -144,6 +146,10 @@ class DeviceOpener:
             self._handle = select_device(choice)
         except BaseException as exc:  # re-raised in the caller's thread by result()
             self._error = exc
+
+    def opening(self) -> bool:
+        """Whether the device is still being opened."""
+        return self._thread.is_alive()
 
     def result(self) -> DeviceHandle:
         """Wait for the device.
