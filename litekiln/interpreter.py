@@ -209,6 +209,14 @@ class Interpreter:
             if hasattr(self._backend, "carry"):  # carried states survive a re-plan
                 for dst, src in self._carries.items():
                     self._backend.carry(src, dst)
+                    # A start value set before the device existed (set_tensor, or `run`
+                    # on a fresh interpreter) goes into the carried buffer: this thread's.
+                    mine = self._states.get(threading.current_thread())
+                    value = mine.inputs.get(dst) if mine is not None else None
+                    if value is not None:
+                        self._backend.write_bound(dst, value)
+                    for state in self._states.values():
+                        state.inputs.pop(dst, None)
                 self._device_variables = self._carry_variables()
 
     @property

@@ -228,6 +228,11 @@ zerocopy() {  # host time per inference: numpy I/O against torch CUDA tensors bo
     --out "$OUT/zero_copy.json" "${PATHS[@]}"
 }
 
+ptxbisect() {  # kernels of the shipped PTX that compute otherwise than OpenCL's own PTX
+  timeout "$T_LATENCY" "$PY" scripts/remote_gpu/ptx_bisect.py --cache-dir "$CACHE" \
+    --out "$OUT/ptx_bisect.json" ${PTX_ALT:+--alt "$PTX_ALT"} "${PATHS[@]}"
+}
+
 statecarry() {  # a basic LSTM cell stepped over time: state carried on the device vs the host loop
   timeout "$T_LATENCY" "$PY" scripts/remote_gpu/state_carry.py --cache-dir "$CACHE" \
     --steps "${CARRY_STEPS:-500}" --out "$OUT/state_carry.json" "${PATHS[@]}"
@@ -247,5 +252,6 @@ step latencycl latencycl
 step probeinit probeinit
 step zerocopy zerocopy
 step statecarry statecarry
+step ptxbisect ptxbisect
 echo "== results in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 exit $status
