@@ -111,7 +111,7 @@ def make_ptx(
     with tempfile.TemporaryDirectory(prefix="litekiln-ptx-") as tmp:
         cu, out = Path(tmp, "kernels.cu"), Path(tmp, "kernels.ptx")
         cu.write_text(source)
-        cmd = [nvcc, "-ptx", f"-arch={PTX_ARCH}", "-O3", "-o", str(out), str(cu)]
+        cmd = [nvcc, "-ptx", "-w", f"-arch={PTX_ARCH}", "-O3", "-o", str(out), str(cu)]
         try:
             proc = subprocess.run(
                 cmd, capture_output=True, text=True, timeout=_NVCC_SECONDS, check=False

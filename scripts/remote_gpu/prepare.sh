@@ -8,6 +8,7 @@
 #   scripts/remote_gpu/prepare.sh                # the default MediaPipe models
 #   scripts/remote_gpu/prepare.sh face_landmark /path/to/model.tflite ...
 #   REFILL=1 scripts/remote_gpu/prepare.sh models/corpus/*.tflite   # weights refilled
+#   REFILL=1 KEEP_WEIGHTS="pose_landmark_full ..." prepare.sh ...   # but these keep theirs
 #     (scripts/remote_gpu/refill.py: random weights made again on the GPU machine, exactly,
 #     so the kit carries the graphs only; for models whose weights are random anyway)
 #
@@ -48,7 +49,10 @@ chmod 700 .devcache "$KIT"
 for m in "${MODELS[@]}"; do
   src=$(resolve "$m")
   name=$(basename "$src" .tflite)
-  if [ -n "${REFILL:-}" ]; then  # weights made again there (refill.py): the corpus' 550 MB
+  if [ -n "${REFILL:-}" ] && [[ " ${KEEP_WEIGHTS:-} " != *" $name "* ]]; then
+    # weights made again there (refill.py): the corpus' 550 MB; KEEP_WEIGHTS names the
+    # models that travel with their own (small production models: trained weights keep
+    # their accuracy checks well conditioned, random refills amplify rounding)
     "$PY" scripts/remote_gpu/refill.py make "$src" "$KIT/models/$name.tflite" >&2
   else
     cp "$src" "$KIT/models/$name.tflite"
