@@ -324,6 +324,11 @@ def startup_process(
     return _spawn(path, cache_dir, kwargs or {}, driver_cache=driver_cache)
 
 
+def _checksums_agree(sums: list[float], rel: float = 1e-5) -> bool:
+    """Whether output checksums (sums of |output|) agree to ``rel`` of the largest."""
+    return max(sums) - min(sums) <= rel * max(1.0, max(abs(x) for x in sums))
+
+
 def _strip_binaries(cache_dir: str) -> int:
     """Drop every device-program binary from a cache copy (keep the compiled models)."""
     from litekiln.cache.store import CacheStore
@@ -499,7 +504,9 @@ def startup_model(
         "compile_s_recorded": compile_s,
         "cold_compiled_here": any(c["tvm_imported"] for c in cold),
         "warm_imported_tvm": any(w["tvm_imported"] for w in warm + shipped_runs + [prime]),
-        "outputs_agree": len({round(s["checksum"], 3) for s in cold + shipped_runs + warm}) == 1,
+        # Every start's outputs, summed: the same up to rounding (a first start on NVIDIA runs
+        # the shipped PTX's kernels, the next ones NVIDIA's OpenCL build of the same TIR).
+        "outputs_agree": _checksums_agree([s["checksum"] for s in cold + shipped_runs + warm]),
         "samples_ms": {
             "cold": [_ms(s["total_s"]) for s in cold],
             "compiled": [_ms(s["total_s"]) for s in compiled or cold],
