@@ -955,6 +955,7 @@ def latency_model(
     quiet_peers: bool = True,
     peak_gbps: float | None = None,
     peak_gflops: float | None = None,
+    peers: tuple[Any, ...] = (),
 ) -> dict[str, Any]:
     """Warm latency of litekiln and LiteRT CPU/GPU on one model, same process, same inputs.
 
@@ -970,6 +971,8 @@ def latency_model(
         quiet_peers: hold back LiteRT's own logging (`peer_logs`).
         peak_gbps: the roofline's bandwidth, GB/s (None: measured on the device).
         peak_gflops: the roofline's fp32 rate, GFLOP/s (None: measured on the device).
+        peers: more peers (`litekiln.peers`, e.g. `TorchPeer`): each one's ``measure`` gets
+            the same inputs and litekiln's outputs and median; its record goes under its name.
 
     Returns:
         A JSON-ready record; a peer that cannot load or run the model leaves its figures None
@@ -1053,6 +1056,9 @@ def latency_model(
                 rec["litert_gpu_max_rel_err_vs_litert_cpu"] = relative_error(gout, ref)
         elif failure is not None:
             rec["litert_gpu_error"] = peer_error(failure, said)
+    for peer in peers:
+        args = ([inputs[t] for t in g.inputs], ours, lk["median_ms"])
+        rec[peer.name] = peer.measure(path, *args, runs=runs, warmup=warmup)
     return rec
 
 
@@ -1066,6 +1072,7 @@ def latency_main(a: Any, kwargs: dict[str, Any], *, quiet_peers: bool = True) ->
         quiet_peers: hold back LiteRT's own logging (False with ``litekiln -v``).
     """
     runs = max(1, int(a.runs))
+    peers = _peers(a)
     results: dict[str, Any] = {
         "device": None,
         "command": _command_line(),
@@ -1088,21 +1095,38 @@ def latency_main(a: Any, kwargs: dict[str, Any], *, quiet_peers: bool = True) ->
             quiet_peers=quiet_peers,
             peak_gbps=getattr(a, "peak_gbps", None),
             peak_gflops=getattr(a, "peak_gflops", None),
+            peers=peers,
         )
         results["device"] = results["device"] or rec["device"]
         results["models"].append(rec)
         if not a.json:
             _print_latency_row(rec, header=len(results["models"]) == 1, device=results["device"])
+            for peer in peers:
+                peer.print_rows(rec[peer.name])
             if a.profile and rec.get("profile"):
                 _print_profile(rec)
         if getattr(a, "out", None):
             _write_json(results, argparse_like(out=a.out))
     if not a.json:
         _print_latency_notes(results)
+        for peer in peers:
+            peer.print_notes()
     _write_json(results, a)
     if getattr(a, "plot", None):
         plot_latency(results, a.plot)
     return 0
+
+
+def _peers(a: Any) -> tuple[Any, ...]:
+    """The peers named by ``--peer`` besides LiteRT (``torch``: `litekiln.peers.torch_peer`)."""
+    if "torch" not in (getattr(a, "peers", None) or ()):
+        if getattr(a, "torch_recipe", None) or getattr(a, "torch_modes", None):
+            raise LitekilnError("--torch-recipe and --torch-modes go with --peer torch")
+        return ()
+    from litekiln.peers.torch_peer import MODES, TorchPeer
+
+    modes = tuple(getattr(a, "torch_modes", None) or MODES)
+    return (TorchPeer(recipe_file=getattr(a, "torch_recipe", None), modes=modes),)
 
 
 def _litert_version() -> str | None:

@@ -78,7 +78,7 @@ SETUP_LOGS = REPO / "build" / "setup"
 
 #: Seed of every model's random weights (and of the Keras converter's trace).
 SEED = 14
-#: How the PyTorch weights are made (scripts/corpus_torch.py, build_module): part of the
+#: How the PyTorch weights are made (litekiln/peers/torch_recipe.py, build_module): part of the
 #: recipe, so that a change rebuilds the models.
 TORCH_WEIGHTS = "torch.manual_seed(seed), constructor, randomize_constant_tensors v1"
 #: Seed of the inputs litekiln and LiteRT are both given.

@@ -4,15 +4,18 @@
 Runs in the corpus virtualenv (``build/corpus-venv``: torch, torchvision, timm, litert-torch),
 never in litekiln's ``.venv``: litert-torch pins its own versions of LiteRT, numpy and jax.
 ``scripts/corpus.py build`` starts it once per model, in a subprocess with a timeout, and reads
-the one JSON line it prints after ``CORPUS_RESULT ``. It imports nothing of litekiln.
+the one JSON line it prints after ``CORPUS_RESULT ``. Of litekiln it imports one module,
+``litekiln.peers.torch_recipe``, which needs nothing but the standard library (and torch):
+the recipe lives there, in one copy, because ``litekiln bench --peer torch`` rebuilds the same
+module to time it beside litekiln.
 
 The module is rebuilt from its recipe alone: ``torch.manual_seed(seed)``, the library's
 constructor with random weights (torchvision ``get_model(name, weights=None, **kwargs)``, timm
-``create_model(name, pretrained=False, **kwargs)``), then :func:`randomize_constant_tensors`
-(no identity norms, no dead branches), in eval mode, on the CPU.
-The record holds a digest of the state dict, so that whoever rebuilds it (an H100 run of the
-same module, say) can check they hold the same weights: :func:`build_module` is that recipe,
-importable from this file.
+``create_model(name, pretrained=False, **kwargs)``), then ``randomize_constant_tensors``
+(no identity norms, no dead branches), in eval mode, on the CPU (``torch_recipe.build_module``).
+The record holds a digest of the state dict (``torch_recipe.state_digest``), so that whoever
+rebuilds it (``litekiln bench --peer torch`` on an H100, say) can check they hold the same
+weights.
 
 Usage::
 
@@ -23,7 +26,6 @@ Usage::
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import sys
@@ -31,6 +33,20 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a plain script: the checkout's litekiln
+    sys.path.insert(0, str(REPO))
+
+# The recipe, in one copy; litekiln/__init__.py imports only its errors and version, so this
+# pulls in none of litekiln's dependencies (tests/test_torch_peer.py checks).
+from litekiln.peers.torch_recipe import (  # noqa: E402
+    build_module,
+    randomize_constant_tensors,
+    state_digest,
+)
+
+__all__ = ["build_module", "convert", "randomize_constant_tensors", "state_digest", "versions"]
 
 #: Prefix of the one line of stdout that carries the result (the libraries print their own).
 MARK = "CORPUS_RESULT "
@@ -47,77 +63,6 @@ def versions() -> dict[str, str]:
         except md.PackageNotFoundError:
             out[dist] = ""
     return out
-
-
-def build_module(library: str, constructor: str, kwargs: dict[str, Any], seed: int) -> Any:
-    """The corpus' PyTorch module: seeded random weights, eval mode, on the CPU.
-
-    Args:
-        library: ``"torchvision"`` or ``"timm"``.
-        constructor: the model's name in that library.
-        kwargs: constructor keyword arguments (besides the weights switch).
-        seed: ``torch.manual_seed`` before construction; the weights are a function of it,
-            the constructor and the torch version.
-
-    Returns:
-        The module (``torch.nn.Module`` in eval mode).
-    """
-    import torch
-
-    torch.manual_seed(seed)
-    if library == "torchvision":
-        import torchvision
-
-        module = torchvision.models.get_model(constructor, weights=None, **kwargs)
-    elif library == "timm":
-        import timm
-
-        module = timm.create_model(constructor, pretrained=False, **kwargs)
-    else:
-        raise ValueError(f"unknown library {library!r}")
-    randomize_constant_tensors(module, seed)
-    return module.eval()
-
-
-def randomize_constant_tensors(module: Any, seed: int) -> list[str]:
-    """Give every floating tensor of the state dict whose elements are all equal seeded
-    random values (in place), so that a random network looks like a trained one to the
-    converter and to an accuracy check.
-
-    Libraries initialise norm layers as identities and some residual branches at zero: LeViT
-    sets the last batch norm's scale of each branch to 0, and the converter then folds the
-    branch away (9 of its 12 blocks gone). Biases and running means get N(0, 0.1); norm
-    scales, running variances, layer scales and zero-initialised weights get U(0.5, 1.5).
-
-    Returns:
-        The names of the tensors changed, in state-dict order.
-    """
-    import torch
-
-    gen = torch.Generator().manual_seed(seed + 1)
-    changed = []
-    with torch.no_grad():
-        for name, tensor in module.state_dict(keep_vars=True).items():
-            flat = tensor.detach().reshape(-1)
-            if not tensor.is_floating_point() or flat.numel() < 2 or not (flat == flat[0]).all():
-                continue
-            if name.rsplit(".", 1)[-1] in ("bias", "running_mean"):
-                value = torch.randn(tensor.shape, generator=gen) * 0.1
-            else:
-                value = torch.rand(tensor.shape, generator=gen) + 0.5
-            tensor.copy_(value.to(tensor.dtype))
-            changed.append(name)
-    return changed
-
-
-def state_digest(module: Any) -> str:
-    """sha256 over the state dict: each entry's name, dtype, shape and bytes, in key order."""
-    h = hashlib.sha256()
-    for name, value in sorted(module.state_dict().items()):
-        arr = value.detach().cpu().contiguous().numpy()
-        h.update(f"{name}|{arr.dtype.str}|{list(arr.shape)}|".encode())
-        h.update(arr.tobytes())
-    return h.hexdigest()
 
 
 def sample_input(shape: list[int], seed: int) -> Any:

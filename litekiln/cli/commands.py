@@ -279,6 +279,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from litekiln import bench
 
     if a.startup:
+        if a.peers:
+            raise LitekilnError("--peer times warm latency: drop --startup")
         return bench.startup_main(a, interpreter_kwargs(a))
     return bench.latency_main(a, interpreter_kwargs(a), quiet_peers=not a.verbose)
 
@@ -397,6 +399,17 @@ def add_inspect_parser(sub: _Subcommands) -> None:
     p.set_defaults(func=cmd_inspect)
 
 
+def torch_modes(text: str) -> tuple[str, ...]:
+    """``--torch-modes eager,compile``: names from `litekiln.peers.torch_peer.MODES`."""
+    from litekiln.peers.torch_peer import MODES
+
+    modes = tuple(m.strip().replace("-", "_") for m in text.split(",") if m.strip())
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise argparse.ArgumentTypeError(f"{text!r}: give some of {', '.join(MODES)}")
+    return modes
+
+
 def add_bench_parser(sub: _Subcommands) -> None:
     p = sub.add_parser(
         "bench",
@@ -407,8 +420,8 @@ def add_bench_parser(sub: _Subcommands) -> None:
         epilog=examples(
             "  litekiln bench face_detection.tflite                   # vs LiteRT CPU and GPU\n"
             "  litekiln bench models/zoo/*.tflite --runs 200 --out lat.json --plot lat.png\n"
-            "  litekiln bench --startup --litert-gpu face_detection.tflite   # and LiteRT GPU's\n"
-            "  litekiln bench --startup --warm-only --cache-dir kit/cache model.tflite\n"
+            "  litekiln bench models/corpus/tv_squeezenet1_1.tflite --peer torch   # and PyTorch\n"
+            "  litekiln bench --startup --warm-only --litert-gpu --cache-dir kit/cache m.tflite\n"
         ),
     )
     p.add_argument("models", nargs="+", metavar="MODEL", type=existing_file)
@@ -425,6 +438,29 @@ def add_bench_parser(sub: _Subcommands) -> None:
         action="store_true",
         help="start-up: also start LiteRT's GPU path on each model in fresh processes, "
         "drivers' caches off, the peer of litekiln's first start on a new device",
+    )
+    p.add_argument(
+        "--peer",
+        dest="peers",
+        action="append",
+        choices=["torch"],
+        help="latency: also time the model's PyTorch twin (a model converted from PyTorch, "
+        "with a recipe: the corpus manifest or --torch-recipe) in eager mode, with a CUDA "
+        "graph and through torch.compile, on the same inputs, fp32; needs torch",
+    )
+    p.add_argument(
+        "--torch-recipe",
+        metavar="FILE.json",
+        type=existing_file,
+        help='with --peer torch: {"library", "constructor", "kwargs", "seed", "input_shape"} '
+        "of the module the models were converted from, or a corpus manifest (default: "
+        "corpus.json beside the model, else models/corpus/corpus.json)",
+    )
+    p.add_argument(
+        "--torch-modes",
+        metavar="MODE,...",
+        type=torch_modes,
+        help="with --peer torch: which of eager, cuda_graph, compile (default: all)",
     )
     p.add_argument(
         "--repeat",

@@ -11,14 +11,23 @@
 #   REFILL=1 KEEP_WEIGHTS="pose_landmark_full ..." prepare.sh ...   # but these keep theirs
 #     (scripts/remote_gpu/refill.py: random weights made again on the GPU machine, exactly,
 #     so the kit carries the graphs only; for models whose weights are random anyway)
+#   FP16_MODELS= scripts/remote_gpu/prepare.sh tv_squeezenet1_1 timm_lcnet_050 ...
+#     PyTorch twins for run.sh's torchpeer step (`litekiln bench --peer torch`): a corpus
+#     model converted from PyTorch (models/corpus/) brings its manifest entry (recipe,
+#     state-dict digest) into the kit as models/corpus.json, and a timm model the timm wheel
+#     its record names (.devcache/wheels/). Without REFILL the model travels as it is, so
+#     torch's outputs compare with litekiln's; refilled, only the timings compare (the bench
+#     says so). See docs/remote-gpu.md, "PyTorch twins", for what fits one call.
 #
-# Work folder build/gpu-kit/ (git-ignored): models/NAME.tflite and cache/ (the litekiln cache:
-# compiled models only; this machine's device binaries are dropped, being useless there).
+# Work folder build/gpu-kit/ (git-ignored; KIT=DIR for another): models/NAME.tflite and cache/
+# (the litekiln cache: compiled models only; this machine's device binaries are dropped, being
+# useless there).
 # What travels, .devcache/ (git-ignored, carried by the device call):
 #   kit.tar.xz     build/gpu-kit's models/ and cache/ (xz: the fp32 constants halve; the
 #                  carried tree must stay under 64 MiB with the wheels)
 #   build.json     where and how long each compile took (the cold estimate's compile part)
 #   models.txt     the model names run.sh reads
+#   wheels/        the timm wheel, where the kit holds timm models' PyTorch twins
 # Needs the project's venv with the compiler (scripts/setup.sh "compiler,test").
 # Run it LAST, on the tree that travels: the cache key holds a hash of litekiln's compiler, ops
 # and model sources, so any edit there after this makes every entry a miss (run.sh checks).
@@ -33,22 +42,24 @@ MODELS=("$@")
 resolve() {  # NAME or path -> a .tflite path
   local m=$1
   if [ -f "$m" ]; then echo "$m"; return; fi
-  for c in "models/zoo/$m.tflite" /tmp/mp/mediapipe/modules/*/"$m.tflite"; do
+  for c in "models/zoo/$m.tflite" "models/corpus/$m.tflite" /tmp/mp/mediapipe/modules/*/"$m.tflite"; do
     if [ -f "$c" ]; then echo "$c"; return; fi
   done
-  echo "prepare: no model '$m' (not a file, not in models/zoo/ nor /tmp/mp/mediapipe/modules/);" \
+  echo "prepare: no model '$m' (not a file, not in models/zoo/, models/corpus/ nor /tmp/mp/mediapipe/modules/);" \
        "make it with scripts/make_zoo.py --only $m" >&2
   return 1
 }
 
-KIT=build/gpu-kit
+KIT=${KIT:-build/gpu-kit}
 rm -rf .devcache "$KIT"
 mkdir -p .devcache "$KIT/models"
 chmod 700 .devcache "$KIT"
 : > .devcache/models.txt
+: > .devcache/sources.tsv
 for m in "${MODELS[@]}"; do
   src=$(resolve "$m")
   name=$(basename "$src" .tflite)
+  printf '%s\t%s\n' "$name" "$src" >> .devcache/sources.tsv
   if [ -n "${REFILL:-}" ] && [[ " ${KEEP_WEIGHTS:-} " != *" $name "* ]]; then
     # weights made again there (refill.py): the corpus' 550 MB; KEEP_WEIGHTS names the
     # models that travel with their own (small production models: trained weights keep
@@ -58,6 +69,32 @@ for m in "${MODELS[@]}"; do
     cp "$src" "$KIT/models/$name.tflite"
   fi
   echo "$name" >> .devcache/models.txt
+done
+
+# PyTorch twins: the manifest entries of the corpus models converted from PyTorch (the bench's
+# torch peer finds corpus.json beside the model), and the timm wheel their records name.
+timm=$("$PY" - "$KIT/models" <<'EOF'
+import json, sys
+from pathlib import Path
+
+entries = {}
+for line in Path(".devcache/sources.tsv").read_text().splitlines():
+    name, src = line.split("\t", 1)
+    manifest = Path(src).parent / "corpus.json"
+    entry = json.loads(manifest.read_text())["models"].get(name) if manifest.is_file() else None
+    if entry and (entry.get("spec") or {}).get("library") in ("torchvision", "timm"):
+        entries[name] = entry
+if entries:
+    Path(sys.argv[1], "corpus.json").write_text(json.dumps({"schema": 1, "models": entries}))
+    print(f"prepare: PyTorch twins: {' '.join(entries)}", file=sys.stderr)
+versions = {(e.get("provenance") or {}).get("versions", {}).get("timm") for e in entries.values()
+            if e["spec"]["library"] == "timm"}
+print(" ".join(sorted(v for v in versions if v)))
+EOF
+)
+rm .devcache/sources.tsv
+for v in $timm; do  # (pure Python: any platform's wheel does; run.sh installs it there)
+  "$PY" -m pip download -q --no-deps --only-binary=:all: -d .devcache/wheels "timm==$v"
 done
 
 # Compile each model in its own fresh process with an empty cache, so the recorded compile

@@ -8,6 +8,9 @@
 #                 shipped and warm mean here, and how the cold figure is assembled)
 #   3. latency    litekiln bench: litekiln vs LiteRT CPU (XNNPACK, all cores) and LiteRT GPU
 #                 (WebGPU over Vulkan), with per-kernel profile and launch overhead
+#   (torchpeer, on request: STEPS=torchpeer) litekiln bench --peer torch: the PyTorch twins of
+#                 the kit's corpus models (prepare.sh) in eager mode, with a CUDA graph and
+#                 through torch.compile, on the machine's own torch (docs/remote-gpu.md)
 # and writes to $OUT: log.txt env.txt accuracy.json startup.json latency.json build.json.
 #
 # On the device (repo root; carry .whl .gl .devcache):   bash scripts/remote_gpu/run.sh
@@ -15,7 +18,9 @@
 # Rehearsal here on PoCL with the project venv:          LOCAL=1 scripts/remote_gpu/run.sh
 # Knobs: MODELS="a b" (names from .devcache/models.txt), RUNS, REPEAT, STEPS="accuracy startup latency",
 #        KEEP_KIT=1 (keep the kit a previous call on this warm machine unpacked, tuned binaries included),
-#        T_ACCURACY/T_STARTUP/T_LATENCY (seconds per step; the device tool allows 600 in all).
+#        RUN_KIT=DIR (where to unpack it; default /tmp/litekiln-gpukit),
+#        T_ACCURACY/T_STARTUP/T_LATENCY/T_TORCH (seconds per step; the device tool allows 600 in
+#        all), TORCH_MODES (torchpeer: e.g. eager,cuda_graph; default all three).
 # Too slow for one call? Split it: STEPS="accuracy startup" in one call, STEPS=latency in the
 # next (each call repeats the ~20 s set-up; $OUT is emptied between calls).
 set -uo pipefail
@@ -32,6 +37,7 @@ if [ -n "${LOCAL:-}" ]; then
   SITE=""
   RUNS=${RUNS:-5}; REPEAT=${REPEAT:-1}
   T_ACCURACY=${T_ACCURACY:-1800}; T_STARTUP=${T_STARTUP:-3600}; T_LATENCY=${T_LATENCY:-3600}
+  T_TORCH=${T_TORCH:-3600}
 else
   PY=${PY:-python3}
   SITE=/tmp/site
@@ -39,11 +45,13 @@ else
   # Sum + set-up (~20 s) stays under the device tool's 600 s per command; a step that runs out
   # of time keeps what it wrote so far (the bench writes --out after each model).
   T_ACCURACY=${T_ACCURACY:-200}; T_STARTUP=${T_STARTUP:-270}; T_LATENCY=${T_LATENCY:-170}
+  T_TORCH=${T_TORCH:-480}  # torch.compile takes tens of seconds a model: run it on its own
   # Vulkan loader for LiteRT's GPU path (WebGPU over Vulkan).
   for f in .gl/*.deb; do dpkg -x "$f" /; done
   ldconfig
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$SITE" .whl/*.whl || { echo "run.sh: wheel install failed"; exit 1; }
+    --target "$SITE" .whl/*.whl $(ls .devcache/wheels/*.whl 2>/dev/null) \
+    || { echo "run.sh: wheel install failed"; exit 1; }
   # NVIDIA's OpenCL library is present but no ICD file names it: make a vendors folder.
   lib=$(ls /usr/lib/libnvidia-opencl.so.1 /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1 \
         /usr/local/nvidia/lib64/libnvidia-opencl.so.1 2>/dev/null | head -1)
@@ -62,7 +70,7 @@ unset LITEKILN_NO_CACHE LITEKILN_PRECISION LITEKILN_CACHE_DIR LITEKILN_OP_TABLE
 
 # Unpack the kit (models + compiled cache) into a private, writable folder: the cache store
 # refuses folders that others could write to.
-KIT=/tmp/litekiln-gpukit
+KIT=${RUN_KIT:-/tmp/litekiln-gpukit}  # where the kit is unpacked
 TARBALL=.devcache/kit.tar.xz
 if [ ! -f "$TARBALL" ]; then  # a kit carried in parts (prepare.sh SPLIT_MB)
   TARBALL=/tmp/litekiln-kit.tar.xz
@@ -118,6 +126,12 @@ for n in "${NAMES[@]}"; do PATHS+=("$KIT/models/$n.tflite"); done
   "$PY" -c 'import sys, numpy; print("python", sys.version.split()[0], "numpy", numpy.__version__)'
   "$PY" - <<'EOF'
 import importlib, sys
+import importlib.metadata as md
+for dist in ("torch", "torchvision", "timm"):  # the torch peer's (torchpeer step), not imported
+    try:
+        print(f"{dist}: {md.version(dist)}")
+    except md.PackageNotFoundError:
+        print(f"{dist}: not installed")
 for m in ("pyopencl", "ai_edge_litert", "ml_dtypes", "diskcache", "farmhash", "tflite"):
     try:
         mod = importlib.import_module(m)
@@ -233,6 +247,11 @@ ptxbisect() {  # kernels of the shipped PTX that compute otherwise than OpenCL's
     --out "$OUT/ptx_bisect.json" ${PTX_ALT:+--alt "$PTX_ALT"} "${PATHS[@]}"
 }
 
+torchpeer() {  # litekiln against each model's PyTorch twin (eager, CUDA graph, torch.compile)
+  timeout "$T_TORCH" "$PY" -m litekiln.cli bench --cache-dir "$CACHE" --runs "$RUNS" --peer torch \
+    ${TORCH_MODES:+--torch-modes "$TORCH_MODES"} --out "$OUT/torch_peer.json" "${PATHS[@]}"
+}
+
 statecarry() {  # a basic LSTM cell stepped over time: state carried on the device vs the host loop
   timeout "$T_LATENCY" "$PY" scripts/remote_gpu/state_carry.py --cache-dir "$CACHE" \
     --steps "${CARRY_STEPS:-500}" --out "$OUT/state_carry.json" "${PATHS[@]}"
@@ -253,5 +272,6 @@ step probeinit probeinit
 step zerocopy zerocopy
 step statecarry statecarry
 step ptxbisect ptxbisect
+step torchpeer torchpeer
 echo "== results in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 exit $status
