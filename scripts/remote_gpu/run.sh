@@ -249,7 +249,7 @@ ptxbisect() {  # kernels of the shipped PTX that compute otherwise than OpenCL's
 
 torchpeer() {  # litekiln against each model's PyTorch twin (eager, CUDA graph, torch.compile)
   timeout "$T_TORCH" "$PY" -m litekiln.cli bench --cache-dir "$CACHE" --runs "$RUNS" --peer torch \
-    ${TORCH_MODES:+--torch-modes "$TORCH_MODES"} --out "$OUT/torch_peer.json" "${PATHS[@]}"
+    ${TORCH_MODES:+--torch-modes "$TORCH_MODES"} ${PROFILE:+--profile} --out "$OUT/torch_peer.json" "${PATHS[@]}"
 }
 
 statecarry() {  # a basic LSTM cell stepped over time: state carried on the device vs the host loop
