@@ -61,6 +61,7 @@ from typing import Any
 import numpy as np
 
 from litekiln.errors import LitekilnError
+from litekiln.peers.timing import time_runs
 from litekiln.runtime.profile import DRIVER_CACHES_OFF
 
 _CHILD = "_child"
@@ -653,22 +654,6 @@ def _print_startup(results: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------------- latency
 
 
-def _time_runs(fn: Any, runs: int, warmup: int) -> dict[str, float]:
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    ts.sort()
-    return {
-        "median_ms": statistics.median(ts) * 1e3,
-        "min_ms": ts[0] * 1e3,
-        "p90_ms": ts[min(len(ts) - 1, int(0.9 * len(ts)))] * 1e3,
-    }
-
-
 def _launch_overhead(sess: Any, reps: int = 50) -> dict[str, Any] | None:
     """Host time of the enqueue loop alone (no waiting), per launch."""
     executors = getattr(sess, "executors", None)
@@ -903,7 +888,7 @@ def _litert_cpu(
         return [li.get_tensor(o) for o in outs]
 
     ref = step()
-    return _time_runs(step, runs, warmup), ref
+    return time_runs(step, runs, warmup), ref
 
 
 def _litert_gpu(
@@ -939,7 +924,7 @@ def _litert_gpu(
         return [b.read(n, dt).reshape(shape) for b, n, dt, shape in reads]
 
     got = dict(zip((out_ix[n] for n in sig["outputs"]), step(), strict=True))
-    timing = _time_runs(step, runs, warmup)
+    timing = time_runs(step, runs, warmup)
     timing["fully_accelerated"] = bool(cm.is_fully_accelerated())
     return timing, [got[t] for t in g.outputs]
 
@@ -991,7 +976,7 @@ def latency_model(
     g = interp.model.main
     inputs = dict(zip(g.inputs, interp.random_inputs(0), strict=True))
     ours = interp.run(inputs)
-    lk = _time_runs(lambda: interp.run(inputs), runs, warmup)
+    lk = time_runs(lambda: interp.run(inputs), runs, warmup)
     sess = interp._backend
     rec: dict[str, Any] = {
         "model": name,

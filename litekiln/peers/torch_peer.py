@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ import numpy as np
 
 from litekiln.check import relative_error
 from litekiln.peers import torch_recipe
+from litekiln.peers.timing import time_runs
 
 #: The modes, in the order they run and print.
 MODES = ("eager", "cuda_graph", "compile")
@@ -195,19 +195,9 @@ def _from_manifest(manifest: Path, name: str, sha: str) -> Recipe | str | None:
 
 
 def _time(step: Callable[[], object], runs: int, warmup: int) -> dict[str, float]:
-    for _ in range(warmup):
-        step()
-    ts = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        step()
-        ts.append(time.perf_counter() - t0)
-    ts.sort()
-    return {
-        "ms": round(statistics.median(ts) * 1e3, 4),
-        "min_ms": round(ts[0] * 1e3, 4),
-        "p90_ms": round(ts[min(len(ts) - 1, int(0.9 * len(ts)))] * 1e3, 4),
-    }
+    t = time_runs(step, runs, warmup)
+    return {"ms": round(t["median_ms"], 4), "min_ms": round(t["min_ms"], 4),
+            "p90_ms": round(t["p90_ms"], 4)}  # fmt: skip
 
 
 def _flatten(out: Any) -> list[Any]:

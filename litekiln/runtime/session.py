@@ -316,24 +316,40 @@ class Session:
             or config.CUDA_GRAPH.get() == "off"
         ):
             return None
-        from litekiln.runtime.cuda import CudaGraphExecutor, CudaUnsupported, cuda_device_for
+        from litekiln.runtime.cuda import CudaUnsupported
 
-        program = first or part.program
         try:
-            device = cuda_device_for(self.handle.device, self.handle.profile)
-            return CudaGraphExecutor(
-                program,
-                partition_constants(self.compiled, part),
-                part.program.ptx.encode(),
-                device,
-                streams=config.CUDA_STREAMS.get(),
-            )
+            return self._cuda_graph(part, first or part.program, part.program.ptx.encode())
         except CudaUnsupported as exc:
             log.info(
                 "%s: partition %d: the shipped PTX is not used (%s); building OpenCL",
                 self.model.name, part.index, exc,
             )  # fmt: skip
             return None
+
+    def _cuda_graph(
+        self,
+        part: PartitionArtifact,
+        program: GpuProgram,
+        ptx: bytes,
+        choices: list[int] | None = None,
+    ) -> Any:
+        """``program`` (partition ``part``'s, or its default kernels) as one CUDA graph of
+        ``ptx`` on the CUDA device that is this session's GPU.
+
+        Raises:
+            CudaUnsupported: as `CudaGraphExecutor` and `cuda_device_for` say.
+        """
+        from litekiln.runtime.cuda import CudaGraphExecutor, cuda_device_for
+
+        return CudaGraphExecutor(
+            program,
+            partition_constants(self.compiled, part),
+            ptx,
+            cuda_device_for(self.handle.device, self.handle.profile),
+            choices=choices,
+            streams=config.CUDA_STREAMS.get(),
+        )
 
     def _executor(
         self, part: PartitionArtifact, built: BuiltProgram, program: GpuProgram | None = None
@@ -535,28 +551,14 @@ class Session:
         OpenCL executor, one inference on seeded inputs must give the same outputs on both
         (the same PTX runs in both, so they agree to the bit unless something is wrong).
         """
-        from litekiln.runtime.cuda import (
-            CudaGraphExecutor,
-            CudaUnsupported,
-            NotNvidiaDevice,
-            cuda_device_for,
-        )
+        from litekiln.runtime.cuda import CudaUnsupported, NotNvidiaDevice
 
         part = self.compiled.partitions[slot]
         try:
-            device = cuda_device_for(self.handle.device, self.handle.profile)
             binary = ex.binary  # (copied out of the driver when it was built from source)
             if not binary:
                 raise CudaUnsupported("the OpenCL driver reports no program binary")
-            consts = partition_constants(self.compiled, part)
-            cu = CudaGraphExecutor(
-                ex.program,
-                consts,
-                binary,
-                device,
-                choices=ex.choices,
-                streams=config.CUDA_STREAMS.get(),
-            )
+            cu = self._cuda_graph(part, ex.program, binary, ex.choices)
             with self._lock:  # (the OpenCL executor is idle meanwhile)
                 mismatch = _compare_paths(ex, cu)
             if mismatch:
