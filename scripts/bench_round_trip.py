@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -30,6 +29,7 @@ from tflite_builder import ModelBuilder  # noqa: E402  (the tests' model builder
 
 import litekiln  # noqa: E402
 from litekiln.model import load_model  # noqa: E402
+from litekiln.peers.timing import time_runs  # noqa: E402
 from litekiln.reference import run_graph  # noqa: E402
 
 
@@ -61,14 +61,7 @@ def _conv(shape: list[int], cout: int) -> bytes:
 
 
 def _median_s(fn: Any, runs: int) -> float:
-    for _ in range(max(3, runs // 10)):
-        fn()
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return time_runs(fn, runs, max(3, runs // 10))["median_ms"] / 1e3
 
 
 def _gpu_latency(model: bytes, x: np.ndarray, device: str | None, runs: int) -> float:
