@@ -92,7 +92,13 @@ def test_choice_is_stored_with_the_binary_and_reused(
     second = _interp(smoke_path, tmp_path)
     second.allocate_tensors()
     assert counted_tune == [1], "the second load must reuse the stored choice"
-    assert second._backend.executors[0].choices == chosen  # noqa: SLF001
+    ex2 = second._backend.executors[0]  # noqa: SLF001
+    assert ex2.choices == chosen
+    # A warm start makes kernel objects for the launches it runs only: the stored choice of
+    # each variant, not the options it did not choose.
+    made = [[o is not None for o in opts] for opts in ex2._options]  # noqa: SLF001
+    assert made == [[c == i for i in range(1, len(v.options) + 1)]
+                    for c, v in zip(chosen, ex2.program.variants, strict=True)]  # fmt: skip
     x = second.random_inputs(0)
     ref = litekiln.Interpreter(model_path=smoke_path, device="reference").run(x)
     assert _err(second.run(x), ref) <= TOL  # type: ignore[arg-type]

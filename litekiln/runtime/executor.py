@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -140,12 +140,21 @@ class PartitionExecutor(PartitionIO):
         self.from_binary = built.from_binary
         self._allocate()
         self._upload_constants(constants)
-        prepared = self._bind_launches()
-        # Option 0 of every variant is the default launches; the other options follow them.
-        n = len(program.launches)
-        self._default = prepared[:n]
-        rest = iter(prepared[n:])
-        self._options = [[[next(rest) for _ in o] for o in v.options] for v in program.variants]
+        names = set(str(self._cl_program.get_info(cl.program_info.KERNEL_NAMES)).split(";"))
+        missing = [k for k in self.program.kernels if k not in names]
+        if missing:
+            raise ExecutorError(f"kernels {missing} not found in the built OpenCL program")
+        self._arg_slots: dict[int, list[tuple[cl.Kernel, int]]] = {}  # tensor id -> uses
+        self._wg_limit: dict[str, int] = {}  # the same for every object of a kernel: asked once
+        # Option 0 of every variant is the default launches. The other options' kernel objects
+        # are made when first needed (`_option`: a stored choice, or tuning): a warm start
+        # with its choices stored makes the kernels it runs only, not every variant's (the
+        # variants are 40-60% of a program's launches, and each kernel object costs pyopencl
+        # 0.2-0.5 ms).
+        self._default = self._bind_launches(program.launches, 0)
+        self._options: list[list[list[_Prepared] | None]] = [
+            [None] * len(v.options) for v in program.variants
+        ]
         self.choices: list[int] = [0] * len(program.variants)
         self._launches = self._plan(self.choices)
         self._fast = self._make_fast_launcher()
@@ -169,38 +178,47 @@ class PartitionExecutor(PartitionIO):
         self._copy_out: dict[int, cl.Buffer] = {}  # output -> buffer it is copied to by `run`
         self._forward: dict[int, cl.Buffer] = {}  # output -> buffer it is also copied to
 
-    def _bind_launches(self) -> list[_Prepared]:
+    def _bind_launches(self, launches: Sequence[Launch], first: int) -> list[_Prepared]:
         """One kernel object per launch, its arguments set once, its work-group checked.
 
         A kernel object holds its argument values, and the same kernel may be launched
         several times with different buffers, hence one object per launch. Kernel names come
-        from the program's info string: all_kernels() would create (and pyopencl set up) a
-        kernel object per kernel only to read its name.
+        from the program's info string (checked at load): all_kernels() would create (and
+        pyopencl set up) a kernel object per kernel only to read its name. ``first`` numbers
+        the launches in messages (their index in `GpuProgram.all_launches`).
         """
-        names = set(str(self._cl_program.get_info(cl.program_info.KERNEL_NAMES)).split(";"))
-        missing = [k for k in self.program.kernels if k not in names]
-        if missing:
-            raise ExecutorError(f"kernels {missing} not found in the built OpenCL program")
-        self._arg_slots: dict[int, list[tuple[cl.Kernel, int]]] = {}  # tensor id -> uses
-        wg_limit: dict[str, int] = {}  # the same for every object of a kernel: asked once
         prepared: list[_Prepared] = []
-        for i, launch in enumerate(self.program.all_launches()):
+        for i, launch in enumerate(launches, first):
             kernel = cl.Kernel(self._cl_program, launch.kernel)
             self._set_args(kernel, launch)
-            if launch.kernel not in wg_limit:
-                wg_limit[launch.kernel] = kernel.get_work_group_info(
+            if launch.kernel not in self._wg_limit:
+                self._wg_limit[launch.kernel] = kernel.get_work_group_info(
                     cl.kernel_work_group_info.WORK_GROUP_SIZE, self.device
                 )
-            if not self.device_profile.fits(launch.local_size, wg_limit[launch.kernel]):
+            if not self.device_profile.fits(launch.local_size, self._wg_limit[launch.kernel]):
                 p = self.device_profile
                 raise ExecutorError(
                     f"launch {i} ({launch.kernel}): work-group {launch.local_size} exceeds device "
-                    f"limit {p.max_work_group_size} / kernel limit {wg_limit[launch.kernel]} / "
-                    f"per-axis {list(p.max_work_item_sizes)} on {p.name}; compile with a smaller "
-                    "max_num_threads"
+                    f"limit {p.max_work_group_size} / kernel limit {self._wg_limit[launch.kernel]} "
+                    f"/ per-axis {list(p.max_work_item_sizes)} on {p.name}; compile with a "
+                    "smaller max_num_threads"
                 )
             prepared.append((kernel, launch.global_size, launch.local_size))
         return prepared
+
+    def _option(self, variant: int, option: int) -> list[_Prepared]:
+        """The prepared launches of option ``option`` (1..n) of variant ``variant``, made on
+        first use."""
+        made = self._options[variant][option - 1]
+        if made is None:
+            first = len(self.program.launches) + sum(
+                len(o) for v in self.program.variants[:variant] for o in v.options
+            )
+            opts = self.program.variants[variant].options
+            first += sum(len(o) for o in opts[: option - 1])
+            made = self._bind_launches(opts[option - 1], first)
+            self._options[variant][option - 1] = made
+        return made
 
     def _set_args(self, kernel: cl.Kernel, launch: Launch) -> None:
         # set_arg per argument, not set_args: set_args generates and compiles a Python
@@ -216,9 +234,9 @@ class PartitionExecutor(PartitionIO):
     def _plan(self, choices: list[int]) -> list[_Prepared]:
         out = []
         pos = 0
-        for v, opts, c in zip(self.program.variants, self._options, choices, strict=True):
+        for i, (v, c) in enumerate(zip(self.program.variants, choices, strict=True)):
             out.extend(self._default[pos : v.start])
-            out.extend(self._default[v.start : v.stop] if c == 0 else opts[c - 1])
+            out.extend(self._default[v.start : v.stop] if c == 0 else self._option(i, c))
             pos = v.stop
         out.extend(self._default[pos:])
         return out
@@ -260,12 +278,13 @@ class PartitionExecutor(PartitionIO):
         guard = lock if lock is not None else contextlib.nullcontext()
         pq = self._profiling()
         choices = []
-        for v, opts in zip(self.program.variants, self._options, strict=True):
+        for i, v in enumerate(self.program.variants):
             if stop is not None and stop.is_set():
                 return None
             timings = []
             with guard:
                 self.queue.finish()
+                opts = [self._option(i, o) for o in range(1, len(v.options) + 1)]
                 for launches in [self._default[v.start : v.stop], *opts]:
                     samples = []
                     for r in range(reps + 1):
