@@ -798,3 +798,17 @@ def test_opening_spends_little_on_orphans(tmp_path: Path, monkeypatch: pytest.Mo
         took = time.perf_counter() - start
         assert s.verify().orphan_parts < 300  # some collected
     assert took < 1.0, took  # a 20 ms budget, plus the open itself
+
+
+def test_tvm_version_is_read_only_where_tvm_imports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache drops entries compiled by another TVM only where one is installed: an app's
+    runtime without it (or with it blocked) reads no package metadata for that."""
+    import importlib.util
+    from importlib import metadata
+
+    from litekiln.artifact.versions import tvm_version
+
+    if importlib.util.find_spec("tvm") is not None:
+        assert tvm_version() == metadata.version("apache-tvm")
+    monkeypatch.setitem(sys.modules, "tvm", None)  # as scripts/remote_gpu/run.sh blocks it
+    assert tvm_version() is None
