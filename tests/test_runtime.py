@@ -102,6 +102,27 @@ def test_warm_start_uses_cache_and_skips_compile(
     assert out.shape == (1, 10) and np.isfinite(out).all()
 
 
+def test_a_warm_start_never_reads_the_opencl_source(smoke_path: Path, tmp_path: Path) -> None:
+    """A start with the device binary stored keys and loads it by the source's digest: the
+    OpenCL C (MBs for a model with tuning variants) stays compressed in the cache, and reads
+    back as the very text compiled when something needs it."""
+    cache = tmp_path / "c"
+    first = litekiln.Interpreter(model_path=smoke_path, cache_dir=cache)
+    x = first.random_inputs(0)
+    expected = first.run(x)
+    first._backend.wait_for_graph()  # noqa: SLF001 - the binary is stored in the background
+    warm = litekiln.Interpreter(model_path=smoke_path, cache_dir=cache)
+    out = warm.run(x)
+    warm._backend.wait_for_graph()  # noqa: SLF001
+    assert warm._backend.startup["binaries"] == 1  # noqa: SLF001
+    program = warm._backend.compiled.partitions[0].program  # noqa: SLF001
+    assert program.__dict__["_source_loader"] is not None, "the warm start read the source"
+    for a, b in zip(out, expected, strict=True):
+        np.testing.assert_array_equal(a, b)
+    made = first._backend.compiled.partitions[0].program  # noqa: SLF001
+    assert program.source == made.source and program.source_sha256 == made.source_sha256
+
+
 def test_split_model_runs_cpu_ops_between_partitions(smoke_path: Path) -> None:
     # max_partitions=1 forces part of the graph to the CPU: results must not change.
     a = litekiln.Interpreter(
@@ -137,7 +158,7 @@ def test_outputs_are_read_into_the_same_host_arrays(smoke_path: Path, tmp_path: 
 def test_binary_key_follows_the_exact_bytes_handed_to_the_driver(
     smoke_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A device binary is keyed by the sha256 of exactly the source and options the driver
+    """A device binary is keyed by the digest of exactly the source and options the driver
     was handed: a change to the device patch (here: one more line) is a miss and a rebuild
     from source, never the old binary."""
     import hashlib
@@ -169,25 +190,29 @@ def test_binary_key_follows_the_exact_bytes_handed_to_the_driver(
         fields = [manifest(cache, k)["fields"] for k in keys_by_kind(cache)["program"]]
         return {f["source"]: f["build_options"] for f in fields}
 
+    def digest(prefix: str, body: str) -> str:  # DriverProgram.digest, computed here
+        h = [hashlib.sha256(t.encode()).hexdigest() for t in (prefix, body)]
+        return hashlib.sha256((h[0] + h[1]).encode()).hexdigest()
+
     assert load()[0] == [False]  # first start: built from source, stored
     (first,) = built
-    assert stored_sources() == {hashlib.sha256(first.encode()).hexdigest(): []}
-    assert load()[0] == [True]  # second start: the stored binary
+    assert stored_sources() == {digest("", first): []}
+    assert load()[0] == [True]  # second start: the stored binary (its source never read)
     assert len(built) == 1
 
-    real_driver_program = DeviceProfile.driver_program
+    real_driver_for = DeviceProfile.driver_for
 
-    def patched(self, source, build_options):  # a changed source patch of the executor
-        d = real_driver_program(self, source, build_options)
-        return DriverProgram("// patched\n" + d.source, (*d.options, "-DLITEKILN_PATCHED=1"))
+    def patched(self, program):  # a changed source patch of the executor
+        d = real_driver_for(self, program)
+        return DriverProgram(d.source, (*d.options, "-DLITEKILN_PATCHED=1"), prefix="// patched\n")
 
-    monkeypatch.setattr(DeviceProfile, "driver_program", patched)
+    monkeypatch.setattr(DeviceProfile, "driver_for", patched)
     from_binary, out = load()
     assert from_binary == [False], "the old binary was loaded for a different driver program"
     assert len(built) == 2 and built[1] == "// patched\n" + first
     assert stored_sources() == {
-        hashlib.sha256(first.encode()).hexdigest(): [],
-        hashlib.sha256(built[1].encode()).hexdigest(): ["-DLITEKILN_PATCHED=1"],
+        digest("", first): [],
+        digest("// patched\n", first): ["-DLITEKILN_PATCHED=1"],
     }
     assert load()[0] == [True]  # and the patched program's own binary is a hit from now on
 

@@ -132,7 +132,7 @@ def test_a_stored_choice_that_does_not_fit_is_retuned(
     sess = interp._backend  # noqa: SLF001
     sess.wait_for_graph()
     prog, ex = sess.compiled.partitions[0].program, sess.executors[0]
-    key = (ex.driver.source_bytes, ex.driver.options, sess.handle.profile.identity())
+    key = (ex.driver.digest, ex.driver.options, sess.handle.profile.identity())
     cache = ModelCache.open(tmp_path)
     cache.save_program(*key, ex.binary, tuning=[7] * (len(prog.variants) + 1))
     again = _interp(smoke_path, tmp_path)

@@ -26,7 +26,9 @@ axis 0 = ``x`` (``get_group_id(0)`` / ``get_local_id(0)`` in TVM's OpenCL codege
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -170,6 +172,48 @@ class Variant:
     func: str = ""
 
 
+class _DeferredText:
+    """A text field of `GpuProgram` that may be read on first use (`GpuProgram.defer_texts`).
+
+    A warm start runs the stored device binary and never reads the OpenCL C (several MB of
+    text for a model with tuning variants: its decompression and JSON decoding were most of a
+    cache read); a first start on a device reads it to build. Assigning a string (the
+    dataclass's ``__init__`` does) sets the text; reading a deferred one calls its loader
+    once. Installed on the class after the dataclass is made (`_install`), so that the
+    dataclass sees plain fields.
+    """
+
+    def __init__(self, default: str = "") -> None:
+        self.default = default
+
+    @classmethod
+    def install(cls, owner: type, name: str) -> None:
+        descriptor = cls()
+        descriptor.__set_name__(owner, name)
+        setattr(owner, name, descriptor)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.text = f"_{name}_text"
+        self.loader = f"_{name}_loader"
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        d = obj.__dict__
+        text = d.get(self.text)
+        if text is None:
+            load = d.get(self.loader)
+            text = load() if load is not None else self.default
+            d[self.text], d[self.loader] = text, None
+        return text
+
+    def __set__(self, obj: Any, value: str) -> None:
+        obj.__dict__[self.text] = value
+        obj.__dict__[self.loader] = None
+        if self.text == "_source_text":
+            obj.__dict__.pop("_known", None)  # facts of the stored source no longer hold
+
+
 @dataclass
 class GpuProgram:
     """Everything needed to run one GPU partition, as plain data.
@@ -195,7 +239,7 @@ class GpuProgram:
             the OpenCL C first.
     """
 
-    source: str
+    source: str  # (a `_DeferredText`, set below)
     build_options: str
     kernels: list[str]
     storages: list[StorageSpec]
@@ -207,12 +251,46 @@ class GpuProgram:
     variants: list[Variant] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
-    ptx: str = ""
+    ptx: str = ""  # (a `_DeferredText`, set below)
 
     @property
     def uses_half(self) -> bool:
         """Whether the kernels compute in half precision (TVM enables cl_khr_fp16 for them)."""
+        known = self.__dict__.get("_known")
+        if known is not None:
+            return bool(known["uses_half"])
         return "cl_khr_fp16" in self.source
+
+    @property
+    def source_sha256(self) -> str:
+        """sha256 (hex) of `source`'s UTF-8 bytes; known without reading a deferred source."""
+        known = self.__dict__.get("_known")
+        if known is not None:
+            return str(known["source_sha256"])
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+    def text_facts(self) -> dict[str, Any]:
+        """What `defer_texts` needs to know of the texts without reading them."""
+        return {"source_sha256": self.source_sha256, "uses_half": self.uses_half}
+
+    def defer_texts(
+        self,
+        facts: dict[str, Any],
+        source: Callable[[], str],
+        ptx: Callable[[], str] | None = None,
+    ) -> None:
+        """Read `source` (and `ptx`) from their loaders on first use; ``facts`` (from
+        `text_facts` when they were stored) answer `uses_half` and `source_sha256` until
+        then. The loaders must return exactly the stored texts (the cache checks the
+        source's sha256)."""
+        d = self.__dict__
+        d["_source_text"], d["_source_loader"] = None, source
+        if ptx is not None:
+            d["_ptx_text"], d["_ptx_loader"] = None, ptx
+        d["_known"] = {
+            "source_sha256": str(facts["source_sha256"]),
+            "uses_half": bool(facts["uses_half"]),
+        }
 
     def plan(self, choices: list[int] | None = None) -> list[Launch]:
         """The launches to run with option ``choices[i]`` for variant ``i`` (0: default).
@@ -485,6 +563,10 @@ class GpuProgram:
         if not isinstance(d, dict):
             raise ProgramFormatError("program JSON is not an object")
         return cls.from_dict(d)
+
+
+_DeferredText.install(GpuProgram, "source")
+_DeferredText.install(GpuProgram, "ptx")
 
 
 def _launch_to_dict(launch: Launch) -> dict[str, Any]:

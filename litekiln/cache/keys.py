@@ -11,10 +11,13 @@ so that ``cache ls``/``info`` can show them. Three kinds of entries:
 * a **shared constant** (`shared_key_fields`): the sha256 of its bytes, its dtype and shape:
   a constant that compiled models need and no recipe rebuilds from the model, stored once
   whichever entries need it (content-addressed);
-* a **device program** (`program_key_fields`): the sha256 of the exact source bytes and the
-  exact build options handed to the OpenCL driver (after every device patch the runtime
-  applies), the device's identity (platform, vendor, name, versions, driver) and the litekiln
-  version. Whatever changes what the driver is given changes the key.
+* a **device program** (`program_key_fields`): the digest of the exact source handed to the
+  OpenCL driver (`litekiln.runtime.profile.DriverProgram.digest`: a sha256 over the sha256 of
+  each piece, the device patch the runtime prepends and the compiled program's own source, so
+  that a warm start keys its binary without reading the source) and the exact build options
+  (after every device patch the runtime applies), the device's identity (platform, vendor,
+  name, versions, driver) and the litekiln version. Whatever changes what the driver is given
+  changes the key.
 """
 
 from __future__ import annotations
@@ -97,18 +100,19 @@ def shared_key_fields(sha256: str, dtype: str, shape: Sequence[int]) -> dict[str
 
 
 def program_key_fields(
-    source: bytes, build_options: Sequence[str], identity: Mapping[str, str]
+    source_digest: str, build_options: Sequence[str], identity: Mapping[str, str]
 ) -> dict[str, Any]:
     """The fields of a device program's key.
 
     Args:
-        source: the exact OpenCL C bytes handed to the driver.
+        source_digest: the digest of the exact OpenCL C handed to the driver
+            (`DriverProgram.digest`).
         build_options: the exact build options handed to the driver, in order.
         identity: the device's identity (platform, vendor, name, versions, driver).
     """
     return {
         "kind": "binary",
-        "source": hashlib.sha256(source).hexdigest(),
+        "source": source_digest,
         "build_options": list(build_options),
         "litekiln": litekiln_version(),
         **identity,

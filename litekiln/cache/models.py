@@ -11,8 +11,10 @@
 (c) device programs (`load_program`/`save_program`): the driver's binary of one partition's
     program and the tuning choices made with it on that device.
 
-A compiled model's entry has two parts: ``artifact.json.xz`` (the manifest, LZMA-compressed:
-the kernels' OpenCL C is most of it and compresses ~100x), and ``constants.bin`` (the small
+A compiled model's entry has these parts: ``artifact.json.xz`` (the manifest, LZMA), its
+programs' texts apart (``source.json.xz``: the OpenCL C, ~100x compressed; ``ptx.json.xz``
+where the compiler made PTX), read only when a program is built from source (`_Texts`: a
+warm start keys its device binary by the source's digest), and ``constants.bin`` (the small
 constants without a recipe, packed; absent when there are none). Its meta records the model
 file's size and the shared constants' bytes, so that ``litekiln cache ls`` shows what an
 entry costs against its model.
@@ -26,6 +28,7 @@ import hashlib
 import json
 import lzma
 import os
+import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -42,6 +45,11 @@ from litekiln.cache.store import CacheStore
 from litekiln.model.ir import Model
 
 _ARTIFACT_PART = "artifact.json.xz"
+#: Each partition's OpenCL C, and its PTX where the compiler made some (JSON lists, LZMA),
+#: apart from the manifest: a warm start runs the stored device binary and never
+#: decompresses them (`_Texts`).
+_SOURCE_PART = "source.json.xz"
+_PTX_PART = "ptx.json.xz"
 _PACKED_PART = "constants.bin"
 _SHARED_PART = "data"
 
@@ -98,6 +106,7 @@ class ModelCache:
             if have is not None and made_by and made_by != have:
                 self.store.delete(key)  # compiled by another TVM: recompile here
                 return None
+            facts = _defer_texts(manifest)
             constants = _unpack(entry, doc["packed"])
             for name, shared_key in doc["shared"].items():
                 shared = self.store.get(shared_key, kind="weights")
@@ -106,6 +115,11 @@ class ModelCache:
                     return None  # evicted or damaged: recompiling stores it again
                 constants[name] = shared.array(_SHARED_PART)
             compiled = CompiledModel.from_manifest(manifest, constants)
+            if facts:
+                texts = _Texts(entry, len(compiled.partitions))
+                for i, (part, known) in enumerate(zip(compiled.partitions, facts, strict=True)):
+                    part.program.defer_texts(known, texts.loader(_SOURCE_PART, i, known),
+                                             texts.loader(_PTX_PART, i, None))  # fmt: skip
             if model is not None:
                 compiled.bind_weights(model)
                 missing = compiled.missing_constants()
@@ -155,8 +169,19 @@ class ModelCache:
             blob.extend(b"\0" * (-len(blob) % _ALIGN))
             packed[name] = [len(blob), arr.dtype.str, list(arr.shape)]
             blob.extend(arr.tobytes())
-        doc = {"compiled": compiled.manifest(), "packed": packed, "shared": shared}
-        parts: dict[str, Any] = {_ARTIFACT_PART: _compress(json.dumps(doc).encode())}
+        manifest = compiled.manifest()
+        sources, ptx = [], []
+        for p, part in zip(manifest["partitions"], compiled.partitions, strict=True):
+            sources.append(p["program"].pop("source"))
+            ptx.append(p["program"].pop("ptx", ""))
+            p["program"]["texts"] = part.program.text_facts()
+        doc = {"compiled": manifest, "packed": packed, "shared": shared}
+        parts: dict[str, Any] = {
+            _ARTIFACT_PART: _compress(json.dumps(doc).encode()),
+            _SOURCE_PART: _compress(json.dumps(sources).encode()),
+        }
+        if any(ptx):
+            parts[_PTX_PART] = _compress(json.dumps(ptx).encode())
         if blob:
             parts[_PACKED_PART] = bytes(blob)
         meta = {
@@ -184,11 +209,12 @@ class ModelCache:
     # -- device binaries ------------------------------------------------------------------
 
     def load_program(
-        self, source: bytes, build_options: Sequence[str], identity: Mapping[str, str]
+        self, source_digest: str, build_options: Sequence[str], identity: Mapping[str, str]
     ) -> tuple[bytes | None, list[int] | None]:
-        """The binary the driver built from exactly ``source`` and ``build_options`` on the
-        device ``identity`` names, and the variants chosen there if it was tuned."""
-        fields = program_key_fields(source, build_options, identity)
+        """The binary the driver built from exactly the source of ``source_digest``
+        (`DriverProgram.digest`) and ``build_options`` on the device ``identity`` names, and
+        the variants chosen there if it was tuned."""
+        fields = program_key_fields(source_digest, build_options, identity)
         entry = self.store.get(make_key(fields), kind="program")
         if entry is None:
             return None, None
@@ -208,7 +234,7 @@ class ModelCache:
 
     def save_program(
         self,
-        source: bytes,
+        source_digest: str,
         build_options: Sequence[str],
         identity: Mapping[str, str],
         binary: bytes,
@@ -217,11 +243,12 @@ class ModelCache:
         model_name: str | None = None,
         model_token: str | None = None,
     ) -> bool:
-        """Store the binary built from ``source`` and ``build_options`` on the device
-        ``identity`` names (and the tuning choices made on that device with it).
+        """Store the binary built from the source of ``source_digest`` and ``build_options``
+        on the device ``identity`` names (and the tuning choices made on that device with it).
 
         Args:
-            source: the exact OpenCL C bytes handed to the driver.
+            source_digest: the digest of the exact OpenCL C handed to the driver
+                (`DriverProgram.digest`).
             build_options: the exact build options handed to the driver.
             identity: the device's identity (`DeviceProfile.identity`).
             binary: the driver's binary.
@@ -233,7 +260,7 @@ class ModelCache:
         Returns:
             True if stored.
         """
-        fields = program_key_fields(source, build_options, identity)
+        fields = program_key_fields(source_digest, build_options, identity)
         parts: dict[str, Any] = {"binary": binary}
         if tuning is not None:
             parts["tuning"] = json.dumps(tuning).encode()
@@ -243,6 +270,57 @@ class ModelCache:
         if model_token is not None:
             meta["model_token"] = model_token
         return self.store.put(make_key(fields), fields, parts, kind="program", meta=meta)
+
+
+def _defer_texts(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """Take the text facts out of each stored program of ``manifest`` (an entry that keeps
+    its texts apart: `save_model`), leaving an empty source for `GpuProgram.from_dict`; []
+    for an entry that holds its texts inline."""
+    programs = [p["program"] for p in manifest["partitions"]]
+    if not programs or any("texts" not in p for p in programs):
+        return []
+    facts = []
+    for p in programs:
+        facts.append(p.pop("texts"))
+        p["source"] = ""
+    return facts
+
+
+class _Texts:
+    """The OpenCL C and PTX parts of one compiled model's entry: held compressed (read and
+    checked with the entry), decompressed the first time a program reads one."""
+
+    def __init__(self, entry: Any, partitions: int) -> None:
+        if _SOURCE_PART not in entry.part_names:
+            raise ValueError(f"the entry lists its programs' texts apart but has no {_SOURCE_PART}")
+        self._raw = {n: entry.part(n) for n in (_SOURCE_PART, _PTX_PART) if n in entry.part_names}
+        self._partitions = partitions
+        self._lists: dict[str, list[str]] = {}
+        self._lock = threading.Lock()
+
+    def loader(self, part: str, index: int, known: dict[str, Any] | None) -> Any:
+        """A loader of partition ``index``'s text in ``part`` (`GpuProgram.defer_texts`);
+        None where the entry has no such part (a program without PTX)."""
+        if part not in self._raw:
+            return None
+        return lambda: self._text(part, index, known)
+
+    def _text(self, part: str, index: int, known: dict[str, Any] | None) -> str:
+        with self._lock:
+            texts = self._lists.get(part)
+            if texts is None:
+                texts = json.loads(lzma.decompress(self._raw[part]))
+                if not isinstance(texts, list) or len(texts) != self._partitions:
+                    raise ValueError(f"cache part {part} does not list one text per partition")
+                self._lists[part] = texts
+        text = str(texts[index])
+        if known is not None:
+            digest = hashlib.sha256(text.encode()).hexdigest()
+            if digest != known["source_sha256"]:
+                raise ValueError(
+                    f"cache part {part}: partition {index}'s source is not the one stored"
+                )
+        return text
 
 
 def _compress(data: bytes) -> bytes:

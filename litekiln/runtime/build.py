@@ -37,7 +37,7 @@ import pyopencl as cl
 
 from litekiln import config
 from litekiln.artifact.program import GpuProgram
-from litekiln.runtime.profile import DeviceProfile
+from litekiln.runtime.profile import DeviceProfile, DriverProgram
 
 #: TVM's OpenCL code generator starts each function with this comment line.
 _FUNCTION_MARKER = "\n// Function: "
@@ -86,13 +86,21 @@ class BuildError(RuntimeError):
 
 @dataclass
 class BuildJob:
-    """One program to make: a partition's driver source and options, and its stored binary."""
+    """One program to make: what the driver is handed for a partition (its source read only
+    for a build from source), and its stored binary."""
 
     label: str
-    source: str
-    options: tuple[str, ...]
+    driver: DriverProgram
     binary: bytes | None = None
     uses_half: bool = False
+
+    @property
+    def source(self) -> str:
+        return self.driver.source
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        return self.driver.options
 
 
 @dataclass

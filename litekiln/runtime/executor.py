@@ -66,8 +66,7 @@ def build_job(
     program: GpuProgram, profile: DeviceProfile, binary: bytes | None = None, label: str = ""
 ) -> BuildJob:
     """The build of ``program`` on the device ``profile`` describes (from ``binary`` if given)."""
-    driver = profile.driver_program(program.source, program.build_options)
-    return BuildJob(label, driver.source, driver.options, binary, program.uses_half)
+    return BuildJob(label, profile.driver_for(program), binary, program.uses_half)
 
 
 class ExecutorError(RuntimeError):
@@ -124,7 +123,7 @@ class PartitionExecutor(PartitionIO):
         self.queue = queue
         self.device: cl.Device = queue.device
         self.device_profile = profile or DeviceProfile.of(self.device, context)
-        self.driver = self.device_profile.driver_program(program.source, program.build_options)
+        self.driver = self.device_profile.driver_for(program)
         self._tensor_specs: dict[int, TensorSpec] = {t.id: t for t in program.tensors}
         if built is None:
             job = self.build_job(binary)

@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from litekiln.artifact.program import GpuProgram
 
 #: Driver families litekiln knows something specific about; everything else is "generic".
 FAMILIES = ("nvidia", "pocl", "intel", "generic")
@@ -72,6 +76,7 @@ _HALF_PROBE = """#pragma OPENCL EXTENSION cl_khr_fp16 : enable
 __kernel void litekiln_half_probe(__global half* x) { x[0] = x[0] * (half)2.0f; }"""
 
 _FP16 = "cl_khr_fp16"
+_EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
 
 def family_of(platform: str) -> str:
@@ -86,17 +91,51 @@ def family_of(platform: str) -> str:
     return "generic"
 
 
-@dataclass(frozen=True)
 class DriverProgram:
-    """Exactly what the OpenCL driver is handed to build one program: the device-binary cache
-    key is the sha256 of these bytes and these options (`litekiln.cache.keys`)."""
+    """Exactly what the OpenCL driver is handed to build one program: a device patch
+    (``prefix``: half overloads, or nothing), the program's source, and the options. The
+    device-binary cache key is `digest` and these options (`litekiln.cache.keys`).
 
-    source: str
-    options: tuple[str, ...]
+    The program's source may be read only when the driver needs it (``body`` a loader, and
+    ``body_sha256`` its digest, known without reading it: `GpuProgram.source_sha256`): a
+    warm start keys and loads its stored binary without reading several MB of OpenCL C.
+    """
+
+    def __init__(
+        self,
+        body: str | Callable[[], str],
+        options: tuple[str, ...],
+        *,
+        prefix: str = "",
+        body_sha256: str | None = None,
+    ) -> None:
+        self.options = options
+        self.prefix = prefix
+        self._body = body
+        self._body_sha256 = body_sha256
+
+    @property
+    def source(self) -> str:
+        """The whole text handed to the driver."""
+        if not isinstance(self._body, str):
+            self._body = self._body()
+        return self.prefix + self._body
 
     @property
     def source_bytes(self) -> bytes:
         return self.source.encode()
+
+    @property
+    def digest(self) -> str:
+        """sha256 (hex) of the sha256 of the prefix followed by that of the program's source:
+        what `source` is, for a cache key, without reading the source."""
+        body = self._body_sha256
+        if body is None:
+            text = self._body if isinstance(self._body, str) else self.source[len(self.prefix) :]
+            body = hashlib.sha256(text.encode()).hexdigest()
+            self._body_sha256 = body
+        head = hashlib.sha256(self.prefix.encode()).hexdigest()
+        return hashlib.sha256((head + body).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -204,12 +243,32 @@ class DeviceProfile:
         it lacks for half are supplied (`HALF_OVERLOADS`); a device that really lacks half
         still fails to build.
         """
+        return self._driver(source, build_options, _FP16 in source, not source, None)
+
+    def driver_for(self, program: GpuProgram) -> DriverProgram:
+        """`driver_program` of ``program``'s source, read only when the driver needs it (a
+        build from source): its digest and whether it uses half come from the program."""
+        sha256 = program.source_sha256
+        lazy = lambda: program.source  # noqa: E731
+        return self._driver(lazy, program.build_options, program.uses_half,
+                            sha256 == _EMPTY_SHA256, sha256)  # fmt: skip
+
+    def _driver(
+        self,
+        source: str | Callable[[], str],
+        build_options: str,
+        half: bool,
+        empty: bool,
+        sha256: str | None,
+    ) -> DriverProgram:
         options = tuple(build_options.split()) if build_options else ()
-        if not source:
+        if empty:
             return DriverProgram(EMPTY_PROGRAM, options)
-        if _FP16 in source and _FP16 not in self.extensions:
-            return DriverProgram(HALF_OVERLOADS + source, (*options, f"-D{_FP16}=1"))
-        return DriverProgram(source, options)
+        if half and _FP16 not in self.extensions:
+            return DriverProgram(
+                source, (*options, f"-D{_FP16}=1"), prefix=HALF_OVERLOADS, body_sha256=sha256
+            )
+        return DriverProgram(source, options, body_sha256=sha256)
 
     # -- launching ----------------------------------------------------------------------------
 

@@ -114,8 +114,9 @@ class _BindingPlan:
     host_carries: list[tuple[int, int]] = field(default_factory=list)
 
 
-#: A program's key in the `ProgramStore`: driver source bytes, driver options, device identity.
-_ProgramKey = tuple[bytes, tuple[str, ...], dict[str, str]]
+#: A program's key in the `ProgramStore`: the digest of the driver's source
+#: (`DriverProgram.digest`), the driver options, the device identity.
+_ProgramKey = tuple[str, tuple[str, ...], dict[str, str]]
 
 
 class ProgramStore(Protocol):
@@ -123,12 +124,12 @@ class ProgramStore(Protocol):
     never imports the cache). Keyed by exactly what the driver is handed and the device."""
 
     def load_program(
-        self, source: bytes, build_options: Sequence[str], identity: Mapping[str, str]
+        self, source_digest: str, build_options: Sequence[str], identity: Mapping[str, str]
     ) -> tuple[bytes | None, list[int] | None]: ...
 
     def save_program(
         self,
-        source: bytes,
+        source_digest: str,
         build_options: Sequence[str],
         identity: Mapping[str, str],
         binary: bytes,
@@ -242,7 +243,7 @@ class Session:
         t0 = time.perf_counter()
         for slot, part in enumerate(parts):
             job = build_job(part.program, profile, label=f"partition {part.index}")
-            key = (job.source.encode(), job.options, profile.identity())
+            key = (job.driver.digest, job.options, profile.identity())
             binary, choices = self._programs.load_program(*key) if self._programs else (None, None)
             job.binary = binary
             first = default_program(part.program) if binary is None and self._tune else None
