@@ -26,8 +26,10 @@ axis 0 = ``x`` (``get_group_id(0)`` / ``get_local_id(0)`` in TVM's OpenCL codege
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -37,6 +39,13 @@ import numpy as np
 #: Bump whenever the JSON layout or the meaning of a field changes; readers reject other
 #: versions (the cache treats that as a miss and recompiles). 3: each launch's FLOPs.
 FORMAT_VERSION = 3
+
+
+@functools.cache
+def _itemsize(dtype: str) -> int:
+    """Bytes per element of a numpy dtype name (TypeError for a name numpy does not know)."""
+    return int(np.dtype(dtype).itemsize)
+
 
 StorageRole = Literal["input", "constant", "workspace"]
 _STORAGE_ROLES = ("input", "constant", "workspace")
@@ -104,7 +113,7 @@ class TensorSpec:
     @property
     def nbytes(self) -> int:
         """Size of the tensor in bytes."""
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * _itemsize(self.dtype)
 
 
 @dataclass(frozen=True)
@@ -385,7 +394,7 @@ class GpuProgram:
             if t.storage not in storages:
                 raise ProgramFormatError(f"tensor {t.id} ({t.name}): unknown storage {t.storage}")
             try:
-                np.dtype(t.dtype)
+                _itemsize(t.dtype)
             except TypeError as e:
                 raise ProgramFormatError(f"tensor {t.id} ({t.name}): bad dtype {t.dtype!r}") from e
             if t.offset < 0 or t.offset + t.nbytes > storages[t.storage].nbytes:

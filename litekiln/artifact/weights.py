@@ -31,6 +31,7 @@ never run with other weights.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -121,7 +122,7 @@ class WeightRecipe:
                 f"made from {np.dtype(self.source[0])} {list(self.source[1])}"
             )
         x = run_steps(tensor, self.steps, base)
-        if str(x.dtype) != self.dtype or x.size != int(np.prod(self.shape, dtype=np.int64)):
+        if str(x.dtype) != self.dtype or x.size != math.prod(self.shape):
             raise WeightMismatch(
                 f"tensor {tensor.index} ({tensor.name!r}) gives {x.dtype} {list(x.shape)}, the "
                 f"compiled model needs {self.dtype} {list(self.shape)}"
