@@ -176,7 +176,7 @@ def inspect_model(data: bytes) -> dict[str, Any]:
 
     Works for every model, custom ops or not, since nothing is executed.
     """
-    import tflite  # a litekiln runtime dependency; imported here to keep --list fast
+    import tflite  # the zoo/test extras' reader classes; imported here to keep --list fast
 
     if data[4:8] != b"TFL3":
         raise ValueError("not a TFLite flatbuffer (no TFL3 identifier)")

@@ -1,4 +1,5 @@
-"""The runtime never imports TVM, and a cached model runs with TVM blocked (OpenCL, PoCL in CI)."""
+"""The runtime never imports TVM, and a cached model runs with TVM blocked (OpenCL, PoCL in CI);
+nor does it import the tflite package or flatbuffers."""
 
 from __future__ import annotations
 
@@ -47,6 +48,8 @@ def test_cached_model_runs_with_tvm_blocked(smoke_path: Path, tmp_path: Path) ->
         assert np.array_equal(y, np.load({str(tmp_path / "y.npy")!r})), "different result"
         loaded = [m for m in sys.modules if sys.modules[m] is not None]
         assert not any(m == 'tvm' or m.startswith('tvm.') for m in loaded)
+        # (the loader reads the file itself: tests/test_flat.py)
+        assert not [m for m in loaded if m.split('.')[0] in ('tflite', 'flatbuffers')], loaded
         print("OK", interp.device)
         """,
         dict(os.environ),

@@ -2,9 +2,11 @@
 
 Every way a file can be wrong (not a flatbuffer, foreign identifier, truncated, unsupported
 schema version, dangling indices, buffers out of range, corrupted tables) surfaces as one
-exception type, :class:`litekiln.ModelError`, whose message says what is wrong. The flatbuffer
-accessors of the ``tflite`` package do no verification, so this module checks every index and
-every vector length against the file before it trusts it.
+exception type, :class:`litekiln.ModelError`, whose message says what is wrong. The file is
+read with litekiln's own flatbuffer reader (:mod:`litekiln.model.flat`, which keeps every
+position it follows inside the file) and the schema's generated tables
+(:mod:`litekiln.model.schema_tables`): the ``tflite`` package is never imported. This module
+checks every index and every vector length against the file before it trusts it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,15 @@ import numpy as np
 
 from litekiln.errors import ModelError, ModelValidationError
 from litekiln.model.densify import densify
+from litekiln.model.flat import Table, root
 from litekiln.model.ir import Model, Op, Quantization, SignatureDef, Subgraph, Tensor
+from litekiln.model.schema import (
+    Field,
+    builtin_name,
+    decode_options,
+    table_fields,
+    union_tables,
+)
 from litekiln.model.token import model_token
 
 #: Newest TFLite schema version we read (TFLITE_SCHEMA_VERSION in schema.fbs).
@@ -75,7 +85,34 @@ _DTYPES: dict[int, np.dtype] = {
     16: np.dtype("<u2"),  # UINT16
     17: np.dtype("i1"),  # INT4, unpacked to one int8 per element
 }
+#: The same in the machine's byte order: the IR's tensor types.
+_NATIVE_DTYPES = {
+    k: np.dtype(v.newbyteorder("=")) if v.kind != "O" else v for k, v in _DTYPES.items()
+}
 _INT4 = 17
+#: The fields the loader reads, by table (vtable offsets and formats from schema_tables).
+_MODEL = table_fields("Model")
+_OPERATOR_CODE = table_fields("OperatorCode")
+_BUFFER = table_fields("Buffer")
+_SUBGRAPH = table_fields("SubGraph")
+_TENSOR = table_fields("Tensor")
+_OPERATOR = table_fields("Operator")
+_QUANTIZATION = table_fields("QuantizationParameters")
+_SPARSITY = table_fields("SparsityParameters")
+_DIM_METADATA = table_fields("DimensionMetadata")
+_SIGNATURE = table_fields("SignatureDef")
+_TENSOR_MAP = table_fields("TensorMap")
+_METADATA = table_fields("Metadata")
+#: SparseIndexVector union code -> the ``values`` field of its table (Int32Vector...).
+_INDEX_VECTORS = {
+    code: table_fields(table)["values"] for code, table in union_tables("SparseIndexVector").items()
+}
+
+
+def _scalar(tab: Table, field: Field) -> Any:
+    return tab.scalar(field.offset, field.format, field.default)
+
+
 _FLATBUFFER_ERRORS = (
     struct.error,
     IndexError,
@@ -198,31 +235,22 @@ class _Loader:
             raise self.fail(f"corrupt {what}: vector of {n} elements does not fit in the file")
         return n
 
-    def ints(self, obj: Any, field: str, what: str) -> list[int]:
-        """Read an int vector field (``Shape``, ``Inputs``...) with bounds checks."""
-        n = self.length(getattr(obj, field + "Length")(), what)
-        if n == 0:
-            return []
-        arr = getattr(obj, field + "AsNumpy")()
-        if isinstance(arr, int):  # the tflite package returns 0 for an absent vector
-            return []
-        return [int(v) for v in arr[:n]]
+    def ints(self, tab: Table, offset: int, what: str) -> list[int]:
+        """Read an int32 vector field (``shape``, ``inputs``...) with bounds checks."""
+        start, n = tab.vector(offset)
+        return list(tab.unpack(start, self.length(n, what), "i")) if n else []
 
-    @staticmethod
-    def text(raw: bytes | None) -> str:
-        return raw.decode("utf-8", errors="replace") if raw else ""
+    def tables(self, tab: Table, offset: int, what: str) -> list[Table]:
+        """Read a vector of tables, its length checked first."""
+        self.length(tab.vector(offset)[1], what)
+        return tab.tables(offset)
 
-    def string(self, obj: Any, vtable_offset: int, what: str) -> str:
-        """A string field read with a bounds check (the generated readers silently cut a
-        string that runs past the end of the file)."""
-        tab = obj._tab
-        o = tab.Offset(vtable_offset)
-        if o == 0:
+    def string(self, tab: Table, offset: int, what: str) -> str:
+        """A string field read with a bounds check; "" when absent."""
+        span = tab.string_span(offset)
+        if span is None:
             return ""
-        off = o + tab.Pos
-        off += struct.unpack_from("<I", self.data, off)[0]
-        length = struct.unpack_from("<I", self.data, off)[0]
-        start = off + 4
+        start, length = span
         if start + length > self.nbytes:
             raise self.fail(f"{what} runs past the end of the file: truncated?")
         return self.data[start : start + length].decode("utf-8", errors="replace")
@@ -243,34 +271,32 @@ class _Loader:
             raise self.fail("corrupt model: a table asks for more memory than exists") from None
 
     def _load(self, token: str | None) -> Model:
-        import tflite  # the generated flatbuffer readers; imported here to keep import cheap
-
-        fb = tflite.Model.GetRootAs(self.data, 0)
-        version = fb.Version()
+        fb = root(self.data)
+        version = _scalar(fb, _MODEL["version"])
         if version > SCHEMA_VERSION:
             raise self.fail(
                 f"unsupported schema version {version}: this litekiln reads TFLite schema "
                 f"versions up to {SCHEMA_VERSION}"
             )
-        n_sub = self.length(fb.SubgraphsLength(), "subgraph list")
-        if n_sub == 0:
+        sub_tables = self.tables(fb, _MODEL["subgraphs"].offset, "subgraph list")
+        if not sub_tables:
             raise self.fail("model has no subgraphs")
         opcodes = self._opcodes(fb)
         buffers = self._buffers(fb)
-        subgraphs = [self._subgraph(fb.Subgraphs(i), i, opcodes, buffers) for i in range(n_sub)]
+        subgraphs = [self._subgraph(sg, i, opcodes, buffers) for i, sg in enumerate(sub_tables)]
         for sub in subgraphs:
             sub.model_subgraphs = subgraphs
         check_graph(subgraphs[0], self.name)
         signatures = self._signatures(fb, subgraphs)
-        n_meta = self.length(fb.MetadataLength(), "metadata list")
         metadata_names = [
-            self.string(fb.Metadata(i), 4, f"metadata {i} name") for i in range(n_meta)
+            self.string(m, _METADATA["name"].offset, f"metadata {i} name")
+            for i, m in enumerate(self.tables(fb, _MODEL["metadata"].offset, "metadata list"))
         ]
         return Model(
             subgraphs=subgraphs,
             token=token if token is not None else model_token(self.data),
             version=version,
-            description=self.string(fb, 10, "model description"),
+            description=self.string(fb, _MODEL["description"].offset, "model description"),
             signatures=signatures,
             metadata_names=metadata_names,
             name=self.name,
@@ -278,18 +304,18 @@ class _Loader:
             fingerprinted=token is None,
         )
 
-    def _opcodes(self, fb: Any) -> list[tuple[int, str, int, str | None]]:
-        from litekiln.model.schema import builtin_name
-
+    def _opcodes(self, fb: Table) -> list[tuple[int, str, int, str | None]]:
         out = []
-        for i in range(self.length(fb.OperatorCodesLength(), "operator-code table")):
-            oc = fb.OperatorCodes(i)
-            # Codes >= 127 live only in the int32 field; older files only fill the int8 one.
-            code = max(int(oc.BuiltinCode()), int(oc.DeprecatedBuiltinCode()))
+        f = _OPERATOR_CODE
+        entries = self.tables(fb, _MODEL["operator_codes"].offset, "operator-code table")
+        for i, oc in enumerate(entries):
+            # Codes >= 127 live only in the int32 field; older files only fill the int8 one
+            # (LiteRT's GetBuiltinCode takes the larger).
+            code = max(_scalar(oc, f["builtin_code"]), _scalar(oc, f["deprecated_builtin_code"]))
             # An explicit 0 is kept: LiteRT looks version 0 up, finds no kernel and refuses.
-            version = int(oc.Version())
+            version = _scalar(oc, f["version"])
             custom = (
-                self.string(oc, 6, f"custom code of operator-code entry {i}")
+                self.string(oc, f["custom_code"].offset, f"custom code of operator-code entry {i}")
                 if code == 32
                 else None
             )
@@ -301,12 +327,13 @@ class _Loader:
             out.append((code, custom or name, version, custom))
         return out
 
-    def _buffers(self, fb: Any) -> list[memoryview | None]:
+    def _buffers(self, fb: Table) -> list[memoryview | None]:
         out: list[memoryview | None] = []
         view = memoryview(self.data)
-        for i in range(self.length(fb.BuffersLength(), "buffer table")):
-            b = fb.Buffers(i)
-            off, size = int(b.Offset()), int(b.Size())
+        f = _BUFFER
+        data_offset = f["data"].offset
+        for i, b in enumerate(self.tables(fb, _MODEL["buffers"].offset, "buffer table")):
+            off, size = _scalar(b, f["offset"]), _scalar(b, f["size"])
             if off > 1:
                 # Large models keep buffers after the flatbuffer, addressed by file offset.
                 if off + size > self.nbytes:
@@ -316,12 +343,11 @@ class _Loader:
                     )
                 out.append(view[off : off + size])
                 continue
-            n = b.DataLength()
+            start, n = b.vector(data_offset)
             if n == 0:
                 out.append(None)
                 continue
-            start = b._tab.Vector(b._tab.Offset(4))
-            if start + n > self.nbytes or start < 0:
+            if start + n > self.nbytes:
                 raise self.fail(
                     f"buffer {i} lies outside the file ({n} bytes at {start}, file is "
                     f"{self.nbytes} bytes): truncated file?"
@@ -330,29 +356,30 @@ class _Loader:
         return out
 
     def _quantization(
-        self, t: Any, index: int, name: str, shape: tuple[int, ...]
+        self, t: Table, index: int, name: str, shape: tuple[int, ...]
     ) -> Quantization | None:
         """The tensor's affine parameters, checked as LiteRT's ``ParseQuantization`` does."""
-        q = t.Quantization()
+        q = t.table(_TENSOR["quantization"].offset)
         if q is None:
             return None
-        n_scale = self.length(q.ScaleLength(), "quantization scales")
+        f = _QUANTIZATION
+        n_scale = self.length(q.vector(f["scale"].offset)[1], "quantization scales")
         if n_scale == 0:
             return None
         where = f"tensor {index} ({name!r})"
-        if q.ZeroPointIsNone():
+        if not q.has(f["zero_point"].offset):
             raise self.invalid(
                 "quantization-zero-points", f"{where} has quantization scales but no zero points"
             )
-        scale = np.asarray(q.ScaleAsNumpy()[:n_scale], dtype=np.float32)
-        n_zp = self.length(q.ZeroPointLength(), "quantization zero points", 8)
+        scale = q.array(f["scale"].offset, "<f4").astype(np.float32)
+        n_zp = self.length(q.vector(f["zero_point"].offset)[1], "quantization zero points", 8)
         if n_zp != n_scale:
             raise self.invalid(
                 "quantization-zero-points",
                 f"{where} has {n_scale} quantization scales but {n_zp} zero points",
             )
-        zp = np.asarray(q.ZeroPointAsNumpy()[:n_zp], dtype=np.int64)
-        axis = int(q.QuantizedDimension())
+        zp = q.array(f["zero_point"].offset, "<i8").astype(np.int64)
+        axis = _scalar(q, f["quantized_dimension"])
         if axis < 0 or (shape and axis >= len(shape)):
             raise self.invalid(
                 "quantized-dimension",
@@ -368,18 +395,22 @@ class _Loader:
             )
         return Quantization(scale=scale, zero_point=zp, axis=axis)
 
-    def _tensor(self, t: Any, index: int, buffers: list[memoryview | None]) -> Tensor:
-        name = self.string(t, 10, f"name of tensor {index}")  # Tensor.name
-        shape = tuple(self.ints(t, "Shape", f"shape of tensor {index}"))
-        sig = tuple(self.ints(t, "ShapeSignature", f"shape signature of tensor {index}")) or shape
+    def _tensor(self, t: Table, index: int, buffers: list[memoryview | None]) -> Tensor:
+        f = _TENSOR
+        name = self.string(t, f["name"].offset, f"name of tensor {index}")
+        shape = tuple(self.ints(t, f["shape"].offset, f"shape of tensor {index}"))
+        sig = (
+            tuple(self.ints(t, f["shape_signature"].offset, f"shape signature of tensor {index}"))
+            or shape
+        )
         if any(d < 0 for d in shape):
             raise self.fail(f"tensor {index} ({name!r}) has a negative dimension in {shape}")
-        ttype = int(t.Type())
+        ttype = _scalar(t, f["type"])
         dtype = _DTYPES.get(ttype)
         if dtype is None:
             raise self.fail(f"tensor {index} ({name!r}) has unsupported element type {ttype}")
         quant = self._quantization(t, index, name, shape)
-        buf_index = int(t.Buffer())
+        buf_index = _scalar(t, f["buffer"])
         if not 0 <= buf_index < len(buffers):
             raise self.fail(
                 f"tensor {index} ({name!r}) refers to buffer {buf_index}, but the model has "
@@ -391,17 +422,17 @@ class _Loader:
             name=name,
             shape=shape,
             shape_signature=sig,
-            dtype=np.dtype(dtype.newbyteorder("=")) if dtype.kind != "O" else dtype,
+            dtype=_NATIVE_DTYPES[ttype],
             quantization=quant,
-            is_variable=bool(t.IsVariable()),
+            is_variable=bool(_scalar(t, f["is_variable"])),
             int4=ttype == _INT4,
         )
         if raw is None:
             return tensor
-        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        count = math.prod(shape)
         if count > MAX_CONSTANT_ELEMENTS:
             raise self.fail(f"tensor {index} ({name!r}) is too large: shape {shape}")
-        sparsity = t.Sparsity()
+        sparsity = t.table(f["sparsity"].offset)
         if sparsity is not None:
             tensor.data = self._densify(sparsity, raw, dtype, shape, index, name)
             tensor.was_sparse = True
@@ -424,21 +455,25 @@ class _Loader:
 
     def _densify(
         self,
-        sp: Any,
+        sp: Table,
         raw: memoryview,
         dtype: np.dtype,
         shape: tuple[int, ...],
         index: int,
         name: str,
     ) -> np.ndarray:
-        traversal = self.ints(sp, "TraversalOrder", "sparsity traversal order")
-        block_map = self.ints(sp, "BlockMap", "sparsity block map")
+        f, g = _SPARSITY, _DIM_METADATA
+        traversal = self.ints(sp, f["traversal_order"].offset, "sparsity traversal order")
+        block_map = self.ints(sp, f["block_map"].offset, "sparsity block map")
         dims: list[tuple[int, int, np.ndarray | None, np.ndarray | None]] = []
-        for i in range(self.length(sp.DimMetadataLength(), "sparsity dimension metadata")):
-            dm = sp.DimMetadata(i)
-            segments = self._index_vector(dm.ArraySegmentsType(), dm.ArraySegments())
-            indices = self._index_vector(dm.ArrayIndicesType(), dm.ArrayIndices())
-            dims.append((int(dm.Format()), int(dm.DenseSize()), segments, indices))
+        for dm in self.tables(sp, f["dim_metadata"].offset, "sparsity dimension metadata"):
+            segments = self._index_vector(
+                *dm.union(g["array_segments_type"].offset, g["array_segments"].offset)
+            )
+            indices = self._index_vector(
+                *dm.union(g["array_indices_type"].offset, g["array_indices"].offset)
+            )
+            dims.append((_scalar(dm, g["format"]), _scalar(dm, g["dense_size"]), segments, indices))
         if len(raw) % dtype.itemsize:
             raise self.fail(f"sparse tensor {index} ({name!r}): data size is not whole elements")
         values = np.frombuffer(raw, dtype)
@@ -447,33 +482,32 @@ class _Loader:
         except ValueError as exc:
             raise self.invalid("sparsity", f"sparse tensor {index} ({name!r}): {exc}") from None
 
-    def _index_vector(self, kind: int, table: Any) -> np.ndarray | None:
-        import tflite
-
+    def _index_vector(self, kind: int, table: Table | None) -> np.ndarray | None:
         if table is None or kind == 0:
             return None
-        cls = {1: tflite.Int32Vector, 2: tflite.Uint16Vector, 3: tflite.Uint8Vector}.get(kind)
-        if cls is None:
+        values = _INDEX_VECTORS.get(kind)
+        if values is None:
             raise self.fail(f"unknown sparse index vector type {kind}")
-        vec = cls()
-        vec.Init(table.Bytes, table.Pos)
-        n = self.length(vec.ValuesLength(), "sparse index vector", 1)
-        arr = vec.ValuesAsNumpy()
-        if n == 0 or isinstance(arr, int):
+        n = self.length(table.vector(values.offset)[1], "sparse index vector", 1)
+        if n == 0:
             return np.zeros(0, np.int64)
-        return np.asarray(arr[:n], dtype=np.int64)
+        return table.array(values.offset, "<" + values.format).astype(np.int64)
 
     def _subgraph(
         self,
-        sg: Any,
+        sg: Table,
         index: int,
         opcodes: list[tuple[int, str, int, str | None]],
         buffers: list[memoryview | None],
     ) -> Subgraph:
-        from litekiln.model.schema import decode_options
-
-        n_t = self.length(sg.TensorsLength(), f"tensor list of subgraph {index}")
-        tensors = [self._tensor(sg.Tensors(i), i, buffers) for i in range(n_t)]
+        f, g = _SUBGRAPH, _OPERATOR
+        tensors = [
+            self._tensor(t, i, buffers)
+            for i, t in enumerate(
+                self.tables(sg, f["tensors"].offset, f"tensor list of subgraph {index}")
+            )
+        ]
+        n_t = len(tensors)
 
         def check(ids: list[int], what: str, allow_omitted: bool) -> list[int]:
             for t in ids:
@@ -485,24 +519,27 @@ class _Loader:
             return ids
 
         ops: list[Op] = []
-        for i in range(self.length(sg.OperatorsLength(), f"operator list of subgraph {index}")):
-            o = sg.Operators(i)
-            oc = int(o.OpcodeIndex())
+        op_tables = self.tables(sg, f["operators"].offset, f"operator list of subgraph {index}")
+        for i, o in enumerate(op_tables):
+            oc = _scalar(o, g["opcode_index"])
             if not 0 <= oc < len(opcodes):
                 raise self.fail(
                     f"op #{i} uses operator-code entry {oc}, but the table has {len(opcodes)}"
                 )
             code, op_name, version, custom = opcodes[oc]
             where = f"op #{i} ({op_name})"
-            inputs = check(self.ints(o, "Inputs", f"inputs of {where}"), f"{where} input", True)
+            inputs = check(
+                self.ints(o, g["inputs"].offset, f"inputs of {where}"), f"{where} input", True
+            )
             outputs = check(
-                self.ints(o, "Outputs", f"outputs of {where}"), f"{where} output", False
+                self.ints(o, g["outputs"].offset, f"outputs of {where}"), f"{where} output", False
             )
             custom_options = None
             if custom is not None:
-                n = self.length(o.CustomOptionsLength(), f"custom options of {where}", 1)
-                arr = o.CustomOptionsAsNumpy()
-                custom_options = bytes(arr[:n]) if n and not isinstance(arr, int) else b""
+                start, n = o.vector(g["custom_options"].offset)
+                self.length(n, f"custom options of {where}", 1)
+                o.check(start, n, 1)
+                custom_options = self.data[start : start + n] if n else b""
             options = decode_options(o, op_name) if custom is None else {}
             for key in _TENSOR_TYPE_OPTIONS.intersection(options):
                 if not 0 <= int(options[key]) <= _MAX_TENSOR_TYPE:
@@ -514,13 +551,17 @@ class _Loader:
             ops.append(
                 Op(i, op_name, code, version, inputs, outputs, options, custom, custom_options)
             )
-        inputs = check(self.ints(sg, "Inputs", f"inputs of subgraph {index}"), "graph input", False)
+        inputs = check(
+            self.ints(sg, f["inputs"].offset, f"inputs of subgraph {index}"), "graph input", False
+        )
         outputs = check(
-            self.ints(sg, "Outputs", f"outputs of subgraph {index}"), "graph output", False
+            self.ints(sg, f["outputs"].offset, f"outputs of subgraph {index}"),
+            "graph output",
+            False,
         )
         sub = Subgraph(
             index,
-            self.string(sg, 12, f"name of subgraph {index}"),
+            self.string(sg, f["name"].offset, f"name of subgraph {index}"),
             tensors,
             ops,
             inputs,
@@ -530,35 +571,35 @@ class _Loader:
         _fold_constants(sub, self.fail)
         return sub
 
-    def _signatures(self, fb: Any, subgraphs: list[Subgraph]) -> list[SignatureDef]:
+    def _signatures(self, fb: Table, subgraphs: list[Subgraph]) -> list[SignatureDef]:
         out = []
-        for i in range(self.length(fb.SignatureDefsLength(), "signature list")):
-            s = fb.SignatureDefs(i)
-            sg = int(s.SubgraphIndex())
+        f = _SIGNATURE
+        for i, s in enumerate(self.tables(fb, _MODEL["signature_defs"].offset, "signature list")):
+            sg = _scalar(s, f["subgraph_index"])
             if not 0 <= sg < len(subgraphs):
                 raise self.fail(f"signature {i} refers to missing subgraph {sg}")
             n_t = len(subgraphs[sg].tensors)
             out.append(
                 SignatureDef(
-                    key=self.string(s, 8, f"signature {i} key"),
+                    key=self.string(s, f["signature_key"].offset, f"signature {i} key"),
                     subgraph_index=sg,
-                    inputs=self._signature_tensors(i, n_t, s.Inputs, s.InputsLength(), "input"),
-                    outputs=self._signature_tensors(i, n_t, s.Outputs, s.OutputsLength(), "output"),
+                    inputs=self._signature_tensors(i, n_t, s, f["inputs"].offset, "input"),
+                    outputs=self._signature_tensors(i, n_t, s, f["outputs"].offset, "output"),
                 )
             )
         return out
 
     def _signature_tensors(
-        self, sig: int, n_tensors: int, get: Callable[[int], Any], n: int, what: str
+        self, sig: int, n_tensors: int, s: Table, offset: int, what: str
     ) -> dict[str, int]:
         """Name -> tensor index of signature ``sig``'s inputs or outputs (``what``)."""
         m = {}
-        for j in range(self.length(n, what)):
-            e = get(j)
-            t = int(e.TensorIndex())
+        f = _TENSOR_MAP
+        for e in self.tables(s, offset, what):
+            t = _scalar(e, f["tensor_index"])
             if not 0 <= t < n_tensors:
                 raise self.fail(f"signature {sig} {what} refers to missing tensor {t}")
-            m[self.string(e, 4, f"signature {sig} {what} name")] = t
+            m[self.string(e, f["name"].offset, f"signature {sig} {what} name")] = t
         return m
 
 

@@ -1,21 +1,28 @@
 """Tables derived from the TFLite schema: operator names and options as plain Python values.
 
-The ``tflite`` package holds one generated reader class per options table. Rather than a
-hand-written decoder per op (that would drift from the schema), options are read by
-introspecting the generated getters once per class; the result is a dict with snake_case
-keys, vectors as lists of ints/floats, enums as their integer values.
+The schema's tables, fields, unions and operator names come from
+:mod:`litekiln.model.schema_tables`, generated from the ``tflite`` package's reader classes
+by ``scripts/gen_schema_tables.py`` (the runtime never imports ``tflite``). Rather than a
+hand-written decoder per op (that would drift from the schema), options are read field by
+field from those tables; the result is a dict with snake_case keys, vectors as lists of
+ints/floats, enums as their integer values.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 import re
-from typing import Any
+from typing import Any, NamedTuple
+
+from litekiln.model.flat import Table
+from litekiln.model.schema_tables import BUILTIN_OPERATORS, TABLES, UNIONS
 
 # ActivationFunctionType and Padding enums of schema.fbs, named for messages and the ops.
 ACTIVATIONS = {0: "NONE", 1: "RELU", 2: "RELU_N1_TO_1", 3: "RELU6", 4: "TANH", 5: "SIGN_BIT"}
 PADDINGS = {0: "SAME", 1: "VALID"}
+
+#: The Operator's two options unions, searched in this order.
+_OPTIONS_UNIONS = ("BuiltinOptions", "BuiltinOptions2")
 
 _CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
 
@@ -25,85 +32,52 @@ def snake_case(name: str) -> str:
     return _CAMEL.sub("_", name).lower()
 
 
-@functools.lru_cache(maxsize=1)
-def _builtin_table() -> dict[int, str]:
-    import tflite
+class Field(NamedTuple):
+    """One field of a schema table (a row of ``schema_tables.TABLES``)."""
 
-    return {
-        v: k
-        for k, v in vars(tflite.BuiltinOperator).items()
-        if not k.startswith("_") and isinstance(v, int)
-    }
+    getter: str  # the generated reader's getter (``FusedActivationFunction``)
+    key: str  # snake_case (``fused_activation_function``): the options dicts' key
+    offset: int  # vtable offset
+    kind: str  # scalar, union_type, string, table, union, vector, vector_table, vector_string
+    format: str  # struct format character, or the table's / union's name
+    default: Any  # an absent scalar's value
+
+
+@functools.cache
+def table_fields(table: str) -> dict[str, Field]:
+    """Fields of a schema table by snake_case key (``table_fields("Tensor")["name"]``)."""
+    return {row[1]: Field(*row) for row in TABLES[table]}
 
 
 def builtin_name(code: int) -> str | None:
     """Name of a builtin operator code (``3`` -> ``"CONV_2D"``), or None if unknown."""
-    return _builtin_table().get(code)
+    return BUILTIN_OPERATORS.get(code)
 
 
 def builtin_code(name: str) -> int:
     """Code of a builtin operator name (``"CONV_2D"`` -> ``3``)."""
-    for code, n in _builtin_table().items():
+    for code, n in BUILTIN_OPERATORS.items():
         if n == name:
             return code
     raise KeyError(name)
 
 
-@functools.lru_cache(maxsize=2)
-def _options_classes(union: str) -> dict[int, type]:
-    import tflite
-
-    enum = getattr(tflite, union)
-    out = {}
-    for name, value in vars(enum).items():
-        if name.startswith("_") or not isinstance(value, int) or value == 0:
-            continue
-        cls = getattr(tflite, name, None)
-        if cls is not None:
-            out[value] = cls
-    return out
-
-
-_SKIP_SUFFIXES = ("IsNone", "Length", "AsNumpy")
-_SKIP = {"Init", "GetRootAs"}
-
-
-@functools.cache
-def _getters(cls: type) -> tuple[tuple[str, str, str], ...]:
-    """(getter, key, kind) for each field of a generated options class."""
-    out = []
-    for attr, fn in vars(cls).items():
-        if attr.startswith("_") or attr in _SKIP or attr.endswith(_SKIP_SUFFIXES):
-            continue
-        if not callable(fn) or isinstance(fn, (classmethod, staticmethod)):
-            continue
-        if attr.startswith("GetRootAs") or attr.endswith("BufferHasIdentifier"):
-            continue
-        params = list(inspect.signature(fn).parameters)
-        if params == ["self"]:
-            out.append((attr, snake_case(attr), "scalar"))
-        elif params == ["self", "j"] and hasattr(cls, attr + "Length"):
-            out.append((attr, snake_case(attr), "vector"))
-    return tuple(out)
-
-
-def _decode_table(cls: type, table: Any) -> dict[str, Any]:
-    obj = cls()
-    obj.Init(table.Bytes, table.Pos)
+def _decode_table(fields: tuple[tuple[str, str, int, str, str, Any], ...], table: Table) -> dict:
     out: dict[str, Any] = {}
-    for getter, key, kind in _getters(cls):
-        if kind == "scalar":
-            value = getattr(obj, getter)()
-            if isinstance(value, bytes):
-                value = value.decode("utf-8", errors="replace")
-            elif not isinstance(value, (int, float, bool, str)) and value is not None:
-                continue  # nested tables are not used by any op we execute
-            out[key] = value
-        else:
-            n = getattr(obj, getter + "Length")()
-            if n > len(table.Bytes):
+    nbytes = len(table.buf)
+    for _, key, offset, kind, fmt, default in fields:
+        if kind in ("scalar", "union_type"):
+            out[key] = table.scalar(offset, fmt, default)
+        elif kind == "string":
+            raw = table.string(offset)
+            out[key] = None if raw is None else raw.decode("utf-8", errors="replace")
+        elif kind == "vector":
+            start, n = table.vector(offset)
+            if n > nbytes:
                 raise ValueError(f"options vector {key} of {n} elements exceeds the file")
-            out[key] = [getattr(obj, getter)(j) for j in range(n)]
+            out[key] = list(table.values(offset, fmt))
+        elif not table.has(offset):
+            out[key] = None  # an absent nested table (no options table has one)
     return out
 
 
@@ -138,9 +112,9 @@ def options_table(op_name: str) -> tuple[str, int] | None:
     the op (``CONV_2D`` -> ``Conv2DOptions``) except for the overrides above.
     """
     want = _OPTIONS_TABLE_OVERRIDES.get(op_name, op_name.replace("_", "") + "Options").lower()
-    for union in ("BuiltinOptions", "BuiltinOptions2"):
-        for kind, cls in _options_classes(union).items():
-            if cls.__name__.lower() == want:
+    for union in _OPTIONS_UNIONS:
+        for kind, table in UNIONS[union].items():
+            if table.lower() == want:
                 return union, kind
     return None
 
@@ -148,18 +122,24 @@ def options_table(op_name: str) -> tuple[str, int] | None:
 @functools.cache
 def _zero_options(union: str, kind: int) -> tuple[tuple[str, Any], ...]:
     """Every field of an options table at zero (0, False, empty vector)."""
-    cls = _options_classes(union)[kind]
     out: list[tuple[str, Any]] = []
-    for getter, key, shape in _getters(cls):
-        if shape == "vector":
+    for _, key, _, shape, fmt, _ in TABLES[UNIONS[union][kind]]:
+        if shape.startswith("vector"):
             out.append((key, []))
             continue
-        source = inspect.getsource(getattr(cls, getter))
-        out.append((key, False if "Bool" in source else 0.0 if "Float" in source else 0))
+        out.append((key, False if fmt == "?" else 0.0 if fmt in ("f", "d") else 0))
     return tuple(out)
 
 
-def decode_options(op: Any, op_name: str) -> dict[str, Any]:
+@functools.cache
+def _union_offsets(union: str) -> tuple[int, int]:
+    """Vtable offsets of an Operator's union type field and union field (``BuiltinOptions``)."""
+    fields = TABLES["Operator"]
+    (getter, offset) = next((f[0], f[2]) for f in fields if f[3] == "union" and f[4] == union)
+    return next(f[2] for f in fields if f[0] == getter + "Type"), offset
+
+
+def decode_options(op: Table, op_name: str) -> dict[str, Any]:
     """The builtin options of flatbuffer Operator ``op`` (a ``op_name`` op) as LiteRT reads
     them, as a plain dict (empty for an op that takes no options).
 
@@ -173,15 +153,16 @@ def decode_options(op: Any, op_name: str) -> dict[str, Any]:
     if expected is None:
         return {}
     union, kind = expected
-    type_getter, table_getter = (
-        ("BuiltinOptionsType", "BuiltinOptions")
-        if union == "BuiltinOptions"
-        else ("BuiltinOptions2Type", "BuiltinOptions2")
-    )
-    table = getattr(op, table_getter)() if int(getattr(op, type_getter)()) == kind else None
+    type_offset, table_offset = _union_offsets(union)
+    table = op.table(table_offset) if op.scalar(type_offset, "B", 0) == kind else None
     if table is None:
         return dict(_zero_options(union, kind))
-    out = _decode_table(_options_classes(union)[kind], table)
+    out = _decode_table(TABLES[UNIONS[union][kind]], table)
     if out.get("fused_activation_function", 0) not in ACTIVATIONS:
         out["fused_activation_function"] = 0
     return out
+
+
+def union_tables(union: str) -> dict[int, str]:
+    """Type code -> table name of a schema union (``"SparseIndexVector"``)."""
+    return UNIONS[union]
