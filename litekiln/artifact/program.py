@@ -205,7 +205,7 @@ class _DeferredText:
         self.text = f"_{name}_text"
         self.loader = f"_{name}_loader"
 
-    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+    def __get__(self, obj: Any, _owner: type | None = None) -> Any:
         if obj is None:
             return self
         d = obj.__dict__
