@@ -149,14 +149,16 @@ def check(
 
     ``rule`` is the rule expected to schedule (one of) the kernels under the ``cpu`` profile,
     ``gpu_rule`` under ``gpu`` (default: the same); ``None``: dlight's rules, which may use
-    barriers.  Our rules never do.
+    barriers.  Our rules use none, but those that sum across threads.
     """
     expect = rule if profile == "cpu" or gpu_rule == _SAME else gpu_rule
     if expect is not None:
         used = rules_used(mod, profile)
         assert expect in used.values(), used
     res = compile_relax_full(mod, schedule=schedule or fast_schedule(profile))
-    if expect is not None and expect != "WindowReduction":  # its second stage sums across threads
+    # These combine partial sums across threads (in local memory, behind barriers).
+    across_threads = ("WindowReduction", "ColumnReduction", "RowReduction")
+    if expect is not None and expect not in across_threads:
         assert "barrier(" not in res.program.source
     outs = run_guarded(cl_env, res, args)
     assert len(outs) == len(refs)
@@ -584,10 +586,15 @@ def test_max_pool(
 
 
 @pytest.mark.parametrize(
-    "shape,k,s,same", [((1, 7, 7, 1024), 7, 1, False), ((1, 16, 16, 12), 3, 1, True)]
+    "shape,k,s,same,gpu_rule",
+    [
+        # MobileNet's global pool: threads along channels and slices of the map on a GPU
+        ((1, 7, 7, 1024), 7, 1, False, "ColumnReduction"),
+        ((1, 16, 16, 12), 3, 1, True, "SerialReduction"),
+    ],
 )
 def test_avg_pool(
-    cl_env: Any, profile: str, shape: tuple[int, ...], k: int, s: int, same: bool
+    cl_env: Any, profile: str, shape: tuple[int, ...], k: int, s: int, same: bool, gpu_rule: str
 ) -> None:
     x = _rand(*shape)
     pads = same_pads(shape[1], shape[2], k, s) if same else (0, 0, 0, 0)
@@ -598,7 +605,8 @@ def test_avg_pool(
         )
 
     ref = pool_ref(x, k, s, pads, "avg")
-    check(cl_env, build_module([("x", shape)], body), [x], [ref], profile=profile)
+    mod = build_module([("x", shape)], body)
+    check(cl_env, mod, [x], [ref], profile=profile, gpu_rule=gpu_rule)
 
 
 # --------------------------------------------------------------------------- injective

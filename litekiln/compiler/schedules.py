@@ -1098,9 +1098,9 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
     * for the reductions that read their input whole (global pools, layer-norm statistics,
       squeeze-excite GEMVs, classifiers): `ColumnReduction` with 32 channels x 8 slices and
       8 channels x 32 slices per group; `RowReduction` with one work-item per row (serial,
-      no barrier), with 8 lanes per row, with 32 lanes on rows of any length, and with a
-      group of 256 threads per row (split-K); dlight's GEMV and Reduction (what some of these
-      kernels had before our rules took them).
+      no barrier), with 32 lanes on rows of any length, and with a group of 256 threads per
+      row (split-K); dlight's GEMV and Reduction (what some of these kernels had before our
+      rules took them).
 
     The ``cpu`` profile has none (PoCL is for correctness).
     """
@@ -1166,7 +1166,6 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
         ColumnReduction(channels=32),
         ColumnReduction(channels=8),
         RowReduction(lanes=1),
-        RowReduction(lanes=8),
         RowReduction(max_terms=None),
         RowReduction(lanes=256, min_terms=4, max_terms=None),
         dl.gpu.GEMV(),
