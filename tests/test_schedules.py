@@ -149,14 +149,16 @@ def check(
 
     ``rule`` is the rule expected to schedule (one of) the kernels under the ``cpu`` profile,
     ``gpu_rule`` under ``gpu`` (default: the same); ``None``: dlight's rules, which may use
-    barriers.  Our rules never do.
+    barriers.  Our rules use none, but those that sum across threads.
     """
     expect = rule if profile == "cpu" or gpu_rule == _SAME else gpu_rule
     if expect is not None:
         used = rules_used(mod, profile)
         assert expect in used.values(), used
     res = compile_relax_full(mod, schedule=schedule or fast_schedule(profile))
-    if expect is not None and expect != "WindowReduction":  # its second stage sums across threads
+    # These combine partial sums across threads (in local memory, behind barriers).
+    across_threads = ("WindowReduction", "ColumnReduction", "RowReduction")
+    if expect is not None and expect not in across_threads:
         assert "barrier(" not in res.program.source
     outs = run_guarded(cl_env, res, args)
     assert len(outs) == len(refs)
@@ -584,10 +586,15 @@ def test_max_pool(
 
 
 @pytest.mark.parametrize(
-    "shape,k,s,same", [((1, 7, 7, 1024), 7, 1, False), ((1, 16, 16, 12), 3, 1, True)]
+    "shape,k,s,same,gpu_rule",
+    [
+        # MobileNet's global pool: threads along channels and slices of the map on a GPU
+        ((1, 7, 7, 1024), 7, 1, False, "ColumnReduction"),
+        ((1, 16, 16, 12), 3, 1, True, "SerialReduction"),
+    ],
 )
 def test_avg_pool(
-    cl_env: Any, profile: str, shape: tuple[int, ...], k: int, s: int, same: bool
+    cl_env: Any, profile: str, shape: tuple[int, ...], k: int, s: int, same: bool, gpu_rule: str
 ) -> None:
     x = _rand(*shape)
     pads = same_pads(shape[1], shape[2], k, s) if same else (0, 0, 0, 0)
@@ -598,7 +605,8 @@ def test_avg_pool(
         )
 
     ref = pool_ref(x, k, s, pads, "avg")
-    check(cl_env, build_module([("x", shape)], body), [x], [ref], profile=profile)
+    mod = build_module([("x", shape)], body)
+    check(cl_env, mod, [x], [ref], profile=profile, gpu_rule=gpu_rule)
 
 
 # --------------------------------------------------------------------------- injective
@@ -865,3 +873,183 @@ def test_global_pool_window_reduction(
     )
     if profile == "gpu":
         assert "barrier(" in res.program.source  # the cross-thread sum
+
+
+# ------------------------------------------------- reductions read whole (pools, norms, GEMV)
+
+#: `ColumnReduction` configurations: the gpu profile's default and its tuning variants.
+COLUMN_RULES = {"16x16": {}, "32x8": {"channels": 32}, "8x32": {"channels": 8}}
+#: `RowReduction` configurations: the gpu profile's default and its tuning variants.
+ROW_RULES = {
+    "32 lanes": {},
+    "serial": {"lanes": 1},
+    "8 lanes": {"lanes": 8},
+    "32 lanes, long rows": {"max_terms": None},
+    "group per row": {"lanes": 256, "min_terms": 4, "max_terms": None},
+}
+
+
+def _applies(mod: Any, rule: Any) -> list[str]:
+    """Names of the fused PrimFuncs of ``mod`` that ``rule`` schedules."""
+    target = tvm.target.Target("opencl", host="llvm")
+    with target:
+        return [n for n, f in _fused_prim_funcs(mod).items() if rule.apply(f, target, False)]
+
+
+def _check_rule(cl_env: Any, mod: Any, args: Any, ref: np.ndarray, rule: Any) -> Any:
+    """``rule`` alone (dlight's Fallback for what it declines) against the numpy ``ref``."""
+    from tvm.s_tir import dlight as dl
+
+    assert _applies(mod, rule), "the rule must schedule the reduction"
+    return check(
+        cl_env,
+        mod,
+        args,
+        [ref],
+        rule=None,
+        schedule=dl.ApplyDefaultSchedule(rule, dl.gpu.Fallback()),
+    )
+
+
+def _mean_module(shape: Sequence[int], axes: Sequence[int], epilogue: str = "") -> Any:
+    def body(bb: Any, xv: Any) -> Any:
+        y = bb.emit(relax.op.mean(xv, axis=list(axes), keepdims=True))
+        if epilogue == "rsqrt":  # a layer norm's 1 / sqrt(var + eps)
+            y = bb.emit(relax.op.rsqrt(relax.op.add(y, relax.const(1e-5, "float32"))))
+        elif epilogue == "relu6":
+            y = bb.emit(relax.op.clip(y, 0.0, 6.0))
+        return y
+
+    return build_module([("x", shape)], body)
+
+
+def _mean_ref(x: np.ndarray, axes: Sequence[int], epilogue: str = "") -> np.ndarray:
+    y = x.astype(np.float64).mean(axis=tuple(axes), keepdims=True)
+    if epilogue == "rsqrt":
+        return 1.0 / np.sqrt(y + 1e-5)
+    if epilogue == "relu6":
+        return np.clip(y, 0.0, 6.0)
+    return y
+
+
+@pytest.mark.parametrize("config", list(COLUMN_RULES))
+@pytest.mark.parametrize(
+    "shape,axes",
+    [
+        ((1, 14, 14, 96), (1, 2)),  # mobilenet_v3_small's squeeze-excite pools
+        ((1, 7, 7, 576), (1, 2)),
+        ((1, 8, 8, 320), (1, 2)),  # mobilevit_xxs's head
+        ((1, 56, 56, 16), (1, 2)),  # 3136 terms (WindowReduction's by default)
+        ((1, 5, 7, 37), (1, 2)),  # 35 terms, 37 channels: tails of both splits predicated
+        ((2, 9, 9, 20), (1, 2)),  # two images: the outputs' axes fused
+        ((1, 6, 6, 3), (1, 2)),  # 3 outputs: fewer than a group's channels
+        ((1, 300, 24), (1,)),  # the rows of a matrix summed
+    ],
+)
+def test_column_reduction(
+    cl_env: Any, config: str, shape: tuple[int, ...], axes: tuple[int, ...]
+) -> None:
+    from litekiln.compiler.schedules import ColumnReduction
+
+    x = _rand(*shape) + 0.5  # a mean away from zero: relative errors stay meaningful
+    res = _check_rule(
+        cl_env, _mean_module(shape, axes), [x], _mean_ref(x, axes),
+        ColumnReduction(**COLUMN_RULES[config]),
+    )  # fmt: skip
+    assert "barrier(" in res.program.source  # the slices' partial sums meet in local memory
+
+
+def test_column_reduction_limits() -> None:
+    from litekiln.compiler.schedules import ColumnReduction
+
+    rule = ColumnReduction()
+    assert _applies(_mean_module((1, 64, 64, 24), (1, 2)), rule) == ["mean"]  # 4096 terms
+    # Reductions over the innermost axis (a row's) are not columns.
+    assert not _applies(_mean_module((1, 64, 40), (2,)), rule)
+    assert not _applies(_mean_module((1, 8, 8, 4, 3), (3, 4)), rule)
+    # A 2x2 pool (4 terms) and many outputs (a 3x3 pool of a large map) are SerialReduction's.
+    for k, shape in ((2, (1, 56, 56, 16)), (3, (1, 112, 112, 32))):
+        pool = build_module(
+            [("x", shape)],
+            lambda bb, xv, k=k: relax.op.nn.avg_pool2d(xv, (k, k), (k, k), layout="NHWC"),
+        )
+        assert not _applies(pool, rule)
+    # One output: nothing to spread over channels (other rules take it).
+    assert not _applies(_mean_module((1, 4, 4, 1), (1, 2)), rule)
+
+
+def _gemv_case(cin: int, cout: int, act: str) -> tuple[Any, list[np.ndarray], np.ndarray]:
+    """A squeeze-excite block's 1x1 convolution on one pixel (bias, activation)."""
+    x, w, b = _rand(1, 1, 1, cin), _rand(cout, 1, 1, cin) * 0.2, _rand(cout)
+    ref = conv_ref(x, w) + b
+    ref = np.maximum(ref, 0) if act == "relu" else ref
+    return _conv_module(x.shape, w, 1, (0, 0, 0, 0), bias=b, act=act), [x], ref
+
+
+_ROW_CASES = {
+    # layer-norm statistics: mean over the channels of [1, N, C], + eps, rsqrt
+    "ln 4096x24": ((1, 4096, 24), "rsqrt"),
+    "ln 64x168": ((1, 64, 168), "rsqrt"),
+    "ln 1x168": ((1, 1, 168), "rsqrt"),  # one row
+    "ln 33x17": ((1, 33, 17), ""),  # odd rows, odd row length
+    "nhwc 2x3x5x40": ((2, 3, 5, 40), ""),  # channels of an NHWC map
+    # squeeze-excite GEMVs: 1x1 conv on one pixel
+    "se 96->24": (96, 24, "relu"),
+    "se 144->576": (144, 576, ""),
+    "se 37->19": (37, 19, "relu"),
+    "classifier 1024->1000": (1024, 1000, ""),  # long rows: variants only
+}
+
+
+@pytest.mark.parametrize("config", list(ROW_RULES))
+@pytest.mark.parametrize("case", list(_ROW_CASES))
+def test_row_reduction(cl_env: Any, config: str, case: str) -> None:
+    from litekiln.compiler.schedules import RowReduction
+
+    spec = _ROW_CASES[case]
+    if isinstance(spec[0], tuple):
+        shape, epilogue = spec
+        x = _rand(*shape) + 0.5
+        mod, args, ref = _mean_module(shape, (-1,), epilogue), [x], _mean_ref(x, (-1,), epilogue)
+    else:
+        mod, args, ref = _gemv_case(*spec)
+    rule = RowReduction(**ROW_RULES[config])
+    if case.startswith("classifier") and rule.max_terms is not None:
+        assert not _applies(mod, rule)  # dlight's GEMV keeps classifiers by default
+        return
+    res = _check_rule(cl_env, mod, args, ref, rule)
+    assert ("barrier(" in res.program.source) == (rule.lanes > 1)
+
+
+def test_reduction_rules_on_the_gpu_profile_only(cl_env: Any) -> None:
+    # The gpu profile schedules squeeze-excite pools and GEMVs and layer-norm statistics with
+    # the coalesced rules; the cpu profile keeps its serial ones (faster on PoCL).
+    pool = _mean_module((1, 14, 14, 96), (1, 2), "relu6")
+    norm = _mean_module((1, 256, 88), (-1,), "rsqrt")
+    gemv, _, _ = _gemv_case(240, 64, "relu")
+    assert set(rules_used(pool, "gpu").values()) == {"ColumnReduction"}
+    assert set(rules_used(norm, "gpu").values()) == {"RowReduction"}
+    assert "RowReduction" in rules_used(gemv, "gpu").values()
+    for mod in (pool, norm, gemv):
+        assert not {"ColumnReduction", "RowReduction"} & set(rules_used(mod, "cpu").values())
+    x = _rand(1, 14, 14, 96) * 4
+    check(cl_env, pool, [x], [_mean_ref(x, (1, 2), "relu6")], profile="gpu", rule=None)
+    y = _rand(1, 256, 88) + 0.5
+    check(cl_env, norm, [y], [_mean_ref(y, (-1,), "rsqrt")], profile="gpu", rule=None)
+
+
+@pytest.mark.parametrize("profile_name", ["gpu", "cpu"])
+def test_degenerate_reductions(cl_env: Any, profile_name: str) -> None:
+    # A mean over axes of one element (a reduction of one term, which the compiler rewrites
+    # first: `unit_reductions`), a 1x1 conv of two input channels on one pixel, and a mean
+    # to one output: whichever rules take them, the results are right.
+    from litekiln.compiler.unit_reductions import unit_reductions
+
+    x = _rand(1, 1, 1, 40)
+    mod = unit_reductions()(_mean_module((1, 1, 1, 40), (1, 2), "relu6"))
+    check(cl_env, mod, [x], [_mean_ref(x, (1, 2), "relu6")], profile=profile_name, rule=None)
+    gemv, args, ref = _gemv_case(2, 24, "relu")  # two terms: the shortest real reduction
+    check(cl_env, gemv, args, [ref], profile=profile_name, rule=None)
+    x = _rand(1, 4, 4, 1)
+    mod = _mean_module((1, 4, 4, 1), (1, 2))
+    check(cl_env, mod, [x], [_mean_ref(x, (1, 2))], profile=profile_name, rule=None)

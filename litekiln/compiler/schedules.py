@@ -21,6 +21,12 @@ keep the reduction serial inside the work-item:
   vector when the innermost axis allows it.
 * `SerialRows` -- reductions chained along the trailing axes of each row (softmax over the
   channels of a map): one work-item per row, every reduction serial in it.
+* `ColumnReduction`, `RowReduction` -- reductions that read their input whole, for GPUs:
+  global pools (a few hundred channels, each summed over the map: threads along the
+  channels and along slices of the map, partial sums combined in local memory) and
+  reductions over the contiguous last axis (layer-norm statistics, squeeze-excite GEMVs:
+  a warp's lanes along each row, combined across threads).  Both read coalesced, where
+  `SerialReduction` gave each work-item 4 outputs and read them strided.
 
 Rules return ``None`` where they do not apply (or where TVM refuses a schedule step), so
 dlight's rules stay the fallback; `fast_schedule` chains them.  Work-group sizes stay within
@@ -35,6 +41,10 @@ H100 through NVIDIA OpenCL and on PoCL, scripts/bench_schedules.py):
   convolutions over input channels stay with dlight's cross-thread reduction, whose loads
   coalesce along the channel axis (a serial channel loop was 1.3-5x slower on the H100), and
   elementwise kernels with dlight's Fallback (`Injective` measured ~10% slower there).
+  Reductions read whole (global pools, layer-norm statistics, squeeze-excite GEMVs of up
+  to 512 terms) go to `ColumnReduction` and `RowReduction` (issue 15: `SerialReduction`
+  gave them 14-40 us each on the H100, 1-13 GB/s); the schedules they replace stay tuning
+  variants (`variant_rules`).
 * ``cpu`` (``LITEKILN_SCHEDULES=fast-cpu``): all our rules, largest tiles: 50-150x faster than
   dlight's on PoCL, where barriers and cross-thread reductions are very expensive.  So that
   no kernel of dlight's shape is left to dominate a model there (issue 18), it also takes
@@ -200,6 +210,8 @@ class _SingleReductionRule(_GuardedRule):
         n_s = kinds.count("S")
         if set(kinds) - {"S", "R"} or kinds != "S" * n_s + "R" * (len(kinds) - n_s) or n_s == 0:
             return None
+        if n_s == len(kinds):
+            return None  # no reduction axis left (a reduction over unit axes)
         dom = [int(d) if isinstance(d, (int, tirx.IntImm)) else None for d in red_info.dom()]
         extents = [d for d in dom if d is not None]
         if len(extents) != len(dom):
@@ -502,6 +514,236 @@ class WindowReduction(_SingleReductionRule):
         return sch
 
 
+def _no_reuse(block: s_tir.SBlock, outputs: int, terms: int) -> bool:
+    """Whether the reduction reads some buffer whole, each element once (a pool, a mean, a
+    GEMV's weights): then the kernel is bound by that read, and no tile reuses data (unlike
+    a convolution over pixels, a matmul)."""
+    for region in block.reads:
+        shape = region.source.shape
+        if (
+            all(isinstance(d, tirx.IntImm) for d in shape)
+            and math.prod(int(d) for d in shape) >= outputs * terms
+        ):
+            return True
+    return False
+
+
+def _last_indices(block: s_tir.SBlock) -> list[tirx.PrimExpr]:
+    return [region.region[-1].min for region in block.reads if region.region]
+
+
+def _single_epilogue(sch: s_tir.Schedule, infos: list[Any], red_name: str) -> Any:
+    """Inline the blocks around the reduction: None where more than one is left or the one
+    left is not the reduction's only consumer over the same shape, else ``(epilogue,)``
+    (``(None,)`` without one)."""
+    remaining = try_inline(sch, [b for b in infos if b.name != red_name])
+    red = sch.get_sblock(red_name)
+    if len(remaining) > 1:
+        return None
+    epilogue = remaining[0].block_rv if remaining else None
+    if epilogue is not None:
+        consumers = sch.get_consumers(red)
+        if len(consumers) != 1 or sch.get(consumers[0]).name_hint != sch.get(epilogue).name_hint:
+            return None
+        red_shape = [int(x) for x in sch.get(red).writes[0].source.shape]
+        epi_shape = [int(x) for x in sch.get(epilogue).writes[0].source.shape]
+        if red_shape != epi_shape:
+            return None
+    return (epilogue,)
+
+
+def _floor_pow2(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+#: `ColumnReduction` takes reductions over at most this many outputs (beyond, one work-item
+#: per 4 outputs already fills a GPU) ...
+_COLUMN_OUTPUTS = 4096
+#: ... of at least this many terms (shorter windows: `SerialReduction`'s); `RowReduction`
+#: shares its rows' threads only for rows of at least this many terms.
+_COLUMN_TERMS = 16
+
+
+class ColumnReduction(_SingleReductionRule):
+    """Few outputs along the innermost (contiguous) axis, reduced over outer axes, in one
+    kernel: the global average pool of an NHWC map (a squeeze-excite block's, 1x14x14x96 ->
+    1x1x1x96), a mean over the rows of a ``[N, C]`` matrix.
+
+    `SerialReduction` gives these one work-item per 4 outputs (96 channels: 24 work-items,
+    each reading 4 x 196 terms strided by the channel count; ~40 us on the H100) and dlight's
+    reduction rules one work-group per output, whose threads also read with the channel
+    stride. Here a work-group of ``channels`` x ``slices`` threads owns ``channels``
+    consecutive outputs: thread ``(c, s)`` sums terms ``s, s + slices, ...`` of output ``c``
+    (``threadIdx.x`` along the channels: a warp reads runs of 16 consecutive floats, whole
+    32-byte sectors, where one work-item per output reads one float per sector), then the
+    group adds its slices' partial sums in local memory (TVM's cross-thread reduction over
+    ``threadIdx.y``; thread ``(c, 0)`` applies the epilogue, the average's division or the
+    block's activation, and stores). Reads coalesce, and the kernel runs ``channels *
+    slices`` threads per ``channels`` outputs instead of one per 4 (96 channels of 14x14:
+    6 groups of 256 threads, 13 terms each, instead of 24 work-items of 4 x 196 terms).
+
+    Applies to one reduction that reads each element of its input once (no reuse: not a
+    convolution) with the output's innermost axis as every read's innermost index, at most
+    `_COLUMN_OUTPUTS` outputs of at least `_COLUMN_TERMS` terms.
+
+    Args:
+        channels: Outputs (consecutive channels) per work-group, at most.
+        threads: Threads per work-group, at most (the target's limit applies too); the
+            slices are ``threads / channels``, fewer where the reduction is short (each
+            thread sums at least ``min_terms`` terms where it can).
+        min_terms: Terms per thread the slices aim at, at least.
+    """
+
+    def __init__(self, channels: int = 16, threads: int = 256, min_terms: int = 4) -> None:
+        self.channels = channels
+        self.threads = threads
+        self.min_terms = min_terms
+
+    def _schedule(
+        self,
+        sch: s_tir.Schedule,
+        target: Target,
+        infos: list[Any],
+        red_info: Any,
+        s_ext: list[int],
+        r_ext: list[int],
+    ) -> s_tir.Schedule | None:
+        n_s = len(s_ext)
+        outputs, terms = math.prod(s_ext), math.prod(r_ext)
+        if outputs > _COLUMN_OUTPUTS or terms < _COLUMN_TERMS:
+            return None
+        block = sch.get(red_info.block_rv)
+        if not _no_reuse(block, outputs, terms):
+            return None
+        inner = block.iter_vars[n_s - 1].var
+        if not all(last.same_as(inner) for last in _last_indices(block)):
+            return None  # not coalesced along the outputs
+        red_name = red_info.name
+        found = _single_epilogue(sch, infos, red_name)
+        if found is None:
+            return None
+        (epilogue,) = found
+        red = sch.get_sblock(red_name)
+
+        cap = max(1, min(self.threads, int(max_threads_per_block(target))))
+        channels = min(self.channels, _floor_pow2(outputs), cap)
+        if outputs < channels:
+            channels = outputs
+        slices = min(cap // channels, _floor_pow2(max(1, terms // self.min_terms)))
+        loops = sch.get_loops(red)
+        s = sch.fuse(*loops[:n_s]) if n_s > 1 else loops[0]
+        r = sch.fuse(*loops[n_s:]) if len(loops) - n_s > 1 else loops[n_s]
+        # The epilogue moves under the fused output loop before that loop is split (see
+        # `SerialReduction`: TVM 0.27 drops the predicate of an inexact split otherwise).
+        if epilogue is None:
+            epilogue = sch.cache_write(red, 0, "local")
+        else:
+            sch.set_scope(red, 0, "local")
+        sch.reverse_compute_at(epilogue, s, preserve_unit_loops=False)
+        bx, tx = sch.split(s, factors=[None, channels])
+        r_o, ty = sch.split(r, factors=[None, slices])
+        sch.reorder(ty, r_o)
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        sch.bind(ty, "threadIdx.y")
+        return sch
+
+
+class RowReduction(_SingleReductionRule):
+    """Reductions over the innermost (contiguous) axis of each row: the mean and variance of
+    a layer norm over the channels (``[N, C]``, C = 24-240), the small fully-connected layers
+    of a squeeze-excite block (a 1x1 convolution on one pixel: a GEMV, ``Cout`` rows of
+    ``Cin`` weights).
+
+    `SerialReduction` gives each work-item 4 rows (64 rows of 168: 16 work-items, each
+    reading its rows serially, consecutive work-items 4 rows apart: 1-13 GB/s on an H100).
+    Here ``lanes`` threads share each row: lane ``l`` sums terms ``l, l + lanes, ...``
+    (a warp reads consecutive floats of a row: coalesced), the lanes' partial sums meet in
+    a cross-thread reduction (``threadIdx.x``; warp shuffles in CUDA, local memory in
+    OpenCL), and the epilogue (bias and activation, or ``+ eps`` and ``rsqrt``) runs on
+    the sum. A work-group holds ``threads / lanes`` rows (``threadIdx.y``). ``lanes=1``
+    is one work-item per row with a serial loop and no barrier.
+
+    Applies to one reduction over one axis that reads each element of some input once (a
+    row of a matrix, a GEMV's weights; not a matmul) and is every read's innermost index
+    or absent from it (a GEMV's vector), at least `_COLUMN_TERMS` terms for ``lanes > 1``.
+
+    Args:
+        lanes: Threads per row, at most (a power of two); fewer for short rows, so that each
+            sums about ``min_terms`` terms or more.
+        threads: Threads per work-group, at most: fewer (64-128) when the rows are few, so
+            that the groups spread over the GPU.
+        min_terms: Terms per lane the lanes aim at, at least.
+        max_terms: Longest rows taken (``None``: any). Rows of more than 512 terms (a
+            classifier's 1000 x 1024 weights, a late squeeze-excite layer's 144 x 576) were
+            dlight's GEMV's before this rule; they stay so by default, this rule a variant.
+    """
+
+    def __init__(
+        self,
+        lanes: int = 32,
+        threads: int = 256,
+        min_terms: int = 2,
+        max_terms: int | None = _SHORT_REDUCTION,
+    ) -> None:
+        self.lanes = lanes
+        self.threads = threads
+        self.min_terms = min_terms
+        self.max_terms = max_terms
+
+    def _schedule(
+        self,
+        sch: s_tir.Schedule,
+        target: Target,
+        infos: list[Any],
+        red_info: Any,
+        s_ext: list[int],
+        r_ext: list[int],
+    ) -> s_tir.Schedule | None:
+        n_s = len(s_ext)
+        rows, terms = math.prod(s_ext), math.prod(r_ext)
+        if len(r_ext) != 1 or (self.lanes > 1 and terms < _COLUMN_TERMS):
+            return None
+        if self.max_terms is not None and terms > self.max_terms:
+            return None  # long rows (classifiers): dlight's GEMV, unless a variant
+        block = sch.get(red_info.block_rv)
+        if not _no_reuse(block, rows, terms):
+            return None
+        k = block.iter_vars[n_s].var
+        if not all(last.same_as(k) or not _uses_var(last, k) for last in _last_indices(block)):
+            return None
+        if not any(last.same_as(k) for last in _last_indices(block)):
+            return None
+        red_name = red_info.name
+        found = _single_epilogue(sch, infos, red_name)
+        if found is None:
+            return None
+        (epilogue,) = found
+        red = sch.get_sblock(red_name)
+
+        cap = max(1, min(self.threads, int(max_threads_per_block(target))))
+        lanes = min(self.lanes, cap, _floor_pow2(max(1, terms // self.min_terms)))
+        per_group = max(1, min(_threads_per_group(rows * lanes, target), cap) // lanes)
+        per_group = min(per_group, rows)
+        loops = sch.get_loops(red)
+        s = sch.fuse(*loops[:n_s]) if n_s > 1 else loops[0]
+        if epilogue is None:
+            epilogue = sch.cache_write(red, 0, "local")
+        else:
+            sch.set_scope(red, 0, "local")
+        sch.reverse_compute_at(epilogue, s, preserve_unit_loops=False)
+        bx, ty = sch.split(s, factors=[None, per_group])
+        sch.bind(bx, "blockIdx.x")
+        if lanes == 1:
+            sch.bind(ty, "threadIdx.x")
+            return sch
+        r_o, tx = sch.split(sch.get_loops(red)[-1], factors=[None, lanes])
+        sch.reorder(tx, r_o)
+        sch.bind(ty, "threadIdx.y")
+        sch.bind(tx, "threadIdx.x")
+        return sch
+
+
 #: Most terms per row that `SerialRows` sums in one work-item (MobileNet's 1001 classes,
 #: three passes, take a few microseconds on one CPU core).
 _ROW_TERMS = 16384
@@ -672,12 +914,15 @@ class Injective(_GuardedRule):
 PROFILES: dict[str, dict[str, int | bool]] = {
     # Large GPU (H100): our rules where they beat dlight there (depthwise, pooling: 10-40x);
     # channel reductions and elementwise kernels stay with dlight (measured faster there).
-    # Global pooling (selfie's 128x128 squeeze-and-excite pools): `WindowReduction`.
+    # Global pooling (selfie's 128x128 squeeze-and-excite pools): `WindowReduction`; smaller
+    # pools, layer-norm statistics and squeeze-excite GEMVs: `ColumnReduction`, `RowReduction`
+    # (coalesced; not yet timed on the H100 when made the default).
     "gpu": {
         "min_work_items": _ENOUGH_WORK_ITEMS,
         "channel_reductions": False,
         "injective": False,
         "window_reduction": True,
+        "coalesced_reductions": True,
     },
     # CPU OpenCL (PoCL): serial reductions everywhere (long ones over few outputs too) with
     # the largest tiles, but one pixel per work-item under a kernel window; vectorised
@@ -726,6 +971,8 @@ def fast_rules(
         if value is not None:
             cfg[key] = value
     rules: list[GPUScheduleRule] = [WindowReduction()] if cfg.get("window_reduction") else []
+    if cfg.get("coalesced_reductions"):
+        rules += [ColumnReduction(), RowReduction()]
     rules.append(
         SerialReduction(
             min_work_items=int(cfg["min_work_items"]),
@@ -848,6 +1095,12 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
       Chosen only where the device times them faster (the H100 had only the others so far).
     * `FewOutputsReduction`: one work-group per output for few outputs of long reductions
       (the late 1x1 convolutions of the landmark models).
+    * for the reductions that read their input whole (global pools, layer-norm statistics,
+      squeeze-excite GEMVs, classifiers): `ColumnReduction` with 32 channels x 8 slices and
+      8 channels x 32 slices per group; `RowReduction` with one work-item per row (serial,
+      no barrier), with 32 lanes on rows of any length, and with a group of 256 threads per
+      row (split-K); dlight's GEMV and Reduction (what some of these kernels had before our
+      rules took them).
 
     The ``cpu`` profile has none (PoCL is for correctness).
     """
@@ -907,4 +1160,14 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
             )
         ),
         FewOutputsReduction(),
+        # Reductions read whole (global pools, layer norms, squeeze-excite GEMVs): other
+        # shapes of `ColumnReduction` and `RowReduction`, and dlight's rules that had the
+        # kernels before those became the defaults (`SerialReduction`'s are above).
+        ColumnReduction(channels=32),
+        ColumnReduction(channels=8),
+        RowReduction(lanes=1),
+        RowReduction(max_terms=None),
+        RowReduction(lanes=256, min_terms=4, max_terms=None),
+        dl.gpu.GEMV(),
+        dl.gpu.Reduction(),
     ]
