@@ -5,8 +5,8 @@ TVM prints OpenCL C for people: identifiers such as
 ``(convert_int(get_local_id(0)))`` at every index, two-space indentation, and a
 ``int cse_vN = ...;`` before most statements that nothing reads (its common-subexpression pass
 names the value, then prints the expression again where it is used). selfie_segmentation's
-program was 4.4 MB of such text; the cache compresses it (xz), and every warm start
-decompresses and parses all of it.
+program was 4.4 MB of such text (45 KB in xz); the cache compresses it, and every warm start
+decompresses and parses all of it. Minified: 1.0 MB (26 KB in xz).
 
 `minify_opencl` rewrites each kernel so that the driver sees the same program after
 preprocessing, less unused declarations the driver's compiler removes anyway:
@@ -15,10 +15,10 @@ preprocessing, less unused declarations the driver's compiler removes anyway:
   arithmetic: no call but the work-item built-ins and conversions, no memory access, no
   assignment), until none is left;
 - renames each kernel's parameters and locals to the shortest names free in that kernel, in
-  order of first use (kernels of one shape then print alike, which also compresses better);
+  order of declaration (kernels of one shape then print alike, which also compresses better);
 - writes ``(convert_int(get_group_id(0)))`` and its five siblings as macros (``G0``...
   ``L2``) defined once in the program's head;
-- drops comments and whitespace the C grammar does not need, one statement a line.
+- drops comments and whitespace the C grammar does not need: one kernel a line.
 
 Kernel names are not changed here (the compiler names the kernels, `litekiln.compiler.codegen`);
 each kernel keeps its ``// Function: <name>`` line, by which the runtime cuts a program to its
@@ -26,8 +26,10 @@ default kernels (`litekiln.runtime.build.default_program`). Preprocessor lines a
 are. Whatever the lexer does not know (a string, a character it has no rule for) leaves the
 source unminified (`MinifyError`); the output is checked to lex back into the tokens written.
 
-`strip_ptx` drops PTX's comment-only lines and blank lines (nvcc's banner, ``// .globl``,
-``// ... has been demoted``): nothing the driver reads.
+`strip_ptx` drops PTX's comment-only lines, blank lines and indentation (nvcc's banner,
+``// .globl``, ``// ... has been demoted``): nothing the driver reads. (Register names are
+nvcc's and stay: a reversible renumbering of them saved 17% of the PTX's xz but took 160 ms
+of Python to undo at every read.)
 
 Pure Python and deterministic (same source, same output).
 """
