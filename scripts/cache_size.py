@@ -7,11 +7,16 @@ manifest, parts and the shared constants it needs -- and their share of the mode
 and what the fp16 entry adds to the cache. The bounds the issue asks for: fp32 at most 15%,
 fp16 adding at most 55%.
 
+``litekiln compile`` ships PTX for NVIDIA GPUs where it finds nvcc (``LITEKILN_PTX=auto``);
+``--ptx off`` measures the entries without it. Each row says whether its entries hold PTX, and
+the uncompressed characters of the kernels' OpenCL C and PTX in them.
+
 Usage::
 
     .venv/bin/python scripts/cache_size.py                     # every zoo model, "fast"
     .venv/bin/python scripts/cache_size.py --schedules fast-cpu smoke hand_landmark_lite
     .venv/bin/python scripts/cache_size.py --out results/cache_size/fast.json
+    .venv/bin/python scripts/cache_size.py --ptx off smoke    # the entries without PTX
 
 Prints a table; ``--out`` also writes the rows and the command as JSON.
 """
@@ -21,6 +26,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import lzma
+import os
 import subprocess
 import sys
 import tempfile
@@ -45,6 +52,7 @@ def entry_sizes(cache: Path) -> dict[str, Any]:
     with CacheStore.open(cache) as store:
         rows = store.ls()
         parts = {r.key: store.info(r.key)["parts"] for r in rows if r.kind == "model"}
+        texts = {r.key: _kernel_text(store, r.key) for r in rows if r.kind == "model"}
     out: dict[str, Any] = {"total": sum(r.size for r in rows if r.kind != "program")}
     for r in rows:
         if r.kind == "model":
@@ -56,11 +64,25 @@ def entry_sizes(cache: Path) -> dict[str, Any]:
                 "packed_constants": size.get("constants.bin", 0),
                 "model_bytes": r.model_bytes,
                 "share": r.model_share,
+                **texts[r.key],
             }
     return out
 
 
-def measure(model: Path, schedules: str, work: Path) -> dict[str, Any]:
+def _kernel_text(store: CacheStore, key: str) -> dict[str, int]:
+    """Characters of OpenCL C and of PTX in a compiled model's manifest (uncompressed)."""
+    entry = store.get(key, kind="model")
+    if entry is None:
+        return {}
+    doc = json.loads(lzma.decompress(entry.part("artifact.json.xz")))
+    programs = [p["program"] for p in doc["compiled"]["partitions"]]
+    return {
+        "opencl_chars": sum(len(p["source"]) for p in programs),
+        "ptx_chars": sum(len(p.get("ptx", "")) for p in programs),
+    }
+
+
+def measure(model: Path, schedules: str, work: Path, ptx: str = "auto") -> dict[str, Any]:
     """Compile ``model`` in fp32, then fp16, into a cache of its own; its entries' sizes."""
     cache = work / model.stem
     cache.mkdir(mode=0o700)
@@ -72,13 +94,15 @@ def measure(model: Path, schedules: str, work: Path) -> dict[str, Any]:
             sys.executable, "-m", "litekiln.cli", "compile", str(model), "--cache-dir", str(cache),
             "--precision", precision, "--schedules", schedules,
         ]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        env = {**os.environ, "LITEKILN_PTX": ptx}
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
         if proc.returncode or precision not in entry_sizes(cache):
             row[precision] = {"error": (proc.stderr or proc.stdout).strip().splitlines()[-3:]}
             continue
         sizes = entry_sizes(cache)
         row[precision] = {**sizes[precision], "compile_s": round(time.perf_counter() - t0, 1)}
         totals.append(sizes["total"])
+    row["ptx"] = any(row.get(p, {}).get("ptx_chars", 0) for p in ("fp32", "fp16"))
     if len(totals) == 2:
         row["fp16_adds"] = totals[1] - totals[0]
         row["fp16_adds_share"] = row["fp16_adds"] / row["model_bytes"]
@@ -92,7 +116,7 @@ def _pct(x: float | None) -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         f"{'model':34s} {'model':>10s} {'fp32 entry':>11s} {'share':>6s} "
-        f"{'fp16 adds':>10s} {'share':>6s}"
+        f"{'fp16 adds':>10s} {'share':>6s} {'PTX':>4s}"
     ]
     for r in rows:
         fp32 = r.get("fp32", {})
@@ -100,7 +124,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         adds, adds_share = r.get("fp16_adds", 0), r.get("fp16_adds_share")
         lines.append(
             f"{r['model']:34s} {r['model_bytes']:10d} {entry:11d} {_pct(fp32.get('share'))} "
-            f"{adds:10d} {_pct(adds_share)}"
+            f"{adds:10d} {_pct(adds_share)} {'yes' if r.get('ptx') else 'no':>4s}"
         )
     return "\n".join(lines)
 
@@ -117,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("models", nargs="*", help="zoo names or .tflite paths (default: the zoo)")
     p.add_argument("--schedules", default="fast", choices=["fast", "fast-cpu", "default"])
     p.add_argument("--out", type=Path, help="also write the rows as JSON here")
+    p.add_argument(
+        "--ptx", default="auto", choices=["auto", "on", "off"],
+        help="LITEKILN_PTX for the compiles (auto: PTX where nvcc is found)",
+    )  # fmt: skip
     a = p.parse_args(argv)
     names = a.models or list(ZOO)
     paths = [Path(n) if n.endswith(".tflite") else zoo_dir() / f"{n}.tflite" for n in names]
@@ -126,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             if not path.exists():
                 print(f"{path}: not made (scripts/make_zoo.py), skipped", file=sys.stderr)
                 continue
-            rows.append(measure(path, a.schedules, Path(tmp)))
+            rows.append(measure(path, a.schedules, Path(tmp), a.ptx))
             print(table(rows[-1:]).splitlines()[-1], flush=True)
     print()
     print(table(rows))
@@ -138,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             "command": " ".join(["scripts/cache_size.py", *(argv or sys.argv[1:])]),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "schedules": a.schedules,
+            "ptx": a.ptx,
             "rows": rows,
         }
         a.out.write_text(json.dumps(record, indent=1) + "\n")

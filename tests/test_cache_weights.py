@@ -326,13 +326,17 @@ def test_shared_constants_serve_fp32_and_fp16_entries_and_travel_in_an_export(
 # ---------------------------------------------------------------- the issue's bounds (zoo)
 
 #: Zoo models whose entries exceed the issue's bounds although they hold none of their weights:
-#: the kernels' OpenCL C ("fast" schedules with their tuning variants, 1-4 MB, 14-45 KB after
-#: LZMA) is more than 15% of a model this small (results/cache_size/fast.json, 2026-11-25).
+#: the kernels' minified OpenCL C ("fast" schedules with their tuning variants) is more than 15%
+#: of a model this small (results/cache_size/, 2026-11-25).
 KERNELS_OVER_THE_BOUND = {
-    "face_detection_short_range": "fp32 entry 20.1% of a 224 KiB model: 44 KiB of kernels",
-    "selfie_segmentation": "fp32 entry 21.2% of a 244 KiB model: 51 KiB of kernels",
-    "smoke": "fp32 entry 59.6% of a 30 KiB test model: 17 KiB of kernels",
-    "smoke_int8": "fp32 153%, fp16 adds 122% of a 13 KiB test model: 18 KiB of kernels",
+    "smoke": "fp32 entry 39.7% of a 30 KiB test model: 12 KiB of kernels",
+    "smoke_int8": "fp32 109%, fp16 adds 87% of a 13 KiB test model: 14 KiB of kernels",
+}
+#: ... and those whose entries exceed them only with the PTX a compile ships where it finds
+#: nvcc (`litekiln.compiler.ptx`): without it 13.2% and 12.6%; PTX adds ~40 KB (xz) to each.
+PTX_OVER_THE_BOUND = {
+    "face_detection_short_range": "fp32 entry 12.6% + PTX of a 224 KiB model",
+    "selfie_segmentation": "fp32 entry 13.2% + PTX of a 244 KiB model",
 }
 
 
@@ -357,15 +361,15 @@ CI_ZOO = ("hand_landmark_lite", "mobilenet_v1_int8", "smoke_int8")
 def _zoo_cases() -> list[object]:
     import os
 
+    from litekiln.compiler.ptx import find_nvcc
     from litekiln.zoo import ZOO
 
     names = ZOO if os.environ.get("LITEKILN_CACHE_SIZE_ALL") == "1" else CI_ZOO
+    over = {**KERNELS_OVER_THE_BOUND, **(PTX_OVER_THE_BOUND if find_nvcc() else {})}
     return [
         pytest.param(
             name,
-            marks=pytest.mark.xfail(reason=KERNELS_OVER_THE_BOUND[name], strict=True)
-            if name in KERNELS_OVER_THE_BOUND
-            else (),
+            marks=pytest.mark.xfail(reason=over[name], strict=True) if name in over else (),
         )
         for name in names
     ]

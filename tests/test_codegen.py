@@ -799,7 +799,8 @@ def test_conv_residual_relu_fuse_into_one_kernel(se_gate: bool) -> None:
     data = _blaze_block_model(se_gate)
     model = load_model(data)
     compiled = compile_model(model, CompileOptions(op_table="extended"), warn=False)
-    kernels = [launch.kernel for p in compiled.partitions for launch in p.program.launches]
+    # (by the PrimFunc each launch runs: a compiled model names its kernels k0, k1...)
+    kernels = [launch.func for p in compiled.partitions for launch in p.program.launches]
     gpu = litekiln.Interpreter(model_content=data, use_cache=False, op_table="extended")
     ref = litekiln.Interpreter(model_content=data, device="reference")
     inputs = ref.random_inputs(0)

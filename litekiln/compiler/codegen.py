@@ -57,6 +57,7 @@ from litekiln.artifact.program import (
     Variant,
 )
 from litekiln.compiler import ptx
+from litekiln.compiler.minify import MinifyError, minify_opencl, strip_ptx
 
 # `tvm.tirx.build` the attribute is a function: import the module by name.
 _tir_build = importlib.import_module("tvm.tirx.build")
@@ -794,20 +795,28 @@ def _ndrange(call: _KernelCall, where: str) -> tuple[tuple[int, ...], tuple[int,
 _MAX_KERNEL_NAME = 60
 
 
-def _shorten_kernel_names(source: str, launches: list[Launch]) -> tuple[str, list[Launch]]:
-    """Rename kernels whose fused names grow past 60 characters.
+def _shorten_kernel_names(
+    source: str, launches: list[Launch], *, minify: bool = False
+) -> tuple[str, list[Launch]]:
+    """Rename kernels whose fused names grow past 60 characters (``minify``: every kernel,
+    to ``k0``, ``k1``... in launch order).
 
     FuseOps names a kernel after every op it fused (e.g. ``fused_conv2d11_add12_tir_abs7_...``,
     300+ characters with the fp16 rounding epilogue); PoCL fails to link such kernels, and no
-    driver needs them. The short name keeps a readable prefix and a unique index.
+    driver needs them. The short name keeps a readable prefix and a unique index. A minified
+    program names its kernels by index alone: the names recur in the source, the launch plan and
+    the PTX (entries, parameters), and each launch's `Launch.func` still names its PrimFunc.
     """
-    import re
-
-    long_names = sorted({ln.kernel for ln in launches if len(ln.kernel) > _MAX_KERNEL_NAME})
-    if not long_names:
+    if minify:
+        order = list(dict.fromkeys(ln.kernel for ln in launches))
+        mapping = {n: f"k{i}" for i, n in enumerate(order) if n != f"k{i}"}
+    else:
+        long_names = sorted({ln.kernel for ln in launches if len(ln.kernel) > _MAX_KERNEL_NAME})
+        mapping = {n: f"{n[:40]}_k{i}" for i, n in enumerate(long_names)}
+    if not mapping:
         return source, launches
-    mapping = {n: f"{n[:40]}_k{i}" for i, n in enumerate(long_names)}
-    pattern = re.compile(r"\b(" + "|".join(re.escape(n) for n in long_names) + r")\b")
+    names = sorted(mapping, key=len, reverse=True)
+    pattern = re.compile(r"\b(" + "|".join(re.escape(n) for n in names) + r")\b")
     source = pattern.sub(lambda m: mapping[m.group(1)], source)
     launches = [
         dataclasses.replace(ln, kernel=mapping.get(ln.kernel, ln.kernel)) for ln in launches
@@ -824,6 +833,7 @@ def compile_relax_full(
     build_options: str = DEFAULT_BUILD_OPTIONS,
     schedules: str | None = None,
     variant_rules: Sequence[Any] = (),
+    minify: bool = False,
 ) -> CompileResult:
     """Compile a Relax module (one GPU partition) to a `GpuProgram`.
 
@@ -847,6 +857,10 @@ def compile_relax_full(
             was before scheduling; each one that applies and schedules the function
             differently from the pipeline becomes a `Variant` option of that call, timed by
             the runtime on the device (tuning). Empty: no variants.
+        minify: store the kernels in fewer bytes (`litekiln.compiler.minify`): kernels
+            named ``k0``, ``k1``..., their OpenCL C minified, comment lines out of the PTX.
+            What the model compiler writes to the cache; off, the OpenCL C is TVM's as it
+            printed it (for reading, and for tests that look into it).
 
     Returns:
         A `CompileResult` (program, constants, per-phase timings).
@@ -864,7 +878,7 @@ def compile_relax_full(
     t_relax = time.perf_counter()
     planner, outputs = _plan_main(lowered)
     # 2-3. TIR lowering and OpenCL C of the PrimFuncs that main calls, and their launches.
-    code = _device_code(lowered, fused, planner, variant_rules, tgt)
+    code = _device_code(lowered, fused, planner, variant_rules, tgt, minify=minify)
     program = _program(code, build_options, planner, outputs, tgt)
     t_end = time.perf_counter()
     timings = {
@@ -966,6 +980,9 @@ class _DeviceCode:
     t_codegen: float
     ptx: str = ""  # the default kernels as PTX (`litekiln.compiler.ptx`), or ""
     ptx_note: str = ""  # how it was made, or why there is none
+    minified: str = (
+        "no"  # whether the OpenCL C is minified (`litekiln.compiler.minify`), or why not
+    )
 
 
 def _device_code(
@@ -974,6 +991,8 @@ def _device_code(
     planner: _MainPlanner,
     variant_rules: Sequence[Any],
     target: tvm.target.Target,
+    *,
+    minify: bool = False,
 ) -> _DeviceCode:
     """Lower the called PrimFuncs (and variants) to OpenCL C and read their launches."""
     # The pipeline leaves dead PrimFuncs (e.g. a `reshape` replaced by vm.builtin.reshape).
@@ -989,9 +1008,17 @@ def _device_code(
     launches, variants = _LaunchReader(planner, funcs, flops).read()
     # Variants no option kept (equal to the default) need not be built.
     prune = bool(funcs.variants_of)
-    source, short, variants = _finish_kernels(funcs.source, launches, variants, prune=prune)
+    source, short, variants = _finish_kernels(
+        funcs.source, launches, variants, prune=prune, minify=minify
+    )
     code = _DeviceCode(source, short, variants, funcs.t_tir, t_codegen)
     code.ptx, code.ptx_note = _default_ptx(funcs.device_mods, launches, short)
+    if minify:
+        code.ptx = strip_ptx(code.ptx)
+        try:
+            code.source, code.minified = minify_opencl(source), "yes"
+        except MinifyError as exc:  # kept as TVM printed it: it still runs
+            code.minified = f"no: {exc}"
     return code
 
 
@@ -1211,14 +1238,15 @@ def _split(total: int, weights: Sequence[float]) -> list[int]:
 
 
 def _finish_kernels(
-    source: str, launches: list[Launch], variants: list[Variant], *, prune: bool
+    source: str, launches: list[Launch], variants: list[Variant], *, prune: bool, minify: bool
 ) -> tuple[str, list[Launch], list[Variant]]:
-    """Drop unused kernels (``prune``) and shorten long kernel names, in source and launches."""
+    """Drop unused kernels (``prune``) and shorten long kernel names, in source and launches;
+    ``minify``: name every kernel by its index."""
     launches_all = [*launches, *(ln for v in variants for o in v.options for ln in o)]
     if prune:
         source = _keep_kernels(source, {ln.kernel for ln in launches_all})
     source = _drop_prototypes(source)
-    source, launches_all = _shorten_kernel_names(source, launches_all)
+    source, launches_all = _shorten_kernel_names(source, launches_all, minify=minify)
     launches, rest = launches_all[: len(launches)], iter(launches_all[len(launches) :])
     variants = [
         dataclasses.replace(v, options=tuple(tuple(next(rest) for _ in o) for o in v.options))
@@ -1254,6 +1282,7 @@ def _program(
             "target": str(target.kind.name),
             "target_full": target.export() if hasattr(target, "export") else str(target),
             "ptx": code.ptx_note,
+            "minified": code.minified,
         },
         format_version=FORMAT_VERSION,
         ptx=code.ptx,

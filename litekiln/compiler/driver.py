@@ -217,7 +217,7 @@ class _Compilation:
             try:
                 return compile_relax_full(
                     mod, target=_target(self.options), schedules=schedules,
-                    variant_rules=variants,
+                    variant_rules=variants, minify=True,
                 )  # fmt: skip
             except Exception as exc:  # noqa: BLE001 - a failed schedule falls back, never crashes
                 errors.append(f"{schedules}: {_why(exc)}")

@@ -31,11 +31,12 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-
-import tvm
-from tvm import tirx
+from typing import TYPE_CHECKING
 
 from litekiln import config
+
+if TYPE_CHECKING:  # (imported where used: finding nvcc needs no TVM)
+    import tvm
 
 #: Oldest virtual architecture CUDA 12/13's nvcc still writes; every GPU since Turing loads it.
 PTX_ARCH = "compute_75"
@@ -71,6 +72,9 @@ def wanted() -> str | None:
 
 def _printed_cuda(device_mod: tvm.IRModule) -> str:
     """TVM's CUDA C for ``device_mod``'s kernels."""
+    import tvm
+    from tvm import tirx
+
     target = tvm.target.Target(_CUDA_TARGET, host="llvm")
     mod = tvm.IRModule(
         {gv: f.with_attr("target", target) for gv, f in device_mod.functions.items()}
@@ -92,6 +96,8 @@ def make_ptx(
     Raises:
         PtxUnavailable: more than one device module, a kernel missing, or nvcc failed.
     """
+    import tvm
+
     t0 = time.perf_counter()
     mods = [m for m in device_mods if len(m.functions)]
     if len(mods) != 1:
