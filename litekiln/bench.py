@@ -735,7 +735,9 @@ def _kernel_profile(sess: Any, reps: int = 10) -> dict[str, Any] | None:
         {
             "partition": pi,
             "launch": li,
-            "kernel": launch.kernel,
+            # the PrimFunc's name: the stored kernels are minified (k0, k1...)
+            "kernel": launch.func or launch.kernel,
+            "symbol": launch.kernel,
             "ms": round(statistics.median(ts) * 1e3, 5),
             "bytes": nbytes,
             "flops": launch.flops,

@@ -852,8 +852,8 @@ class CudaGraphExecutor(PartitionIO):
         return len(self._launches)
 
     def launch_names(self) -> list[str]:
-        """Kernel name of each launch, in launch order."""
-        return [launch.kernel for launch in self._launches]
+        """Name of each launch, in launch order: its PrimFunc's, else its kernel's."""
+        return [la.func or la.kernel for la in self._launches]
 
     def set_input(self, i: int, array: np.ndarray, *, blocking: bool = True) -> None:
         """Stage ``array`` as input ``i`` (copied to the device by the next `run`).

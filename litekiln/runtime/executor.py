@@ -444,8 +444,9 @@ class PartitionExecutor(PartitionIO):
         return len(self._launches)
 
     def launch_names(self) -> list[str]:
-        """Kernel name of each launch, in launch order (for profiles)."""
-        return [launch.kernel for launch in self.program.plan(self.choices)]
+        """Name of each launch, in launch order (for profiles): its PrimFunc's (the stored
+        kernels are minified: k0, k1...), else its kernel's."""
+        return [la.func or la.kernel for la in self.program.plan(self.choices)]
 
     def profile(self) -> list[float]:
         """Run every launch once on a profiling queue and return each one's device time.
