@@ -190,6 +190,18 @@ _DRIVER_CODE = (
     "print('" + "LITEKILN_BENCH_RESULT " + '\' + \'{"import_s": %r, "context_s": %r}\' '
     "% (t1 - t0, t2 - t1))"
 )
+#: The bare CUDA driver start, in a fresh process: import numpy (which any start of litekiln's
+#: or LiteRT's imports), then load libcuda, cuInit, and make the first GPU's primary context
+#: current, as a `CudaStart` does.
+_CUDA_DRIVER_CODE = (
+    "import sys, time, json; t0 = time.perf_counter(); import numpy; t1 = time.perf_counter(); "
+    "import ctypes; lib = ctypes.CDLL('libcuda.so.1'); assert lib.cuInit(0) == 0; "
+    "d = ctypes.c_int(); assert lib.cuDeviceGet(ctypes.byref(d), 0) == 0; "
+    "c = ctypes.c_void_p(); assert lib.cuDevicePrimaryCtxRetain(ctypes.byref(c), d) == 0; "
+    "assert lib.cuCtxSetCurrent(c) == 0; t2 = time.perf_counter(); "
+    "print('" + "LITEKILN_BENCH_RESULT " + "' + json.dumps({'numpy_s': t1 - t0, "
+    "'context_s': t2 - t1}))"
+)
 #: LiteRT's GPU path started in a fresh process (the peer of a first start): import LiteRT,
 #: ``CompiledModel`` with the GPU accelerator (its shaders compiled there), one run on zeros
 #: with the outputs read back. Kept apart from litekiln: nothing of ours is imported.
@@ -270,6 +282,8 @@ def _child(spec: dict[str, Any], imports_s: float = 0.0) -> dict[str, Any]:
             # partitions whose first start ran the shipped PTX (NVIDIA: no OpenCL build)
             "ptx": f"{st.get('ptx', 0)}/{st.get('partitions', 0)}",
             "tuning": f"{st.get('tuning', 0)}/{st.get('variants', 0)}",
+            # opened through CUDA alone, every partition a verified graph (no OpenCL)
+            "cuda_start": bool(st.get("cuda_start")),
         },
     }
 
@@ -384,10 +398,28 @@ def driver_floor(device: str | None, repeat: int) -> dict[str, Any]:
     runs = _children(_DRIVER_CODE, device or "", repeat)
     if isinstance(runs, str):
         raise LitekilnError(f"driver start-up child failed: {runs}")
-    return {
+    out: dict[str, Any] = {
         f"{k[: -len('_s')]}_ms": _ms(_median([r[k] for r in runs]))
         for k in ("import_s", "context_s")
     }
+    out["total_ms"] = _ms(_median([r["import_s"] + r["context_s"] for r in runs]))
+    cuda = _children(_CUDA_DRIVER_CODE, "", repeat) if _has_cuda() else "no libcuda.so.1"
+    out["cuda"] = (
+        {"error": cuda}
+        if isinstance(cuda, str)
+        else {
+            "numpy_ms": _ms(_median([r["numpy_s"] for r in cuda])),
+            "context_ms": _ms(_median([r["context_s"] for r in cuda])),
+            "total_ms": _ms(_median([r["numpy_s"] + r["context_s"] for r in cuda])),
+        }
+    )
+    return out
+
+
+def _has_cuda() -> bool:
+    import ctypes.util
+
+    return ctypes.util.find_library("cuda") is not None or os.path.exists("/usr/lib/libcuda.so.1")
 
 
 def litert_gpu_start(path: str, repeat: int) -> dict[str, Any]:
@@ -577,6 +609,12 @@ def startup_main(a: Any, kwargs: dict[str, Any]) -> int:
             litert_gpu=bool(getattr(a, "litert_gpu", False)),
         )
         results["device"] = results["device"] or rec["device"]
+        floor, cuda = results["driver_floor"], results["driver_floor"]["cuda"]
+        if rec.get("warm_ms") is not None:  # the measure: warm start over the floor
+            if floor.get("total_ms") is not None:
+                rec["warm_over_opencl_floor_ms"] = round(rec["warm_ms"] - floor["total_ms"], 3)
+            if cuda.get("total_ms") is not None:
+                rec["warm_over_cuda_floor_ms"] = round(rec["warm_ms"] - cuda["total_ms"], 3)
         results["models"].append(rec)
         if getattr(a, "out", None):
             _write_json(results, argparse_like(out=a.out))  # partial results survive a crash
@@ -600,7 +638,7 @@ def _print_startup(results: dict[str, Any]) -> None:
     )
     head = f"{'model':28s} {'case':9s} {'total ms':>9s} |"
     head += "".join(f" {k.replace('_', ' ')[:9]:>9s}" for k in STEPS)
-    head += " | cache held (model, binaries, tuning, PTX used)"
+    head += " | cache held (model, binaries, tuning, PTX used, CUDA start)"
     print(head)
     cases = ("cold", "compiled", "shipped", "warm")
     for m in results["models"]:
@@ -613,7 +651,7 @@ def _print_startup(results: dict[str, Any]) -> None:
             line += "".join(f" {_fmt(b.get(f'{k}_ms'), '9.1f')}" for k in STEPS)
             line += (
                 f" | {'yes' if c.get('model') else 'no'}, {c.get('binaries')}, {c.get('tuning')}, "
-                f"{c.get('ptx')}"
+                f"{c.get('ptx')}, {'yes' if c.get('cuda_start') else 'no'}"
             )
             print(line)
         if m["warm_imported_tvm"]:
@@ -639,6 +677,20 @@ def _print_startup(results: dict[str, Any]) -> None:
         f"driver floor (fresh process): import pyopencl {_fmt(f.get('import_ms'), '.1f')} ms, "
         f"device and context {_fmt(f.get('context_ms'), '.1f')} ms"
     )
+    cu = f.get("cuda") or {}
+    if "total_ms" in cu:
+        print(
+            f"CUDA floor (fresh process): import numpy {_fmt(cu['numpy_ms'], '.1f')} ms, cuInit "
+            f"and context {_fmt(cu['context_ms'], '.1f')} ms"
+        )
+    for m in results["models"]:
+        w = m.get("warm_ms")
+        if w is None:
+            continue
+        over = [f"{w - f['total_ms']:+.1f} ms over the OpenCL floor"] if f.get("total_ms") else []
+        if "total_ms" in cu:
+            over.append(f"{w - cu['total_ms']:+.1f} ms over the CUDA floor")
+        print(f"{m['model']:28s} warm {w:.1f} ms: " + ", ".join(over))
     print(
         "cold: empty cache, driver cache off; compiled: what `litekiln compile` stores (no "
         "device binary), driver cache off: a first start on a new device; shipped: cache with "

@@ -31,12 +31,12 @@ import numpy as np
 import litekiln.model.schema  # noqa: F401  (op names and options, read while parsing)
 from litekiln import config
 from litekiln.errors import DeviceError, InputError
-from litekiln.loading import open_session, split_options
+from litekiln.loading import open_device, open_session, split_options
 from litekiln.model import Model, Tensor, load_model
 from litekiln.ops.base import lookup
 from litekiln.reference import run_graph
 from litekiln.resize import resized
-from litekiln.runtime.device import DeviceHandle, DeviceOpener
+from litekiln.runtime.device import DeviceHandle
 from litekiln.runtime.threads import cpu_thread_limit
 
 REFERENCE = "reference"
@@ -116,10 +116,17 @@ class Interpreter:
         )  # fmt: skip
         self.num_threads = num_threads
         self._device_choice = config.DEVICE.get(device) or ""
-        # The OpenCL driver starts up (and the context is made) in the background while the
-        # model is parsed; allocate_tensors() waits for it.
+        # The driver starts up (and the context is made) in the background while the model is
+        # parsed; allocate_tensors() waits for it. (On a GPU known from an earlier start, the
+        # CUDA driver alone: `litekiln.runtime.device.CudaStart`.)
         self._opener = (
-            DeviceOpener(self._device_choice or None) if self._device_choice != REFERENCE else None
+            open_device(
+                self._device_choice or None,
+                cache_dir,
+                use_cache=bool(options.get("use_cache", True)),
+            )
+            if self._device_choice != REFERENCE
+            else None
         )
         source = model_path if model_path is not None else model_content
         assert source is not None

@@ -27,7 +27,15 @@ from litekiln.artifact.compiled import CompiledModel, CompileOptions
 from litekiln.cache.models import ModelCache
 from litekiln.errors import CompileError, DeviceError
 from litekiln.model import Model, load_model
-from litekiln.runtime.device import DeviceHandle, DeviceOpener, list_devices, select_device
+from litekiln.runtime.device import (
+    KNOWN_CHOICES,
+    CudaStart,
+    CudaStartMiss,
+    DeviceHandle,
+    DeviceOpener,
+    list_devices,
+    select_device,
+)
 from litekiln.runtime.profile import DeviceProfile
 from litekiln.runtime.session import Session
 
@@ -62,6 +70,36 @@ def split_options(
     return CompileOptions(precision=precision, **compile_kw), runtime_kw
 
 
+def open_device(
+    choice: str | None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    use_cache: bool = True,
+) -> DeviceOpener:
+    """Start opening the device ``choice`` names, in the background (`DeviceOpener`): through
+    CUDA alone where the cache holds the record of the GPU this choice opened before
+    (`litekiln.runtime.device.CudaStart`), else through OpenCL.
+
+    Args:
+        choice: as for :func:`~litekiln.runtime.device.select_device`.
+        cache_dir: the cache `open_session` will use (None: the default).
+        use_cache: False where the session will run without the cache.
+    """
+    known = None
+    c = (choice or "").strip()
+    if (
+        c in KNOWN_CHOICES
+        and use_cache
+        and not config.NO_CACHE.get()
+        and config.CUDA_GRAPH.get() != "off"
+    ):
+        try:
+            known = ModelCache.open(cache_dir).load_gpu(c)
+        except Exception:  # noqa: BLE001 - a hint only: open_session reports cache problems
+            known = None
+    return DeviceOpener(choice, known=known)
+
+
 def open_session(
     model: Model,
     *,
@@ -92,15 +130,26 @@ def open_session(
     copts, rt = split_options(options, precision)
     use_cache = bool(rt.get("use_cache", True)) and not config.NO_CACHE.get()
     cache = ModelCache.open(cache_dir) if use_cache else None
+    validate = bool(rt.get("validate", False))
+    tune = config.TUNE.get(rt.get("tune"))
     t0 = time.perf_counter()
     early = _preload_ptx(model, copts, cache, device, explicit=options)
     t1 = time.perf_counter()
-    handle = device.result() if isinstance(device, DeviceOpener) else select_device(device)
+    opened = device.result() if isinstance(device, DeviceOpener) else select_device(device)
     t2 = time.perf_counter()
+    if isinstance(opened, CudaStart):
+        session = _cuda_start(model, copts, cache, opened, explicit=options, validate=validate,
+                              tune=tune)  # fmt: skip
+        if session is not None:
+            session.startup.update(device_s=t2 - t1, model_cached=True)
+            session.startup["cache_read_s"] += t1 - t0
+            return session
+        t1 = time.perf_counter()
+        opened = opened.opencl()
+        t2 = time.perf_counter()
+    handle = opened
     _say_if_cpu_only(handle)
-    copts = _for_device(copts, handle, explicit=options)
-    validate = bool(rt.get("validate", False))
-    tune = config.TUNE.get(rt.get("tune"))
+    copts = _for_device(copts, handle.profile, explicit=options)
     if early is not None and early[0] == copts:
         compiled, hit = early[1], True
     else:
@@ -127,6 +176,37 @@ def open_session(
         return Session(model, compiled, handle, programs=cache, validate=validate, tune=tune)
 
 
+def _cuda_start(
+    model: Model,
+    copts: CompileOptions,
+    cache: ModelCache | None,
+    start: CudaStart,
+    *,
+    explicit: Mapping[str, Any],
+    validate: bool,
+    tune: bool,
+) -> Session | None:
+    """The session of a `CudaStart`: the compiled model and every partition's verified CUDA
+    graph from the cache, no OpenCL. None where any of it is missing (the caller opens
+    OpenCL and starts the usual way); validate mode always takes the usual way."""
+    if cache is None or validate:
+        return None
+    t0 = time.perf_counter()
+    compiled = cache.load_model(model.token, _for_device(copts, start.profile, explicit=explicit),
+                                model)  # fmt: skip
+    if compiled is None:
+        log.info("%s: no CUDA start (not compiled for %s yet)", model.name, start.description)
+        return None
+    read_s = time.perf_counter() - t0
+    try:
+        session = Session(model, compiled, start, programs=cache, tune=tune)
+        session.startup["cache_read_s"] = read_s
+        return session
+    except CudaStartMiss as exc:
+        log.info("%s: no CUDA start (%s); opening the device through OpenCL", model.name, exc)
+        return None
+
+
 _SAID_CPU_ONLY = threading.Event()
 
 
@@ -150,7 +230,8 @@ def _preload_ptx(
     if (
         cache is None
         or not isinstance(device, DeviceOpener)
-        or device.choice not in ("", "gpu")
+        or device.choice not in KNOWN_CHOICES
+        or device.known is not None  # (a CUDA start: its own programs, not the shipped PTX)
         or not device.opening()
         or config.CUDA_GRAPH.get() == "off"
     ):
@@ -190,17 +271,17 @@ def _say_if_cpu_only(handle: DeviceHandle) -> None:
 
 
 def _for_device(
-    copts: CompileOptions, handle: DeviceHandle, *, explicit: Mapping[str, Any]
+    copts: CompileOptions, profile: DeviceProfile, *, explicit: Mapping[str, Any]
 ) -> CompileOptions:
     """The compile options completed for the device: its schedule family unless the caller
     chose one, and emulated half where the device has no half arithmetic."""
     if "schedules" not in explicit:
-        copts = dataclasses.replace(copts, schedules=default_schedules(handle))
-    if copts.precision == "fp16" and copts.half == "native" and not handle.profile.half:
+        copts = dataclasses.replace(copts, schedules=_schedules_of(profile))
+    if copts.precision == "fp16" and copts.half == "native" and not profile.half:
         log.warning(
             "%s has no half-precision arithmetic: precision='fp16' runs fp32 kernels that round "
             "every value to fp16 (half-storage numerics)",
-            handle.description,
+            profile.description,
         )
         copts = dataclasses.replace(copts, half="emulated")
     return copts
@@ -243,9 +324,13 @@ def _load_or_compile(
 
 def default_schedules(handle: DeviceHandle) -> str:
     """``LITEKILN_SCHEDULES`` if set, else the schedule family the device's profile names."""
+    return _schedules_of(handle.profile)
+
+
+def _schedules_of(profile: DeviceProfile) -> str:
     if os.environ.get(config.SCHEDULES.env):
         return config.SCHEDULES.get()
-    return handle.profile.schedules
+    return profile.schedules
 
 
 def schedules_for(device: str | None) -> str:

@@ -96,6 +96,12 @@ class FakeDriver:
     def cuDeviceGetName(self, buf, n, dev):
         ctypes.memmove(buf, b"Fake GPU\0", 9)
 
+    def cuDeviceGetUuid(self, buf, dev):
+        ctypes.memmove(buf, bytes([0xF0 + dev] * 16), 16)
+
+    def cuDriverGetVersion(self, p):
+        p[0] = 13000
+
     def cuDevicePrimaryCtxRetain(self, p, dev):
         p[0] = 11
 
@@ -776,3 +782,96 @@ def test_preloaded_ptx_is_handed_to_the_executor_once(fake, monkeypatch):
     # Handed over once: a second executor of the same text loads its own module.
     cuda.CudaGraphExecutor(prog, {"b": b}, _PTX.encode() + b"\0", cuda.CudaDevice(0))
     assert len(loads) == 2
+
+
+def _first_start_on_nvidia(fake, monkeypatch, tmp_path):
+    """A first start on "NVIDIA" (PoCL dressed up by `_ptx_like_nvidia`, the fake CUDA
+    driver), with the cache working: its graph path verified (the fake computes nothing, so
+    the comparison is taken as passed) and recorded. Returns the interpreter."""
+    from litekiln.interpreter import Interpreter
+    from litekiln.runtime import session as session_mod
+
+    load, save = ModelCache.load_program, ModelCache.save_program
+    _ptx_like_nvidia(monkeypatch)
+    monkeypatch.setattr(ModelCache, "load_program", load)  # (this cache is the test's own)
+    monkeypatch.setattr(ModelCache, "save_program", save)
+    monkeypatch.setattr(cuda, "cuda_device_for", lambda dev, profile: cuda._device(0))
+    monkeypatch.setattr(session_mod, "_compare_paths", lambda a, b: "")
+    monkeypatch.setenv("LITEKILN_CUDA_GRAPH", "on")  # (the upgrade now, not in the background)
+    monkeypatch.delenv("LITEKILN_DEVICE", raising=False)
+    interp = Interpreter(model_path="tests/data/smoke.tflite", cache_dir=str(tmp_path))
+    interp.allocate_tensors()
+    assert [type(e).__name__ for e in interp._backend.executors] == ["CudaGraphExecutor"]  # noqa: SLF001
+    return interp
+
+
+def _no_opencl(monkeypatch):
+    """Any OpenCL device opened from here on fails the test."""
+    from litekiln.runtime import device as device_mod
+
+    def refuse(choice=None):
+        raise AssertionError(f"OpenCL was opened ({choice!r})")
+
+    monkeypatch.setattr(device_mod, "select_device", refuse)
+
+
+@pytest.mark.opencl
+def test_a_known_gpu_starts_through_cuda_alone(fake, monkeypatch, tmp_path):
+    """After a start that verified its graphs, the next one finds the GPU's record and the
+    verified programs in the cache: it opens the GPU through CUDA alone (no OpenCL device is
+    ever opened) and replays the graph with the stored tuning choices."""
+    from litekiln.interpreter import Interpreter
+
+    first = _first_start_on_nvidia(fake, monkeypatch, tmp_path)
+    cache = ModelCache.open(tmp_path)
+    record = cache.load_gpu("")
+    assert record is not None and record["cuda_uuid"] == "f0" * 16
+    assert record["cuda_driver"] == 13000 and record["profile"]["name"]
+    kinds = sorted(e.kind for e in cache.store.ls())
+    assert kinds.count("device") == 1 and "program" in kinds
+
+    _no_opencl(monkeypatch)
+    launches = fake.graph_launches
+    second = Interpreter(model_path="tests/data/smoke.tflite", cache_dir=str(tmp_path))
+    second.allocate_tensors()
+    sess = second._backend  # noqa: SLF001
+    assert sess.startup["cuda_start"] and sess._handle is None  # noqa: SLF001
+    assert [type(e).__name__ for e in sess.executors] == ["CudaGraphExecutor"]
+    assert sess.device_name == first.device
+    assert sess._background is None, "nothing left to tune, store or upgrade"  # noqa: SLF001
+    second.run(second.random_inputs(0))
+    assert fake.graph_launches > launches + 1  # (the load check, then the inference)
+
+
+@pytest.mark.opencl
+@pytest.mark.parametrize("damage", ["uuid", "garbage", "unverified", "off"])
+def test_a_cuda_start_that_does_not_hold_opens_opencl(fake, monkeypatch, tmp_path, damage):
+    """A record of another GPU, an unreadable record, a program never verified as a graph,
+    or LITEKILN_CUDA_GRAPH=off: the start goes through OpenCL, as if there were no record,
+    and the session works."""
+    from litekiln.interpreter import Interpreter
+    from litekiln.runtime import device as device_mod
+
+    _first_start_on_nvidia(fake, monkeypatch, tmp_path)
+    cache = ModelCache.open(tmp_path)
+    record = cache.load_gpu("")
+    if damage == "uuid":
+        cache.save_gpu("", {**record, "cuda_uuid": "ab" * 16})
+    elif damage == "garbage":
+        cache.save_gpu("", {"choice": "", "profile": "?"})
+    elif damage == "unverified":
+        monkeypatch.setattr(ModelCache, "load_graph", lambda self, *key: None)
+    else:
+        monkeypatch.setenv("LITEKILN_CUDA_GRAPH", "off")
+    opened = []
+    real = device_mod.select_device
+    monkeypatch.setattr(device_mod, "select_device", lambda c=None: opened.append(c) or real(c))
+    interp = Interpreter(model_path="tests/data/smoke.tflite", cache_dir=str(tmp_path))
+    interp.allocate_tensors()
+    sess = interp._backend  # noqa: SLF001
+    assert opened and not sess.startup.get("cuda_start")
+    x = interp.random_inputs(0)
+    ref = Interpreter(model_path="tests/data/smoke.tflite", device="reference").run(x)
+    if damage == "off":  # (the other cases replay the fake's graph, which computes nothing)
+        for got, want in zip(interp.run(x), ref, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -40,7 +40,7 @@ class Entry:
 
     @property
     def kind(self) -> str:
-        """``"model"``, ``"program"`` or ``"weights"``."""
+        """``"model"``, ``"program"``, ``"weights"`` or ``"device"``."""
         return str(self.manifest["kind"])
 
     @property
@@ -95,7 +95,8 @@ class EntrySummary:
 
     Attributes:
         key: the full cache key.
-        kind: ``"model"``, ``"program"`` or ``"weights"`` (a constant compiled models share).
+        kind: ``"model"``, ``"program"``, ``"weights"`` (a constant compiled models share) or
+            ``"device"`` (a GPU record).
         token: the model token: ``fields["token"]``, else ``meta["model_token"]`` (the model a
             device program was built for), if present.
         model_name: ``fields["model_name"]``, else ``meta["model_name"]``, if present.
@@ -189,7 +190,13 @@ def summarize(backend: Backend, manifest: dict[str, Any], manifest_size: int) ->
         kind=manifest["kind"],
         token=fields.get("token", meta.get("model_token")),
         model_name=fields.get("model_name", meta.get("model_name")),
-        device=fields.get("name") if manifest["kind"] == "program" else None,
+        device=(
+            fields.get("name")
+            if manifest["kind"] == "program"
+            else meta.get("device")
+            if manifest["kind"] == "device"
+            else None
+        ),
         options=fields.get("options"),
         size=size,
         created=created,

@@ -1,7 +1,7 @@
 """Cache keys: the one place that says what every kind of entry is keyed by.
 
 A key is the sha256 of the canonical JSON of its fields; the fields are stored in the entry too,
-so that ``cache ls``/``info`` can show them. Three kinds of entries:
+so that ``cache ls``/``info`` can show them. Four kinds of entries:
 
 * a **compiled model** (`model_key_fields`): the model token, every compile option, the
   litekiln version, a hash of the compiler's own sources (`compiler_hash`) and the target. The
@@ -18,6 +18,10 @@ so that ``cache ls``/``info`` can show them. Three kinds of entries:
   (after every device patch the runtime applies), the device's identity (platform, vendor,
   name, versions, driver) and the litekiln version. Whatever changes what the driver is given
   changes the key.
+* a **GPU record** (`gpu_key_fields`): the device choice (``""`` or ``"gpu"``) and the
+  litekiln version: what an NVIDIA start learnt about the GPU that choice opened, so that a
+  later start opens it through CUDA alone (`litekiln.runtime.device.CudaStart`; the record
+  itself says which GPU and drivers it holds for).
 """
 
 from __future__ import annotations
@@ -117,3 +121,8 @@ def program_key_fields(
         "litekiln": litekiln_version(),
         **identity,
     }
+
+
+def gpu_key_fields(choice: str) -> dict[str, Any]:
+    """The fields of the key of the GPU record of the device choice ``choice``."""
+    return {"kind": "gpu", "choice": choice, "litekiln": litekiln_version()}

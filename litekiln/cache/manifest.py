@@ -31,10 +31,11 @@ from litekiln.cache.seal import Seal
 #: 2: manifests signed with the cache's secret (1: a plain sha256).
 SCHEMA_VERSION = 2
 
-#: What an entry can hold: a compiled model, one device program binary, or one constant that
-#: compiled models share ("weights"; added within schema 2: a reader that does not know the
-#: kind finds such an entry corrupt, which is a miss, never a crash).
-KINDS = ("model", "program", "weights")
+#: What an entry can hold: a compiled model, one device program binary, one constant that
+#: compiled models share ("weights"), or the record of a GPU a device choice opened ("device").
+#: The last two were added within schema 2: a reader that does not know the kind finds such an
+#: entry corrupt, which is a miss, never a crash.
+KINDS = ("model", "program", "weights", "device")
 
 _MAGIC = b"LKM2 "
 _HEADER_LEN = len(_MAGIC) + 64 + 1

@@ -39,7 +39,13 @@ from litekiln.artifact.compiled import CompiledModel, CompileOptions
 from litekiln.artifact.versions import tvm_version
 from litekiln.artifact.weights import WeightMismatch
 from litekiln.cache.errors import CacheWarning
-from litekiln.cache.keys import make_key, model_key_fields, program_key_fields, shared_key_fields
+from litekiln.cache.keys import (
+    gpu_key_fields,
+    make_key,
+    model_key_fields,
+    program_key_fields,
+    shared_key_fields,
+)
 from litekiln.cache.problems import log
 from litekiln.cache.store import CacheStore
 from litekiln.model.ir import Model
@@ -52,6 +58,8 @@ _SOURCE_PART = "source.json.xz"
 _PTX_PART = "ptx.json.xz"
 _PACKED_PART = "constants.bin"
 _SHARED_PART = "data"
+_GRAPH_PART = "cuda_graph.json"  # a program verified as a CUDA graph: on which GPU
+_RECORD_PART = "record.json"  # a GPU record
 
 #: Constants without a recipe of at least this many bytes are stored once, shared by contents
 #: (kind "weights"); smaller ones are packed into the compiled model's entry.
@@ -242,6 +250,7 @@ class ModelCache:
         *,
         model_name: str | None = None,
         model_token: str | None = None,
+        cuda_uuid: str | None = None,
     ) -> bool:
         """Store the binary built from the source of ``source_digest`` and ``build_options``
         on the device ``identity`` names (and the tuning choices made on that device with it).
@@ -256,6 +265,8 @@ class ModelCache:
             model_name: the model the program belongs to (``CompiledModel.model_name``), for
                 ``litekiln cache ls``/``info``; not part of the key.
             model_token: that model's token (``CompiledModel.token``), likewise.
+            cuda_uuid: the GPU (CUDA UUID) where this binary, with these choices, ran as a CUDA
+                graph and gave the OpenCL path's outputs (`load_graph` finds it then).
 
         Returns:
             True if stored.
@@ -264,12 +275,62 @@ class ModelCache:
         parts: dict[str, Any] = {"binary": binary}
         if tuning is not None:
             parts["tuning"] = json.dumps(tuning).encode()
+        if cuda_uuid is not None:
+            parts[_GRAPH_PART] = json.dumps({"cuda_uuid": cuda_uuid}).encode()
         meta: dict[str, Any] = {"device": dict(identity)}
         if model_name is not None:
             meta["model_name"] = model_name
         if model_token is not None:
             meta["model_token"] = model_token
         return self.store.put(make_key(fields), fields, parts, kind="program", meta=meta)
+
+    def load_graph(
+        self,
+        source_digest: str,
+        build_options: Sequence[str],
+        identity: Mapping[str, str],
+        cuda_uuid: str,
+    ) -> tuple[bytes, list[int] | None] | None:
+        """The binary and tuning choices stored under this key (`load_program`) if they were
+        verified as a CUDA graph on the GPU ``cuda_uuid`` (`save_program`), else None."""
+        fields = program_key_fields(source_digest, build_options, identity)
+        entry = self.store.get(make_key(fields), kind="program")
+        if entry is None or _GRAPH_PART not in entry.part_names:
+            return None
+        try:
+            mark = json.loads(entry.part(_GRAPH_PART))
+            if mark.get("cuda_uuid") != cuda_uuid:
+                return None
+        except (KeyError, ValueError, AttributeError):
+            return None
+        binary, choices = self.load_program(source_digest, build_options, identity)
+        if binary is None or ("tuning" in entry.part_names and choices is None):
+            return None
+        return binary, choices
+
+    def load_gpu(self, choice: str) -> dict[str, Any] | None:
+        """The record of the GPU that the device choice ``choice`` opened before
+        (`litekiln.runtime.device.known_gpu`), or None."""
+        entry = self.store.get(make_key(gpu_key_fields(choice)), kind="device")
+        if entry is None:
+            return None
+        try:
+            record = json.loads(entry.part(_RECORD_PART))
+        except (KeyError, ValueError):
+            return None
+        return record if isinstance(record, dict) else None
+
+    def save_gpu(self, choice: str, record: Mapping[str, Any]) -> bool:
+        """Store the record of the GPU that the device choice ``choice`` opened (unless the
+        same record is stored already). Returns True if it is stored."""
+        if self.load_gpu(choice) == dict(record):
+            return True
+        fields = gpu_key_fields(choice)
+        data = json.dumps(dict(record), sort_keys=True).encode()
+        profile = record.get("profile")
+        meta = {"device": str(profile.get("name", "")) if isinstance(profile, dict) else ""}
+        return self.store.put(make_key(fields), fields, {_RECORD_PART: data}, kind="device",
+                              meta=meta)  # fmt: skip
 
 
 def _defer_texts(manifest: dict[str, Any]) -> list[dict[str, Any]]:

@@ -270,8 +270,9 @@ class CacheStore:
             fields: the key fields (kept in the manifest for ``ls``/``info``).
             parts: name -> bytes, or a numeric numpy array (stored raw, little-endian, with
                 dtype and shape in the manifest; read back with `Entry.array`).
-            kind: ``"model"`` (a compiled model), ``"program"`` (a device binary) or
-                ``"weights"`` (a constant compiled models share).
+            kind: ``"model"`` (a compiled model), ``"program"`` (a device binary),
+                ``"weights"`` (a constant compiled models share) or ``"device"`` (a GPU
+                record).
             meta: JSON metadata kept in the manifest (launch plan, build log...).
 
         Returns:

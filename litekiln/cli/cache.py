@@ -133,6 +133,9 @@ def _where(r: dict[str, Any]) -> str:
     if r["kind"] == "weights":
         fields = r.get("fields") or {}
         return f"constant {fields.get('dtype')} {fields.get('shape')} shared by compiled models"
+    if r["kind"] == "device":
+        fields = r.get("fields") or {}
+        return f"GPU record of device choice {fields.get('choice', '')!r}: {r.get('device') or '?'}"
     if r["kind"] == "program":
         fields = r.get("fields") or {}
         device = r.get("device") or fields.get("name") or "unknown device"

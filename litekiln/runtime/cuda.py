@@ -116,6 +116,8 @@ def _signatures() -> dict[str, tuple[str, list[Any]]]:
         "cuDeviceGet": ("cuDeviceGet", [pi32, i32]),
         "cuDeviceGetAttribute": ("cuDeviceGetAttribute", [pi32, i32, i32]),
         "cuDeviceGetName": ("cuDeviceGetName", [vp, i32, i32]),
+        "cuDeviceGetUuid": ("cuDeviceGetUuid", [vp, i32]),
+        "cuDriverGetVersion": ("cuDriverGetVersion", [pi32]),
         "cuDevicePrimaryCtxRetain": ("cuDevicePrimaryCtxRetain", [pvp, i32]),
         "cuCtxSetCurrent": ("cuCtxSetCurrent", [vp]),
         "cuStreamCreate": ("cuStreamCreate", [pvp, u32]),
@@ -160,6 +162,8 @@ class _Driver:
     cuDeviceGet: Any
     cuDeviceGetAttribute: Any
     cuDeviceGetName: Any
+    cuDeviceGetUuid: Any
+    cuDriverGetVersion: Any
     cuDevicePrimaryCtxRetain: Any
     cuCtxSetCurrent: Any
     cuStreamCreate: Any
@@ -267,6 +271,8 @@ class CudaDevice:
         name = ctypes.create_string_buffer(256)
         drv.cuDeviceGetName(name, 256, dev)
         self.name = name.value.decode(errors="replace")
+        #: The GPU's UUID (hex): what a later start finds it by (`device_by_uuid`).
+        self.uuid = _uuid(drv, dev.value)
         self._side: list[ctypes.c_void_p] = []
 
     def make_current(self) -> None:
@@ -330,6 +336,43 @@ def cuda_device_for(cl_device: Any, profile: DeviceProfile) -> CudaDevice:
             f"no CUDA device matches the OpenCL device (PCI {want}, {len(ordinals)} CUDA devices)"
         )
     return _device(pick)
+
+
+def _uuid(drv: _Driver, dev: int) -> str:
+    raw = ctypes.create_string_buffer(16)
+    drv.check("cuDeviceGetUuid", drv.cuDeviceGetUuid(raw, dev))
+    return raw.raw.hex()
+
+
+def driver_version() -> int:
+    """The CUDA version of the installed driver (``cuDriverGetVersion``: 13000 for 13.0).
+
+    Raises:
+        CudaUnsupported: no CUDA driver.
+    """
+    drv = driver()
+    v = ctypes.c_int()
+    drv.check("cuDriverGetVersion", drv.cuDriverGetVersion(ctypes.byref(v)))
+    return int(v.value)
+
+
+def device_by_uuid(uuid: str) -> CudaDevice | None:
+    """The process's `CudaDevice` of the GPU whose UUID is ``uuid`` (`CudaDevice.uuid`), its
+    primary context made current; None if no CUDA device has it (another machine, a GPU
+    hidden by ``CUDA_VISIBLE_DEVICES``).
+
+    Raises:
+        CudaUnsupported: no CUDA driver, or a driver call fails.
+    """
+    drv = driver()
+    count = ctypes.c_int()
+    drv.check("cuDeviceGetCount", drv.cuDeviceGetCount(ctypes.byref(count)))
+    for o in range(count.value):
+        dev = ctypes.c_int()
+        drv.check("cuDeviceGet", drv.cuDeviceGet(ctypes.byref(dev), o))
+        if _uuid(drv, dev.value) == uuid:
+            return _device(o)
+    return None
 
 
 def _device(ordinal: int) -> CudaDevice:

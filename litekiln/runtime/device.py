@@ -1,13 +1,33 @@
-"""Choosing the OpenCL device (no TVM)."""
+"""Choosing the OpenCL device (no TVM), and the CUDA start that skips OpenCL on a known GPU.
+
+A *CUDA start* (`CudaStart`): on NVIDIA, once a session has verified its partitions' CUDA
+graphs against OpenCL (`litekiln.runtime.session`), it records what it learnt about the GPU
+its device choice opened (`known_gpu`: the OpenCL profile, the CUDA device's UUID, the
+driver's versions, the OpenCL vendor set-up). A later start with the same choice that finds
+that record, and the same GPU and drivers behind it, opens the GPU through the CUDA driver
+alone: no pyopencl import, no OpenCL context. Its partitions then load their verified
+programs as CUDA graphs; OpenCL opens only if something asks for it (`CudaStart.opencl`).
+"""
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import os
+import re
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from litekiln.errors import DeviceError
 from litekiln.runtime.profile import DeviceProfile
+
+log = logging.getLogger("litekiln")
+
+#: Device choices a CUDA start is recorded for: those that name the first GPU. (Indices and
+#: name substrings are left to OpenCL: they depend on its platform order.)
+KNOWN_CHOICES = ("", "gpu")
 
 _INSTALL_HINT = (
     "litekiln runs kernels through OpenCL and found no OpenCL device. Install a driver: your "
@@ -26,11 +46,121 @@ class DeviceHandle:
     device: Any
     #: Every vendor question about the device (read once, when the device is opened).
     profile: DeviceProfile
+    #: The device choice that opened it (`select_device`).
+    choice: str = ""
 
     @property
     def description(self) -> str:
         """The device, in words."""
         return self.profile.description
+
+
+class CudaStartMiss(RuntimeError):
+    """A CUDA start cannot go on (message says why): the caller opens OpenCL instead."""
+
+
+@dataclass
+class CudaStart:
+    """A GPU opened through CUDA alone, from what an earlier start recorded (module docstring).
+
+    Attributes:
+        choice: the device choice.
+        profile: the OpenCL device's profile, as recorded.
+        cuda: the CUDA device (`litekiln.runtime.cuda.CudaDevice`), its context current.
+    """
+
+    choice: str
+    profile: DeviceProfile
+    cuda: Any
+
+    @property
+    def description(self) -> str:
+        """The device, in words."""
+        return self.profile.description
+
+    def opencl(self) -> DeviceHandle:
+        """The same device opened through OpenCL (now, if not yet in this process).
+
+        Raises:
+            DeviceError: as `select_device`.
+        """
+        return select_device(self.choice)
+
+
+def opencl_setup() -> str:
+    """A digest of the OpenCL vendor set-up (the ICD loader's variables and the vendor files
+    it reads): a record made under another set-up may name another first GPU."""
+    h = hashlib.sha256()
+    for var in ("OCL_ICD_VENDORS", "OCL_ICD_FILENAMES"):
+        h.update(f"{var}={os.environ.get(var, '')}\n".encode())
+    where = os.environ.get("OCL_ICD_VENDORS") or "/etc/OpenCL/vendors"
+    try:
+        names = sorted(os.listdir(where)) if os.path.isdir(where) else [where]
+        for name in names:
+            path = os.path.join(where, name) if os.path.isdir(where) else name
+            if path.endswith(".icd") and os.path.isfile(path):
+                with open(path, "rb") as f:
+                    h.update(name.encode() + b"=" + f.read().strip() + b"\n")
+    except OSError:
+        h.update(b"unreadable")
+    return h.hexdigest()[:16]
+
+
+def nvidia_kernel_driver() -> str:
+    """The NVIDIA kernel module's version ("580.159.04"), or "" where it cannot be read."""
+    try:
+        with open("/proc/driver/nvidia/version", encoding="utf-8", errors="replace") as f:
+            m = re.search(r"Kernel Module.*?\s(\d+\.\d+(?:\.\d+)?)\s", f.readline())
+    except OSError:
+        return ""
+    return m.group(1) if m else ""
+
+
+def known_gpu(handle: DeviceHandle, cuda_device: Any) -> dict[str, Any]:
+    """The record of a GPU that ``handle`` opened and that is ``cuda_device`` in CUDA, for a
+    later `CudaStart` (asks the half probe, if not asked yet: call it off the hot path)."""
+    from litekiln.runtime.cuda import driver_version
+
+    return {
+        "choice": handle.choice,
+        "profile": handle.profile.as_record(),
+        "cuda_uuid": cuda_device.uuid,
+        "cuda_driver": driver_version(),
+        "kernel_driver": nvidia_kernel_driver(),
+        "opencl_setup": opencl_setup(),
+    }
+
+
+def cuda_start(choice: str, record: Mapping[str, Any]) -> CudaStart:
+    """Open the GPU ``record`` (`known_gpu`) describes through CUDA alone.
+
+    Raises:
+        CudaStartMiss: the record does not hold here (another GPU or driver, another OpenCL
+            set-up, CUDA unavailable), or is not a record.
+    """
+    from litekiln.runtime.cuda import CudaUnsupported, device_by_uuid, driver_version
+
+    try:
+        if record["choice"] != choice:
+            raise CudaStartMiss(f"recorded for device choice {record['choice']!r}")
+        if record["opencl_setup"] != opencl_setup():
+            raise CudaStartMiss("the OpenCL vendor set-up changed")
+        kernel = nvidia_kernel_driver()
+        if kernel and record["kernel_driver"] and kernel != record["kernel_driver"]:
+            raise CudaStartMiss(f"driver {record['kernel_driver']} was recorded, {kernel} runs")
+        profile = DeviceProfile.from_record(record["profile"])
+        cuda_version = driver_version()
+        if cuda_version != record["cuda_driver"]:
+            recorded = record["cuda_driver"]
+            raise CudaStartMiss(f"CUDA driver {recorded} was recorded, {cuda_version} runs")
+        device = device_by_uuid(str(record["cuda_uuid"]))
+    except CudaUnsupported as exc:
+        raise CudaStartMiss(str(exc)) from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CudaStartMiss(f"unreadable record ({type(exc).__name__}: {exc})") from None
+    if device is None:
+        raise CudaStartMiss(f"no CUDA device has the recorded GPU's UUID {record['cuda_uuid']}")
+    return CudaStart(choice, profile, device)
 
 
 def list_devices() -> list[tuple[int, int, Any]]:
@@ -117,7 +247,7 @@ def _select_device(choice: str) -> DeviceHandle:
         )
     ctx = _create_context(pick)
     queue = cl.CommandQueue(ctx, pick)
-    return DeviceHandle(ctx, queue, pick, DeviceProfile.of(pick, ctx))
+    return DeviceHandle(ctx, queue, pick, DeviceProfile.of(pick, ctx), c)
 
 
 class DeviceOpener:
@@ -126,14 +256,20 @@ class DeviceOpener:
     model, reading the cache). The two slow calls go through ctypes, which releases the GIL;
     pyopencl holds it for the duration of its calls, which would stall the caller instead.
 
+    Given a record of the GPU the choice opened before (``known``, `known_gpu`), it tries a
+    `CudaStart` first, and opens OpenCL only if that does not hold.
+
     Args:
         choice: as for :func:`select_device`.
+        known: the record of an earlier start with this choice, if any.
     """
 
-    def __init__(self, choice: str | None = None) -> None:
+    def __init__(self, choice: str | None = None, known: Mapping[str, Any] | None = None) -> None:
         #: The device choice being opened.
         self.choice = (choice or "").strip()
-        self._handle: DeviceHandle | None = None
+        #: The record a CUDA start is tried from (None: OpenCL only).
+        self.known = known if self.choice in KNOWN_CHOICES else None
+        self._handle: DeviceHandle | CudaStart | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(
             target=self._open, args=(choice,), daemon=True, name="litekiln-device-open"
@@ -141,6 +277,12 @@ class DeviceOpener:
         self._thread.start()
 
     def _open(self, choice: str | None) -> None:
+        if self.known is not None:
+            try:
+                self._handle = cuda_start(self.choice, self.known)
+                return
+            except CudaStartMiss as exc:
+                log.info("no CUDA start (%s): opening the device through OpenCL", exc)
         try:
             _driver_init()
             self._handle = select_device(choice)
@@ -151,8 +293,8 @@ class DeviceOpener:
         """Whether the device is still being opened."""
         return self._thread.is_alive()
 
-    def result(self) -> DeviceHandle:
-        """Wait for the device.
+    def result(self) -> DeviceHandle | CudaStart:
+        """Wait for the device (a `CudaStart` only where ``known`` was given).
 
         Raises:
             DeviceError: as :func:`select_device`.

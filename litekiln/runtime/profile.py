@@ -196,6 +196,45 @@ class DeviceProfile:
             probe_half=(lambda: _probe_half(context)) if context is not None else None,
         )
 
+    def as_record(self) -> dict[str, Any]:
+        """The profile as JSON data (`from_record` reads it back), the half probe's answer
+        included: what a later start needs to know about the device without opening it
+        (`litekiln.runtime.device.CudaStart`)."""
+        return {
+            **self.identity(),
+            "kind": self.kind,
+            "family": self.family,
+            "extensions": sorted(self.extensions),
+            "max_work_group_size": self.max_work_group_size,
+            "max_work_item_sizes": list(self.max_work_item_sizes),
+            "address_align": self.address_align,
+            "half": self.half,
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> DeviceProfile:
+        """The profile `as_record` wrote.
+
+        Raises:
+            KeyError, TypeError, ValueError: not such a record.
+        """
+        half = bool(record["half"])
+        return cls(
+            platform=str(record["platform"]),
+            platform_version=str(record["platform_version"]),
+            vendor=str(record["vendor"]),
+            name=str(record["name"]),
+            version=str(record["version"]),
+            driver=str(record["driver"]),
+            kind=str(record["kind"]),
+            family=str(record["family"]),
+            extensions=frozenset(str(e) for e in record["extensions"]),
+            max_work_group_size=int(record["max_work_group_size"]),
+            max_work_item_sizes=tuple(int(n) for n in record["max_work_item_sizes"]),
+            address_align=int(record["address_align"]),
+            probe_half=lambda: half,
+        )
+
     @property
     def description(self) -> str:
         """The device, in words."""

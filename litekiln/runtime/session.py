@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
@@ -35,16 +35,12 @@ from litekiln.runtime.buffers import (
     device_buffer,
     state_buffer,
 )
-from litekiln.runtime.build import (
-    BuildJob,
-    BuildProgress,
-    BuiltProgram,
-    build_programs,
-    default_program,
-)
-from litekiln.runtime.device import DeviceHandle
-from litekiln.runtime.executor import ExecutorError, PartitionExecutor, build_job
+from litekiln.runtime.device import KNOWN_CHOICES, CudaStart, CudaStartMiss, DeviceHandle
 from litekiln.runtime.threads import cpu_thread_limit
+
+if TYPE_CHECKING:  # (imported where used: a CUDA start never imports pyopencl)
+    from litekiln.runtime.build import BuildJob, BuiltProgram
+    from litekiln.runtime.executor import PartitionExecutor
 
 log = logging.getLogger("litekiln")
 
@@ -137,7 +133,18 @@ class ProgramStore(Protocol):
         *,
         model_name: str | None = None,
         model_token: str | None = None,
+        cuda_uuid: str | None = None,
     ) -> bool: ...
+
+    def load_graph(
+        self,
+        source_digest: str,
+        build_options: Sequence[str],
+        identity: Mapping[str, str],
+        cuda_uuid: str,
+    ) -> tuple[bytes, list[int] | None] | None: ...
+
+    def save_gpu(self, choice: str, record: Mapping[str, Any]) -> bool: ...
 
 
 class Session:
@@ -153,7 +160,7 @@ class Session:
         self,
         model: Model,
         compiled: CompiledModel,
-        handle: DeviceHandle,
+        handle: DeviceHandle | CudaStart,
         *,
         programs: ProgramStore | None = None,
         validate: bool = False,
@@ -164,19 +171,24 @@ class Session:
         Args:
             model: the model IR (its CPU ops run on the numpy reference).
             compiled: what the compiler made of it.
-            handle: the device, its context, queue and profile.
+            handle: the device, its context, queue and profile; or a `CudaStart`, whose
+                partitions must all load as the CUDA graphs verified on that GPU before.
             programs: where device binaries and tuning choices are kept (None: nowhere).
             validate: re-run each GPU partition on the reference and report divergences.
             tune: time the schedule variants of programs not yet tuned on this device.
 
         Raises:
             DeviceError: a partition's program does not build or load on the device.
+            CudaStartMiss: a `CudaStart` whose partitions are not all recorded as verified.
         """
         t0 = time.perf_counter()
         self.model = model
         self.graph = model.main
         self.compiled = compiled
-        self.handle = handle
+        self._start = handle if isinstance(handle, CudaStart) else None
+        self._handle = handle if isinstance(handle, DeviceHandle) else None
+        #: The device's profile (vendor facts).
+        self.profile = handle.profile
         self.device_name = handle.description
         self.validate = validate
         #: When a list, `run` appends ``(kind, step index, seconds)`` as it goes: "cpu" (an op
@@ -214,7 +226,13 @@ class Session:
         #: Partitions running their default kernels alone (`default_program`): the whole
         #: program is built after the first inference, then tuned and stored.
         self._to_complete: list[tuple[int, _ProgramKey]] = []
-        self.executors: list[Any] = self._load_partitions(compiled.partitions)
+        #: Each partition's program-store key.
+        self._keys: list[_ProgramKey] = []
+        self.executors: list[Any] = (
+            self._cuda_start(compiled.partitions)
+            if self._start is not None
+            else self._load_partitions(compiled.partitions)
+        )
         self._outputs = [_output_arrays(ex) for ex in self.executors]
         #: Application buffers bound to graph inputs and outputs, by tensor index (`bind`).
         self.bindings: dict[int, Binding] = {}
@@ -228,14 +246,79 @@ class Session:
         self._start_background()
         self.load_seconds = time.perf_counter() - t0
 
+    @property
+    def handle(self) -> DeviceHandle:
+        """The OpenCL device, its context and queue (after a `CudaStart`, opened now: only
+        what needs OpenCL asks, such as binding a pyopencl buffer)."""
+        if self._handle is None:
+            assert self._start is not None
+            self._handle = self._start.opencl()
+        return self._handle
+
+    def _cuda_start(self, parts: Sequence[PartitionArtifact]) -> list[Any]:
+        """Every partition as the CUDA graph an earlier start verified on this GPU (its
+        program and tuning choices from the store, marked with the GPU's UUID); no OpenCL.
+
+        Raises:
+            CudaStartMiss: a partition has no such program, or its graph cannot be made.
+        """
+        from litekiln.runtime.cuda import CudaGraphExecutor, CudaUnsupported
+
+        assert self._start is not None
+        cuda, profile = self._start.cuda, self.profile
+        t0 = time.perf_counter()
+        found = []
+        for part in parts:
+            if not part.program.launches:
+                raise CudaStartMiss(f"partition {part.index} has no kernels")
+            drv = profile.driver_for(part.program)
+            key = (drv.digest, drv.options, profile.identity())
+            got = self._programs.load_graph(*key, cuda.uuid) if self._programs else None
+            if got is None:
+                raise CudaStartMiss(f"partition {part.index}: no program verified on this GPU")
+            self._keys.append(key)
+            found.append(got)
+        t1 = time.perf_counter()
+        executors = []
+        try:
+            for part, (binary, choices) in zip(parts, found, strict=True):
+                executors.append(
+                    CudaGraphExecutor(
+                        part.program,
+                        partition_constants(self.compiled, part),
+                        binary,
+                        cuda,
+                        choices=choices,
+                        streams=config.CUDA_STREAMS.get(),
+                    )  # fmt: skip
+                )
+        except (CudaUnsupported, ValueError) as exc:
+            raise CudaStartMiss(f"a stored CUDA graph does not load: {exc}") from None
+        self._chosen.update(range(len(parts)))
+        tuned = [bool(p.program.variants and c) for p, (_, c) in zip(parts, found, strict=True)]
+        self.startup.update(
+            build_s=t1 - t0,
+            setup_s=time.perf_counter() - t1,
+            partitions=len(parts),
+            binaries=len(parts),
+            ptx=0,
+            tuning=sum(tuned),
+            variants=sum(1 for p in parts if p.program.variants),
+            cuda_start=True,
+        )
+        return executors
+
     def _load_partitions(self, parts: Sequence[PartitionArtifact]) -> list[Any]:
         """Every partition's executor. Programs come from their stored binaries, or are built
         from source together (`build_programs`: in threads, with a progress line); what is new
         is stored at once. Stored variant choices apply; without them the default schedules
         run and the variants are timed after the load (`_start_background`)."""
+        from litekiln.runtime.build import BuildProgress, build_programs, default_program
+        from litekiln.runtime.executor import build_job
+
         h = self.handle
         profile = h.profile
-        keys: list[_ProgramKey] = []
+        keys = self._keys
         stored: list[Any] = []
         jobs: list[BuildJob | None] = []
         firsts: dict[int, GpuProgram] = {}
@@ -313,7 +396,7 @@ class Session:
         ``LITEKILN_CUDA_GRAPH=off``) or fails (logged): the OpenCL build then goes on."""
         if (
             not part.program.ptx
-            or not self.handle.profile.cuda_graph_candidate
+            or not self.profile.cuda_graph_candidate
             or config.CUDA_GRAPH.get() == "off"
         ):
             return None
@@ -341,13 +424,13 @@ class Session:
         Raises:
             CudaUnsupported: as `CudaGraphExecutor` and `cuda_device_for` say.
         """
-        from litekiln.runtime.cuda import CudaGraphExecutor, cuda_device_for
+        from litekiln.runtime.cuda import CudaGraphExecutor
 
         return CudaGraphExecutor(
             program,
             partition_constants(self.compiled, part),
             ptx,
-            cuda_device_for(self.handle.device, self.handle.profile),
+            self._cuda_gpu(),
             choices=choices,
             streams=config.CUDA_STREAMS.get(),
         )
@@ -357,6 +440,8 @@ class Session:
     ) -> PartitionExecutor:
         """The partition's executor on its built program (``program``: the partition's
         program cut to its default kernels, `default_program`)."""
+        from litekiln.runtime.executor import ExecutorError, PartitionExecutor
+
         h = self.handle
         try:
             if built.error is not None:
@@ -427,6 +512,9 @@ class Session:
         (`default_program`), and swap its executor in between two inferences; it is then tuned
         and stored like any program built from source. A build that fails keeps the default
         kernels (a warning says why)."""
+        from litekiln.runtime.build import build_programs
+        from litekiln.runtime.executor import build_job
+
         profile = self.handle.profile
         while self._to_complete and not _STOPPING.is_set():
             slot, key = self._to_complete.pop(0)
@@ -513,7 +601,7 @@ class Session:
         ]
         if mode == "off" or not todo:
             return []
-        if not self.handle.profile.cuda_graph_candidate:
+        if not self.profile.cuda_graph_candidate:
             if mode == "on":
                 raise DeviceError(
                     f"{self.model.name}: LITEKILN_CUDA_GRAPH=on, but {self.device_name} is not "
@@ -528,12 +616,44 @@ class Session:
                 cu = self._graph_path(ex, slot)
                 if cu is not ex:
                     self._swap(slot, cu)
+                    self._mark_verified(slot, cu)
+            self._record_gpu()
         except Exception as exc:  # noqa: BLE001 - never let the background upgrade break a session
             if threading.current_thread() is not self._background:
                 raise  # (``on``: here, now, errors included)
             log.warning(
                 "%s: CUDA graph path abandoned: %s: %s", self.model.name, type(exc).__name__, exc
             )
+
+    def _mark_verified(self, slot: int, cu: Any) -> None:
+        """Store partition ``slot``'s program (the PTX its graph replays, with its tuning
+        choices) marked as verified on this GPU, for a later `CudaStart`."""
+        if self._programs is None or slot >= len(self._keys):
+            return
+        self._programs.save_program(
+            *self._keys[slot], cu.binary,
+            tuning=list(cu.choices) if slot in self._chosen else None,
+            model_name=self.compiled.model_name, model_token=self.compiled.token,
+            cuda_uuid=cu.device.uuid,
+        )  # fmt: skip
+
+    def _record_gpu(self) -> None:
+        """Once every partition with kernels runs as a verified CUDA graph: record the GPU for
+        a later `CudaStart` with this device choice (`litekiln.runtime.device.known_gpu`)."""
+        h = self._handle
+        if (
+            self._programs is None
+            or h is None
+            or h.choice not in KNOWN_CHOICES
+            or any(
+                ex.program.launches and getattr(ex, "memory_kind", "") != "cuda"
+                for ex in self.executors
+            )
+        ):
+            return
+        from litekiln.runtime.device import known_gpu
+
+        self._programs.save_gpu(h.choice, known_gpu(h, self._cuda_gpu()))
 
     def wait_for_graph(self, timeout: float | None = None) -> None:
         """Wait until the background work (tuning, the CUDA graph upgrade; if any) has
@@ -876,12 +996,24 @@ class Session:
         with self._lock:
             return self.bindings[tensor].buffer.read()
 
+    def _cuda_gpu(self) -> Any:
+        """The CUDA device that is this session's GPU.
+
+        Raises:
+            CudaUnsupported: as `litekiln.runtime.cuda.cuda_device_for`.
+        """
+        if self._start is not None:
+            return self._start.cuda
+        from litekiln.runtime.cuda import cuda_device_for
+
+        return cuda_device_for(self.handle.device, self.profile)
+
     def _cuda_device(self) -> Any:
         """The CUDA device that is this session's GPU (for CUDA memory given to `bind`)."""
-        from litekiln.runtime.cuda import CudaUnsupported, cuda_device_for
+        from litekiln.runtime.cuda import CudaUnsupported
 
         try:
-            return cuda_device_for(self.handle.device, self.handle.profile)
+            return self._cuda_gpu()
         except CudaUnsupported as exc:
             raise DeviceError(
                 f"CUDA memory cannot be bound on {self.device_name}: {exc}; bind a "
