@@ -586,6 +586,7 @@ def startup_main(a: Any, kwargs: dict[str, Any]) -> int:
         "command": _command_line(),
         "mode": "warm-only" if warm_only else "full",
         "repeat": a.repeat,
+        "cold_repeat": getattr(a, "cold_repeat", None) or a.repeat,
         "host": platform.node(),
         "python": platform.python_version(),
         "clock": "Interpreter(model_path=...) to the first run's outputs on the host; litekiln "
@@ -607,6 +608,7 @@ def startup_main(a: Any, kwargs: dict[str, Any]) -> int:
             cache_dir=getattr(a, "cache_dir", None),
             progress=not a.json,
             litert_gpu=bool(getattr(a, "litert_gpu", False)),
+            cold_repeat=getattr(a, "cold_repeat", None),
         )
         results["device"] = results["device"] or rec["device"]
         floor, cuda = results["driver_floor"], results["driver_floor"]["cuda"]

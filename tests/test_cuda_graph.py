@@ -30,6 +30,8 @@ from litekiln.cache.models import ModelCache
 from litekiln.runtime import cuda
 from litekiln.runtime.profile import DeviceProfile, family_of
 
+#: The fake driver's cubins: this, then the PTX they were linked from.
+_FAKE_ELF = b"\x7fELF-fake\n"
 _FMT = {"u64": "<Q", "u32": "<I", "s32": "<i", "f32": "<f", "u16": "<H"}
 
 
@@ -59,6 +61,9 @@ class FakeDriver:
         self.events: dict[int, set[int]] = {}
         self.rng = np.random.default_rng(0)
         self.shuffle = True
+        self.links = 0
+        self.cubins_loaded = 0
+        self.linking = b""
         lib = types.SimpleNamespace()
         for attr, (symbol, argtypes) in cuda._signatures().items():
             impl = getattr(self, attr)
@@ -113,8 +118,29 @@ class FakeDriver:
         p[0] = self.streams  # the device's main stream is 12, side streams 13, 14, ...
 
     def cuModuleLoadData(self, p, data):
+        if data.startswith(_FAKE_ELF):  # a "cubin" of cuLinkComplete's: the PTX it was made of
+            self.cubins_loaded += 1
+            data = data[len(_FAKE_ELF) :]
         self.ptx = data.decode()
         p[0] = 13
+
+    def cuLinkCreate(self, n, options, values, p):
+        assert n == 0
+        p[0] = 77
+
+    def cuLinkAddData(self, state, kind, data, size, name, n, options, values):
+        assert state == 77 and kind == 1 and n == 0
+        self.linking = ctypes.string_at(data, size).rstrip(b"\0")
+
+    def cuLinkComplete(self, state, p_image, p_size):
+        image = ctypes.create_string_buffer(_FAKE_ELF + self.linking)
+        self.keep.append(image)
+        self.links += 1
+        p_image[0] = ctypes.addressof(image)
+        p_size[0] = len(_FAKE_ELF) + len(self.linking)
+
+    def cuLinkDestroy(self, state):
+        assert state == 77
 
     def cuModuleUnload(self, m):
         pass
@@ -841,10 +867,13 @@ def test_a_known_gpu_starts_through_cuda_alone(fake, monkeypatch, tmp_path):
     assert sess._background is None, "nothing left to tune, store or upgrade"  # noqa: SLF001
     second.run(second.random_inputs(0))
     assert fake.graph_launches > launches + 1  # (the load check, then the inference)
+    # The verified graph ran the PTX linked into a cubin; the CUDA start loads that cubin
+    # (no PTX compiled at a warm start) and nothing is linked again.
+    assert fake.links == 1 and fake.cubins_loaded == 2
 
 
 @pytest.mark.opencl
-@pytest.mark.parametrize("damage", ["uuid", "garbage", "unverified", "off"])
+@pytest.mark.parametrize("damage", ["uuid", "garbage", "unverified", "cubin", "off"])
 def test_a_cuda_start_that_does_not_hold_opens_opencl(fake, monkeypatch, tmp_path, damage):
     """A record of another GPU, an unreadable record, a program never verified as a graph,
     or LITEKILN_CUDA_GRAPH=off: the start goes through OpenCL, as if there were no record,
@@ -861,6 +890,17 @@ def test_a_cuda_start_that_does_not_hold_opens_opencl(fake, monkeypatch, tmp_pat
         cache.save_gpu("", {"choice": "", "profile": "?"})
     elif damage == "unverified":
         monkeypatch.setattr(ModelCache, "load_graph", lambda self, *key: None)
+    elif damage == "cubin":  # the driver refuses the stored device code (a driver update)
+        load = fake.cuModuleLoadData
+
+        def refuse_cubins(p, data):
+            return 218 if data.startswith(_FAKE_ELF) else load(p, data)
+
+        monkeypatch.setattr(fake, "cuModuleLoadData", refuse_cubins)
+        fake.lib.cuModuleLoadData = ctypes.CFUNCTYPE(
+            ctypes.c_int, *cuda._signatures()["cuModuleLoadData"][1]
+        )(fake._guard(fake.cuModuleLoadData))
+        monkeypatch.setattr(cuda, "_DRIVER", cuda._Driver(lib=fake.lib))
     else:
         monkeypatch.setenv("LITEKILN_CUDA_GRAPH", "off")
     opened = []

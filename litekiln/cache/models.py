@@ -60,6 +60,7 @@ _PACKED_PART = "constants.bin"
 _SHARED_PART = "data"
 _GRAPH_PART = "cuda_graph.json"  # a program verified as a CUDA graph: on which GPU
 _RECORD_PART = "record.json"  # a GPU record
+_CUBIN_PART = "cubin"  # a verified program's device code on that GPU
 
 #: Constants without a recipe of at least this many bytes are stored once, shared by contents
 #: (kind "weights"); smaller ones are packed into the compiled model's entry.
@@ -251,6 +252,7 @@ class ModelCache:
         model_name: str | None = None,
         model_token: str | None = None,
         cuda_uuid: str | None = None,
+        cubin: bytes | None = None,
     ) -> bool:
         """Store the binary built from the source of ``source_digest`` and ``build_options``
         on the device ``identity`` names (and the tuning choices made on that device with it).
@@ -267,6 +269,8 @@ class ModelCache:
             model_token: that model's token (``CompiledModel.token``), likewise.
             cuda_uuid: the GPU (CUDA UUID) where this binary, with these choices, ran as a CUDA
                 graph and gave the OpenCL path's outputs (`load_graph` finds it then).
+            cubin: with ``cuda_uuid``: the device code that graph ran (the binary's PTX
+                linked on that GPU), so that a later start compiles nothing.
 
         Returns:
             True if stored.
@@ -277,6 +281,8 @@ class ModelCache:
             parts["tuning"] = json.dumps(tuning).encode()
         if cuda_uuid is not None:
             parts[_GRAPH_PART] = json.dumps({"cuda_uuid": cuda_uuid}).encode()
+            if cubin is not None:
+                parts[_CUBIN_PART] = cubin
         meta: dict[str, Any] = {"device": dict(identity)}
         if model_name is not None:
             meta["model_name"] = model_name
@@ -290,9 +296,10 @@ class ModelCache:
         build_options: Sequence[str],
         identity: Mapping[str, str],
         cuda_uuid: str,
-    ) -> tuple[bytes, list[int] | None] | None:
-        """The binary and tuning choices stored under this key (`load_program`) if they were
-        verified as a CUDA graph on the GPU ``cuda_uuid`` (`save_program`), else None."""
+    ) -> tuple[bytes, list[int] | None, bytes | None] | None:
+        """The binary, tuning choices and cubin (None if not stored) under this key
+        (`load_program`) if they were verified as a CUDA graph on the GPU ``cuda_uuid``
+        (`save_program`), else None."""
         fields = program_key_fields(source_digest, build_options, identity)
         entry = self.store.get(make_key(fields), kind="program")
         if entry is None or _GRAPH_PART not in entry.part_names:
@@ -306,7 +313,13 @@ class ModelCache:
         binary, choices = self.load_program(source_digest, build_options, identity)
         if binary is None or ("tuning" in entry.part_names and choices is None):
             return None
-        return binary, choices
+        cubin = None
+        if _CUBIN_PART in entry.part_names:
+            try:
+                cubin = entry.part(_CUBIN_PART)
+            except (KeyError, ValueError):
+                return None  # (damaged: the ordinary start verifies and stores it again)
+        return binary, choices, cubin
 
     def load_gpu(self, choice: str) -> dict[str, Any] | None:
         """The record of the GPU that the device choice ``choice`` opened before

@@ -470,6 +470,14 @@ def add_bench_parser(sub: _Subcommands) -> None:
         help="fresh processes per measurement (start-up; default 3)",
     )
     p.add_argument(
+        "--cold-repeat",
+        type=int_at_least(1),
+        default=None,
+        metavar="N",
+        help="fresh processes for the cold, first and shipped starts, which take seconds "
+        "each and wait for the first start's background work (default: --repeat)",
+    )
+    p.add_argument(
         "--runs",
         type=int_at_least(1),
         default=100,

@@ -122,6 +122,13 @@ def _signatures() -> dict[str, tuple[str, list[Any]]]:
         "cuCtxSetCurrent": ("cuCtxSetCurrent", [vp]),
         "cuStreamCreate": ("cuStreamCreate", [pvp, u32]),
         "cuModuleLoadData": ("cuModuleLoadData", [pvp, ctypes.c_char_p]),
+        "cuLinkCreate": ("cuLinkCreate_v2", [u32, vp, vp, pvp]),
+        "cuLinkAddData": (
+            "cuLinkAddData_v2",
+            [vp, i32, ctypes.c_char_p, sz, ctypes.c_char_p, u32, vp, vp],
+        ),
+        "cuLinkComplete": ("cuLinkComplete", [vp, pvp, ctypes.POINTER(sz)]),
+        "cuLinkDestroy": ("cuLinkDestroy", [vp]),
         "cuModuleUnload": ("cuModuleUnload", [vp]),
         "cuModuleGetFunction": ("cuModuleGetFunction", [pvp, vp, ctypes.c_char_p]),
         "cuMemAlloc": ("cuMemAlloc_v2", [ctypes.POINTER(u64), sz]),
@@ -168,6 +175,10 @@ class _Driver:
     cuCtxSetCurrent: Any
     cuStreamCreate: Any
     cuModuleLoadData: Any
+    cuLinkCreate: Any
+    cuLinkAddData: Any
+    cuLinkComplete: Any
+    cuLinkDestroy: Any
     cuModuleUnload: Any
     cuModuleGetFunction: Any
     cuMemAlloc: Any
@@ -342,6 +353,35 @@ def _uuid(drv: _Driver, dev: int) -> str:
     raw = ctypes.create_string_buffer(16)
     drv.check("cuDeviceGetUuid", drv.cuDeviceGetUuid(raw, dev))
     return raw.raw.hex()
+
+
+_JIT_INPUT_PTX = 1  # CU_JIT_INPUT_PTX
+
+
+def link_cubin(device: CudaDevice, text: str) -> bytes:
+    """The cubin (device code, no JIT left) the driver's PTX compiler makes of ``text`` for
+    ``device``, with its default options (those of ``cuModuleLoadData`` on PTX).
+
+    Raises:
+        CudaUnsupported: the driver cannot link it.
+    """
+    drv = driver()
+    device.make_current()
+    state = ctypes.c_void_p()
+    drv.check("cuLinkCreate", drv.cuLinkCreate(0, None, None, ctypes.byref(state)))
+    try:
+        data = text.encode("latin-1") + b"\0"
+        drv.check(
+            "cuLinkAddData (PTX)",
+            drv.cuLinkAddData(state, _JIT_INPUT_PTX, data, len(data), b"litekiln", 0, None, None),
+        )
+        image, size = ctypes.c_void_p(), ctypes.c_size_t()
+        drv.check(
+            "cuLinkComplete", drv.cuLinkComplete(state, ctypes.byref(image), ctypes.byref(size))
+        )
+        return ctypes.string_at(image.value or 0, size.value)  # (owned by the link state)
+    finally:
+        drv.cuLinkDestroy(state)
 
 
 def driver_version() -> int:
@@ -631,6 +671,9 @@ class CudaGraphExecutor(PartitionIO):
         device: CudaDevice,
         choices: list[int] | None = None,
         streams: int = 1,
+        *,
+        cubin: bytes | None = None,
+        link: bool = False,
     ) -> None:
         """Load the PTX, allocate the arena, upload constants and capture the graph.
 
@@ -642,6 +685,10 @@ class CudaGraphExecutor(PartitionIO):
             choices: Tuning choice per variant (default: the default schedules).
             streams: Most capture streams, so that independent calls run concurrently
                 (`branch_plan`); 1 captures the launch order on one stream.
+            cubin: the device code `link_cubin` made of this PTX on this GPU before: loaded
+                instead of the PTX, so the driver compiles nothing (the PTX is still checked).
+            link: without ``cubin``, link the PTX into one (`link_cubin`) and load that, so
+                that what runs is what `cubin` then holds; a link that fails loads the PTX.
 
         Raises:
             CudaUnsupported: the PTX or the launches cannot be run through CUDA (see
@@ -650,6 +697,8 @@ class CudaGraphExecutor(PartitionIO):
         program.validate()
         self.program = program
         self.binary = ptx
+        #: The cubin loaded (None: the PTX was, the driver compiling it).
+        self.cubin: bytes | None = None
         self.device = device
         self.choices = list(choices) if choices else [0] * len(program.variants)
         self._launches = program.plan(self.choices)
@@ -660,7 +709,7 @@ class CudaGraphExecutor(PartitionIO):
         self._drv = driver()
         device.make_current()
         self._res = self._track_resources()
-        self._load_module(text)
+        self._load_module(text, cubin, link)
         self._ptr = self._allocate_arena()
         self._upload_constants(constants)
         self._in_stage, self._out_stage = self._stage_io()
@@ -700,7 +749,16 @@ class CudaGraphExecutor(PartitionIO):
         weakref.finalize(self, _release, self._drv, self.device, res)
         return res
 
-    def _load_module(self, text: str) -> None:
+    def _load_module(self, text: str, cubin: bytes | None, link: bool) -> None:
+        if cubin is not None:  # (stored: a failure is the caller's to handle)
+            self._load_cubin(cubin)
+            return
+        if link:
+            try:
+                self._load_cubin(link_cubin(self.device, text))
+                return
+            except CudaUnsupported as exc:
+                log.info("PTX loaded as it is (no cubin: %s)", exc)
         module = _take_preloaded(self.device.ordinal, text)
         if module is None:
             module = ctypes.c_void_p()
@@ -709,6 +767,14 @@ class CudaGraphExecutor(PartitionIO):
                 self._drv.cuModuleLoadData(ctypes.byref(module), text.encode("latin-1") + b"\0"),
             )
         self._res["module"] = module
+
+    def _load_cubin(self, cubin: bytes) -> None:
+        image = ctypes.c_void_p()
+        self._drv.check(
+            "cuModuleLoadData (cubin)", self._drv.cuModuleLoadData(ctypes.byref(image), cubin)
+        )
+        self._res["module"] = image
+        self.cubin = cubin
 
     def _allocate_arena(self) -> dict[int, int]:
         """One device allocation for every storage; returns tensor id -> device address."""

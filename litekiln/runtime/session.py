@@ -134,6 +134,7 @@ class ProgramStore(Protocol):
         model_name: str | None = None,
         model_token: str | None = None,
         cuda_uuid: str | None = None,
+        cubin: bytes | None = None,
     ) -> bool: ...
 
     def load_graph(
@@ -142,7 +143,7 @@ class ProgramStore(Protocol):
         build_options: Sequence[str],
         identity: Mapping[str, str],
         cuda_uuid: str,
-    ) -> tuple[bytes, list[int] | None] | None: ...
+    ) -> tuple[bytes, list[int] | None, bytes | None] | None: ...
 
     def save_gpu(self, choice: str, record: Mapping[str, Any]) -> bool: ...
 
@@ -281,7 +282,7 @@ class Session:
         t1 = time.perf_counter()
         executors = []
         try:
-            for part, (binary, choices) in zip(parts, found, strict=True):
+            for part, (binary, choices, cubin) in zip(parts, found, strict=True):
                 executors.append(
                     CudaGraphExecutor(
                         part.program,
@@ -290,12 +291,13 @@ class Session:
                         cuda,
                         choices=choices,
                         streams=config.CUDA_STREAMS.get(),
-                    )  # fmt: skip
+                        cubin=cubin,
+                    )
                 )
         except (CudaUnsupported, ValueError) as exc:
             raise CudaStartMiss(f"a stored CUDA graph does not load: {exc}") from None
         self._chosen.update(range(len(parts)))
-        tuned = [bool(p.program.variants and c) for p, (_, c) in zip(parts, found, strict=True)]
+        tuned = [bool(p.program.variants and f[1]) for p, f in zip(parts, found, strict=True)]
         self.startup.update(
             build_s=t1 - t0,
             setup_s=time.perf_counter() - t1,
@@ -417,6 +419,8 @@ class Session:
         program: GpuProgram,
         ptx: bytes,
         choices: list[int] | None = None,
+        *,
+        link: bool = False,
     ) -> Any:
         """``program`` (partition ``part``'s, or its default kernels) as one CUDA graph of
         ``ptx`` on the CUDA device that is this session's GPU.
@@ -433,6 +437,7 @@ class Session:
             self._cuda_gpu(),
             choices=choices,
             streams=config.CUDA_STREAMS.get(),
+            link=link,
         )
 
     def _executor(
@@ -634,7 +639,7 @@ class Session:
             *self._keys[slot], cu.binary,
             tuning=list(cu.choices) if slot in self._chosen else None,
             model_name=self.compiled.model_name, model_token=self.compiled.token,
-            cuda_uuid=cu.device.uuid,
+            cuda_uuid=cu.device.uuid, cubin=cu.cubin,
         )  # fmt: skip
 
     def _record_gpu(self) -> None:
@@ -679,7 +684,9 @@ class Session:
             binary = ex.binary  # (copied out of the driver when it was built from source)
             if not binary:
                 raise CudaUnsupported("the OpenCL driver reports no program binary")
-            cu = self._cuda_graph(part, ex.program, binary, ex.choices)
+            # (linked into a cubin first: the graph compared below is the one a later
+            # `CudaStart` loads, with no PTX compiled then)
+            cu = self._cuda_graph(part, ex.program, binary, ex.choices, link=True)
             with self._lock:  # (the OpenCL executor is idle meanwhile)
                 mismatch = _compare_paths(ex, cu)
             if mismatch:

@@ -16,7 +16,8 @@
 # On the device (repo root; carry .whl .gl .devcache):   bash scripts/remote_gpu/run.sh
 # (.devcache/kit.tar.xz holds the models and the cache compiled by prepare.sh)
 # Rehearsal here on PoCL with the project venv:          LOCAL=1 scripts/remote_gpu/run.sh
-# Knobs: MODELS="a b" (names from .devcache/models.txt), RUNS, REPEAT, STEPS="accuracy startup latency",
+# Knobs: MODELS="a b" (names from .devcache/models.txt), RUNS, REPEAT, COLD_REPEAT (startup: first
+#        and shipped starts; default REPEAT), STEPS="accuracy startup latency",
 #        KEEP_KIT=1 (keep the kit a previous call on this warm machine unpacked, tuned binaries included),
 #        RUN_KIT=DIR (where to unpack it; default /tmp/litekiln-gpukit),
 #        T_ACCURACY/T_STARTUP/T_LATENCY/T_TORCH (seconds per step; the device tool allows 600 in
@@ -181,7 +182,7 @@ EOF
 
 startup() {
   timeout "$T_STARTUP" "$PY" -m litekiln.cli bench --startup --warm-only --litert-gpu --cache-dir "$CACHE" \
-    --repeat "$REPEAT" --out "$OUT/startup.json" "${PATHS[@]}"
+    --repeat "$REPEAT" ${COLD_REPEAT:+--cold-repeat "$COLD_REPEAT"} --out "$OUT/startup.json" "${PATHS[@]}"
 }
 
 latency() {
