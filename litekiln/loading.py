@@ -134,12 +134,14 @@ def open_session(
     tune = config.TUNE.get(rt.get("tune"))
     t0 = time.perf_counter()
     early = _preload_ptx(model, copts, cache, device, explicit=options)
+    # A CUDA start in the making: read the compiled model while the CUDA context is made.
+    ahead = None if validate else _read_ahead(model, copts, cache, device, explicit=options)
     t1 = time.perf_counter()
     opened = device.result() if isinstance(device, DeviceOpener) else select_device(device)
     t2 = time.perf_counter()
     if isinstance(opened, CudaStart):
         session = _cuda_start(model, copts, cache, opened, explicit=options, validate=validate,
-                              tune=tune)  # fmt: skip
+                              tune=tune, ahead=ahead)  # fmt: skip
         if session is not None:
             session.startup.update(device_s=t2 - t1, model_cached=True)
             session.startup["cache_read_s"] += t1 - t0
@@ -185,15 +187,18 @@ def _cuda_start(
     explicit: Mapping[str, Any],
     validate: bool,
     tune: bool,
+    ahead: CompiledModel | None = None,
 ) -> Session | None:
-    """The session of a `CudaStart`: the compiled model and every partition's verified CUDA
-    graph from the cache, no OpenCL. None where any of it is missing (the caller opens
-    OpenCL and starts the usual way); validate mode always takes the usual way."""
+    """The session of a `CudaStart`: the compiled model (``ahead``: read already, from the
+    same record, by `_read_ahead`) and every partition's verified CUDA graph from the cache,
+    no OpenCL. None where any of it is missing (the caller opens OpenCL and starts the usual
+    way); validate mode always takes the usual way."""
     if cache is None or validate:
         return None
     t0 = time.perf_counter()
-    compiled = cache.load_model(model.token, _for_device(copts, start.profile, explicit=explicit),
-                                model)  # fmt: skip
+    compiled = ahead or cache.load_model(
+        model.token, _for_device(copts, start.profile, explicit=explicit), model
+    )
     if compiled is None:
         log.info("%s: no CUDA start (not compiled for %s yet)", model.name, start.description)
         return None
@@ -205,6 +210,26 @@ def _cuda_start(
     except CudaStartMiss as exc:
         log.info("%s: no CUDA start (%s); opening the device through OpenCL", model.name, exc)
         return None
+
+
+def _read_ahead(
+    model: Model,
+    copts: CompileOptions,
+    cache: ModelCache | None,
+    device: Any,
+    *,
+    explicit: Mapping[str, Any],
+) -> CompiledModel | None:
+    """The compiled model a `CudaStart` from ``device``'s record will run (its options made
+    for the recorded profile), read while the opener still makes the CUDA context; None where
+    there is no record (or it is unreadable: the opener then opens OpenCL)."""
+    if cache is None or not isinstance(device, DeviceOpener) or device.known is None:
+        return None
+    try:
+        profile = DeviceProfile.from_record(device.known["profile"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return cache.load_model(model.token, _for_device(copts, profile, explicit=explicit), model)
 
 
 _SAID_CPU_ONLY = threading.Event()
