@@ -41,6 +41,7 @@ from litekiln.runtime.threads import cpu_thread_limit
 
 REFERENCE = "reference"
 log = logging.getLogger("litekiln")
+_NO_STAGES: dict[int, np.ndarray] = {}
 
 #: LiteRT's experimental constructor flags that change nothing litekiln does (delegate
 #: clustering, node fusion and profiling of LiteRT's own delegates); accepted as booleans.
@@ -146,6 +147,13 @@ class Interpreter:
             weakref.WeakKeyDictionary()
         )
         self._last_invoker: _ThreadState | None = None
+        self._local = threading.local()  # .state: this thread's _ThreadState (a quick lookup)
+        self._input_set = frozenset(self._graph.inputs)
+        #: The session's `input_stages` as last seen (graph input -> the host array its
+        #: launch path stages it in), and for each, the thread whose input buffer that array
+        #: is: `set_tensor` writes the value there and the inference copies it no further.
+        self._stages: dict[int, np.ndarray] = _NO_STAGES
+        self._stage_holders: dict[int, _ThreadState] = {}
         self._variables = self._initial_variables()
         #: Carried states: graph input -> the graph output fed back into it after each invoke:
         #: those LiteRT's kernels carry themselves (the basic LSTM's), then carry_state's.
@@ -201,6 +209,7 @@ class Interpreter:
                 return
             self._model = resized(self._original, self._shapes)
             self._graph = self._model.main
+            self._input_set = frozenset(self._graph.inputs)
             if self._device_choice == REFERENCE:
                 self._backend = _ReferenceBackend(self._model)
             else:
@@ -286,6 +295,16 @@ class Interpreter:
             if self._is_bound(tensor_index):  # a carried state: its next value, on the device
                 self._backend.write_bound(tensor_index, arr)
                 return
+            state = self._state()
+            stage = self._current_stages().get(tensor_index)
+            buf = state.inputs.get(tensor_index)
+            if stage is not None and (buf is None or buf is stage):
+                # Straight into the array the inference stages the input in: one host copy
+                # per inference, not two. (A buffer of its own, once the thread has one, stays:
+                # a view from tensor() may be writing it.)
+                self._take_stage(tensor_index, stage, state)
+                np.copyto(stage, arr)
+                return
             np.copyto(self._input_buffer(tensor_index), arr)
 
     def resize_tensor_input(self, input_index: int, tensor_size: Any, strict: bool = False) -> None:
@@ -333,12 +352,19 @@ class Interpreter:
             InputError: an input has not been set in this thread.
         """
         with self._lock:
-            self.allocate_tensors()
+            if self._backend is None:
+                self.allocate_tensors()
             state = self._state()
             inputs = self._inputs_for_invoke(state)
-            if self._last_invoker is not None and self._last_invoker is not state:
-                self._last_invoker.values = _detached(self._last_invoker)
-            state.values = self._backend.run({**self._variables, **inputs})
+            for t, stage in self._current_stages().items():
+                holder = self._stage_holders.get(t)
+                if holder is not None and holder is not state:  # this run overwrites it
+                    self._release_stage(t, holder, stage)
+            last = self._last_invoker
+            if last is not None and last is not state:
+                last.values = _detached(last)
+            variables = self._variables
+            state.values = self._backend.run({**variables, **inputs} if variables else inputs)
             self._last_invoker = state
             for var, src in self._graph.variable_updates.items():  # LiteRT's kernels write
                 if var not in self._device_variables:  # (new states; else kept on the device)
@@ -368,7 +394,13 @@ class Interpreter:
 
         def view() -> np.ndarray:
             with self._lock:
-                if tensor_index in self._graph.inputs and not self._is_bound(tensor_index):
+                if tensor_index in self._input_set and not self._is_bound(tensor_index):
+                    self._current_stages()
+                    holder = self._stage_holders.get(tensor_index)
+                    if holder is not None and holder is self._state():
+                        # The app writes this array from now on: one of the thread's own,
+                        # which no other thread's inference overwrites (as a stage would be).
+                        self._release_stage(tensor_index, holder, holder.inputs[tensor_index])
                     return self._input_buffer(tensor_index)
                 return self._value(tensor_index, 0)
 
@@ -635,12 +667,50 @@ class Interpreter:
     # -- helpers ------------------------------------------------------------------------------
 
     def _state(self) -> _ThreadState:
-        me = threading.current_thread()
-        with self._lock:  # (the states are iterated under the lock by invoke)
-            state = self._states.get(me)
-            if state is None:
-                state = self._states[me] = _ThreadState()
-            return state
+        state: _ThreadState | None = getattr(self._local, "state", None)
+        if state is None:
+            me = threading.current_thread()
+            with self._lock:  # (the states are iterated under the lock by invoke)
+                state = self._states.get(me)
+                if state is None:
+                    state = self._states[me] = _ThreadState()
+            self._local.state = state
+        return state
+
+    def _current_stages(self) -> dict[int, np.ndarray]:
+        """The session's `input_stages` (none on OpenCL or the reference), with their
+        holders found again when the mapping changed (another launch path, a binding)."""
+        find = getattr(self._backend, "input_stages", None)
+        stages: dict[int, np.ndarray] = find() if find is not None else _NO_STAGES
+        if stages is not self._stages:
+            self._stages = stages
+            self._stage_holders = {
+                t: state
+                for state in self._states.values()
+                for t, buf in state.inputs.items()
+                if stages.get(t) is buf
+            }
+        return stages
+
+    def _take_stage(self, index: int, stage: np.ndarray, state: _ThreadState) -> None:
+        """Make ``stage`` ``state``'s buffer of input ``index`` (about to be written)."""
+        holder = self._stage_holders.get(index)
+        if holder is not None and holder is not state:
+            self._release_stage(index, holder, stage)
+        self._stage_holders[index] = state
+        state.inputs[index] = stage
+
+    def _release_stage(self, index: int, holder: _ThreadState, stage: np.ndarray) -> None:
+        """Give ``holder`` a buffer of its own for input ``index``, holding the value it has
+        in ``stage`` (which is about to be overwritten, or handed to the app)."""
+        del self._stage_holders[index]
+        if holder.inputs.get(index) is not stage:
+            return
+        own = holder.inputs[index] = stage.copy()
+        if holder.values is not None:  # (its last invoke's values include its inputs)
+            for t, v in holder.values.items():
+                if v is stage:
+                    holder.values[t] = own
 
     def _input_view(self, index: int) -> Tensor:
         """An input tensor with its current shape (resized ones before allocate_tensors)."""
@@ -651,7 +721,7 @@ class Interpreter:
         return Tensor(t.index, t.name, shape, t.dtype, t.shape_signature, t.quantization)
 
     def _input_tensor(self, index: int) -> Tensor:
-        if index not in self._graph.inputs:
+        if index not in self._input_set:
             raise InputError(
                 f"tensor {index} is not a graph input; inputs are "
                 f"{[(t, self._graph.tensors[t].name) for t in self._graph.inputs]}"
@@ -669,6 +739,10 @@ class Interpreter:
 
     def _inputs_for_invoke(self, state: _ThreadState) -> dict[int, np.ndarray]:
         """This thread's host inputs (a bound input is read from its buffer instead)."""
+        if not self._carries and not getattr(self._backend, "bindings", None):
+            mine = state.inputs
+            if all(t in mine for t in self._graph.inputs):  # (else: the error below)
+                return {t: mine[t] for t in self._graph.inputs}
         wanted = [t for t in self._graph.inputs if not self._is_bound(t)]
         for t in wanted:
             if t in self._carries:  # a state carried on the host: zero until set
@@ -713,7 +787,7 @@ class Interpreter:
                 value = self._backend.read_bound(tensor_index)
                 value.flags.writeable = False
                 return value
-            if tensor_index in self._graph.inputs:
+            if tensor_index in self._input_set:
                 return self._input_buffer(tensor_index)
             if tensor_index in self._variables:  # (its value now: after the last invoke's)
                 return self._variables[tensor_index]

@@ -915,3 +915,67 @@ def test_a_cuda_start_that_does_not_hold_opens_opencl(fake, monkeypatch, tmp_pat
     if damage == "off":  # (the other cases replay the fake's graph, which computes nothing)
         for got, want in zip(interp.run(x), ref, strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.opencl
+def test_inputs_go_straight_into_the_graphs_staging_and_each_thread_keeps_its_own(
+    fake, monkeypatch, tmp_path
+):
+    """`set_tensor` (and `run`) write an input where the CUDA graph stages it: the session is
+    handed that very array and copies it no further. What the API promises holds as before:
+    each thread's inputs are its own (a thread whose value was there keeps it when another
+    thread's inference overwrites the staging), an array from `tensor()` stays the thread's
+    input, and a wrong dtype or shape is refused with the same error after the fast path."""
+    import threading
+
+    from litekiln.errors import InputError
+
+    interp = _first_start_on_nvidia(fake, monkeypatch, tmp_path)
+    sess = interp._backend  # noqa: SLF001
+    (inp,) = [d["index"] for d in interp.get_input_details()]
+    (stage,) = sess.executors[0].input_buffers()
+    assert sess.input_stages() == {inp: stage}
+    given: list[tuple[bool, np.ndarray]] = []
+    run = sess.run
+
+    def record(inputs):
+        given.append((inputs[inp] is stage, np.array(inputs[inp], copy=True)))
+        return run(inputs)
+
+    monkeypatch.setattr(sess, "run", record)
+    x0, x1 = interp.random_inputs(0)[0], interp.random_inputs(1)[0]
+
+    interp.run([x0])
+    assert given[-1][0], "staged in place: no second copy"
+    np.testing.assert_array_equal(given[-1][1], x0)
+    np.testing.assert_array_equal(interp.get_tensor(inp), x0)
+    with pytest.raises(InputError, match="expects dtype float32, got float64"):
+        interp.set_tensor(inp, x0.astype(np.float64))
+    with pytest.raises(InputError, match=r"expects shape \[1, 32, 32, 3\]"):
+        interp.set_tensor(inp, x0.reshape(-1))
+    with pytest.raises(InputError, match="expects dtype float32, got float64"):
+        interp.run([x0.astype(np.float64)])
+
+    def other_thread():
+        interp.set_tensor(inp, x1)
+        interp.invoke()
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    t.join()
+    assert given[-1][0]  # the other thread took the staging
+    np.testing.assert_array_equal(given[-1][1], x1)
+    np.testing.assert_array_equal(interp.get_tensor(inp), x0)  # this thread's input: its own
+    interp.invoke()
+    np.testing.assert_array_equal(given[-1][1], x0)
+
+    view = interp.tensor(inp)()
+    assert view is not stage, "an array the app writes is the thread's own"
+    view[...] = x1
+    interp.invoke()
+    np.testing.assert_array_equal(given[-1][1], x1)
+    interp.run([x0])
+    np.testing.assert_array_equal(given[-1][1], x0)
+    view[...] = x1  # still this thread's input buffer
+    interp.invoke()
+    np.testing.assert_array_equal(given[-1][1], x1)

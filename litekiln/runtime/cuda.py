@@ -271,6 +271,7 @@ class CudaDevice:
         dev = ctypes.c_int()
         drv.check("cuDeviceGet", drv.cuDeviceGet(ctypes.byref(dev), ordinal))
         self.ordinal = ordinal
+        self._set_current = drv.cuCtxSetCurrent
         self.context = ctypes.c_void_p()
         drv.check(
             "cuDevicePrimaryCtxRetain",
@@ -287,8 +288,10 @@ class CudaDevice:
         self._side: list[ctypes.c_void_p] = []
 
     def make_current(self) -> None:
-        drv = driver()
-        drv.check("cuCtxSetCurrent", drv.cuCtxSetCurrent(self.context))
+        # (called twice per inference: the driver's function, bound once, and no lock)
+        err = self._set_current(self.context)
+        if err:
+            driver().check("cuCtxSetCurrent", err)
 
     def side_streams(self, n: int) -> list[ctypes.c_void_p]:
         """``n`` more non-blocking streams for capturing branches (made once, kept)."""
@@ -707,6 +710,9 @@ class CudaGraphExecutor(PartitionIO):
         self.branches = 1
         text = self._checked_ptx(ptx)
         self._drv = driver()
+        # (the two calls of every inference, looked up once)
+        self._graph_launch = self._drv.cuGraphLaunch
+        self._synchronize = self._drv.cuStreamSynchronize
         device.make_current()
         self._res = self._track_resources()
         self._load_module(text, cubin, link)
@@ -965,27 +971,42 @@ class CudaGraphExecutor(PartitionIO):
         return [la.func or la.kernel for la in self._launches]
 
     def set_input(self, i: int, array: np.ndarray, *, blocking: bool = True) -> None:
-        """Stage ``array`` as input ``i`` (copied to the device by the next `run`).
+        """Stage ``array`` as input ``i`` (copied to the device by the next `run`), converted
+        to the input's dtype; the staging array itself (`input_buffers`) is not copied.
 
         Raises:
             ValueError: Shape mismatch.
         """
-        spec = self.input_spec(i)
+        stage = self._in_stage[i]
         if i in self._bound_in:
+            spec = self.input_spec(i)
             raise ValueError(f"input {i} ({spec.name}) is bound to device memory (bind_input)")
+        if array is stage:  # written in place by the caller
+            return
         arr = np.asarray(array)
-        if arr.shape != spec.shape:
+        if arr.shape != stage.shape:
+            spec = self.input_spec(i)
             raise ValueError(f"input {i} ({spec.name}): shape {arr.shape}, expected {spec.shape}")
         if self._pending:
             self.finish()  # the staging buffer may still be read by the previous run
-        np.copyto(self._in_stage[i], arr, casting="unsafe")
+        np.copyto(stage, arr, casting="unsafe")
+
+    def input_buffers(self) -> list[np.ndarray]:
+        """The pinned host arrays the graph copies the inputs from, one per input.
+
+        `set_input(i, input_buffers()[i])` copies nothing: a caller that writes an input's
+        value there (between runs: the graph reads it while one runs) saves a host copy.
+        """
+        return list(self._in_stage)
 
     def run(self, *, wait: bool = False) -> None:
         """Launch the graph (input copies, kernels, output copies)."""
         if self._stale:
             self._recapture()
         self.device.make_current()
-        self._drv.check("cuGraphLaunch", self._drv.cuGraphLaunch(self._exec, self.device.stream))
+        err = self._graph_launch(self._exec, self.device.stream)
+        if err:
+            self._drv.check("cuGraphLaunch", err)
         self._pending = True
         if wait:
             self.finish()
@@ -1007,7 +1028,9 @@ class CudaGraphExecutor(PartitionIO):
     def finish(self) -> None:
         """Wait until the last `run` is done."""
         self.device.make_current()
-        self._drv.check("cuStreamSynchronize", self._drv.cuStreamSynchronize(self.device.stream))
+        err = self._synchronize(self.device.stream)
+        if err:
+            self._drv.check("cuStreamSynchronize", err)
         self._pending = False
 
     def get_output(self, i: int, out: np.ndarray | None = None) -> np.ndarray:

@@ -11,6 +11,7 @@ and copies outputs out.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import threading
 import time
@@ -156,6 +157,9 @@ class Session:
         compiled: the compiled model being run.
         load_seconds: time to build programs, allocate and upload.
     """
+
+    #: `input_stages`, found at its first call after a change of executors or bindings.
+    _stages: dict[int, np.ndarray] | None = None
 
     def __init__(
         self,
@@ -547,6 +551,7 @@ class Session:
         with self._lock:
             self.executors[slot] = ex
             self._outputs[slot] = _output_arrays(ex)
+            self._stages = None  # (the new executor stages its inputs elsewhere)
             if self.bindings:  # made on the executor that goes: hand them over
                 self._plan_bindings()
 
@@ -718,66 +723,132 @@ class Session:
 
         Args:
             inputs: graph input tensor index -> array (exact dtype/shape, checked by caller).
+                An array of `input_stages` given for its own input is not copied again.
 
         Returns:
             tensor index -> value for the graph outputs and every tensor crossing a
             partition boundary. GPU outputs live in host arrays that the next `run`
             overwrites: copy what must outlive it.
         """
-        with self._lock, cpu_thread_limit(self.cpu_threads if self._cpu_steps else None):
-            values = self._run(inputs)
-        self._ready.set()
+        with self._lock:
+            if self._cpu_steps and self.cpu_threads is not None:
+                with cpu_thread_limit(self.cpu_threads):
+                    values = self._run(inputs)
+            else:  # (no context manager to enter: ~2 us of an inference's host time)
+                values = self._run(inputs)
+        if not self._ready.is_set():
+            self._ready.set()
         return values
+
+    def input_stages(self) -> dict[int, np.ndarray]:
+        """Graph input -> the host array `run` stages it in (a CUDA graph's pinned input
+        block), for the inputs staged that way with the graph's dtype and shape. Writing an
+        input's value there and passing that very array to `run` saves one host copy per
+        inference. Every `run` given another array for the input overwrites it, and a new
+        mapping (another dict) replaces this one when the launch path or a binding changes.
+        """
+        stages = self._stages
+        if stages is None:
+            with self._lock:  # (not while the background work swaps an executor in)
+                stages = self._stages = self._find_stages()
+        return stages
+
+    def _find_stages(self) -> dict[int, np.ndarray]:
+        g = self.graph
+        stages: dict[int, np.ndarray] = {}
+        for kind, idx in self.compiled.steps:
+            ex = self.executors[idx] if kind == "gpu" else None
+            if ex is None or not hasattr(ex, "input_buffers"):
+                continue
+            part = self.compiled.partitions[idx]
+            for t, stage in zip(part.inputs, ex.input_buffers(), strict=True):
+                tensor = g.tensors[t]
+                if (
+                    t in g.inputs
+                    and t not in stages
+                    and t not in self.bindings
+                    and not is_quantized(tensor)
+                    and stage.dtype == tensor.dtype
+                    and stage.shape == tuple(tensor.shape)
+                ):
+                    stages[t] = stage
+        return stages
+
+    @functools.cached_property
+    def _step_plan(self) -> list[tuple[Any, ...]]:
+        """`compiled.steps` with what `_run` looks up for each made once: a CPU step's op; a
+        GPU step's partition, its (input position, tensor, tensor if 8-bit) and its (output
+        position, tensor, graph tensor, whether 8-bit)."""
+        g = self.graph
+        plan: list[tuple[Any, ...]] = []
+        for kind, idx in self.compiled.steps:
+            if kind == "cpu":
+                plan.append((kind, idx, [g.ops[idx]]))
+                continue
+            part = self.compiled.partitions[idx]
+            ins = tuple(
+                (i, t, g.tensors[t] if is_quantized(g.tensors[t]) else None)
+                for i, t in enumerate(part.inputs)
+            )
+            outs = tuple(
+                (i, t, g.tensors[t], is_quantized(g.tensors[t])) for i, t in enumerate(part.outputs)
+            )
+            plan.append((kind, idx, part, ins, outs))
+        return plan
 
     def _run(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
         g = self.graph
         values: dict[int, np.ndarray] = dict(inputs)
         report = DivergenceReport(ok=True) if self.validate else None
         times = self.step_times
+        clock = time.perf_counter
         bound = self._bound
+        direct_in: set[tuple[int, int]] = set()
+        device_only: set[tuple[int, int]] = set()
         if bound is not None:
+            direct_in, device_only = bound.direct_in, bound.device_only
             for buf in bound.syncs:
                 buf.before_run()
             for t, buf in bound.host_reads:
                 values[t] = buf.read()
-        for kind, idx in self.compiled.steps:
-            t0 = time.perf_counter() if times is not None else 0.0
-            if kind == "cpu":
-                run_ops([g.ops[idx]], g, values)
+        for step in self._step_plan:
+            t0 = clock() if times is not None else 0.0
+            if step[0] == "cpu":
+                run_ops(step[2], g, values)
                 if times is not None:
-                    times.append((kind, idx, time.perf_counter() - t0))
+                    times.append(("cpu", step[1], clock() - t0))
                 continue
-            part = self.compiled.partitions[idx]
+            _, idx, part, ins, outs = step
             ex = self.executors[idx]
-            for i, t in enumerate(part.inputs):
-                if bound is not None and (idx, i) in bound.direct_in:
+            for i, t, quantized in ins:
+                if direct_in and (idx, i) in direct_in:
                     continue  # read from its bound buffer
                 x = values[t]
-                if is_quantized(g.tensors[t]):
-                    x = dequantize(x, g.tensors[t])  # 8-bit inputs: float view, on the CPU
-                # np.require keeps 0-d arrays 0-d (ascontiguousarray would make them 1-d).
-                ex.set_input(i, np.require(x, ex.input_spec(i).dtype, "C"), blocking=False)
+                if quantized is not None:
+                    x = dequantize(x, quantized)  # 8-bit inputs: float view, on the CPU
+                # (the executor converts to its dtype while it copies: no second copy here)
+                ex.set_input(i, x, blocking=False)
             if times is not None:
-                t1 = time.perf_counter()
+                t1 = clock()
                 times.append(("gpu_inputs", idx, t1 - t0))
                 t0 = t1
             ex.run()
             if times is not None:
-                t1 = time.perf_counter()
+                t1 = clock()
                 times.append(("gpu_launch", idx, t1 - t0))
                 t0 = t1
-            for i, t in enumerate(part.outputs):
-                if bound is not None and (idx, i) in bound.device_only:
+            arrays = self._outputs[idx]
+            for i, t, tensor, quantized in outs:
+                if device_only and (idx, i) in device_only:
                     continue  # in its bound buffer, and nothing reads it on the host
-                y = ex.get_output(i, out=self._outputs[idx][i])
-                tensor = g.tensors[t]
-                if is_quantized(tensor):
+                y = ex.get_output(i, out=arrays[i])
+                if quantized:
                     y = quantize(y.astype(np.float32), tensor)
                 elif y.dtype != tensor.dtype:
                     y = y.astype(tensor.dtype)
                 values[t] = y
             if times is not None:
-                times.append(("gpu_outputs", idx, time.perf_counter() - t0))
+                times.append(("gpu_outputs", idx, clock() - t0))
             if report is not None and report.ok:
                 self._validate_partition(part, values, report)
         if report is not None:
@@ -1030,6 +1101,7 @@ class Session:
     def _plan_bindings(self) -> None:
         """Hand each executor the bound buffers it can use directly, and plan the host copies
         of the others (`_BindingPlan`). Called under the lock whenever a binding changes."""
+        self._stages = None  # (a bound input is not staged)
         for ex in self.executors:
             for i in range(ex.num_inputs):
                 ex.unbind_input(i)
