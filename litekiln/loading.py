@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from litekiln import config
@@ -187,16 +188,17 @@ def _cuda_start(
     explicit: Mapping[str, Any],
     validate: bool,
     tune: bool,
-    ahead: CompiledModel | None = None,
+    ahead: _Ahead | None = None,
 ) -> Session | None:
-    """The session of a `CudaStart`: the compiled model (``ahead``: read already, from the
-    same record, by `_read_ahead`) and every partition's verified CUDA graph from the cache,
-    no OpenCL. None where any of it is missing (the caller opens OpenCL and starts the usual
-    way); validate mode always takes the usual way."""
+    """The session of a `CudaStart`: the compiled model and its partitions' verified CUDA
+    graphs (``ahead``: read already, from the same record, by `_read_ahead`), else from the
+    cache; no OpenCL. None where any of it is missing (the caller opens OpenCL and starts the
+    usual way); validate mode always takes the usual way."""
     if cache is None or validate:
         return None
     t0 = time.perf_counter()
-    compiled = ahead or cache.load_model(
+    compiled = ahead.compiled if ahead is not None else None
+    compiled = compiled or cache.load_model(
         model.token, _for_device(copts, start.profile, explicit=explicit), model
     )
     if compiled is None:
@@ -204,12 +206,59 @@ def _cuda_start(
         return None
     read_s = time.perf_counter() - t0
     try:
-        session = Session(model, compiled, start, programs=cache, tune=tune)
+        programs = ahead if ahead is not None and ahead.compiled is compiled else cache
+        session = Session(model, compiled, start, programs=programs, tune=tune)
         session.startup["cache_read_s"] = read_s
         return session
     except CudaStartMiss as exc:
         log.info("%s: no CUDA start (%s); opening the device through OpenCL", model.name, exc)
         return None
+
+
+class _Ahead:
+    """What a `CudaStart` needs from the cache, read while the CUDA context is being made
+    (`_read_ahead`): the compiled model, and each partition's verified graph, which the
+    session then asks for as from the cache itself (the rest goes to the cache)."""
+
+    def __init__(self, cache: ModelCache, compiled: CompiledModel | None) -> None:
+        self.cache = cache
+        self.compiled = compiled
+        self._graphs: dict[str, Any] = {}
+
+    @staticmethod
+    def _key(*key: Any) -> str:
+        return json.dumps([key[0], list(key[1]), dict(key[2]), key[3]], sort_keys=True)
+
+    def prefetch(self, profile: DeviceProfile, cuda_uuid: str) -> None:
+        for part in self.compiled.partitions if self.compiled else []:
+            drv = profile.driver_for(part.program)
+            key = (drv.digest, drv.options, profile.identity(), cuda_uuid)
+            self._graphs[self._key(*key)] = self.cache.load_graph(*key)
+
+    def load_graph(
+        self,
+        source_digest: str,
+        build_options: Sequence[str],
+        identity: Mapping[str, str],
+        cuda_uuid: str,
+    ) -> tuple[bytes, list[int] | None, bytes | None] | None:
+        key = (source_digest, build_options, identity, cuda_uuid)
+        got = self._graphs.pop(self._key(*key), _NOT_READ)
+        return self.cache.load_graph(*key) if got is _NOT_READ else got
+
+    def load_program(
+        self, source_digest: str, build_options: Sequence[str], identity: Mapping[str, str]
+    ) -> tuple[bytes | None, list[int] | None]:
+        return self.cache.load_program(source_digest, build_options, identity)
+
+    def save_program(self, *key: Any, **kwargs: Any) -> bool:
+        return self.cache.save_program(*key, **kwargs)
+
+    def save_gpu(self, choice: str, record: Mapping[str, Any]) -> bool:
+        return self.cache.save_gpu(choice, record)
+
+
+_NOT_READ = object()
 
 
 def _read_ahead(
@@ -219,17 +268,21 @@ def _read_ahead(
     device: Any,
     *,
     explicit: Mapping[str, Any],
-) -> CompiledModel | None:
-    """The compiled model a `CudaStart` from ``device``'s record will run (its options made
-    for the recorded profile), read while the opener still makes the CUDA context; None where
-    there is no record (or it is unreadable: the opener then opens OpenCL)."""
+) -> _Ahead | None:
+    """What a `CudaStart` from ``device``'s record will run (its options made for the
+    recorded profile), read while the opener still makes the CUDA context; None where there is
+    no record (or it is unreadable: the opener then opens OpenCL)."""
     if cache is None or not isinstance(device, DeviceOpener) or device.known is None:
         return None
     try:
         profile = DeviceProfile.from_record(device.known["profile"])
+        uuid = str(device.known["cuda_uuid"])
     except (KeyError, TypeError, ValueError):
         return None
-    return cache.load_model(model.token, _for_device(copts, profile, explicit=explicit), model)
+    c = _for_device(copts, profile, explicit=explicit)
+    ahead = _Ahead(cache, cache.load_model(model.token, c, model))
+    ahead.prefetch(profile, uuid)
+    return ahead
 
 
 _SAID_CPU_ONLY = threading.Event()

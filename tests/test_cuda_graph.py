@@ -865,6 +865,8 @@ def test_a_known_gpu_starts_through_cuda_alone(fake, monkeypatch, tmp_path):
     assert [type(e).__name__ for e in sess.executors] == ["CudaGraphExecutor"]
     assert sess.device_name == first.device
     assert sess._background is None, "nothing left to tune, store or upgrade"  # noqa: SLF001
+    # (the compiled model and the graphs were read while the CUDA context was being made)
+    assert type(sess._programs).__name__ == "_Ahead" and not sess._programs._graphs  # noqa: SLF001
     second.run(second.random_inputs(0))
     assert fake.graph_launches > launches + 1  # (the load check, then the inference)
     # The verified graph ran the PTX linked into a cubin; the CUDA start loads that cubin
