@@ -981,3 +981,46 @@ def test_inputs_go_straight_into_the_graphs_staging_and_each_thread_keeps_its_ow
     view[...] = x1  # still this thread's input buffer
     interp.invoke()
     np.testing.assert_array_equal(given[-1][1], x1)
+
+
+def test_a_gpu_record_holds_only_for_the_same_gpu_drivers_and_opencl_setup(
+    fake, monkeypatch, tmp_path
+):
+    """`cuda_start` refuses, naming why, a record of another choice, driver, CUDA version or
+    OpenCL vendor set-up; with everything the same it opens the recorded GPU."""
+    from litekiln.runtime import device as device_mod
+
+    vendors = tmp_path / "vendors"
+    vendors.mkdir()
+    (vendors / "nvidia.icd").write_text("/usr/lib/libnvidia-opencl.so.1\n")
+    monkeypatch.setenv("OCL_ICD_VENDORS", str(vendors))
+    monkeypatch.setattr(device_mod, "nvidia_kernel_driver", lambda: "580.159.04")
+    record = {
+        "choice": "gpu",
+        "profile": _profile("NVIDIA CUDA").as_record(),
+        "cuda_uuid": "f0" * 16,
+        "cuda_driver": 13000,
+        "kernel_driver": "580.159.04",
+        "opencl_setup": device_mod.opencl_setup(),
+    }
+    start = device_mod.cuda_start("gpu", record)
+    assert start.cuda.uuid == "f0" * 16 and start.profile == _profile("NVIDIA CUDA")
+    assert not start.profile.half  # (the recorded probe answer, no device asked)
+    cases = {
+        "recorded for device choice 'gpu'": ("", {}),
+        "driver 580.159.04 was recorded, 590.1 runs": ("gpu", {"kernel": "590.1"}),
+        "CUDA driver 12080 was recorded, 13000 runs": ("gpu", {"cuda_driver": 12080}),
+        "OpenCL vendor set-up changed": ("gpu", {"icd": "intel.icd"}),
+        "no CUDA device has the recorded GPU's UUID": ("gpu", {"cuda_uuid": "ab" * 16}),
+    }
+    for message, (choice, change) in cases.items():
+        with monkeypatch.context() as m:
+            rec = dict(record)
+            if "kernel" in change:
+                m.setattr(device_mod, "nvidia_kernel_driver", lambda v=change["kernel"]: v)
+            if "icd" in change:
+                (vendors / change["icd"]).write_text("/opt/intel/libintelocl.so\n")
+            rec.update({k: v for k, v in change.items() if k in rec})
+            with pytest.raises(device_mod.CudaStartMiss, match=message):
+                device_mod.cuda_start(choice, rec)
+            (vendors / "intel.icd").unlink(missing_ok=True)
