@@ -20,24 +20,24 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
-# Imported with the module, not at the first Interpreter: an app imports litekiln once at
-# start-up, and every later Interpreter construction is then only model parsing, the cache
-# hit and the device work. The loading layer brings the flatbuffer readers, the op registry,
-# pyopencl (~30 ms here, ~250 ms on the H100) and the cache: ~100-200 ms of imports together.
-import litekiln.model.schema  # noqa: F401  (op names and options, read while parsing)
 from litekiln import config
 from litekiln.errors import DeviceError, InputError
-from litekiln.loading import open_device, open_session, split_options
-from litekiln.model import Model, Tensor, load_model
-from litekiln.ops.base import lookup
-from litekiln.reference import run_graph
-from litekiln.resize import resized
-from litekiln.runtime.device import DeviceHandle
+from litekiln.loading import open_device
 from litekiln.runtime.threads import cpu_thread_limit
+
+if TYPE_CHECKING:
+    from litekiln.model import Model, Tensor
+    from litekiln.runtime.device import DeviceHandle
+
+# The rest of litekiln (the flatbuffer readers, the op registry the parser checks every op
+# against, the compiled-model format, the runtime session: ~100 ms of imports on the H100) is
+# imported by the first Interpreter, right after it has set the device opening: the imports
+# then overlap the driver's start-up (a CUDA context: ~240 ms there) instead of preceding it.
+# Later Interpreters find them imported.
 
 REFERENCE = "reference"
 log = logging.getLogger("litekiln")
@@ -129,6 +129,9 @@ class Interpreter:
             if self._device_choice != REFERENCE
             else None
         )
+        from litekiln.loading import split_options
+        from litekiln.model import load_model
+
         source = model_path if model_path is not None else model_content
         assert source is not None
         self._original: Model = load_model(source, token=model_token)
@@ -207,6 +210,9 @@ class Interpreter:
         with self._lock:
             if self._backend is not None:
                 return
+            from litekiln.loading import open_session
+            from litekiln.resize import resized
+
             self._model = resized(self._original, self._shapes)
             self._graph = self._model.main
             self._input_set = frozenset(self._graph.inputs)
@@ -718,6 +724,8 @@ class Interpreter:
         shape = self._shapes.get(index)
         if shape is None or shape == t.shape:
             return t
+        from litekiln.model import Tensor
+
         return Tensor(t.index, t.name, shape, t.dtype, t.shape_signature, t.quantization)
 
     def _input_tensor(self, index: int) -> Tensor:
@@ -837,6 +845,8 @@ class Interpreter:
         """The states LiteRT's kernels carry in their own inputs (``OpDef.state_carries``:
         the basic LSTM's activation and cell state), as carried states: graph input -> graph
         output. A state whose new value is not a graph output is not carried: warned."""
+        from litekiln.ops.base import lookup
+
         g = self._original.main
         out: dict[int, int] = {}
         for k, op in enumerate(g.ops):
@@ -952,6 +962,8 @@ class _ReferenceBackend:
 
     def run(self, inputs: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
         with cpu_thread_limit(self.cpu_threads):
+            from litekiln.reference import run_graph
+
             return run_graph(self._graph, inputs, intermediates=True)
 
 

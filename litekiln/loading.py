@@ -21,13 +21,10 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from litekiln import config
-from litekiln.artifact.compiled import CompiledModel, CompileOptions
-from litekiln.cache.models import ModelCache
 from litekiln.errors import CompileError, DeviceError
-from litekiln.model import Model, load_model
 from litekiln.runtime.device import (
     KNOWN_CHOICES,
     CudaStart,
@@ -38,11 +35,19 @@ from litekiln.runtime.device import (
     select_device,
 )
 from litekiln.runtime.profile import DeviceProfile
-from litekiln.runtime.session import Session
+
+if TYPE_CHECKING:
+    from litekiln.artifact.compiled import CompiledModel, CompileOptions
+    from litekiln.cache.models import ModelCache
+    from litekiln.model import Model
+    from litekiln.runtime.session import Session
+
+# The compiled-model format, the cache and the runtime session are imported where used: an
+# Interpreter imports this module first, and the rest once the device is opening (a warm
+# start's imports then overlap the driver's start-up; see litekiln.interpreter).
 
 log = logging.getLogger("litekiln")
 
-_COMPILE_OPTIONS = set(CompileOptions.__dataclass_fields__) - {"precision"}
 _RUNTIME_OPTIONS = {"validate", "use_cache", "progress", "tune"}
 
 
@@ -55,17 +60,20 @@ def split_options(
     Raises:
         TypeError: an option name is unknown.
     """
-    compile_kw = {k: v for k, v in options.items() if k in _COMPILE_OPTIONS}
+    from litekiln.artifact.compiled import CompileOptions
+
+    names = set(CompileOptions.__dataclass_fields__) - {"precision"}
+    compile_kw = {k: v for k, v in options.items() if k in names}
     compile_kw.setdefault("op_table", config.OP_TABLE.get())
     compile_kw.setdefault("allow_quantized", config.ALLOW_QUANTIZED.get())
     compile_kw.setdefault("max_partitions", config.MAX_PARTITIONS.get())
     compile_kw.setdefault("min_partition_ops", config.MIN_PARTITION_OPS.get())
-    runtime_kw = {k: v for k, v in options.items() if k not in _COMPILE_OPTIONS}
+    runtime_kw = {k: v for k, v in options.items() if k not in names}
     unknown = set(runtime_kw) - _RUNTIME_OPTIONS
     if unknown:
         raise TypeError(
             f"unknown option(s) {sorted(unknown)}; compile options are "
-            f"{sorted(_COMPILE_OPTIONS | {'precision'})}, runtime options are "
+            f"{sorted(names | {'precision'})}, runtime options are "
             f"{', '.join(sorted(_RUNTIME_OPTIONS))}"
         )
     return CompileOptions(precision=precision, **compile_kw), runtime_kw
@@ -86,19 +94,24 @@ def open_device(
         cache_dir: the cache `open_session` will use (None: the default).
         use_cache: False where the session will run without the cache.
     """
-    known = None
     c = (choice or "").strip()
     if (
-        c in KNOWN_CHOICES
-        and use_cache
-        and not config.NO_CACHE.get()
-        and config.CUDA_GRAPH.get() != "off"
+        c not in KNOWN_CHOICES
+        or not use_cache
+        or config.NO_CACHE.get()
+        or config.CUDA_GRAPH.get() == "off"
     ):
+        return DeviceOpener(choice)
+
+    def record() -> dict[str, Any] | None:  # (on the opener's thread: the cache imports too)
+        from litekiln.cache.models import ModelCache
+
         try:
-            known = ModelCache.open(cache_dir).load_gpu(c)
+            return ModelCache.open(cache_dir).load_gpu(c)
         except Exception:  # noqa: BLE001 - a hint only: open_session reports cache problems
-            known = None
-    return DeviceOpener(choice, known=known)
+            return None
+
+    return DeviceOpener(choice, known=record)
 
 
 def open_session(
@@ -129,6 +142,9 @@ def open_session(
         CompileError: the model is not cached and cannot be compiled here.
     """
     copts, rt = split_options(options, precision)
+    from litekiln.cache.models import ModelCache
+    from litekiln.runtime.session import Session
+
     use_cache = bool(rt.get("use_cache", True)) and not config.NO_CACHE.get()
     cache = ModelCache.open(cache_dir) if use_cache else None
     validate = bool(rt.get("validate", False))
@@ -206,6 +222,8 @@ def _cuda_start(
         return None
     read_s = time.perf_counter() - t0
     try:
+        from litekiln.runtime.session import Session
+
         programs = ahead if ahead is not None and ahead.compiled is compiled else cache
         session = Session(model, compiled, start, programs=programs, tune=tune)
         session.startup["cache_read_s"] = read_s
@@ -476,7 +494,11 @@ def precompile(
     Raises:
         ModelError, CompileError, CacheError: as their names say.
     """
+    from litekiln.cache.models import ModelCache
+    from litekiln.model import load_model
+
     t0 = time.perf_counter()
+
     model = load_model(model_path, token=model_token)
     device = options.pop("device", None)
     if "schedules" not in options:

@@ -16,7 +16,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -261,14 +261,19 @@ class DeviceOpener:
 
     Args:
         choice: as for :func:`select_device`.
-        known: the record of an earlier start with this choice, if any.
+        known: the record of an earlier start with this choice, or a function that reads it
+            (called on the opener's thread: None where there is none), or None.
     """
 
-    def __init__(self, choice: str | None = None, known: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        choice: str | None = None,
+        known: Mapping[str, Any] | Callable[[], Mapping[str, Any] | None] | None = None,
+    ) -> None:
         #: The device choice being opened.
         self.choice = (choice or "").strip()
-        #: The record a CUDA start is tried from (None: OpenCL only).
-        self.known = known if self.choice in KNOWN_CHOICES else None
+        self._known = known if self.choice in KNOWN_CHOICES else None
+        self._known_read = threading.Event()
         self._handle: DeviceHandle | CudaStart | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(
@@ -276,10 +281,23 @@ class DeviceOpener:
         )
         self._thread.start()
 
+    @property
+    def known(self) -> Mapping[str, Any] | None:
+        """The record a CUDA start is tried from (None: OpenCL only); waits for it to be read."""
+        self._known_read.wait()
+        return self._known  # type: ignore[return-value]  # (read: never the function now)
+
     def _open(self, choice: str | None) -> None:
-        if self.known is not None:
+        if callable(self._known):
             try:
-                self._handle = cuda_start(self.choice, self.known)
+                self._known = self._known()
+            except Exception:  # noqa: BLE001 - a hint only: the usual start goes on
+                self._known = None
+        self._known_read.set()
+        record = self.known
+        if record is not None:
+            try:
+                self._handle = cuda_start(self.choice, record)
                 return
             except CudaStartMiss as exc:
                 log.info("no CUDA start (%s): opening the device through OpenCL", exc)
