@@ -104,10 +104,11 @@ def open_device(
         return DeviceOpener(choice)
 
     def record() -> dict[str, Any] | None:  # (on the opener's thread: the cache imports too)
-        from litekiln.cache.models import ModelCache
+        from litekiln.cache.gpu import load_gpu
+        from litekiln.cache.store import CacheStore
 
         try:
-            return ModelCache.open(cache_dir).load_gpu(c)
+            return load_gpu(CacheStore.open(cache_dir), c)
         except Exception:  # noqa: BLE001 - a hint only: open_session reports cache problems
             return None
 

@@ -38,9 +38,9 @@ import numpy as np
 from litekiln.artifact.compiled import CompiledModel, CompileOptions
 from litekiln.artifact.versions import tvm_version
 from litekiln.artifact.weights import WeightMismatch
+from litekiln.cache import gpu
 from litekiln.cache.errors import CacheWarning
 from litekiln.cache.keys import (
-    gpu_key_fields,
     make_key,
     model_key_fields,
     program_key_fields,
@@ -59,7 +59,6 @@ _PTX_PART = "ptx.json.xz"
 _PACKED_PART = "constants.bin"
 _SHARED_PART = "data"
 _GRAPH_PART = "cuda_graph.json"  # a program verified as a CUDA graph: on which GPU
-_RECORD_PART = "record.json"  # a GPU record
 _CUBIN_PART = "cubin"  # a verified program's device code on that GPU
 
 #: Constants without a recipe of at least this many bytes are stored once, shared by contents
@@ -322,28 +321,12 @@ class ModelCache:
         return binary, choices, cubin
 
     def load_gpu(self, choice: str) -> dict[str, Any] | None:
-        """The record of the GPU that the device choice ``choice`` opened before
-        (`litekiln.runtime.device.known_gpu`), or None."""
-        entry = self.store.get(make_key(gpu_key_fields(choice)), kind="device")
-        if entry is None:
-            return None
-        try:
-            record = json.loads(entry.part(_RECORD_PART))
-        except (KeyError, ValueError):
-            return None
-        return record if isinstance(record, dict) else None
+        """`litekiln.cache.gpu.load_gpu` on this cache."""
+        return gpu.load_gpu(self.store, choice)
 
     def save_gpu(self, choice: str, record: Mapping[str, Any]) -> bool:
-        """Store the record of the GPU that the device choice ``choice`` opened (unless the
-        same record is stored already). Returns True if it is stored."""
-        if self.load_gpu(choice) == dict(record):
-            return True
-        fields = gpu_key_fields(choice)
-        data = json.dumps(dict(record), sort_keys=True).encode()
-        profile = record.get("profile")
-        meta = {"device": str(profile.get("name", "")) if isinstance(profile, dict) else ""}
-        return self.store.put(make_key(fields), fields, {_RECORD_PART: data}, kind="device",
-                              meta=meta)  # fmt: skip
+        """`litekiln.cache.gpu.save_gpu` on this cache."""
+        return gpu.save_gpu(self.store, choice, record)
 
 
 def _defer_texts(manifest: dict[str, Any]) -> list[dict[str, Any]]:
