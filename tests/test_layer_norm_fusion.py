@@ -205,6 +205,33 @@ def test_layer_norms_match_numpy(schedules: str, precision: str) -> None:
     assert not bad, bad
 
 
+@pytest.mark.opencl
+def test_every_tuning_option_of_a_layer_norm_matches_numpy() -> None:
+    """The GPU profile's variants of the fused function (one work-item per row, 128 lanes
+    per row) give the same layer norm as the default (32 lanes)."""
+    import litekiln
+
+    cases = [Case("v80", torch_ln([64, 80])), Case("v512", torch_ln([8, 512], affine=False))]
+    built = build_model(cases)
+    it = litekiln.Interpreter(
+        model_content=built.model, use_cache=False, schedules="fast", tune=False
+    )
+    it.allocate_tensors()
+    ex = it._backend.executors[0]  # noqa: SLF001 - the test drives the executor's options
+    variants = ex.program.variants
+    assert [len(v.options) for v in variants] == [1, 2], variants
+    for i, v in enumerate(variants):
+        for c in range(len(v.options) + 1):
+            choices = [0] * len(variants)
+            choices[i] = c
+            ex.select(choices)
+            outs = it.run(built.feeds)
+            for k, case in enumerate(cases):
+                ref = _oracle(case.id, built.feeds[k])
+                err = float(np.max(np.abs(outs[k] - ref))) / max(1.0, float(np.max(np.abs(ref))))
+                assert err <= 1e-4, f"{v.func} option {c}: {case.id} {err:.2e}"
+
+
 # -- what stays op by op ----------------------------------------------------------------------
 
 

@@ -1203,6 +1203,7 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
       no barrier), with 32 lanes on rows of any length, and with a group of 256 threads per
       row (split-K); dlight's GEMV and Reduction (what some of these kernels had before our
       rules took them).
+    * layer norms: `RowNormalization` with one work-item per row and with 128 lanes per row.
 
     The ``cpu`` profile has none (PoCL is for correctness).
     """
@@ -1272,4 +1273,8 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
         RowReduction(lanes=256, min_terms=4, max_terms=None),
         dl.gpu.GEMV(),
         dl.gpu.Reduction(),
+        # Layer norms (`RowNormalization`, 32 lanes per row): one work-item per row (serial,
+        # no barrier), and 128 lanes per row (rows of 256 terms and more).
+        RowNormalization(lanes=1),
+        RowNormalization(lanes=128),
     ]
