@@ -113,18 +113,19 @@ class LayerNorm:
         rows = shape[:-1] or (1,)
         operands = [value(self.x)]
         tensors: dict[int, int] = {}  # constant tensor -> position among the TE inputs
+        scalars: dict[int, float] = {}  # constant of one element -> its value
         for i in sorted(self.ops):
-            for t in graph.ops[i].inputs:
+            op = graph.ops[i]
+            # (a MEAN's axes and a RESHAPE's shape are no values)
+            for t in op.inputs[:1] if op.name in ("MEAN", "RESHAPE") else op.inputs:
                 c = graph.tensors[t]
-                if c.data is not None and c.size > 1 and t not in tensors:
+                if c.data is None or t in tensors or t in scalars:
+                    continue
+                if c.size == 1:
+                    scalars[t] = scalar(t)
+                else:
                     tensors[t] = len(operands)
                     operands.append(const(t))
-        scalars = {
-            t: scalar(t)
-            for i in self.ops
-            for t in graph.ops[i].inputs
-            if graph.tensors[t].data is not None and graph.tensors[t].size == 1
-        }
 
         def compute(x: te.Tensor, *consts: te.Tensor) -> te.Tensor:
             def row_of(idx: Sequence[Any]) -> list[Any]:
@@ -160,9 +161,7 @@ class LayerNorm:
                     return var_of(idx)
                 if t in scalars:
                     return tirx.const(scalars[t], "float32")
-                if t in tensors:  # broadcast into the shape of the op that reads it
-                    return None
-                op = graph.ops[producers[t]]
+                op = graph.ops[producers[t]]  # (constant tensors: `_op_value` broadcasts them)
                 return self._op_value(graph, op, t, idx, shape, at, consts, tensors)
 
             return te.compute(shape, lambda *idx: at(self.out, idx), name="ln_out")
