@@ -210,9 +210,9 @@ class _Compilation:
             if not lower_opts.fuse_layer_norms:
                 return f"the compiler could not lower it ({_why(exc)})"
             self._say(f"{label}: lowering with fused layer norms failed ({_why(exc)})")
-            return self._lower(p, replace(lower_opts, fuse_layer_norms=False), label)
         finally:
             self._add_time("lower", time.perf_counter() - t)
+        return self._lower(p, replace(lower_opts, fuse_layer_norms=False), label)
 
     def _generate_fused(
         self, p: Partition, mod: Any, lower_opts: LowerOptions, label: str
