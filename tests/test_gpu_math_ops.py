@@ -502,11 +502,10 @@ def test_misc(case: str) -> None:
 
 
 def test_layer_norm_kernels() -> None:
-    """A layer norm as litert-torch writes it (9 ops) compiles to 4 kernels: the mean, the
-    squared differences, the variance's mean with eps and rsqrt, and the normalisation with
-    gamma and beta. Each reduction is computed once: the broadcasts of the computed mean and
-    rstd stay out of the reductions' kernels (emit_math's barrier), else every output
-    element would recompute its row's reduction."""
+    """A layer norm as litert-torch writes it (9 ops) compiles to ONE kernel: the row's
+    mean, the mean of its squared differences, eps, rsqrt and the normalisation with gamma
+    and beta, each row's statistics computed once (compiler/layer_norm.py; the op-by-op
+    form was 4 kernels: tests/test_layer_norm_fusion.py covers the forms and shapes)."""
     from gpu_helper import build_model
 
     from litekiln.artifact.compiled import CompileOptions
@@ -519,8 +518,7 @@ def test_layer_norm_kernels() -> None:
     )
     assert not compiled.cpu_reasons, compiled.cpu_reasons
     kernels = [la.func for p in compiled.partitions for la in p.program.launches]  # (k0, k1...)
-    assert len(kernels) == 4, kernels
-    assert sum("mean" in k for k in kernels) == 2, kernels
+    assert len(kernels) == 1 and "layer_norm" in kernels[0], kernels
 
 
 # -- what stays on the CPU, and why -----------------------------------------------------------

@@ -183,16 +183,10 @@ class _Compilation:
             The partition and its constants, or why it cannot run on the GPU: it could not be
             lowered, or its code generation failed with every schedule of the chain.
         """
-        from litekiln.compiler.lower import lower_partition
-
-        t = time.perf_counter()
-        try:
-            mod = lower_partition(self.model.main, p, lower_opts)
-        except Exception as exc:  # noqa: BLE001 - any failure moves the partition to the CPU
-            return f"the compiler could not lower it ({_why(exc)})"
-        finally:
-            self._add_time("lower", time.perf_counter() - t)
-        result = self._generate(mod, label)
+        mod = self._lower(p, lower_opts, label)
+        if isinstance(mod, str):
+            return mod
+        result = self._generate_fused(p, mod, lower_opts, label)
         if isinstance(result, str):
             return result
         for k, v in result.timings.items():
@@ -203,6 +197,51 @@ class _Compilation:
         program.constants = {tid: prefix + name for tid, name in program.constants.items()}
         constants = {prefix + k: v for k, v in result.constants.items()}
         return PartitionArtifact(p.index, p.ops, p.inputs, p.outputs, program), constants
+
+    def _lower(self, p: Partition, lower_opts: LowerOptions, label: str) -> Any:
+        """The partition's Relax module, or why it cannot be lowered. A lowering with fused
+        layer norms that fails is tried again op by op, with a warning."""
+        from litekiln.compiler.lower import lower_partition
+
+        t = time.perf_counter()
+        try:
+            return lower_partition(self.model.main, p, lower_opts)
+        except Exception as exc:  # noqa: BLE001 - any failure moves the partition to the CPU
+            if not lower_opts.fuse_layer_norms:
+                return f"the compiler could not lower it ({_why(exc)})"
+            self._say(f"{label}: lowering with fused layer norms failed ({_why(exc)})")
+        finally:
+            self._add_time("lower", time.perf_counter() - t)
+        return self._lower(p, replace(lower_opts, fuse_layer_norms=False), label)
+
+    def _generate_fused(
+        self, p: Partition, mod: Any, lower_opts: LowerOptions, label: str
+    ) -> CompileResult | str:
+        """`_generate`, except that a module with fused layer norms (compiler/layer_norm.py)
+        whose code generation fails with the options' schedules is lowered again with each
+        layer norm op by op (with a warning saying why) before the fallback schedules."""
+        from litekiln.compiler.codegen import compile_relax_full
+        from litekiln.compiler.layer_norm import PRIMFUNC_NAME
+
+        fused = any(PRIMFUNC_NAME in gv.name_hint for gv in mod.get_global_vars())
+        if not fused:
+            return self._generate(mod, label)
+        try:
+            return compile_relax_full(
+                mod, target=_target(self.options), schedules=self.options.schedules,
+                variant_rules=_variant_rules(self.options), minify=True,
+            )  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - the op-by-op form is the fallback
+            self._say(f"{label}: code generation with fused layer norms failed ({_why(exc)})")
+        unfused = self._lower(p, replace(lower_opts, fuse_layer_norms=False), label)
+        return unfused if isinstance(unfused, str) else self._generate(unfused, label)
+
+    def _say(self, what: str) -> None:
+        if self.warn:
+            print(
+                f"litekiln: {self.model.name}: {what}; lowering the layer norms op by op",
+                file=sys.stderr,
+            )
 
     def _generate(self, mod: Any, label: str) -> CompileResult | str:
         """Code generation along the schedule chain: the options' schedules, then the

@@ -21,6 +21,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from litekiln.compiler.layer_norm import find_layer_norms
 from litekiln.compiler.partition import Partition
 from litekiln.errors import CompileError
 from litekiln.model.ir import Op, Subgraph, Tensor
@@ -51,6 +52,10 @@ class LowerOptions:
     # fp16: tensors kept in float32 storage (the fp16 error guard, compiler/precision.py).
     # Partition inputs and outputs are float32 storage under fp16 in any case.
     fp32_tensors: frozenset[int] = frozenset()
+    # Each layer norm written as basic ops (MEAN, SQUARED_DIFFERENCE, MEAN, RSQRT...) lowered
+    # as one call (compiler/layer_norm.py), so that it becomes one kernel; off: op by op (the
+    # compiler's fallback when that call does not build).
+    fuse_layer_norms: bool = True
 
 
 class Ctx:
@@ -136,6 +141,9 @@ class Lowering:
         self.bb = relax.BlockBuilder()
         self.env: dict[int, Expr] = {}  # tensor -> its value in the storage dtype
         self.pad_folds = self._find_pad_folds()
+        norms = find_layer_norms(graph, part) if options.fuse_layer_norms else []
+        self.layer_norms = {ln.last: ln for ln in norms}  # op writing its output -> the norm
+        self.in_layer_norm = {i for ln in norms for i in ln.ops if i != ln.last}
 
     def _find_pad_folds(self) -> dict[int, tuple[int, tuple[int, int, int, int]]]:
         """Zero PADs of height/width that only feed convolutions of this partition (TF exports
@@ -233,10 +241,9 @@ class Lowering:
                     op = self.graph.ops[i]
                     if op.name == "PAD" and op.outputs and op.outputs[0] in self.pad_folds:
                         continue  # taken by its convolutions
-                    fn = EMITTERS.get(op.name)
-                    if fn is None:
-                        raise CompileError(f"{op.describe()}: no GPU lowering for {op.name}")
-                    outs = fn(Ctx(self, op))
+                    if i in self.in_layer_norm:
+                        continue  # emitted with the layer norm's last op
+                    outs = self._emit(i, op)
                     for t, expr in zip(op.outputs, outs, strict=True):
                         tensor = self.graph.tensors[t]
                         expr = self._fix_shape(op, expr, tensor)
@@ -266,6 +273,26 @@ class Lowering:
             elif gv_.name_hint.startswith(BROADCAST_BARRIER):
                 mod[gv_] = f.with_attr("op_pattern", 2)  # injective: see _binary
         return mod
+
+    def _emit(self, i: int, op: Op) -> list[Expr]:
+        """Op ``i``'s outputs: its emitter's, or a whole layer norm at its last op."""
+        ln = self.layer_norms.get(i)
+        if ln is not None:
+            return [ln.emit(self.graph, self.bb, self.value, self._scalar, self.stored)]
+        fn = EMITTERS.get(op.name)
+        if fn is None:
+            raise CompileError(f"{op.describe()}: no GPU lowering for {op.name}")
+        return fn(Ctx(self, op))
+
+    def _scalar(self, t: int) -> float:
+        """A float constant of one element, rounded as `const_array` rounds it."""
+        tensor = self.graph.tensors[t]
+        assert tensor.data is not None
+        data = dequantize(tensor.data, tensor) if is_quantized(tensor) else tensor.data
+        data = np.asarray(data, np.float32)
+        if self.emulate_half or self.storage == "float16":
+            data = data.astype(np.float16).astype(np.float32)
+        return float(data.reshape(-1)[0])
 
     def _fix_shape(self, op: Op, expr: Expr, tensor: Tensor) -> Expr:
         if not isinstance(expr, relax.Var):

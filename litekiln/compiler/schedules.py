@@ -27,6 +27,9 @@ keep the reduction serial inside the work-item:
   reductions over the contiguous last axis (layer-norm statistics, squeeze-excite GEMVs:
   a warp's lanes along each row, combined across threads).  Both read coalesced, where
   `SerialReduction` gave each work-item 4 outputs and read them strided.
+* `RowNormalization` -- a layer norm as one kernel (`compiler.layer_norm` lowers it as one
+  function: a row's sum, the sum of its squared differences from the mean, the normalised
+  row): a warp's lanes along each row for both sums and for the row's writes.
 
 Rules return ``None`` where they do not apply (or where TVM refuses a schedule step), so
 dlight's rules stay the fallback; `fast_schedule` chains them.  Work-group sizes stay within
@@ -80,6 +83,7 @@ __all__ = [
     "ConfiguredMatmul",
     "FewOutputsReduction",
     "Injective",
+    "RowNormalization",
     "SerialReduction",
     "SerialRows",
     "WindowReduction",
@@ -803,21 +807,11 @@ class SerialRows(_GuardedRule):
 
     def _apply(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
         sch = s_tir.Schedule(func)
-        infos = try_inline_contiguous_spatial(sch, normalize_prim_func(sch))
-        if not infos or len(infos) < 2 or not infos[-1].is_injective():
+        found = _row_reductions(sch)
+        if found is None:
             return None
-        reductions, last = infos[:-1], infos[-1]
-        kinds = reductions[0].dom_kind()
-        n_s = len(kinds) - len(kinds.lstrip("S"))
-        if n_s == 0 or kinds != "S" * n_s + "R" * (len(kinds) - n_s) or n_s == len(kinds):
-            return None
-        dom = [int(d) for d in reductions[0].dom() if isinstance(d, (int, tirx.IntImm))]
-        if len(dom) != len(kinds) or any(
-            b.dom_kind() != kinds or _static_dom(b) != dom for b in reductions
-        ):
-            return None  # dynamic shapes, or reductions over different axes
-        if not _align_last_block(sch, last, dom):
-            return None
+        reductions, last, n_s, dom = found
+        infos = [*reductions, last]
         r_ext = dom[n_s:]
         if math.prod(r_ext) > _ROW_TERMS:
             return None
@@ -837,6 +831,114 @@ class SerialRows(_GuardedRule):
             for info in infos:
                 for loop in sch.get_loops(info.block_rv)[2:]:
                     sch.unroll(loop)
+        return sch
+
+
+def _is_sum(block: s_tir.SBlock) -> bool:
+    """Whether a reduction block is a sum (its init 0, its update ``acc + term``): a mean or
+    variance, not a softmax's max."""
+    init, body = block.init, block.body
+    return (
+        isinstance(init, tirx.BufferStore)
+        and isinstance(init.value, tirx.FloatImm)
+        and float(init.value.value) == 0.0
+        and isinstance(body, tirx.BufferStore)
+        and isinstance(body.value, tirx.Add)
+    )
+
+
+def _row_reductions(sch: s_tir.Schedule) -> tuple[list[Any], Any, int, list[int]] | None:
+    """The blocks of a function of row reductions (after inlining the spatial blocks that
+    inline): ``(reductions, last, n_s, dom)``, the reductions sharing the leading spatial
+    axes and trailing reduction axes of ``dom``, then one injective block over the same
+    axes (aligned to ``dom``); None for any other function."""
+    infos = try_inline_contiguous_spatial(sch, normalize_prim_func(sch))
+    if not infos or len(infos) < 2 or not infos[-1].is_injective():
+        return None
+    reductions, last = infos[:-1], infos[-1]
+    kinds = reductions[0].dom_kind()
+    n_s = len(kinds) - len(kinds.lstrip("S"))
+    if n_s == 0 or kinds != "S" * n_s + "R" * (len(kinds) - n_s) or n_s == len(kinds):
+        return None
+    dom = [int(d) for d in reductions[0].dom() if isinstance(d, (int, tirx.IntImm))]
+    if len(dom) != len(kinds) or any(
+        b.dom_kind() != kinds or _static_dom(b) != dom for b in reductions
+    ):
+        return None  # dynamic shapes, or reductions over different axes
+    if not _align_last_block(sch, last, dom):
+        return None
+    return reductions, last, n_s, dom
+
+
+class RowNormalization(_GuardedRule):
+    """A layer norm as one kernel (`compiler.layer_norm`): a row's sum, the sum of its
+    squared differences from the mean, then the normalised row, ``lanes`` threads per row.
+
+    Lane ``l`` of a row adds terms ``l, l + lanes, ...`` (a warp reads consecutive floats:
+    coalesced); the lanes' partial sums meet in a cross-thread reduction (local memory in
+    OpenCL) whose result every lane gets; the second sum re-reads the row (from cache),
+    then each lane normalises and writes its terms of the row. A work-group holds
+    ``threads / lanes`` rows (``threadIdx.y``); short rows get fewer lanes (each adds at
+    least ``min_terms`` terms), and rows shorter than ``2 * min_terms`` one work-item each
+    (serial, no barrier). dlight's `GeneralReduction` (the fallback) gives each row a group
+    of 256 threads, most of them idle on rows of 64-240 terms.
+
+    Applies to functions of two sums over one trailing axis, then one injective block (see
+    `_row_reductions`): a softmax (a max first) and single reductions (`RowReduction`'s,
+    dlight's GEMV) are left to the other rules.
+
+    Args:
+        lanes: Threads per row, at most (a power of two).
+        threads: Threads per work-group, at most (the target's limit applies too).
+        min_terms: Terms per lane the lanes aim at, at least.
+    """
+
+    def __init__(self, lanes: int = 32, threads: int = 256, min_terms: int = 2) -> None:
+        self.lanes = lanes
+        self.threads = threads
+        self.min_terms = min_terms
+
+    def _apply(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+        sch = s_tir.Schedule(func)
+        found = _row_reductions(sch)
+        if found is None:
+            return None
+        reductions, last, n_s, dom = found
+        if (
+            len(dom) - n_s != 1
+            or len(reductions) != 2
+            or not all(_is_sum(sch.get(b.block_rv)) for b in reductions)
+        ):
+            return None
+        rows, terms = math.prod(dom[:n_s]), dom[-1]
+        cap = max(1, min(self.threads, int(max_threads_per_block(target))))
+        lanes = min(self.lanes, cap, _floor_pow2(max(1, terms // self.min_terms)))
+        per_group = max(1, min(_threads_per_group(rows * lanes, target), cap) // lanes)
+        per_group = min(per_group, rows)
+        if n_s > 1:
+            # Rows over several axes: a group of whole rows (an inexact split leaves TVM a
+            # region of several rows to compute the sums at, which it refuses).
+            per_group = max(d for d in range(1, per_group + 1) if rows % d == 0)
+        loops = sch.get_loops(last.block_rv)
+        s = sch.fuse(*loops[:n_s]) if n_s > 1 else loops[0]
+        bx, ty = sch.split(s, factors=[None, per_group])
+        sch.bind(bx, "blockIdx.x")
+        if lanes == 1:
+            sch.bind(ty, "threadIdx.x")
+        else:
+            c_o, tx = sch.split(sch.get_loops(last.block_rv)[-1], factors=[None, lanes])
+            sch.reorder(tx, c_o)
+            sch.bind(ty, "threadIdx.y")
+            sch.bind(tx, "threadIdx.x")
+        for info in reversed(reductions):
+            block = info.block_rv
+            for i, _ in enumerate(sch.get(block).writes):
+                sch.set_scope(block, i, "local" if lanes == 1 else "shared")
+            sch.compute_at(block, ty, preserve_unit_loops=False)
+            if lanes > 1:
+                r_o, r_tx = sch.split(sch.get_loops(block)[-1], factors=[None, lanes])
+                sch.reorder(r_tx, r_o)
+                sch.bind(r_tx, "threadIdx.x")
         return sch
 
 
@@ -972,7 +1074,7 @@ def fast_rules(
             cfg[key] = value
     rules: list[GPUScheduleRule] = [WindowReduction()] if cfg.get("window_reduction") else []
     if cfg.get("coalesced_reductions"):
-        rules += [ColumnReduction(), RowReduction()]
+        rules += [ColumnReduction(), RowReduction(), RowNormalization()]
     rules.append(
         SerialReduction(
             min_work_items=int(cfg["min_work_items"]),
@@ -1101,6 +1203,7 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
       no barrier), with 32 lanes on rows of any length, and with a group of 256 threads per
       row (split-K); dlight's GEMV and Reduction (what some of these kernels had before our
       rules took them).
+    * layer norms: `RowNormalization` with one work-item per row and with 128 lanes per row.
 
     The ``cpu`` profile has none (PoCL is for correctness).
     """
@@ -1170,4 +1273,8 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
         RowReduction(lanes=256, min_terms=4, max_terms=None),
         dl.gpu.GEMV(),
         dl.gpu.Reduction(),
+        # Layer norms (`RowNormalization`, 32 lanes per row): one work-item per row (serial,
+        # no barrier), and 128 lanes per row (rows of 256 terms and more).
+        RowNormalization(lanes=1),
+        RowNormalization(lanes=128),
     ]
