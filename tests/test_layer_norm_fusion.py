@@ -336,7 +336,7 @@ def test_layer_norm_that_fails_to_lower_goes_op_by_op(
     monkeypatch.setattr(layer_norm.LayerNorm, "emit", fail)
     kernels, err = _fallback_kernels(monkeypatch, capsys)
     assert len(kernels) == 4 and not any("layer_norm" in k for k in kernels), kernels
-    assert "lowering with fused layer norms failed (RuntimeError: no such luck)" in err, err
+    assert "lowering with fused patterns failed (RuntimeError: no such luck)" in err, err
 
 
 def test_layer_norm_that_fails_to_build_goes_op_by_op(
@@ -354,4 +354,4 @@ def test_layer_norm_that_fails_to_build_goes_op_by_op(
     monkeypatch.setattr(codegen, "compile_relax_full", picky)
     kernels, err = _fallback_kernels(monkeypatch, capsys)
     assert len(kernels) == 4 and not any("layer_norm" in k for k in kernels), kernels
-    assert "code generation with fused layer norms failed (RuntimeError: schedule refused)" in err
+    assert "code generation with fused patterns failed (RuntimeError: schedule refused)" in err

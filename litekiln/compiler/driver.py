@@ -200,30 +200,36 @@ class _Compilation:
 
     def _lower(self, p: Partition, lower_opts: LowerOptions, label: str) -> Any:
         """The partition's Relax module, or why it cannot be lowered. A lowering with fused
-        layer norms that fails is tried again op by op, with a warning."""
+        patterns (layer norms, per-channel scales) that fails is tried again op by op, with a
+        warning."""
         from litekiln.compiler.lower import lower_partition
 
         t = time.perf_counter()
         try:
             return lower_partition(self.model.main, p, lower_opts)
         except Exception as exc:  # noqa: BLE001 - any failure moves the partition to the CPU
-            if not lower_opts.fuse_layer_norms:
+            if not lower_opts.fuses:
                 return f"the compiler could not lower it ({_why(exc)})"
-            self._say(f"{label}: lowering with fused layer norms failed ({_why(exc)})")
+            self._say(f"{label}: lowering with fused patterns failed ({_why(exc)})")
         finally:
             self._add_time("lower", time.perf_counter() - t)
-        return self._lower(p, replace(lower_opts, fuse_layer_norms=False), label)
+        return self._lower(p, lower_opts.unfused(), label)
 
     def _generate_fused(
         self, p: Partition, mod: Any, lower_opts: LowerOptions, label: str
     ) -> CompileResult | str:
         """`_generate`, except that a module with fused layer norms (compiler/layer_norm.py)
-        whose code generation fails with the options' schedules is lowered again with each
-        layer norm op by op (with a warning saying why) before the fallback schedules."""
+        or scaled convolutions (`lowering.conv_scaled`) whose code generation fails with the
+        options' schedules is lowered again op by op (with a warning saying why) before the
+        fallback schedules."""
         from litekiln.compiler.codegen import compile_relax_full
         from litekiln.compiler.layer_norm import PRIMFUNC_NAME
+        from litekiln.compiler.lowering import SCALED_CONV_NAME
 
-        fused = any(PRIMFUNC_NAME in gv.name_hint for gv in mod.get_global_vars())
+        fused = any(
+            PRIMFUNC_NAME in gv.name_hint or SCALED_CONV_NAME in gv.name_hint
+            for gv in mod.get_global_vars()
+        )
         if not fused:
             return self._generate(mod, label)
         try:
@@ -232,14 +238,14 @@ class _Compilation:
                 variant_rules=_variant_rules(self.options), minify=True,
             )  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - the op-by-op form is the fallback
-            self._say(f"{label}: code generation with fused layer norms failed ({_why(exc)})")
-        unfused = self._lower(p, replace(lower_opts, fuse_layer_norms=False), label)
+            self._say(f"{label}: code generation with fused patterns failed ({_why(exc)})")
+        unfused = self._lower(p, lower_opts.unfused(), label)
         return unfused if isinstance(unfused, str) else self._generate(unfused, label)
 
     def _say(self, what: str) -> None:
         if self.warn:
             print(
-                f"litekiln: {self.model.name}: {what}; lowering the layer norms op by op",
+                f"litekiln: {self.model.name}: {what}; lowering them op by op",
                 file=sys.stderr,
             )
 

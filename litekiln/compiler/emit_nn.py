@@ -20,6 +20,7 @@ from litekiln.compiler.lowering import (
     activation,
     conv_data,
     conv_pads,
+    conv_scaled,
     data_and_weights,
     emitter,
     epilogue,
@@ -40,7 +41,11 @@ def _conv2d(ctx: Ctx) -> list[Expr]:
     _, h, wd, cin = ctx.tensor(0).shape
     o, kh, kw, wi = w.shape
     (sh, sw), (dh, dw) = _strides_and_dilation(ctx)
-    x, wc, pads = conv_data(ctx, w, conv_pads(ctx, h, wd, kh, kw, sh, sw, dh, dw))
+    pads = conv_pads(ctx, h, wd, kh, kw, sh, sw, dh, dw)
+    scaled = conv_scaled(ctx, w, (sh, sw), pads, (dh, dw))
+    if scaled is not None:  # a per-channel scale of its input, multiplied in as it loads
+        return epilogue(ctx, scaled, 2)
+    x, wc, pads = conv_data(ctx, w, pads)
     y = ctx.emit(
         relax.op.nn.conv2d(
             x,

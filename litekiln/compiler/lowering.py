@@ -14,7 +14,7 @@ enter the module as Relax constants.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -56,6 +56,25 @@ class LowerOptions:
     # as one call (compiler/layer_norm.py), so that it becomes one kernel; off: op by op (the
     # compiler's fallback when that call does not build).
     fuse_layer_norms: bool = True
+    # A per-channel scale of a computed tensor (a squeeze-excite gate: ``x * g``, ``g`` of
+    # shape 1x1x1xC) whose only readers are convolutions is multiplied in as each of them
+    # loads its input (:meth:`Lowering.scale_folds`): one kernel and one map round trip fewer
+    # per gate. Off: the MUL is a kernel of its own (the compiler's fallback, with the layer
+    # norms', when the fused form does not build).
+    fuse_scales: bool = True
+
+    def unfused(self) -> LowerOptions:
+        """These options with every multi-op fusion off (the op-by-op fallback)."""
+        return replace(self, fuse_layer_norms=False, fuse_scales=False)
+
+    @property
+    def fuses(self) -> bool:
+        return self.fuse_layer_norms or self.fuse_scales
+
+
+#: Name of a convolution emitted with its input's per-channel scale (``conv2d_scaled``,
+#: ``fused_conv2d_scaled_add...`` after FuseOps).
+SCALED_CONV_NAME = "conv2d_scaled"
 
 
 class Ctx:
@@ -141,6 +160,7 @@ class Lowering:
         self.bb = relax.BlockBuilder()
         self.env: dict[int, Expr] = {}  # tensor -> its value in the storage dtype
         self.pad_folds = self._find_pad_folds()
+        self.scale_folds = self._find_scale_folds() if options.fuse_scales else {}
         norms = find_layer_norms(graph, part) if options.fuse_layer_norms else []
         self.layer_norms = {ln.last: ln for ln in norms}  # op writing its output -> the norm
         self.in_layer_norm = {i for ln in norms for i in ln.ops if i != ln.last}
@@ -184,6 +204,60 @@ class Lowering:
             ):
                 continue
             folds[t] = (src, (int(pads[1, 0]), int(pads[2, 0]), int(pads[1, 1]), int(pads[2, 1])))
+        return folds
+
+    def _find_scale_folds(self) -> dict[int, tuple[int, int]]:
+        """Per-channel scales of computed maps read only by convolutions of this partition:
+        scaled tensor -> (map, scale). A squeeze-and-excite block ends with ``x * g`` (``x``
+        a NxHxWxC map, ``g`` the computed 1x1x1xC gate) feeding a 1x1 convolution; emitted
+        as one kernel of its own, the product is a whole map written and read back. Folded,
+        each of those convolutions multiplies its input by the gate as it loads it
+        (:func:`conv_scaled`). Kept apart: a scale with a fused activation, quantized
+        tensors, emulated fp16 (its rounding kernels), a product that leaves the partition,
+        any reader but operand 0 of an ungrouped CONV_2D."""
+        g = self.graph
+        if self.emulate_half:
+            return {}
+        readers: dict[int, list[Op]] = {}
+        for i in self.part.ops:
+            for t in set(g.ops[i].inputs):
+                readers.setdefault(t, []).append(g.ops[i])
+        folds: dict[int, tuple[int, int]] = {}
+        for i in self.part.ops:
+            op = g.ops[i]
+            if op.name != "MUL" or len(op.inputs) != 2 or len(op.outputs) != 1:
+                continue
+            if int(op.options.get("fused_activation_function", 0) or 0):
+                continue
+            t = op.outputs[0]
+            out = g.tensors[t]
+            if t in self.part.outputs or len(out.shape) != 4 or out.dtype != np.float32:
+                continue
+            if is_quantized(out) or t in self.pad_folds:
+                continue
+            operands = [g.tensors[k] for k in op.inputs]
+            if any(
+                o.data is not None or is_quantized(o) or o.dtype != np.float32 for o in operands
+            ):
+                continue
+            n, _, _, c = out.shape
+            full = [k for k, o in zip(op.inputs, operands, strict=True) if o.shape == out.shape]
+            gate = [k for k, o in zip(op.inputs, operands, strict=True) if o.shape == (n, 1, 1, c)]
+            if len(full) != 1 or len(gate) != 1 or full[0] == gate[0] or c < 2:
+                continue
+            users = readers.get(t, [])
+            if not users or any(
+                u.name != "CONV_2D"
+                or u.inputs[0] != t
+                or t in u.inputs[1:]
+                or u.inputs[1] < 0
+                or g.tensors[u.inputs[1]].data is None
+                or len(g.tensors[u.inputs[1]].shape) != 4
+                or g.tensors[u.inputs[1]].shape[3] != c  # grouped: not folded
+                for u in users
+            ):
+                continue
+            folds[t] = (full[0], gate[0])
         return folds
 
     def half_stored(self, t: int) -> bool:
@@ -243,6 +317,8 @@ class Lowering:
                         continue  # taken by its convolutions
                     if i in self.in_layer_norm:
                         continue  # emitted with the layer norm's last op
+                    if op.name == "MUL" and op.outputs and op.outputs[0] in self.scale_folds:
+                        continue  # multiplied in by its convolutions (conv_scaled)
                     outs = self._emit(i, op)
                     for t, expr in zip(op.outputs, outs, strict=True):
                         tensor = self.graph.tensors[t]
@@ -408,6 +484,46 @@ def data_and_weights(ctx: Ctx, i: int, w: np.ndarray) -> tuple[Expr, Expr]:
     # Float32 data (a partition input, a tensor the fp16 guard keeps in float32, a constant
     # operand, or an fp32 program): float32 weights, unrounded.
     return ctx.arg(i), ctx.fconst(w)
+
+
+def conv_scaled(
+    ctx: Ctx,
+    w: np.ndarray,
+    strides: tuple[int, int],
+    pads: tuple[int, int, int, int],
+    dilation: tuple[int, int],
+) -> Expr | None:
+    """A CONV_2D whose operand 0 is a folded per-channel scale (`Lowering._find_scale_folds`):
+    the convolution of ``x * g`` as one TE call (a scale block the schedules inline into the
+    convolution's loads), or ``None`` when operand 0 is not such a scale. The product is
+    computed in float32 and, where the unfused program would store it in half (native fp16),
+    rounded to half as that store would: the numerics of the MUL op, then the convolution."""
+    t = ctx.op.inputs[0]
+    fold = ctx.lw.scale_folds.get(t)
+    if fold is None:
+        return None
+    from tvm import te, topi
+
+    lw = ctx.lw
+    src, gate = fold
+    half = lw.storage == "float16" and lw.half_stored(t)
+    weights = ctx.wconst(w) if half else ctx.fconst(w)
+
+    def fn(x: Any, g: Any, k: Any) -> Any:
+        def elem(n: Any, h: Any, col: Any, c: Any) -> Any:
+            v = x[n, h, col, c].astype(ACC_DTYPE) * g[n, 0, 0, c].astype(ACC_DTYPE)
+            return v.astype("float16") if half else v
+
+        scaled = te.compute(x.shape, elem, name="scale")
+        return topi.nn.conv(
+            scaled, k, strides, pads, dilation, 1, "NHWC", "OHWI", out_dtype=ACC_DTYPE
+        )
+
+    return ctx.emit(
+        ctx.bb.call_te(
+            fn, lw.stored(src), lw.stored(gate), weights, primfunc_name_hint=SCALED_CONV_NAME
+        )
+    )
 
 
 def epilogue(ctx: Ctx, y: Expr, bias: int) -> list[Expr]:
