@@ -219,16 +219,17 @@ class _Compilation:
         self, p: Partition, mod: Any, lower_opts: LowerOptions, label: str
     ) -> CompileResult | str:
         """`_generate`, except that a module with fused layer norms (compiler/layer_norm.py)
-        or scaled convolutions (`lowering.conv_scaled`) whose code generation fails with the
+        or folded convolutions (`lowering.conv_folded`) whose code generation fails with the
         options' schedules is lowered again op by op (with a warning saying why) before the
         fallback schedules."""
         from litekiln.compiler.codegen import compile_relax_full
         from litekiln.compiler.layer_norm import PRIMFUNC_NAME
-        from litekiln.compiler.lowering import SCALED_CONV_NAME
+        from litekiln.compiler.lowering import FOLDED_CONV_NAMES
 
         fused = any(
-            PRIMFUNC_NAME in gv.name_hint or SCALED_CONV_NAME in gv.name_hint
+            name in gv.name_hint
             for gv in mod.get_global_vars()
+            for name in (PRIMFUNC_NAME, *FOLDED_CONV_NAMES)
         )
         if not fused:
             return self._generate(mod, label)

@@ -19,8 +19,8 @@ from litekiln.compiler.lowering import (
     Expr,
     activation,
     conv_data,
+    conv_folded,
     conv_pads,
-    conv_scaled,
     data_and_weights,
     emitter,
     epilogue,
@@ -42,9 +42,9 @@ def _conv2d(ctx: Ctx) -> list[Expr]:
     o, kh, kw, wi = w.shape
     (sh, sw), (dh, dw) = _strides_and_dilation(ctx)
     pads = conv_pads(ctx, h, wd, kh, kw, sh, sw, dh, dw)
-    scaled = conv_scaled(ctx, w, (sh, sw), pads, (dh, dw))
-    if scaled is not None:  # a per-channel scale of its input, multiplied in as it loads
-        return epilogue(ctx, scaled, 2)
+    folded = conv_folded(ctx, w, (sh, sw), pads, (dh, dw), cin // wi)
+    if folded is not None:  # its input's producer computed as it loads (a scale, a transpose)
+        return epilogue(ctx, folded, 2)
     x, wc, pads = conv_data(ctx, w, pads)
     y = ctx.emit(
         relax.op.nn.conv2d(
@@ -69,7 +69,11 @@ def _dwconv(ctx: Ctx) -> list[Expr]:
     _, kh, kw, cm = w.shape
     w = np.ascontiguousarray(w.transpose(3, 1, 2, 0))  # (C*M), KH, KW, 1: grouped OHWI
     (sh, sw), (dh, dw) = _strides_and_dilation(ctx)
-    x, wc, pads = conv_data(ctx, w, conv_pads(ctx, h, wd, kh, kw, sh, sw, dh, dw))
+    pads = conv_pads(ctx, h, wd, kh, kw, sh, sw, dh, dw)
+    folded = conv_folded(ctx, w, (sh, sw), pads, (dh, dw), cin)
+    if folded is not None:  # a transpose of its NCHW input, read where it lies
+        return epilogue(ctx, folded, 2)
+    x, wc, pads = conv_data(ctx, w, pads)
     y = ctx.emit(
         relax.op.nn.conv2d(
             x,

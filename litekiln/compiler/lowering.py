@@ -75,6 +75,10 @@ class LowerOptions:
 #: Name of a convolution emitted with its input's per-channel scale (``conv2d_scaled``,
 #: ``fused_conv2d_scaled_add...`` after FuseOps).
 SCALED_CONV_NAME = "conv2d_scaled"
+#: Name of a convolution that reads its NCHW input through a folded layout transpose.
+NCHW_CONV_NAME = "conv2d_nchw_in"
+#: Names of the convolutions `conv_folded` emits (the op-by-op fallback looks for them).
+FOLDED_CONV_NAMES = (SCALED_CONV_NAME, NCHW_CONV_NAME)
 
 
 class Ctx:
@@ -161,6 +165,7 @@ class Lowering:
         self.env: dict[int, Expr] = {}  # tensor -> its value in the storage dtype
         self.pad_folds = self._find_pad_folds()
         self.scale_folds = self._find_scale_folds() if options.fuse_scales else {}
+        self.transpose_folds = self._find_transpose_folds() if options.fuse_scales else {}
         norms = find_layer_norms(graph, part) if options.fuse_layer_norms else []
         self.layer_norms = {ln.last: ln for ln in norms}  # op writing its output -> the norm
         self.in_layer_norm = {i for ln in norms for i in ln.ops if i != ln.last}
@@ -260,6 +265,51 @@ class Lowering:
             folds[t] = (full[0], gate[0])
         return folds
 
+    def _find_transpose_folds(self) -> dict[int, int]:
+        """NCHW -> NHWC transposes of partition inputs read only by convolutions: transposed
+        tensor -> the NCHW input. A model converted from PyTorch keeps PyTorch's NCHW input
+        and transposes it for its first convolution (through a PAD or not); emitted alone,
+        that transpose is a kernel writing the whole image again. Folded, the convolution
+        reads the NCHW input itself (:func:`conv_folded`). Readers may be convolutions
+        (operand 0) and PADs folded into convolutions (`_find_pad_folds`)."""
+        g = self.graph
+        if self.emulate_half:
+            return {}
+        readers: dict[int, list[Op]] = {}
+        for i in self.part.ops:
+            for t in set(g.ops[i].inputs):
+                readers.setdefault(t, []).append(g.ops[i])
+        folds: dict[int, int] = {}
+        for i in self.part.ops:
+            op = g.ops[i]
+            if op.name != "TRANSPOSE" or len(op.inputs) != 2 or len(op.outputs) != 1:
+                continue
+            src, perm_t, t = op.inputs[0], op.inputs[1], op.outputs[0]
+            x, out = g.tensors[src], g.tensors[t]
+            perm = g.tensors[perm_t].data if perm_t >= 0 else None
+            if (
+                perm is None
+                or [int(v) for v in np.asarray(perm).reshape(-1)] != [0, 2, 3, 1]
+                or src not in self.part.inputs
+                or t in self.part.outputs
+                or x.data is not None
+                or is_quantized(x)
+                or is_quantized(out)
+                or x.dtype != np.float32
+            ):
+                continue
+            users = readers.get(t, [])
+            if users and all(self._reads_as_conv_input(u, t) for u in users):
+                folds[t] = src
+        return folds
+
+    def _reads_as_conv_input(self, op: Op, t: int) -> bool:
+        """Whether ``op`` reads ``t`` only as a convolution's input, itself or through a PAD
+        folded into convolutions."""
+        if op.name in ("CONV_2D", "DEPTHWISE_CONV_2D"):
+            return op.inputs[0] == t and t not in op.inputs[1:]
+        return op.name == "PAD" and bool(op.outputs) and op.outputs[0] in self.pad_folds
+
     def half_stored(self, t: int) -> bool:
         """Whether op result / partition input ``t`` is stored as fp16 (half storage under
         native fp16, rounded float32 under emulated): not a boundary or guarded tensor."""
@@ -317,8 +367,10 @@ class Lowering:
                         continue  # taken by its convolutions
                     if i in self.in_layer_norm:
                         continue  # emitted with the layer norm's last op
-                    if op.name == "MUL" and op.outputs and op.outputs[0] in self.scale_folds:
-                        continue  # multiplied in by its convolutions (conv_scaled)
+                    if op.outputs and op.outputs[0] in (
+                        self.scale_folds if op.name == "MUL" else self.transpose_folds
+                    ):
+                        continue  # computed by its convolutions as they load (conv_folded)
                     outs = self._emit(i, op)
                     for t, expr in zip(op.outputs, outs, strict=True):
                         tensor = self.graph.tensors[t]
@@ -486,44 +538,70 @@ def data_and_weights(ctx: Ctx, i: int, w: np.ndarray) -> tuple[Expr, Expr]:
     return ctx.arg(i), ctx.fconst(w)
 
 
-def conv_scaled(
+def conv_folded(
     ctx: Ctx,
     w: np.ndarray,
     strides: tuple[int, int],
     pads: tuple[int, int, int, int],
     dilation: tuple[int, int],
+    groups: int,
 ) -> Expr | None:
-    """A CONV_2D whose operand 0 is a folded per-channel scale (`Lowering._find_scale_folds`):
-    the convolution of ``x * g`` as one TE call (a scale block the schedules inline into the
-    convolution's loads), or ``None`` when operand 0 is not such a scale. The product is
-    computed in float32 and, where the unfused program would store it in half (native fp16),
-    rounded to half as that store would: the numerics of the MUL op, then the convolution."""
+    """A convolution whose input is computed by a producer folded into it, as one TE call (a
+    stage the schedules inline into the convolution's loads); ``None`` when operand 0 has no
+    such producer. Two producers fold (see `Lowering`):
+
+    * a per-channel scale (``_find_scale_folds``): the convolution of ``x * g``;
+    * the NCHW -> NHWC transpose of a partition input (``_find_transpose_folds``), with a
+      folded PAD in between or not: the convolution reads the NCHW input where it lies.
+
+    The stage computes in float32 and, where the unfused program would store its result in
+    half (native fp16), rounds to half as that store would: the producer's numerics, then the
+    convolution's."""
+    lw = ctx.lw
     t = ctx.op.inputs[0]
-    fold = ctx.lw.scale_folds.get(t)
-    if fold is None:
-        return None
     from tvm import te, topi
 
-    lw = ctx.lw
-    src, gate = fold
-    half = lw.storage == "float16" and lw.half_stored(t)
+    stage: Callable[..., Any]
+    if t in lw.scale_folds:
+        src, gate = lw.scale_folds[t]
+        half = lw.storage == "float16" and lw.half_stored(t)
+        args, name = [lw.stored(src), lw.stored(gate)], SCALED_CONV_NAME
+
+        def stage(x: Any, g: Any) -> Any:
+            def elem(n: Any, h: Any, col: Any, c: Any) -> Any:
+                v = x[n, h, col, c].astype(ACC_DTYPE) * g[n, 0, 0, c].astype(ACC_DTYPE)
+                return v.astype("float16") if half else v
+
+            return te.compute(x.shape, elem, name="scale")
+
+    else:
+        pad = lw.pad_folds.get(t)
+        u = pad[0] if pad else t
+        if u not in lw.transpose_folds:
+            return None
+        if pad:
+            pads = tuple(a + b for a, b in zip(pads, pad[1], strict=True))  # type: ignore[assignment]
+        half = lw.storage == "float16" and lw.half_stored(t) and lw.half_stored(u)
+        args, name = [lw.stored(lw.transpose_folds[u])], NCHW_CONV_NAME
+
+        def stage(x: Any) -> Any:
+            n, c, h, wd = x.shape
+
+            def elem(b: Any, i: Any, j: Any, k: Any) -> Any:
+                v = x[b, k, i, j].astype(ACC_DTYPE)
+                return v.astype("float16") if half else v
+
+            return te.compute((n, h, wd, c), elem, name="nchw_to_nhwc")
+
     weights = ctx.wconst(w) if half else ctx.fconst(w)
 
-    def fn(x: Any, g: Any, k: Any) -> Any:
-        def elem(n: Any, h: Any, col: Any, c: Any) -> Any:
-            v = x[n, h, col, c].astype(ACC_DTYPE) * g[n, 0, 0, c].astype(ACC_DTYPE)
-            return v.astype("float16") if half else v
-
-        scaled = te.compute(x.shape, elem, name="scale")
+    def fn(*xs: Any) -> Any:
         return topi.nn.conv(
-            scaled, k, strides, pads, dilation, 1, "NHWC", "OHWI", out_dtype=ACC_DTYPE
-        )
+            stage(*xs[:-1]), xs[-1], strides, pads, dilation, groups, "NHWC", "OHWI",
+            out_dtype=ACC_DTYPE,
+        )  # fmt: skip
 
-    return ctx.emit(
-        ctx.bb.call_te(
-            fn, lw.stored(src), lw.stored(gate), weights, primfunc_name_hint=SCALED_CONV_NAME
-        )
-    )
+    return ctx.emit(ctx.bb.call_te(fn, *args, weights, primfunc_name_hint=name))
 
 
 def epilogue(ctx: Ctx, y: Expr, bias: int) -> list[Expr]:

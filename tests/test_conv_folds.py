@@ -1,6 +1,6 @@
 """A per-channel scale of a computed map read only by convolutions (a squeeze-and-excite gate,
 ``x * g`` with ``g`` 1x1x1xC) is multiplied in by each convolution as it loads its input
-(litekiln/compiler/lowering.py `_find_scale_folds`, `conv_scaled`): no multiply kernel, the
+(litekiln/compiler/lowering.py `_find_scale_folds`, `conv_folded`): no multiply kernel, the
 same numbers as the numpy reference; any other MUL stays a kernel of its own."""
 
 from __future__ import annotations
@@ -98,12 +98,59 @@ def _an_output() -> bytes:
     return b.build()
 
 
+def _transpose(b, x, shape):
+    perm = b.const("perm", np.asarray([0, 2, 3, 1], np.int32))
+    return b.op("TRANSPOSE", [x, perm], out_shape=shape)
+
+
+def _nchw_first_conv() -> bytes:
+    # PyTorch's NCHW image, transposed for a strided 3x3 SAME convolution.
+    b = ModelBuilder()
+    x = b.input("x", [1, 3, 9, 8])
+    b.output(_conv(b, _transpose(b, x, [1, 9, 8, 3]), [1, 5, 4, 6], k=3, cin=3, stride=2))
+    return b.build()
+
+
+def _nchw_pad_conv() -> bytes:
+    # As litert-torch writes a padded first convolution: TRANSPOSE, PAD, VALID conv.
+    b = ModelBuilder()
+    x = b.input("x", [1, 3, 9, 8])
+    t = _transpose(b, x, [1, 9, 8, 3])
+    pads = b.const("pads", np.asarray([[0, 0], [1, 1], [1, 1], [0, 0]], np.int32))
+    p = b.op("PAD", [t, pads], out_shape=[1, 11, 10, 3])
+    w, bias = b.const("w", _w(6, 3, 3, 3)), b.const("b", _w(6))
+    options = {"padding": "VALID", "stride_w": 2, "stride_h": 2}
+    b.output(b.op("CONV_2D", [p, w, bias], out_shape=[1, 5, 4, 6], options=options))
+    return b.build()
+
+
+def _nchw_depthwise() -> bytes:
+    b = ModelBuilder()
+    x = b.input("x", [1, C, 6, 5])
+    b.output(_depthwise(b, _transpose(b, x, [1, 6, 5, C]), [1, 6, 5, C]))
+    return b.build()
+
+
+def _nchw_also_added() -> bytes:
+    # The transposed image is read by an ADD too: the TRANSPOSE must stay.
+    b = ModelBuilder()
+    x = b.input("x", [1, C, 6, 5])
+    t = _transpose(b, x, [1, 6, 5, C])
+    b.output(b.op("ADD", [_depthwise(b, t, [1, 6, 5, C]), t], out_shape=[1, 6, 5, C]))
+    return b.build()
+
+
+#: name -> (model, the folded convolution's PrimFunc name or None, the kernel it saves)
 CASES = {
-    "squeeze_excite": (_squeeze_excite, True),
-    "gate_first_two_readers": (_gate_first_two_readers, True),
-    "also_added": (_also_added, False),
-    "activated": (_activated, False),
-    "an_output": (_an_output, False),
+    "squeeze_excite": (_squeeze_excite, "conv2d_scaled", "multiply"),
+    "gate_first_two_readers": (_gate_first_two_readers, "conv2d_scaled", "multiply"),
+    "also_added": (_also_added, None, "multiply"),
+    "activated": (_activated, None, "multiply"),
+    "an_output": (_an_output, None, "multiply"),
+    "nchw_first_conv": (_nchw_first_conv, "conv2d_nchw_in", "transpose"),
+    "nchw_pad_conv": (_nchw_pad_conv, "conv2d_nchw_in", "transpose"),
+    "nchw_depthwise": (_nchw_depthwise, "conv2d_nchw_in", "transpose"),
+    "nchw_also_added": (_nchw_also_added, None, "transpose"),
 }
 
 
@@ -118,17 +165,20 @@ def _run(data: bytes, xs: list[np.ndarray], **kw) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_scale_fold(name: str, precision: str, tmp_path) -> None:
-    make, folded = CASES[name]
+def test_conv_fold(name: str, precision: str, tmp_path) -> None:
+    make, folded, saved = CASES[name]
     data = make()
     model = load_model(data)
     program = (
         compile_model(model, CompileOptions(precision=precision), warn=False).partitions[0].program
     )
     kernels = [launch.func for launch in program.launches]  # (kernels are minified: k0, k1...)
-    scaled = [k for k in kernels if "conv2d_scaled" in k]
-    alone = [k for k in kernels if "multiply" in k and "conv" not in k]
-    assert bool(scaled) == folded and (not alone) == folded, kernels
+    alone = [k for k in kernels if saved in k and "conv" not in k]
+    if folded:
+        assert any(folded in k for k in kernels) and not alone, kernels
+        assert not any("pad" in k for k in kernels), kernels  # a folded PAD stays folded
+    else:
+        assert alone and not any("conv2d_scaled" in k or "nchw" in k for k in kernels), kernels
 
     xs = [
         RNG.uniform(0, 1, t.shape).astype(np.float32)
@@ -143,12 +193,22 @@ def test_scale_fold(name: str, precision: str, tmp_path) -> None:
 
 
 @pytest.mark.opencl
-def test_every_schedule_option_of_a_scaled_convolution_matches(tmp_path) -> None:
+@pytest.mark.parametrize(
+    ("make", "folded", "count"),
+    [(_gate_first_two_readers, "conv2d_scaled", 2), (_nchw_pad_conv, "conv2d_nchw_in", 1)],
+)
+def test_every_schedule_option_of_a_folded_convolution_matches(
+    make: Any, folded: str, count: int, tmp_path
+) -> None:
     """The GPU profile's rule and each tuning variant (dlight's Matmul configurations, serial
-    reductions...) take the scaled convolutions, each option within float32 rounding of the
+    reductions...) take the folded convolutions, each option within float32 rounding of the
     numpy reference on PoCL; and the CPU profile's serial reductions."""
-    data = _gate_first_two_readers()
-    xs = [RNG.uniform(0, 1, s).astype(np.float32) for s in ([1, 7, 6, C], [1, 1, 1, C])]
+    data = make()
+    model = load_model(data)
+    xs = [
+        RNG.uniform(0, 1, t.shape).astype(np.float32)
+        for t in (model.main.tensors[i] for i in model.main.inputs)
+    ]
     want = _run(data, xs, device="reference")
     tol = [1e-5 * max(1.0, float(np.abs(w).max())) for w in want]
 
@@ -163,14 +223,16 @@ def test_every_schedule_option_of_a_scaled_convolution_matches(tmp_path) -> None
     )
     gpu.allocate_tensors()
     ex = gpu._backend.executors[0]  # noqa: SLF001 - the test drives the executor's options
-    scaled = [i for i, v in enumerate(ex.program.variants) if "conv2d_scaled" in v.func]
-    assert len(scaled) == 2, [v.func for v in ex.program.variants]
-    for i in scaled:
-        for c in range(len(ex.program.variants[i].options) + 1):
+    assert sum(folded in la.func for la in ex.program.launches) == count
+    check(gpu.run(xs), "fast, default options")
+    for i, v in enumerate(ex.program.variants):
+        if folded not in v.func:
+            continue
+        for c in range(1, len(v.options) + 1):
             choices = [0] * len(ex.program.variants)
             choices[i] = c
             ex.select(choices)
-            check(gpu.run(xs), f"{ex.program.variants[i].func} option {c}")
+            check(gpu.run(xs), f"{v.func} option {c}")
 
 
 def _fallback_kernels(capsys: Any) -> tuple[list[str], str]:
@@ -186,14 +248,14 @@ def test_a_scale_that_fails_to_lower_goes_op_by_op(
 ) -> None:
     from litekiln.compiler import emit_nn
 
-    real = emit_nn.conv_scaled
+    real = emit_nn.conv_folded
 
     def fail(ctx: Any, *args: Any) -> Any:
         if ctx.op.inputs[0] in ctx.lw.scale_folds:
             raise RuntimeError("no such luck")
         return real(ctx, *args)
 
-    monkeypatch.setattr(emit_nn, "conv_scaled", fail)
+    monkeypatch.setattr(emit_nn, "conv_folded", fail)
     kernels, err = _fallback_kernels(capsys)
     assert not any("scaled" in k for k in kernels), kernels
     assert any("multiply" in k and "conv" not in k for k in kernels), kernels
