@@ -1053,3 +1053,43 @@ def test_degenerate_reductions(cl_env: Any, profile_name: str) -> None:
     x = _rand(1, 4, 4, 1)
     mod = _mean_module((1, 4, 4, 1), (1, 2))
     check(cl_env, mod, [x], [_mean_ref(x, (1, 2))], profile=profile_name, rule=None)
+
+
+#: `LaneReduction` cases: convolutions and a matrix product, odd sizes included.
+_LANE_CASES = {
+    # SqueezeNet's late 3x3 expand convolution (13x13 maps), SAME, bias and ReLU
+    "3x3 13x13x64->256": ((1, 13, 13, 64), (256, 3, 3, 64), 1, "relu"),
+    # its classifier, a 1x1 convolution over 512 channels
+    "1x1 13x13x512->100": ((1, 13, 13, 512), (100, 1, 1, 512), 1, ""),
+    # stride 2, odd channel counts and sizes (tails of the lanes and of the groups)
+    "3x3 s2 9x7x37->19": ((1, 9, 7, 37), (19, 3, 3, 37), 2, "relu"),
+}
+
+
+@pytest.mark.parametrize("lanes", [8, 32])
+@pytest.mark.parametrize("case", list(_LANE_CASES))
+def test_lane_reduction(cl_env: Any, lanes: int, case: str) -> None:
+    from litekiln.compiler.schedules import LaneReduction
+
+    x_shape, w_shape, stride, act = _LANE_CASES[case]
+    x, w, b = _rand(*x_shape), _rand(*w_shape) * 0.2, _rand(w_shape[0])
+    k = w_shape[1]
+    pads = same_pads(x_shape[1], x_shape[2], k, stride)
+    ref = conv_ref(x, w, stride=stride, pad=pads) + b
+    ref = np.maximum(ref, 0) if act == "relu" else ref
+    mod = _conv_module(x.shape, w, stride, pads, bias=b, act=act)
+    res = _check_rule(cl_env, mod, [x], ref, LaneReduction(lanes=lanes))
+    assert "barrier(" in res.program.source  # the lanes' partial sums meet across threads
+
+
+def test_lane_reduction_limits() -> None:
+    """Short reductions, window-only reductions (depthwise) and rows read once (a GEMV) are
+    not its."""
+    from litekiln.compiler.schedules import LaneReduction
+
+    rule = LaneReduction()
+    short = _conv_module((1, 8, 8, 16), _rand(32, 1, 1, 16), 1, (0, 0, 0, 0))
+    depthwise = _conv_module((1, 8, 8, 32), _rand(32, 3, 3, 1), 1, (1, 1, 1, 1), groups=32)
+    gemv, _, _ = _gemv_case(1024, 1000, "")
+    for mod in (short, depthwise, gemv):
+        assert not _applies(mod, rule)

@@ -83,6 +83,7 @@ __all__ = [
     "ConfiguredMatmul",
     "FewOutputsReduction",
     "Injective",
+    "LaneReduction",
     "RowNormalization",
     "SerialReduction",
     "SerialRows",
@@ -748,6 +749,88 @@ class RowReduction(_SingleReductionRule):
         return sch
 
 
+class LaneReduction(_SingleReductionRule):
+    """Convolutions and matrix products over input channels with a warp's lanes along the
+    reduction: split-K inside the work-group (a tuning variant for GPUs).
+
+    dlight's Matmul (the ``gpu`` profile's choice for convolutions over channels) gives each
+    work-group a tile of outputs and walks the whole reduction in 16-deep steps, each a round
+    trip through local memory with a barrier: a 3x3 convolution of SqueezeNet's 13x13 maps
+    (169 x 256 outputs of 576 terms) makes 176 groups of 36 serial steps, latency-bound on
+    an H100 (~40 us for 50 MFLOP). Here ``lanes`` threads share each output: lane ``l`` sums
+    terms ``l, l + lanes, ...`` of the fused reduction (kernel window, then channels: a
+    warp's lanes read consecutive channels, coalesced), the partial sums meet in a
+    cross-thread reduction, and the epilogue runs on the sum. A work-group holds
+    ``threads / lanes`` outputs along the output channels, which share their input pixel
+    (read once per group from the cache). No local-memory tiles, no barriers but the
+    reduction's; little reuse, so it pays where the reduction is long and outputs few.
+
+    Args:
+        lanes: Threads per output (a power of two, at most 32: one warp).
+        threads: Threads per work-group, at most.
+        min_terms: Shortest reduction taken.
+        max_outputs: Most outputs taken (larger layers have the parallelism dlight's tiles
+            need, and reuse they lack here).
+    """
+
+    def __init__(
+        self,
+        lanes: int = 16,
+        threads: int = 256,
+        min_terms: int = 128,
+        max_outputs: int = 1 << 19,
+    ) -> None:
+        self.lanes = lanes
+        self.threads = threads
+        self.min_terms = min_terms
+        self.max_outputs = max_outputs
+
+    def _schedule(
+        self,
+        sch: s_tir.Schedule,
+        target: Target,
+        infos: list[Any],
+        red_info: Any,
+        s_ext: list[int],
+        r_ext: list[int],
+    ) -> s_tir.Schedule | None:
+        n_s = len(s_ext)
+        rows, terms = math.prod(s_ext), math.prod(r_ext)
+        if terms < self.min_terms or rows > self.max_outputs or rows < 2:
+            return None
+        block = sch.get(red_info.block_rv)
+        if _reduces_innermost_axis(block) < 4 or _no_reuse(block, rows, terms):
+            return None  # a window-only reduction, or a row read once (`RowReduction`'s)
+        red_name = red_info.name
+        found = _single_epilogue(sch, infos, red_name)
+        if found is None:
+            return None
+        (epilogue,) = found
+        red = sch.get_sblock(red_name)
+        cap = max(1, min(self.threads, int(max_threads_per_block(target))))
+        lanes = min(self.lanes, 32, cap, _floor_pow2(max(1, terms // 8)))
+        per_group = max(1, min(_threads_per_group(rows * lanes, target), cap) // lanes)
+        per_group = min(per_group, rows)
+        loops = sch.get_loops(red)
+        s = sch.fuse(*loops[:n_s]) if n_s > 1 else loops[0]
+        r = sch.fuse(*loops[n_s:]) if len(loops) - n_s > 1 else loops[n_s]
+        if epilogue is None:
+            epilogue = sch.cache_write(red, 0, "local")
+        else:
+            sch.set_scope(red, 0, "local")
+        sch.reverse_compute_at(epilogue, s, preserve_unit_loops=False)
+        bx, ty = sch.split(s, factors=[None, per_group])
+        sch.bind(bx, "blockIdx.x")
+        r_o, tx = sch.split(r, factors=[None, lanes])
+        sch.reorder(tx, r_o)
+        sch.bind(ty, "threadIdx.y")
+        sch.bind(tx, "threadIdx.x")
+        # Several loads in flight per lane: the serial loop unrolled by up to 8.
+        sch.annotate(r_o, "pragma_auto_unroll_max_step", 8)
+        sch.annotate(r_o, "pragma_unroll_explicit", 1)
+        return sch
+
+
 #: Most terms per row that `SerialRows` sums in one work-item (MobileNet's 1001 classes,
 #: three passes, take a few microseconds on one CPU core).
 _ROW_TERMS = 16384
@@ -1197,6 +1280,9 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
       Chosen only where the device times them faster (the H100 had only the others so far).
     * `FewOutputsReduction`: one work-group per output for few outputs of long reductions
       (the late 1x1 convolutions of the landmark models).
+    * `LaneReduction` with 8 and 32 lanes per output: split-K inside the work-group for
+      convolutions and matrix products of 128 terms and more over at most 512K outputs
+      (dlight's Matmul walks the whole reduction in barrier-separated steps per tile).
     * for the reductions that read their input whole (global pools, layer-norm statistics,
       squeeze-excite GEMVs, classifiers): `ColumnReduction` with 32 channels x 8 slices and
       8 channels x 32 slices per group; `RowReduction` with one work-item per row (serial,
@@ -1263,6 +1349,10 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
             )
         ),
         FewOutputsReduction(),
+        # Split-K inside the work-group for long reductions over few outputs (the 3x3
+        # convolutions of small late maps, classifiers run as 1x1 convolutions).
+        LaneReduction(lanes=8),
+        LaneReduction(lanes=32),
         # Reductions read whole (global pools, layer norms, squeeze-excite GEMVs): other
         # shapes of `ColumnReduction` and `RowReduction`, and dlight's rules that had the
         # kernels before those became the defaults (`SerialReduction`'s are above).
