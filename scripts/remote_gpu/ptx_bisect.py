@@ -103,8 +103,8 @@ def main() -> int:
             self._other, self._swap = other, swap
             super().__init__(*args, **kw)
 
-        def _load_module(self, text: str) -> None:
-            super()._load_module(text)
+        def _load_module(self, text: str, cubin: bytes | None = None, link: bool = False) -> None:
+            super()._load_module(text, None, False)  # the PTX itself, as the bisection needs
             mod = ctypes.c_void_p()
             self._drv.check(
                 "cuModuleLoadData",
