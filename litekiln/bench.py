@@ -779,12 +779,14 @@ def _kernel_profile(sess: Any, reps: int = 10) -> dict[str, Any] | None:
         return None
     per: list[list[float]] = []
     names: list[tuple[int, int, Any, int]] = []
+    options: list[str] = []
     for pi, ex in enumerate(executors):
         ex.profile()  # warm the profiling queue
         runs = [ex.profile() for _ in range(reps)]
         for li, launch in enumerate(ex.program.plan(ex.choices)):
             names.append((pi, li, launch, ex.program.launch_bytes(launch)))
             per.append([r[li] for r in runs])
+        options += _chosen_options(ex.program, list(ex.choices))
     rows: list[dict[str, Any]] = [
         {
             "partition": pi,
@@ -796,8 +798,12 @@ def _kernel_profile(sess: Any, reps: int = 10) -> dict[str, Any] | None:
             "bytes": nbytes,
             "flops": launch.flops,
             **_rates(nbytes, launch.flops, statistics.median(ts)),
+            # which schedule the tuning chose ("default", or "option k of n"), and its shape
+            "schedule": option,
+            "global_size": list(launch.global_size),
+            "local_size": list(launch.local_size),
         }
-        for (pi, li, launch, nbytes), ts in zip(names, per, strict=True)
+        for (pi, li, launch, nbytes), ts, option in zip(names, per, options, strict=True)
     ]
     by_kernel: dict[str, dict[str, float]] = {}
     for r in rows:
@@ -818,6 +824,23 @@ def _kernel_profile(sess: Any, reps: int = 10) -> dict[str, Any] | None:
             for name, k in sorted(by_kernel.items(), key=lambda kv: -kv[1]["ms"])[:15]
         ],
     }
+
+
+def _chosen_options(program: Any, choices: list[int]) -> list[str]:
+    """Per launch of ``program.plan(choices)``: ``"default"``, or ``"option k of n"`` where the
+    tuning chose a variant's option k (of n alternatives) for the call it belongs to."""
+    labels: list[str] = []
+    pos = 0
+    for v, c in zip(program.variants, choices, strict=True):
+        labels += ["default"] * (v.start - pos)
+        n = len(v.options)
+        labels += (
+            ["default"] * (v.stop - v.start)
+            if c == 0
+            else [f"option {c} of {n}"] * len(v.options[c - 1])
+        )
+        pos = v.stop
+    return labels + ["default"] * (len(program.launches) - pos)
 
 
 def _rates(nbytes: int, flops: int, seconds: float) -> dict[str, float | None]:

@@ -153,3 +153,28 @@ def test_a_failing_peer_is_explained_by_what_it_logged() -> None:
     assert peer_error(("ValueError", "Encountered unresolved custom op: X"), []) == (
         "ValueError: Encountered unresolved custom op: X"
     )
+
+
+def test_profile_names_the_schedule_each_launch_ran() -> None:
+    """`bench --profile` labels each launch with the tuning choice of its call: the labels
+    follow `GpuProgram.plan` launch for launch, options of other lengths included."""
+    from types import SimpleNamespace
+
+    from litekiln.artifact.program import GpuProgram, Variant
+    from litekiln.bench import _chosen_options
+
+    launches = [f"L{i}" for i in range(6)]
+    variants = [
+        Variant(start=1, stop=2, options=(("a1",), ("a2", "a2b"))),  # type: ignore[arg-type]
+        Variant(start=3, stop=5, options=(("b1",),)),  # type: ignore[arg-type]
+    ]
+    program = SimpleNamespace(launches=launches, variants=variants)
+    for choices, want in [
+        ([0, 0], ["default"] * 6),
+        ([2, 0], ["default", "option 2 of 2", "option 2 of 2", "default", "default", "default",
+                  "default"]),
+        ([1, 1], ["default", "option 1 of 2", "default", "option 1 of 1", "default"]),
+    ]:  # fmt: skip
+        plan = GpuProgram.plan(program, choices)  # type: ignore[arg-type]
+        assert _chosen_options(program, choices) == want
+        assert len(want) == len(plan)
