@@ -111,6 +111,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "each_device: run once per OpenCL device in conftest.TEST_DEVICES"
     )
+    config.addinivalue_line(
+        "markers",
+        "not_on(*families, reason): an each_device case left out on these driver families",
+    )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -140,12 +144,30 @@ def cl_device(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _deselect_not_on(config, items)
     if HAS_OPENCL:
         return
     skip = pytest.mark.skip(reason="no OpenCL device (install pocl-opencl-icd)")
     for item in items:
         if "opencl" in item.keywords:
             item.add_marker(skip)
+
+
+def _deselect_not_on(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Drop the each_device cases whose ``not_on`` marker names their device's family (the
+    largest models on Intel's runtime, whose compiler takes minutes on them: PoCL runs them,
+    Intel's the smaller ones and every op test)."""
+    families = {d.choice: d.id for d in DEVICES}
+    keep, drop = [], []
+    for item in items:
+        spec = getattr(item, "callspec", None)
+        choice = spec.params.get("cl_device") if spec is not None else None
+        family = families.get(choice) if choice and not _PINNED else None
+        marks = [m for m in item.iter_markers("not_on") if family in m.args]
+        (drop if marks else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture(autouse=True)

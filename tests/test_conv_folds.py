@@ -140,6 +140,50 @@ def _nchw_also_added() -> bytes:
     return b.build()
 
 
+def _concat(b, xs, shape):
+    return b.op("CONCATENATION", xs, out_shape=shape, options={"axis": 3})
+
+
+def _fire() -> bytes:
+    # SqueezeNet's fire module: 1x1 and 3x3 expansions concatenated for the next 1x1.
+    b = ModelBuilder()
+    x = b.input("x", [1, 7, 6, C])
+    e1 = _conv(b, x, [1, 7, 6, 5], cout=5, act="RELU")
+    e3 = _conv(b, x, [1, 7, 6, 6], k=3, cout=6, act="RELU")
+    cat = _concat(b, [e1, e3], [1, 7, 6, 11])
+    b.output(_conv(b, cat, [1, 7, 6, 4], cin=11, cout=4))
+    return b.build()
+
+
+def _concat_input_pad_depthwise() -> bytes:
+    # Three parts, one a partition input, through a folded PAD, into a depthwise conv.
+    b = ModelBuilder()
+    x = b.input("x", [1, 6, 5, 3])
+    a = _conv(b, x, [1, 6, 5, 2], cin=3, cout=2)
+    c = _conv(b, x, [1, 6, 5, 3], k=3, cin=3, cout=3)
+    cat = _concat(b, [a, x, c], [1, 6, 5, C])
+    pads = b.const("pads", np.asarray([[0, 0], [1, 1], [1, 1], [0, 0]], np.int32))
+    p = b.op("PAD", [cat, pads], out_shape=[1, 8, 7, C])
+    w, bias = b.const("dw", _w(1, 3, 3, C)), b.const("db", _w(C))
+    options = {"padding": "VALID", "stride_w": 1, "stride_h": 1, "depth_multiplier": 1}
+    b.output(b.op("DEPTHWISE_CONV_2D", [p, w, bias], out_shape=[1, 6, 5, C], options=options))
+    return b.build()
+
+
+def _concat_also_pooled() -> bytes:
+    # Read by a max pool too: the CONCATENATION must stay.
+    b = ModelBuilder()
+    x = b.input("x", [1, 6, 6, C])
+    cat = _concat(b, [_conv(b, x, [1, 6, 6, 3], cout=3), x], [1, 6, 6, 11])
+    pool = {"padding": "VALID", "stride_w": 2, "stride_h": 2, "filter_width": 2}
+    pool["filter_height"] = 2
+    b.output(
+        _conv(b, cat, [1, 6, 6, 4], cin=11, cout=4),
+        b.op("MAX_POOL_2D", [cat], out_shape=[1, 3, 3, 11], options=pool),
+    )
+    return b.build()
+
+
 #: name -> (model, the folded convolution's PrimFunc name or None, the kernel it saves)
 CASES = {
     "squeeze_excite": (_squeeze_excite, "conv2d_scaled", "multiply"),
@@ -151,6 +195,9 @@ CASES = {
     "nchw_pad_conv": (_nchw_pad_conv, "conv2d_nchw_in", "transpose"),
     "nchw_depthwise": (_nchw_depthwise, "conv2d_nchw_in", "transpose"),
     "nchw_also_added": (_nchw_also_added, None, "transpose"),
+    "fire": (_fire, "conv2d_concat_in", "concatenate"),
+    "concat_input_pad_depthwise": (_concat_input_pad_depthwise, "conv2d_concat_in", "concatenate"),
+    "concat_also_pooled": (_concat_also_pooled, None, "concatenate"),
 }
 
 
@@ -178,7 +225,8 @@ def test_conv_fold(name: str, precision: str, tmp_path) -> None:
         assert any(folded in k for k in kernels) and not alone, kernels
         assert not any("pad" in k for k in kernels), kernels  # a folded PAD stays folded
     else:
-        assert alone and not any("conv2d_scaled" in k or "nchw" in k for k in kernels), kernels
+        assert alone, kernels
+        assert not any(f in k for k in kernels for f in ("scaled", "nchw_in", "concat_in"))
 
     xs = [
         RNG.uniform(0, 1, t.shape).astype(np.float32)
@@ -195,7 +243,11 @@ def test_conv_fold(name: str, precision: str, tmp_path) -> None:
 @pytest.mark.opencl
 @pytest.mark.parametrize(
     ("make", "folded", "count"),
-    [(_gate_first_two_readers, "conv2d_scaled", 2), (_nchw_pad_conv, "conv2d_nchw_in", 1)],
+    [
+        (_gate_first_two_readers, "conv2d_scaled", 2),
+        (_nchw_pad_conv, "conv2d_nchw_in", 1),
+        (_fire, "conv2d_concat_in", 1),
+    ],
 )
 def test_every_schedule_option_of_a_folded_convolution_matches(
     make: Any, folded: str, count: int, tmp_path

@@ -77,8 +77,10 @@ class LowerOptions:
 SCALED_CONV_NAME = "conv2d_scaled"
 #: Name of a convolution that reads its NCHW input through a folded layout transpose.
 NCHW_CONV_NAME = "conv2d_nchw_in"
+#: Name of a convolution that reads the parts of a folded channel concatenation.
+CONCAT_CONV_NAME = "conv2d_concat_in"
 #: Names of the convolutions `conv_folded` emits (the op-by-op fallback looks for them).
-FOLDED_CONV_NAMES = (SCALED_CONV_NAME, NCHW_CONV_NAME)
+FOLDED_CONV_NAMES = (SCALED_CONV_NAME, NCHW_CONV_NAME, CONCAT_CONV_NAME)
 
 
 class Ctx:
@@ -166,6 +168,7 @@ class Lowering:
         self.pad_folds = self._find_pad_folds()
         self.scale_folds = self._find_scale_folds() if options.fuse_scales else {}
         self.transpose_folds = self._find_transpose_folds() if options.fuse_scales else {}
+        self.concat_folds = self._find_concat_folds() if options.fuse_scales else {}
         norms = find_layer_norms(graph, part) if options.fuse_layer_norms else []
         self.layer_norms = {ln.last: ln for ln in norms}  # op writing its output -> the norm
         self.in_layer_norm = {i for ln in norms for i in ln.ops if i != ln.last}
@@ -223,10 +226,7 @@ class Lowering:
         g = self.graph
         if self.emulate_half:
             return {}
-        readers: dict[int, list[Op]] = {}
-        for i in self.part.ops:
-            for t in set(g.ops[i].inputs):
-                readers.setdefault(t, []).append(g.ops[i])
+        readers = self._readers()
         folds: dict[int, tuple[int, int]] = {}
         for i in self.part.ops:
             op = g.ops[i]
@@ -275,10 +275,7 @@ class Lowering:
         g = self.graph
         if self.emulate_half:
             return {}
-        readers: dict[int, list[Op]] = {}
-        for i in self.part.ops:
-            for t in set(g.ops[i].inputs):
-                readers.setdefault(t, []).append(g.ops[i])
+        readers = self._readers()
         folds: dict[int, int] = {}
         for i in self.part.ops:
             op = g.ops[i]
@@ -302,6 +299,61 @@ class Lowering:
             if users and all(self._reads_as_conv_input(u, t) for u in users):
                 folds[t] = src
         return folds
+
+    def _find_concat_folds(self) -> dict[int, list[int]]:
+        """Concatenations along the channels read only by convolutions: concatenated tensor
+        -> its parts, in order. SqueezeNet's fire modules concatenate two convolutions'
+        outputs for the next module's 1x1 convolution; emitted alone, the concatenation is
+        a kernel that copies both maps into a third. Folded, the convolution reads each
+        channel from its part (:func:`conv_folded`). Kept apart: a fused activation,
+        quantized or non-float parts, a concatenation that leaves the partition or is read
+        by anything but a convolution's data."""
+        g = self.graph
+        if self.emulate_half:
+            return {}
+        readers = self._readers()
+        folds: dict[int, list[int]] = {}
+        for i in self.part.ops:
+            op = g.ops[i]
+            if op.name != "CONCATENATION" or len(op.outputs) != 1:
+                continue
+            t = op.outputs[0]
+            out = g.tensors[t]
+            parts = [k for k in op.inputs if k >= 0 and g.tensors[k].size]
+            if (
+                len(out.shape) != 4
+                or int(op.options.get("axis", 0)) % 4 != 3
+                or int(op.options.get("fused_activation_function", 0) or 0)
+                or t in self.part.outputs
+                or len(parts) < 2
+                or is_quantized(out)
+                or out.dtype != np.float32
+                or any(
+                    is_quantized(g.tensors[k]) or g.tensors[k].dtype != np.float32 for k in parts
+                )
+            ):
+                continue
+            users = readers.get(t, [])
+            if users and all(self._reads_as_conv_input(u, t) for u in users):
+                folds[t] = parts
+        return folds
+
+    def _folded_by_convs(self, name: str) -> dict[int, Any]:
+        """The folds (tensor -> what the convolutions read instead) of ops named ``name``."""
+        return {
+            "MUL": self.scale_folds,
+            "TRANSPOSE": self.transpose_folds,
+            "CONCATENATION": self.concat_folds,
+        }.get(name, {})
+
+    def _readers(self) -> dict[int, list[Op]]:
+        """Tensor -> the ops of this partition that read it."""
+        g = self.graph
+        readers: dict[int, list[Op]] = {}
+        for i in self.part.ops:
+            for t in set(g.ops[i].inputs):
+                readers.setdefault(t, []).append(g.ops[i])
+        return readers
 
     def _reads_as_conv_input(self, op: Op, t: int) -> bool:
         """Whether ``op`` reads ``t`` only as a convolution's input, itself or through a PAD
@@ -367,9 +419,7 @@ class Lowering:
                         continue  # taken by its convolutions
                     if i in self.in_layer_norm:
                         continue  # emitted with the layer norm's last op
-                    if op.outputs and op.outputs[0] in (
-                        self.scale_folds if op.name == "MUL" else self.transpose_folds
-                    ):
+                    if op.outputs and op.outputs[0] in self._folded_by_convs(op.name):
                         continue  # computed by its convolutions as they load (conv_folded)
                     outs = self._emit(i, op)
                     for t, expr in zip(op.outputs, outs, strict=True):
@@ -562,6 +612,8 @@ def conv_folded(
     from tvm import te, topi
 
     stage: Callable[..., Any]
+    pad = lw.pad_folds.get(t)
+    u = pad[0] if pad else t  # the tensor the (folded) PAD pads, or operand 0 itself
     if t in lw.scale_folds:
         src, gate = lw.scale_folds[t]
         half = lw.storage == "float16" and lw.half_stored(t)
@@ -574,13 +626,7 @@ def conv_folded(
 
             return te.compute(x.shape, elem, name="scale")
 
-    else:
-        pad = lw.pad_folds.get(t)
-        u = pad[0] if pad else t
-        if u not in lw.transpose_folds:
-            return None
-        if pad:
-            pads = tuple(a + b for a, b in zip(pads, pad[1], strict=True))  # type: ignore[assignment]
+    elif u in lw.transpose_folds:
         half = lw.storage == "float16" and lw.half_stored(t) and lw.half_stored(u)
         args, name = [lw.stored(lw.transpose_folds[u])], NCHW_CONV_NAME
 
@@ -592,6 +638,33 @@ def conv_folded(
                 return v.astype("float16") if half else v
 
             return te.compute((n, h, wd, c), elem, name="nchw_to_nhwc")
+
+    elif u in lw.concat_folds:
+        half = lw.storage == "float16" and lw.half_stored(t) and lw.half_stored(u)
+        args, name = [lw.stored(k) for k in lw.concat_folds[u]], CONCAT_CONV_NAME
+
+        def stage(*xs: Any) -> Any:
+            from tvm import tirx
+
+            starts = [0]
+            for x in xs:
+                starts.append(starts[-1] + int(x.shape[3]))
+            n, h, wd, _ = xs[0].shape
+
+            def elem(b: Any, i: Any, j: Any, k: Any) -> Any:
+                v = xs[-1][b, i, j, k - starts[-2]].astype(ACC_DTYPE)
+                for x, lo in zip(xs[-2::-1], starts[-3::-1], strict=True):
+                    v = tirx.if_then_else(
+                        k < lo + int(x.shape[3]), x[b, i, j, k - lo].astype(ACC_DTYPE), v
+                    )
+                return v.astype("float16") if half else v
+
+            return te.compute((n, h, wd, starts[-1]), elem, name="concat")
+
+    else:
+        return None
+    if pad:
+        pads = tuple(a + b for a, b in zip(pads, pad[1], strict=True))  # type: ignore[assignment]
 
     weights = ctx.wconst(w) if half else ctx.fconst(w)
 
