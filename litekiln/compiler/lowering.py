@@ -340,11 +340,12 @@ class Lowering:
 
     def _folded_by_convs(self, name: str) -> dict[int, Any]:
         """The folds (tensor -> what the convolutions read instead) of ops named ``name``."""
-        return {
+        folds: dict[str, dict[int, Any]] = {
             "MUL": self.scale_folds,
             "TRANSPOSE": self.transpose_folds,
             "CONCATENATION": self.concat_folds,
-        }.get(name, {})
+        }
+        return folds.get(name, {})
 
     def _readers(self) -> dict[int, list[Op]]:
         """Tensor -> the ops of this partition that read it."""
