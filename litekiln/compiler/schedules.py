@@ -719,34 +719,54 @@ class RowReduction(_SingleReductionRule):
             return None
         if not any(last.same_as(k) for last in _last_indices(block)):
             return None
-        red_name = red_info.name
-        found = _single_epilogue(sch, infos, red_name)
+        found = _single_epilogue(sch, infos, red_info.name)
         if found is None:
             return None
-        (epilogue,) = found
-        red = sch.get_sblock(red_name)
-
         cap = max(1, min(self.threads, int(max_threads_per_block(target))))
         lanes = min(self.lanes, cap, _floor_pow2(max(1, terms // self.min_terms)))
-        per_group = max(1, min(_threads_per_group(rows * lanes, target), cap) // lanes)
-        per_group = min(per_group, rows)
-        loops = sch.get_loops(red)
-        s = sch.fuse(*loops[:n_s]) if n_s > 1 else loops[0]
-        if epilogue is None:
-            epilogue = sch.cache_write(red, 0, "local")
-        else:
-            sch.set_scope(red, 0, "local")
-        sch.reverse_compute_at(epilogue, s, preserve_unit_loops=False)
-        bx, ty = sch.split(s, factors=[None, per_group])
-        sch.bind(bx, "blockIdx.x")
-        if lanes == 1:
-            sch.bind(ty, "threadIdx.x")
-            return sch
-        r_o, tx = sch.split(sch.get_loops(red)[-1], factors=[None, lanes])
-        sch.reorder(tx, r_o)
-        sch.bind(ty, "threadIdx.y")
-        sch.bind(tx, "threadIdx.x")
+        return _lanes_per_row(sch, target, red_info.name, found[0], n_s, rows, lanes, cap)
+
+
+def _lanes_per_row(
+    sch: s_tir.Schedule,
+    target: Target,
+    red_name: str,
+    epilogue: Any,
+    n_s: int,
+    rows: int,
+    lanes: int,
+    cap: int,
+    unroll: int = 0,
+) -> s_tir.Schedule:
+    """``lanes`` threads along each row of the reduction (its reduction loops fused: lane
+    ``l`` sums terms ``l, l + lanes, ...``), rows along ``threadIdx.y``, as many rows per
+    work-group as ``cap`` threads hold, the epilogue (or a write-back) on each row's sum;
+    ``lanes == 1``: one work-item per row, no cross-thread reduction. ``unroll``: unroll each
+    lane's serial loop by up to that many steps (several loads in flight)."""
+    red = sch.get_sblock(red_name)
+    per_group = max(1, min(_threads_per_group(rows * lanes, target), cap) // lanes)
+    per_group = min(per_group, rows)
+    loops = sch.get_loops(red)
+    s = sch.fuse(*loops[:n_s]) if n_s > 1 else loops[0]
+    r = sch.fuse(*loops[n_s:]) if len(loops) - n_s > 1 else loops[n_s]
+    if epilogue is None:
+        epilogue = sch.cache_write(red, 0, "local")
+    else:
+        sch.set_scope(red, 0, "local")
+    sch.reverse_compute_at(epilogue, s, preserve_unit_loops=False)
+    bx, ty = sch.split(s, factors=[None, per_group])
+    sch.bind(bx, "blockIdx.x")
+    if lanes == 1:
+        sch.bind(ty, "threadIdx.x")
         return sch
+    r_o, tx = sch.split(r, factors=[None, lanes])
+    sch.reorder(tx, r_o)
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")
+    if unroll:
+        sch.annotate(r_o, "pragma_auto_unroll_max_step", unroll)
+        sch.annotate(r_o, "pragma_unroll_explicit", 1)
+    return sch
 
 
 class LaneReduction(_SingleReductionRule):
@@ -801,34 +821,15 @@ class LaneReduction(_SingleReductionRule):
         block = sch.get(red_info.block_rv)
         if _reduces_innermost_axis(block) < 4 or _no_reuse(block, rows, terms):
             return None  # a window-only reduction, or a row read once (`RowReduction`'s)
-        red_name = red_info.name
-        found = _single_epilogue(sch, infos, red_name)
+        found = _single_epilogue(sch, infos, red_info.name)
         if found is None:
             return None
-        (epilogue,) = found
-        red = sch.get_sblock(red_name)
         cap = max(1, min(self.threads, int(max_threads_per_block(target))))
         lanes = min(self.lanes, 32, cap, _floor_pow2(max(1, terms // 8)))
-        per_group = max(1, min(_threads_per_group(rows * lanes, target), cap) // lanes)
-        per_group = min(per_group, rows)
-        loops = sch.get_loops(red)
-        s = sch.fuse(*loops[:n_s]) if n_s > 1 else loops[0]
-        r = sch.fuse(*loops[n_s:]) if len(loops) - n_s > 1 else loops[n_s]
-        if epilogue is None:
-            epilogue = sch.cache_write(red, 0, "local")
-        else:
-            sch.set_scope(red, 0, "local")
-        sch.reverse_compute_at(epilogue, s, preserve_unit_loops=False)
-        bx, ty = sch.split(s, factors=[None, per_group])
-        sch.bind(bx, "blockIdx.x")
-        r_o, tx = sch.split(r, factors=[None, lanes])
-        sch.reorder(tx, r_o)
-        sch.bind(ty, "threadIdx.y")
-        sch.bind(tx, "threadIdx.x")
         # Several loads in flight per lane: the serial loop unrolled by up to 8.
-        sch.annotate(r_o, "pragma_auto_unroll_max_step", 8)
-        sch.annotate(r_o, "pragma_unroll_explicit", 1)
-        return sch
+        return _lanes_per_row(
+            sch, target, red_info.name, found[0], n_s, rows, lanes, cap, unroll=8
+        )  # fmt: skip
 
 
 #: Most terms per row that `SerialRows` sums in one work-item (MobileNet's 1001 classes,
