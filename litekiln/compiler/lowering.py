@@ -599,11 +599,13 @@ def conv_folded(
 ) -> Expr | None:
     """A convolution whose input is computed by a producer folded into it, as one TE call (a
     stage the schedules inline into the convolution's loads); ``None`` when operand 0 has no
-    such producer. Two producers fold (see `Lowering`):
+    such producer. Three producers fold (see `Lowering`; a zero PAD folds in `conv_data`):
 
     * a per-channel scale (``_find_scale_folds``): the convolution of ``x * g``;
     * the NCHW -> NHWC transpose of a partition input (``_find_transpose_folds``), with a
-      folded PAD in between or not: the convolution reads the NCHW input where it lies.
+      folded PAD in between or not: the convolution reads the NCHW input where it lies;
+    * a concatenation along the channels (``_find_concat_folds``), with a folded PAD in
+      between or not: each input channel is read from its part.
 
     The stage computes in float32 and, where the unfused program would store its result in
     half (native fp16), rounds to half as that store would: the producer's numerics, then the
