@@ -73,32 +73,32 @@ def _gate_first_two_readers() -> bytes:
     return b.build()
 
 
-def _also_added() -> bytes:
-    # The scaled map is read by an ADD too: the MUL must stay.
+def _scaled_input(act: str = "NONE") -> tuple[ModelBuilder, object]:
+    """A model's map input scaled by its gate input: the builder and the MUL's output."""
     b = ModelBuilder()
     x = b.input("x", [1, 6, 5, C])
     g = b.input("g", [1, 1, 1, C])
-    s = b.op("MUL", [x, g], out_shape=[1, 6, 5, C])
+    options = {"fused_activation_function": act}
+    return b, b.op("MUL", [x, g], out_shape=[1, 6, 5, C], options=options)
+
+
+def _also_added() -> bytes:
+    # The scaled map is read by an ADD too: the MUL must stay.
+    b, s = _scaled_input()
     b.output(b.op("ADD", [_conv(b, s, [1, 6, 5, C], cout=C), s], out_shape=[1, 6, 5, C]))
     return b.build()
 
 
 def _activated() -> bytes:
     # A MUL with a fused activation is not a plain scale.
-    b = ModelBuilder()
-    x = b.input("x", [1, 6, 5, C])
-    g = b.input("g", [1, 1, 1, C])
-    s = b.op("MUL", [x, g], out_shape=[1, 6, 5, C], options={"fused_activation_function": "RELU"})
+    b, s = _scaled_input("RELU")
     b.output(_conv(b, s, [1, 6, 5, 6]))
     return b.build()
 
 
 def _an_output() -> bytes:
     # The scaled map leaves the partition: it must be computed anyway.
-    b = ModelBuilder()
-    x = b.input("x", [1, 6, 5, C])
-    g = b.input("g", [1, 1, 1, C])
-    s = b.op("MUL", [x, g], out_shape=[1, 6, 5, C])
+    b, s = _scaled_input()
     b.output(_conv(b, s, [1, 6, 5, 6]), s)
     return b.build()
 

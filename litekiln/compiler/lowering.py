@@ -165,6 +165,7 @@ class Lowering:
         self.float_storage = set(options.fp32_tensors) | set(part.inputs) | set(part.outputs)
         self.bb = relax.BlockBuilder()
         self.env: dict[int, Expr] = {}  # tensor -> its value in the storage dtype
+        self.readers = self._readers()  # tensor -> the partition's ops that read it
         self.pad_folds = self._find_pad_folds()
         self.scale_folds = self._find_scale_folds() if options.fuse_scales else {}
         self.transpose_folds = self._find_transpose_folds() if options.fuse_scales else {}
@@ -180,10 +181,6 @@ class Lowering:
         (:func:`conv_data`) and the PAD is not emitted: one kernel launch and one tensor
         round trip fewer each (43 of face_detection_full_range_sparse's 139 launches)."""
         g = self.graph
-        consumers: dict[int, list[Op]] = {}
-        for i in self.part.ops:
-            for t in set(g.ops[i].inputs):
-                consumers.setdefault(t, []).append(g.ops[i])
         folds: dict[int, tuple[int, tuple[int, int, int, int]]] = {}
         for i in self.part.ops:
             op = g.ops[i]
@@ -203,7 +200,7 @@ class Lowering:
             pads = np.asarray(g.tensors[pads_t].data).astype(np.int64).reshape(-1, 2)
             if pads.shape != (4, 2) or pads.min() < 0 or pads[0].any() or pads[3].any():
                 continue
-            users = consumers.get(t, [])
+            users = self.readers.get(t, [])
             if not users or any(
                 u.name not in ("CONV_2D", "DEPTHWISE_CONV_2D")
                 or u.inputs[0] != t
@@ -226,7 +223,6 @@ class Lowering:
         g = self.graph
         if self.emulate_half:
             return {}
-        readers = self._readers()
         folds: dict[int, tuple[int, int]] = {}
         for i in self.part.ops:
             op = g.ops[i]
@@ -250,7 +246,7 @@ class Lowering:
             gate = [k for k, o in zip(op.inputs, operands, strict=True) if o.shape == (n, 1, 1, c)]
             if len(full) != 1 or len(gate) != 1 or full[0] == gate[0] or c < 2:
                 continue
-            users = readers.get(t, [])
+            users = self.readers.get(t, [])
             if not users or any(
                 u.name != "CONV_2D"
                 or u.inputs[0] != t
@@ -275,7 +271,6 @@ class Lowering:
         g = self.graph
         if self.emulate_half:
             return {}
-        readers = self._readers()
         folds: dict[int, int] = {}
         for i in self.part.ops:
             op = g.ops[i]
@@ -295,7 +290,7 @@ class Lowering:
                 or x.dtype != np.float32
             ):
                 continue
-            users = readers.get(t, [])
+            users = self.readers.get(t, [])
             if users and all(self._reads_as_conv_input(u, t) for u in users):
                 folds[t] = src
         return folds
@@ -311,7 +306,6 @@ class Lowering:
         g = self.graph
         if self.emulate_half:
             return {}
-        readers = self._readers()
         folds: dict[int, list[int]] = {}
         for i in self.part.ops:
             op = g.ops[i]
@@ -333,7 +327,7 @@ class Lowering:
                 )
             ):
                 continue
-            users = readers.get(t, [])
+            users = self.readers.get(t, [])
             if users and all(self._reads_as_conv_input(u, t) for u in users):
                 folds[t] = parts
         return folds
