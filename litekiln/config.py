@@ -185,6 +185,18 @@ CUDA_STREAMS: Setting[int] = Setting(
     "heads) run concurrently; the dependencies come from the memory plan's byte ranges. "
     "1: every kernel after the previous one.",
 )
+EARLY_CUDA: Setting[bool] = Setting(
+    "LITEKILN_EARLY_CUDA",
+    _bool,
+    True,
+    "NVIDIA GPUs: start the CUDA driver (cuInit and the GPU's primary context, ~200 ms) in a "
+    "background thread as soon as `litekiln.interpreter` is imported, before numpy and the "
+    "rest of the runtime, so that the driver's start overlaps the imports. Only where "
+    "/dev/nvidiactl exists, `LITEKILN_DEVICE` is unset or `gpu` and `LITEKILN_CUDA_GRAPH` "
+    "is not `off`; the context is made only where one GPU is visible. Off: the driver "
+    "starts when the first Interpreter opens its device (for an app that forks worker "
+    "processes after importing litekiln: a CUDA driver does not survive a fork).",
+)
 PTX: Setting[str] = Setting(
     "LITEKILN_PTX",
     _choice("auto", "on", "off"),
@@ -239,6 +251,7 @@ SETTINGS: tuple[Setting, ...] = (
     FAST_LAUNCH,
     CUDA_GRAPH,
     CUDA_STREAMS,
+    EARLY_CUDA,
     PTX,
     BUILD_THREADS,
     PROGRESS,

@@ -15,6 +15,11 @@ inferences run one at a time. A thread therefore never reads another thread's re
 
 from __future__ import annotations
 
+# First: on NVIDIA the CUDA driver starts in a thread while numpy and the rest import.
+from litekiln.runtime import early  # isort: split
+
+early.start_cuda()
+
 import logging
 import os
 import threading

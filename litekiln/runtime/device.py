@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from litekiln.errors import DeviceError
+from litekiln.runtime import early
 from litekiln.runtime.profile import DeviceProfile
 
 log = logging.getLogger("litekiln")
@@ -290,7 +291,7 @@ class DeviceOpener:
     def _open(self, choice: str | None) -> None:
         if callable(self._known):
             # The CUDA driver starts while the record is read (a CUDA start's longest wait).
-            threading.Thread(target=_cuda_early, daemon=True, name="litekiln-cuda-init").start()
+            early.start_cuda(check=False)
             try:
                 self._known = self._known()
             except Exception:  # noqa: BLE001 - a hint only: the usual start goes on
@@ -324,27 +325,6 @@ class DeviceOpener:
             raise self._error
         assert self._handle is not None
         return self._handle
-
-
-def _cuda_early() -> None:
-    """Load and initialise the CUDA driver, and on a one-GPU machine make that GPU's primary
-    context, through ctypes (the GIL released), ahead of the CUDA start that a GPU record
-    will ask for (`cuda_start`, which then finds both done: cuInit and the primary context
-    are process-wide). Where the record does not hold, an NVIDIA session still takes its
-    graphs to that context later; elsewhere there is no libcuda and this does nothing."""
-    import ctypes
-
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-        if lib.cuInit(0) != 0:
-            return
-        n, dev, ctx = ctypes.c_int(), ctypes.c_int(), ctypes.c_void_p()
-        if lib.cuDeviceGetCount(ctypes.byref(n)) != 0 or n.value != 1:
-            return  # (which GPU is the record's is for `cuda_start` to say)
-        if lib.cuDeviceGet(ctypes.byref(dev), 0) == 0:
-            lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
-    except (OSError, AttributeError):
-        return
 
 
 def _opencl_loader() -> Any:
