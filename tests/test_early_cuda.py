@@ -20,9 +20,7 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(early, "_started", False)
     monkeypatch.setattr(early, "_cuda_init", lambda: calls.append(threading.current_thread().name))
     real_exists = early.os.path.exists
-    monkeypatch.setattr(
-        early.os.path, "exists", lambda p: p == "/dev/nvidiactl" or real_exists(p)
-    )
+    monkeypatch.setattr(early.os.path, "exists", lambda p: p == "/dev/nvidiactl" or real_exists(p))
     for var in ("LITEKILN_EARLY_CUDA", "LITEKILN_DEVICE", "LITEKILN_CUDA_GRAPH"):
         monkeypatch.delenv(var, raising=False)
     return calls

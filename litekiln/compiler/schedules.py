@@ -87,6 +87,7 @@ __all__ = [
     "RowNormalization",
     "SerialReduction",
     "SerialRows",
+    "TiledLaneReduction",
     "WindowReduction",
     "fast_rules",
     "fast_schedule",
@@ -832,6 +833,132 @@ class LaneReduction(_SingleReductionRule):
         )  # fmt: skip
 
 
+class TiledLaneReduction(_SingleReductionRule):
+    """Convolutions over input channels with a register tile per thread and split-K across
+    a few lanes (a tuning variant for GPUs; issue 15: SqueezeNet's 3x3 expand convolutions
+    ran at 2-3 TFLOP/s with dlight's Matmul and `LaneReduction`).
+
+    Each thread owns ``pixels`` adjacent output pixels (along the width) x ``channels``
+    adjacent output channels, accumulated in registers; ``lanes`` threads share that tile's
+    reduction, lane ``l`` taking input channels ``l, l + lanes, ...`` under every tap of the
+    kernel window (a warp's lanes read consecutive channels: coalesced), so each step loads
+    ``pixels + channels`` values for ``pixels * channels`` multiply-adds. The lanes' partial
+    tiles meet in local memory behind one barrier; each lane then sums ``lanes`` partials
+    for its share of the tile's outputs and runs the epilogue on them. A work-group holds
+    ``threads / lanes`` tiles along the output channels, which share their input pixels
+    (read through the cache).
+
+    Applies to one reduction whose innermost axis is the input channels (at least
+    ``lanes`` of them, a multiple of it; the kernel window outside), over at least
+    ``min_terms`` terms, and to tiles of a multiple of ``lanes`` outputs.
+
+    Args:
+        pixels: Output pixels per thread (fewer where the row is shorter).
+        channels: Output channels per thread (the largest of ``channels``, 4 and 2 that
+            divides the output channels).
+        lanes: Threads sharing each tile's reduction (a power of two, at most 32).
+        threads: Threads per work-group, at most.
+        min_terms: Shortest reduction taken.
+    """
+
+    def __init__(
+        self,
+        pixels: int = 4,
+        channels: int = 4,
+        lanes: int = 8,
+        threads: int = 128,
+        min_terms: int = 64,
+    ) -> None:
+        self.pixels = pixels
+        self.channels = channels
+        self.lanes = lanes
+        self.threads = threads
+        self.min_terms = min_terms
+
+    def _schedule(
+        self,
+        sch: s_tir.Schedule,
+        target: Target,
+        infos: list[Any],
+        red_info: Any,
+        s_ext: list[int],
+        r_ext: list[int],
+    ) -> s_tir.Schedule | None:
+        n_s, lanes = len(s_ext), self.lanes
+        rows, terms = math.prod(s_ext), math.prod(r_ext)
+        if terms < self.min_terms or n_s < 2:
+            return None
+        block = sch.get(red_info.block_rv)
+        cin = _reduces_innermost_axis(block)
+        if cin != r_ext[-1] or cin < lanes or cin % lanes or _no_reuse(block, rows, terms):
+            return None
+        tm = min(self.pixels, s_ext[-2])
+        # Output channels per thread, and tiles per work-group: a divisor of the channel
+        # tiles (a group's tiles then cover one rectangle of the output; under an inexact
+        # split TVM 0.27 derives the stages' regions wrong after reverse_compute_at, or
+        # refuses them), at least a warp's worth of threads.
+        cap = max(lanes, min(self.threads, int(max_threads_per_block(target))))
+        for tn in dict.fromkeys(v for v in (self.channels, 4, 2) if v <= self.channels):
+            per_group = _floor_pow2(cap // lanes)
+            while per_group > 1 and (s_ext[-1] // tn) % per_group:
+                per_group //= 2
+            if s_ext[-1] % tn == 0 and (tm * tn) % lanes == 0 and per_group * lanes >= 32:
+                break
+        else:
+            return None
+        found = _single_epilogue(sch, infos, red_info.name)
+        if found is None:
+            return None
+        red = sch.get_sblock(red_info.name)
+        # (without an epilogue, a write-back of the sums: the same steps below)
+        epilogue = found[0] if found[0] is not None else sch.cache_write(red, 0, "global")
+        loops = sch.get_loops(red)
+        s_loops, r_loops = loops[:n_s], loops[n_s:]
+
+        # The tile: pixels along the width (a contiguous region, so that the stages below
+        # cover the tile's outputs only), channels, and the lanes over the input channels.
+        w_o, m_t = sch.split(s_loops[-2], factors=[None, tm])
+        c_o, c_t = sch.split(s_loops[-1], factors=[None, tn])
+        ci_o, ci_l = sch.split(r_loops[-1], factors=[None, lanes])
+        outer = [*s_loops[:-2], w_o, c_o]
+        sch.reorder(*outer, ci_l, *r_loops[:-1], ci_o, m_t, c_t)
+        rf = sch.rfactor(ci_l, factor_axis=0)  # each lane's partial tile
+        bx, ty = sch.split(sch.fuse(*sch.get_loops(rf)[: len(outer)]), [None, per_group])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(ty, "threadIdx.y")
+        lane = sch.get_loops(rf)[2]
+        sch.bind(lane, "threadIdx.x")
+        # Partials accumulate in registers, then go to local memory for the lanes to share.
+        partial = sch.cache_write(rf, 0, "local")
+        sch.reverse_compute_at(partial, lane, preserve_unit_loops=True)
+        sch.set_scope(partial, 0, "shared")
+        # The sum over the lanes: each lane takes tm * tn / lanes of the tile's outputs,
+        # sums them in a register and runs the epilogue on them.
+        sch.reverse_compute_at(red, ty, preserve_unit_loops=True)
+        w_loops = sch.get_loops(red)[2:]  # (the lanes, then the tile)
+        e = sch.fuse(*w_loops[1:])
+        sch.reorder(e, w_loops[0])
+        _, e_l = sch.split(e, factors=[None, lanes])
+        sch.bind(e_l, "threadIdx.x")
+        sch.set_scope(red, 0, "local")
+        sch.reverse_compute_at(epilogue, e_l, preserve_unit_loops=True)
+        sch.decompose_reduction(rf, sch.get_loops(rf)[3])
+        sch.decompose_reduction(red, w_loops[0])
+
+        # The tile unrolled (registers), small window loops too, the channel loop by 4.
+        r_loops = sch.get_loops(rf)  # bx, ty, lane, (window...), ci_o, m_t, c_t
+        for loop in r_loops[-2:]:
+            sch.unroll(loop)
+        for loop in r_loops[3:-3]:
+            if (_static_extent(sch, loop) or _UNROLL_EXTENT + 1) <= 3:
+                sch.unroll(loop)
+        sch.annotate(r_loops[-3], "pragma_auto_unroll_max_step", 4)
+        sch.annotate(r_loops[-3], "pragma_unroll_explicit", 1)
+        for loop in sch.get_loops(partial)[3:]:
+            sch.unroll(loop)
+        return sch
+
+
 #: Most terms per row that `SerialRows` sums in one work-item (MobileNet's 1001 classes,
 #: three passes, take a few microseconds on one CPU core).
 _ROW_TERMS = 16384
@@ -1284,6 +1411,9 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
     * `LaneReduction` with 8 and 32 lanes per output: split-K inside the work-group for
       convolutions and matrix products of 128 terms and more over at most 512K outputs
       (dlight's Matmul walks the whole reduction in barrier-separated steps per tile).
+    * `TiledLaneReduction` with 4x4, 4x8 and 2x4 register tiles (pixels x channels) and
+      8 lanes: split-K over a few lanes with reuse in registers, for the 3x3 convolutions of
+      mid-sized maps (SqueezeNet's expand layers) and 1x1 convolutions over many channels.
     * for the reductions that read their input whole (global pools, layer-norm statistics,
       squeeze-excite GEMVs, classifiers): `ColumnReduction` with 32 channels x 8 slices and
       8 channels x 32 slices per group; `RowReduction` with one work-item per row (serial,
@@ -1354,6 +1484,10 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
         # convolutions of small late maps, classifiers run as 1x1 convolutions).
         LaneReduction(lanes=8),
         LaneReduction(lanes=32),
+        # Register tiles with split-K over a few lanes (3x3 convolutions of mid-sized maps).
+        TiledLaneReduction(),
+        TiledLaneReduction(channels=8),
+        TiledLaneReduction(pixels=2, lanes=8),
         # Reductions read whole (global pools, layer norms, squeeze-excite GEMVs): other
         # shapes of `ColumnReduction` and `RowReduction`, and dlight's rules that had the
         # kernels before those became the defaults (`SerialReduction`'s are above).
