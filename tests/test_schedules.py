@@ -1083,21 +1083,23 @@ def test_lane_reduction(cl_env: Any, lanes: int, case: str) -> None:
 
 
 #: `TiledLaneReduction` cases: SqueezeNet's 3x3 expand convolutions (early and late maps,
-#: rows that the pixel tile does not divide), its classifier, a strided convolution.
+#: rows that the pixel tile does not divide), its classifier's shape (1000 classes: 250
+#: channel tiles, a group of 5 of them x 2 along the width), a strided convolution.
 _TILED_CASES = {
     "3x3 13x13x64->256": ((1, 13, 13, 64), (256, 3, 3, 64), 1, "relu"),
     "3x3 55x55x16->64": ((1, 55, 55, 16), (64, 3, 3, 16), 1, "relu"),
-    # (200 output channels: 2 per thread, so that a group holds a warp's worth of tiles)
-    "1x1 13x13x512->200": ((1, 13, 13, 512), (200, 1, 1, 512), 1, ""),
-    "3x3 s2 9x7x40->64": ((1, 9, 7, 40), (64, 3, 3, 40), 2, "relu6"),
+    "1x1 13x13x512->100": ((1, 13, 13, 512), (100, 1, 1, 512), 1, ""),
+    "3x3 s2 9x7x32->64": ((1, 9, 7, 32), (64, 3, 3, 32), 2, "relu6"),
 }
 
 
 @pytest.mark.parametrize(
-    "tile", [(4, 4, 8), (4, 8, 8), (2, 4, 8), (4, 4, 16)], ids=lambda t: "x".join(map(str, t))
+    "tile",
+    [(4, 4, 8, 1), (4, 8, 8, 1), (2, 4, 8, 1), (4, 4, 16, 1), (4, 4, 8, 4), (4, 8, 4, 4)],
+    ids=lambda t: "x".join(map(str, t)),
 )
 @pytest.mark.parametrize("case", list(_TILED_CASES))
-def test_tiled_lane_reduction(cl_env: Any, tile: tuple[int, int, int], case: str) -> None:
+def test_tiled_lane_reduction(cl_env: Any, tile: tuple[int, int, int, int], case: str) -> None:
     from litekiln.compiler.schedules import TiledLaneReduction
 
     x_shape, w_shape, stride, act = _TILED_CASES[case]
@@ -1107,32 +1109,35 @@ def test_tiled_lane_reduction(cl_env: Any, tile: tuple[int, int, int], case: str
     ref = conv_ref(x, w, stride=stride, pad=pads) + b
     ref = {"relu": np.maximum(ref, 0), "relu6": np.clip(ref, 0, 6)}.get(act, ref)
     mod = _conv_module(x.shape, w, stride, pads, bias=b, act=act)
-    pixels, channels, lanes = tile
-    if x_shape[-1] % lanes or (w_shape[0] == 200 and pixels * 2 % lanes):
-        # not its (the limits test): input channels the lanes do not divide; 200 output
-        # channels take 2 per thread, and 2 pixels x 2 channels is a tile of fewer outputs
-        # than lanes
-        pytest.skip("not this rule's")
-    rule = TiledLaneReduction(pixels=pixels, channels=channels, lanes=lanes)
+    pixels, channels, lanes, vector = tile
+    if x_shape[-1] % (lanes * vector):
+        pytest.skip("input channels the lanes' vectors do not divide: not its (limits test)")
+    rule = TiledLaneReduction(
+        pixels=pixels, channels=channels, lanes=lanes, vector=vector, min_macs=0
+    )
     res = _check_rule(cl_env, mod, [x], ref, rule)
     # one barrier: between the lanes' partial tiles and their sum
     assert res.program.source.count("barrier(") == 1
 
 
 def test_tiled_lane_reduction_limits() -> None:
-    """Input channels the lanes do not divide, output channels that leave a work-group less
-    than a warp (19: one per thread; 100: 25 tiles of 4, 50 of 2), window-only reductions
-    and short reductions are not its."""
+    """Input channels the lanes (or their vectors) do not divide, output channels that no
+    tile of 2 or 4 divides (19), window-only reductions, short reductions and (by default)
+    small convolutions are not its."""
     from litekiln.compiler.schedules import TiledLaneReduction
 
-    rule = TiledLaneReduction()
+    rule = TiledLaneReduction(min_macs=0)
     odd_in = _conv_module((1, 9, 9, 37), _rand(16, 3, 3, 37), 1, (1, 1, 1, 1))
     odd_out = _conv_module((1, 9, 9, 32), _rand(19, 3, 3, 32), 1, (1, 1, 1, 1))
-    few_tiles = _conv_module((1, 13, 13, 512), _rand(100, 1, 1, 512), 1, (0, 0, 0, 0))
     depthwise = _conv_module((1, 8, 8, 32), _rand(32, 3, 3, 1), 1, (1, 1, 1, 1), groups=32)
     short = _conv_module((1, 8, 8, 16), _rand(32, 1, 1, 16), 1, (0, 0, 0, 0))
-    for mod in (odd_in, odd_out, few_tiles, depthwise, short):
+    for mod in (odd_in, odd_out, depthwise, short):
         assert not _applies(mod, rule)
+    vec_in = _conv_module((1, 9, 9, 40), _rand(16, 3, 3, 40), 1, (1, 1, 1, 1))
+    assert _applies(vec_in, TiledLaneReduction(lanes=4, min_macs=0))
+    assert not _applies(vec_in, TiledLaneReduction(lanes=4, vector=4, min_macs=0))  # 40 % 16
+    # by default, not convolutions of fewer than 8M multiply-adds (this one: 373K)
+    assert not _applies(vec_in, TiledLaneReduction(lanes=4))
     ok = _conv_module((1, 9, 9, 32), _rand(32, 3, 3, 32), 1, (1, 1, 1, 1))
     assert _applies(ok, rule)
 
