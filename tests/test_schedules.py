@@ -1136,7 +1136,7 @@ def test_tiled_lane_reduction_limits() -> None:
     vec_in = _conv_module((1, 9, 9, 40), _rand(16, 3, 3, 40), 1, (1, 1, 1, 1))
     assert _applies(vec_in, TiledLaneReduction(lanes=4, min_macs=0))
     assert not _applies(vec_in, TiledLaneReduction(lanes=4, vector=4, min_macs=0))  # 40 % 16
-    # by default, not convolutions of fewer than 8M multiply-adds (this one: 373K)
+    # by default, not convolutions of fewer than 1M multiply-adds (this one: 373K)
     assert not _applies(vec_in, TiledLaneReduction(lanes=4))
     ok = _conv_module((1, 9, 9, 32), _rand(32, 3, 3, 32), 1, (1, 1, 1, 1))
     assert _applies(ok, rule)

@@ -864,7 +864,7 @@ class TiledLaneReduction(_SingleReductionRule):
         min_terms: Shortest reduction taken.
         min_macs: Fewest multiply-adds (outputs x terms) taken: smaller convolutions take
             a few microseconds with any schedule, and every variant costs compile time
-            and cache bytes (the small MediaPipe models' entries grew by a third with it).
+            and cache bytes.
     """
 
     def __init__(
@@ -875,7 +875,7 @@ class TiledLaneReduction(_SingleReductionRule):
         vector: int = 1,
         threads: int = 128,
         min_terms: int = 64,
-        min_macs: int = 1 << 23,
+        min_macs: int = 1 << 20,
     ) -> None:
         self.pixels = pixels
         self.channels = channels
@@ -1439,11 +1439,12 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
     * `LaneReduction` with 8 and 32 lanes per output: split-K inside the work-group for
       convolutions and matrix products of 128 terms and more over at most 512K outputs
       (dlight's Matmul walks the whole reduction in barrier-separated steps per tile).
-    * `TiledLaneReduction` with 4x4, 4x8 and 8x4 register tiles (pixels x channels) on 8
-      lanes and 4x4 on 4: split-K over a few lanes with reuse in registers, for the 3x3
-      convolutions of mid-sized maps (SqueezeNet's expand layers: 1.1-1.4x faster than the
-      variants before it on the H200) and 1x1 convolutions over many channels. (Its
-      vector loads of 4 channels were never chosen on the H200's squeezenet.)
+    * `TiledLaneReduction` with 4x4, 4x8 and 2x4 register tiles (pixels x channels) on 8
+      lanes: split-K over a few lanes with reuse in registers, for the 3x3 convolutions of
+      mid-sized maps (SqueezeNet's expand layers: 1.1-1.4x faster than the variants before
+      it on the H200), 1x1 convolutions over many channels and the matrix products of the
+      vision transformers. Tried on the H200 and never chosen there: 4x4 tiles with vector
+      loads of 4 channels, 4x4 on 4 lanes, 8x4 on 8 (docs/benchmarks.md).
     * for the reductions that read their input whole (global pools, layer-norm statistics,
       squeeze-excite GEMVs, classifiers): `ColumnReduction` with 32 channels x 8 slices and
       8 channels x 32 slices per group; `RowReduction` with one work-item per row (serial,
@@ -1517,8 +1518,7 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
         # Register tiles with split-K over a few lanes (3x3 convolutions of mid-sized maps).
         TiledLaneReduction(),
         TiledLaneReduction(channels=8),
-        TiledLaneReduction(lanes=4),
-        TiledLaneReduction(pixels=8),
+        TiledLaneReduction(pixels=2),
         # Reductions read whole (global pools, layer norms, squeeze-excite GEMVs): other
         # shapes of `ColumnReduction` and `RowReduction`, and dlight's rules that had the
         # kernels before those became the defaults (`SerialReduction`'s are above).
