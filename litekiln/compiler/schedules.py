@@ -58,8 +58,10 @@ H100 through NVIDIA OpenCL and on PoCL, scripts/bench_schedules.py):
   pixel) stay with dlight's GEMV, which was faster.
   Figures: docs/benchmarks.md, "PoCL (CPU OpenCL)".
 
-Next step on GPUs (not done): a shared-memory tiled rule for convolutions over channels
-(implicit GEMM); they are ~all of mobilenet_v1's remaining kernel time on the H100.
+Convolutions over channels also have split-K tuning variants (`LaneReduction`,
+`TiledLaneReduction`: registers and lanes, no shared-memory tiles); the device's timing
+picks among them and dlight's Matmul per kernel. Not done: a shared-memory implicit GEMM
+with split-K across work-groups, for the classifiers and the largest 1x1 layers.
 """
 
 from __future__ import annotations
