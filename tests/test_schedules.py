@@ -1142,41 +1142,6 @@ def test_tiled_lane_reduction_limits() -> None:
     assert _applies(ok, rule)
 
 
-#: `StemConvolution` cases: image-network stems (torchvision's 3x3 stride 2, a patchify
-#: 4x4 stride 4 as edgenext's, output channels that 16 does not divide).
-_STEM_CASES = {
-    "3x3 s2 33x33x3->16": ((1, 33, 33, 3), (16, 3, 3, 3), 2),
-    "4x4 s4 32x32x3->24": ((1, 32, 32, 3), (24, 4, 4, 3), 4),
-    "3x3 s2 17x17x2->32": ((1, 17, 17, 2), (32, 3, 3, 2), 2),
-}
-
-
-@pytest.mark.parametrize("tile", [(16, 1), (8, 2)], ids=lambda t: "x".join(map(str, t)))
-@pytest.mark.parametrize("case", list(_STEM_CASES))
-def test_stem_convolution(cl_env: Any, tile: tuple[int, int], case: str) -> None:
-    from litekiln.compiler.schedules import StemConvolution
-
-    x_shape, w_shape, stride = _STEM_CASES[case]
-    x, w, b = _rand(*x_shape), _rand(*w_shape) * 0.2, _rand(w_shape[0])
-    pads = same_pads(x_shape[1], x_shape[2], w_shape[1], stride)
-    ref = np.maximum(conv_ref(x, w, stride=stride, pad=pads) + b, 0)
-    mod = _conv_module(x.shape, w, stride, pads, bias=b, act="relu")
-    _check_rule(cl_env, mod, [x], ref, StemConvolution(tile))
-
-
-def test_stem_convolution_limits() -> None:
-    """Depthwise convolutions, pools, convolutions over 4 channels or more and 1x1
-    convolutions on RGB are not its."""
-    from litekiln.compiler.schedules import StemConvolution
-
-    rule = StemConvolution()
-    depthwise = _conv_module((1, 8, 8, 3), _rand(3, 3, 3, 1), 1, (1, 1, 1, 1), groups=3)
-    four = _conv_module((1, 9, 9, 4), _rand(16, 3, 3, 4), 2, (1, 1, 1, 1))
-    pointwise = _conv_module((1, 9, 9, 3), _rand(16, 1, 1, 3), 1, (0, 0, 0, 0))
-    for mod in (depthwise, four, pointwise):
-        assert not _applies(mod, rule)
-
-
 def test_lane_reduction_limits() -> None:
     """Short reductions, window-only reductions (depthwise) and rows read once (a GEMV) are
     not its."""

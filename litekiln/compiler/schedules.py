@@ -89,7 +89,6 @@ __all__ = [
     "RowNormalization",
     "SerialReduction",
     "SerialRows",
-    "StemConvolution",
     "TiledLaneReduction",
     "WindowReduction",
     "fast_rules",
@@ -414,41 +413,6 @@ class SerialReduction(_SingleReductionRule):
         # The kernel window (all reduction loops but the innermost channel loop) unrolls when
         # small; a long innermost loop (input channels, a global pool row) stays a loop.
         return math.prod(e for e in r_ext if e <= _UNROLL_EXTENT) <= _UNROLL_TOTAL or ext <= 3
-
-
-class StemConvolution(SerialReduction):
-    """The first convolution of an image network (RGB input: 2-3 input channels under a
-    kernel window) with a tile of output channels per work-item: a tuning variant for GPUs.
-
-    `SerialReduction` gives such a window reduction 4 output channels x 1 pixel per
-    work-item, so each input value is loaded for 4 outputs; every PyTorch twin on the H200
-    spent 13-22 us in its stem (3 -> 16-64 channels, 3x3 stride 2 with the NCHW input
-    transposed in the same kernel), a few percent of the whole graph. Here a work-item
-    computes ``tile`` = (channels, pixels) outputs from one read of its window (the weights
-    are the same for every work-item of a group: read through the cache).
-
-    Args:
-        tile: Output channels x pixels per work-item (channels: the largest of it, 4 and 2
-            that divides the output channels).
-    """
-
-    def __init__(self, tile: tuple[int, int] = (16, 1)) -> None:
-        super().__init__(min_work_items=0, window_tiles=(tile,))
-
-    def _schedule(
-        self,
-        sch: s_tir.Schedule,
-        target: Target,
-        infos: list[Any],
-        red_info: Any,
-        s_ext: list[int],
-        r_ext: list[int],
-    ) -> s_tir.Schedule | None:
-        block = sch.get(red_info.block_rv)
-        cin = _reduces_innermost_axis(block)
-        if cin not in (2, 3) or math.prod(r_ext) <= cin or len(block.reads) < 2:
-            return None  # not a convolution on RGB(A-less) input under a window
-        return super()._schedule(sch, target, infos, red_info, s_ext, r_ext)
 
 
 #: Slices a long window is cut into by `WindowReduction`'s first stage.
@@ -1483,8 +1447,6 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
       it on the H200), 1x1 convolutions over many channels and the matrix products of the
       vision transformers. Tried on the H200 and never chosen there: 4x4 tiles with vector
       loads of 4 channels, 4x4 on 4 lanes, 8x4 on 8 (docs/benchmarks.md).
-    * `StemConvolution`: the first convolution on RGB input with 16 x 1 and 8 x 2 outputs
-      (channels x pixels) per work-item, one read of the window for all of them.
     * for the reductions that read their input whole (global pools, layer-norm statistics,
       squeeze-excite GEMVs, classifiers): `ColumnReduction` with 32 channels x 8 slices and
       8 channels x 32 slices per group; `RowReduction` with one work-item per row (serial,
@@ -1559,9 +1521,6 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
         TiledLaneReduction(),
         TiledLaneReduction(channels=8),
         TiledLaneReduction(pixels=2),
-        # The stem (RGB input): 16 and 8 output channels per work-item.
-        StemConvolution((16, 1)),
-        StemConvolution((8, 2)),
         # Reductions read whole (global pools, layer norms, squeeze-excite GEMVs): other
         # shapes of `ColumnReduction` and `RowReduction`, and dlight's rules that had the
         # kernels before those became the defaults (`SerialReduction`'s are above).
