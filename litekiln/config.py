@@ -220,7 +220,9 @@ PROGRESS: Setting[str] = Setting(
     _choice("auto", "on", "off"),
     "auto",
     "The line on stderr while a first start builds device programs from source "
-    "(`litekiln: building MODEL for DEVICE: partition 0/1, 3.2 s`): `auto` (default) only "
+    "(`litekiln: building MODEL for DEVICE: partition 0/1, 3.2 s`), and then while its first "
+    "inference runs where that takes over half a second (`...: first inference, 5.6 s`: "
+    "drivers such as PoCL compile each kernel at its first launch): `auto` (default) only "
     "when stderr is a terminal (updated in place), `on` always, `off` never.",
 )
 LOG_LEVEL: Setting[str] = Setting(

@@ -15,6 +15,8 @@ import pty
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +64,42 @@ def test_progress_line_on_a_terminal_or_forced_only(
         assert out.count("\n") == lines and "1.4 s" not in out
 
 
+@pytest.mark.parametrize(("seconds", "shown"), [(0.8, True), (0.0, False)])
+def test_first_inference_line(monkeypatch: pytest.MonkeyPatch, seconds: float, shown: bool) -> None:
+    """A first inference that takes long (kernels compiled at their first launch) gets its
+    own line, updated while it runs; a quick one prints nothing; the result comes back."""
+    monkeypatch.setenv("LITEKILN_PROGRESS", "on")
+    monkeypatch.delenv("TERM", raising=False)
+    stream = _Tty()
+    p = BuildProgress("face", "Some CPU (PoCL)", stream)
+
+    def work() -> str:
+        time.sleep(seconds)
+        return "outputs"
+
+    assert p.reporting(work, every=0.1) == "outputs"
+    out = stream.getvalue()
+    if not shown:
+        assert out == ""
+        return
+    lines = out.split("\r\x1b[K")[1:]
+    assert len(lines) >= 2  # updated in place while it ran, then the total
+    assert all(
+        ln.startswith("litekiln: building face for Some CPU (PoCL): first inference, ")
+        for ln in lines
+    )
+    assert out.endswith(" s\n") and out.count("\n") == 1
+
+
+def test_first_inference_line_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LITEKILN_PROGRESS", "off")
+    stream = _Tty()
+    p = BuildProgress("face", "Some CPU (PoCL)", stream)
+    assert p.reporting(lambda: 7) == 7
+    assert stream.getvalue() == ""
+    assert not [t for t in threading.enumerate() if t.name == "litekiln-progress"]
+
+
 _CHILD = textwrap.dedent(
     """
     import sys, time
@@ -75,6 +113,11 @@ _CHILD = textwrap.dedent(
         return real(*args)
 
     build._from_source = slow
+    if len(sys.argv) > 3:  # a first inference as long as PoCL's (kernels compiled then)
+        from litekiln.runtime import session
+
+        run = session.Session._run
+        session.Session._run = lambda self, x: (time.sleep(0.9), run(self, x))[1]
     it = litekiln.Interpreter(model_path=sys.argv[1], cache_dir=sys.argv[2], tune=False)
     it.run(it.random_inputs(0))
     print("done")
@@ -82,9 +125,17 @@ _CHILD = textwrap.dedent(
 )
 
 
-def _first_start(smoke_path: Path, cache: Path, *, pty_stderr: bool, env: dict[str, str]) -> str:
+def _first_start(
+    smoke_path: Path,
+    cache: Path,
+    *,
+    pty_stderr: bool,
+    env: dict[str, str],
+    slow_first_inference: bool = False,
+) -> str:
     """A first start (compiled model cached, no binary) in a fresh process; its stderr."""
     cmd = [sys.executable, "-c", _CHILD, str(smoke_path), str(cache)]
+    cmd += ["slow"] if slow_first_inference else []
     full = {**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm", **env}
     if not pty_stderr:
         p = subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=300)
@@ -131,6 +182,22 @@ def test_progress_line_in_a_pty_and_not_in_a_pipe(
     assert "litekiln: building" not in piped
     # The second start loads the binary the first stored: nothing to build, no line.
     again = _first_start(smoke_path, compiled_cache, pty_stderr=True, env={})
+    assert "litekiln: building" not in again
+
+
+def test_first_inference_line_after_a_build_in_a_pty(
+    smoke_path: Path, compiled_cache: Path
+) -> None:
+    out = _first_start(
+        smoke_path, compiled_cache, pty_stderr=True, env={}, slow_first_inference=True
+    )
+    assert "partition 1/1" in out
+    assert "litekiln: building smoke for " in out and ": first inference, " in out
+    # A warm start (the binary stored by the first): no build, so no first-inference line
+    # however long its first inference.
+    again = _first_start(
+        smoke_path, compiled_cache, pty_stderr=True, env={}, slow_first_inference=True
+    )
     assert "litekiln: building" not in again
 
 

@@ -31,13 +31,15 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import pyopencl as cl
 
 from litekiln import config
 from litekiln.artifact.program import GpuProgram
 from litekiln.runtime.profile import DeviceProfile, DriverProgram
+
+T = TypeVar("T")
 
 #: TVM's OpenCL code generator starts each function with this comment line.
 _FUNCTION_MARKER = "\n// Function: "
@@ -294,10 +296,15 @@ class BuildProgress:
 
         litekiln: building face_landmark for <device>: partition 0/1, 3.2 s
 
+    and then, where the first inference takes long too (drivers that compile each kernel at
+    its first launch, as PoCL does), a second one while it runs (`first_inference`)::
+
+        litekiln: building face_landmark for <device>: first inference, 4.1 s
+
     Updated in place on a terminal, ended with the total when done. ``LITEKILN_PROGRESS``:
     ``auto`` (default) prints only when stderr is a terminal, ``on`` always (one line at the
-    end when not a terminal), ``off`` never. Nothing is printed for builds done within half a
-    second (loads from stored binaries).
+    end when not a terminal), ``off`` never. Nothing is printed for a step done within half a
+    second (loads from stored binaries, a first inference that compiles nothing).
     """
 
     def __init__(self, model: str, device: str, stream: TextIO | None = None) -> None:
@@ -307,23 +314,48 @@ class BuildProgress:
         self.enabled = mode == "on" or (mode == "auto" and tty)
         self.in_place = tty
         self.head = f"litekiln: building {model} for {device}"
-        self._shown = False
+        self._shown: set[str] = set()  # the steps with a line out
         self._lock = threading.Lock()
 
     def __call__(self, ready: int, total: int, seconds: float) -> None:
-        if not self.enabled:
+        self._line("build", f"partition {ready}/{total}", seconds, ready == total)
+
+    def first_inference(self, seconds: float, done: bool) -> None:
+        """Report the first inference after the build, ``seconds`` into it."""
+        self._line("run", "first inference", seconds, done)
+
+    def _line(self, step: str, what: str, seconds: float, done: bool) -> None:
+        if not self.enabled or (seconds < 0.5 and step not in self._shown):
             return
-        done = ready == total
-        if seconds < 0.5 and not self._shown:
-            return
-        line = f"{self.head}: partition {ready}/{total}, {seconds:.1f} s"
+        line = f"{self.head}: {what}, {seconds:.1f} s"
         with self._lock:
             if self.in_place:
                 self.stream.write("\r\x1b[K" + line + ("\n" if done else ""))
-            elif done or not self._shown:
+            elif done or step not in self._shown:
                 self.stream.write(line + "\n")
             self.stream.flush()
-            self._shown = True
+            self._shown.add(step)
+
+    def reporting(self, work: Callable[[], T], every: float = 0.25) -> T:
+        """Run ``work`` (the first inference) in this thread while a helper thread reports
+        it with `first_inference` every ``every`` seconds; its result."""
+        if not self.enabled:
+            return work()
+        t0 = time.perf_counter()
+        stop = threading.Event()
+
+        def tick() -> None:
+            while not stop.wait(every):
+                self.first_inference(time.perf_counter() - t0, False)
+
+        ticker = threading.Thread(target=tick, daemon=True, name="litekiln-progress")
+        ticker.start()
+        try:
+            return work()
+        finally:
+            stop.set()
+            ticker.join()
+            self.first_inference(time.perf_counter() - t0, True)
 
 
 def _isatty(stream: TextIO) -> bool:

@@ -226,6 +226,9 @@ class Session:
         #: Set by the first inference (or `wait_for_graph`): the background work starts then,
         #: so that it never competes with the first inference.
         self._ready = threading.Event()
+        #: The first start's progress line, kept for the first inference after a build from
+        #: source (`BuildProgress.reporting`); None once that has run, or where none shows.
+        self._first_progress: Any = None
         #: Partitions whose variant choices are stored or made here (stored with the binary).
         self._chosen: set[int] = set()
         #: Partitions running their default kernels alone (`default_program`): the whole
@@ -351,6 +354,9 @@ class Session:
         fresh = any(j.binary is None for j in todo)
         progress = BuildProgress(self.model.name, self.device_name) if fresh else None
         made = iter(build_programs(todo, h.context, h.device, profile, progress=progress))
+        # Drivers that compile each kernel at its first launch (PoCL) make the first
+        # inference after a build from source the longer part of a first start: its line too.
+        self._first_progress = progress if progress is not None and progress.enabled else None
         built = [None if j is None else next(made) for j in jobs]
         t1 = time.perf_counter()
         executors: list[Any] = []
@@ -731,14 +737,21 @@ class Session:
             overwrites: copy what must outlive it.
         """
         with self._lock:
-            if self._cpu_steps and self.cpu_threads is not None:
-                with cpu_thread_limit(self.cpu_threads):
-                    values = self._run(inputs)
-            else:  # (no context manager to enter: ~2 us of an inference's host time)
-                values = self._run(inputs)
+            first, self._first_progress = self._first_progress, None
+            if first is not None:  # the first inference after a build from source
+                values = first.reporting(lambda: self._limited_run(inputs))
+            else:
+                values = self._limited_run(inputs)
         if not self._ready.is_set():
             self._ready.set()
         return values
+
+    def _limited_run(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+        """`_run` within the CPU ops' thread limit, where there are CPU ops and a limit."""
+        if self._cpu_steps and self.cpu_threads is not None:
+            with cpu_thread_limit(self.cpu_threads):
+                return self._run(inputs)
+        return self._run(inputs)  # (no context manager to enter: ~2 us of host time)
 
     def input_stages(self) -> dict[int, np.ndarray]:
         """Graph input -> the host array `run` stages it in (a CUDA graph's pinned input
