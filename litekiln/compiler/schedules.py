@@ -375,16 +375,9 @@ class SerialReduction(_SingleReductionRule):
         work_items = -(-outputs // (fv * pv))
         fused = sch.fuse(*outer)
 
-        # Accumulators in registers; the epilogue (or a plain write-back) runs per tile.  It
-        # moves under the fused tile loop *before* the loop is split by the work-group size:
-        # splitting then predicates every block alike (reverse_compute_at under an inexact
-        # split derives a wrong consumer region in TVM 0.27 and drops the predicate).
+        # Accumulators in registers; the epilogue (or a plain write-back) runs per tile.
         # set_scope refuses a buffer that is also a function output: then we fall back.
-        if epilogue is None:
-            epilogue = sch.cache_write(red, 0, "local")
-        else:
-            sch.set_scope(red, 0, "local")
-        sch.reverse_compute_at(epilogue, fused, preserve_unit_loops=False)
+        epilogue = _sums_in_registers(sch, red, epilogue, fused)
         threads = _threads_per_group(work_items, target)
         bx, tx = sch.split(fused, factors=[None, threads])
         sch.bind(bx, "blockIdx.x")
@@ -560,6 +553,22 @@ def _single_epilogue(sch: s_tir.Schedule, infos: list[Any], red_name: str) -> An
     return (epilogue,)
 
 
+def _sums_in_registers(
+    sch: s_tir.Schedule, red: Any, epilogue: Any, loop: s_tir.schedule.LoopRV
+) -> Any:
+    """Keep the reduction's sums in registers (``local``) and run the epilogue, or a plain
+    write-back where there is none, under ``loop``; returns that block. Done before ``loop``
+    is split by the work-group size: splitting then predicates every block alike
+    (reverse_compute_at under an inexact split derives a wrong consumer region in TVM 0.27
+    and drops the predicate)."""
+    if epilogue is None:
+        epilogue = sch.cache_write(red, 0, "local")
+    else:
+        sch.set_scope(red, 0, "local")
+    sch.reverse_compute_at(epilogue, loop, preserve_unit_loops=False)
+    return epilogue
+
+
 def _floor_pow2(n: int) -> int:
     return 1 << (max(1, n).bit_length() - 1)
 
@@ -641,13 +650,7 @@ class ColumnReduction(_SingleReductionRule):
         loops = sch.get_loops(red)
         s = sch.fuse(*loops[:n_s]) if n_s > 1 else loops[0]
         r = sch.fuse(*loops[n_s:]) if len(loops) - n_s > 1 else loops[n_s]
-        # The epilogue moves under the fused output loop before that loop is split (see
-        # `SerialReduction`: TVM 0.27 drops the predicate of an inexact split otherwise).
-        if epilogue is None:
-            epilogue = sch.cache_write(red, 0, "local")
-        else:
-            sch.set_scope(red, 0, "local")
-        sch.reverse_compute_at(epilogue, s, preserve_unit_loops=False)
+        _sums_in_registers(sch, red, epilogue, s)
         bx, tx = sch.split(s, factors=[None, channels])
         r_o, ty = sch.split(r, factors=[None, slices])
         sch.reorder(ty, r_o)
@@ -752,11 +755,7 @@ def _lanes_per_row(
     loops = sch.get_loops(red)
     s = sch.fuse(*loops[:n_s]) if n_s > 1 else loops[0]
     r = sch.fuse(*loops[n_s:]) if len(loops) - n_s > 1 else loops[n_s]
-    if epilogue is None:
-        epilogue = sch.cache_write(red, 0, "local")
-    else:
-        sch.set_scope(red, 0, "local")
-    sch.reverse_compute_at(epilogue, s, preserve_unit_loops=False)
+    _sums_in_registers(sch, red, epilogue, s)
     bx, ty = sch.split(s, factors=[None, per_group])
     sch.bind(bx, "blockIdx.x")
     if lanes == 1:
