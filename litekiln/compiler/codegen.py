@@ -99,12 +99,16 @@ class CompileResult:
         constants: Constant name -> array (uploaded once at load).
         timings: Seconds spent per phase (``relax``, ``tir``, ``opencl_codegen``, ``total``).
         lowered: The Relax module after the Relax pipeline (for debugging; holds TVM objects).
+        notes: What the compiler changed on its own for the program to build, one line each
+            (a kernel whose schedule failed to compile, scheduled by another rule); the
+            model compiler prints them as warnings.
     """
 
     program: GpuProgram
     constants: dict[str, np.ndarray]
     timings: dict[str, float] = field(default_factory=dict)
     lowered: Any = None
+    notes: list[str] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- pipeline
@@ -873,12 +877,16 @@ def compile_relax_full(
     tgt = make_target(target)
     _check_module(mod, tgt)
     # 1. Relax pipeline.
+    if pipeline is None and schedule is None:
+        schedule = schedule_named(schedules)
     relax_pass = _relax_pass(tgt, pipeline, schedule, schedules)
     lowered, fused = _run_relax_pass(relax_pass, mod, tgt)
     t_relax = time.perf_counter()
     planner, outputs = _plan_main(lowered)
     # 2-3. TIR lowering and OpenCL C of the PrimFuncs that main calls, and their launches.
-    code = _device_code(lowered, fused, planner, variant_rules, tgt, minify=minify)
+    notes: list[str] = []
+    repair = _Repair(fused, _fallback_rules(schedule), tgt, notes)
+    code = _device_code(lowered, fused, planner, variant_rules, tgt, minify=minify, repair=repair)
     program = _program(code, build_options, planner, outputs, tgt)
     t_end = time.perf_counter()
     timings = {
@@ -887,7 +895,7 @@ def compile_relax_full(
         "opencl_codegen": code.t_codegen - code.t_tir,
         "total": t_end - t_start,
     }
-    return CompileResult(program, planner.constant_arrays, timings, lowered)
+    return CompileResult(program, planner.constant_arrays, timings, lowered, notes)
 
 
 def _check_module(mod: tvm.IRModule, target: tvm.target.Target) -> None:
@@ -993,14 +1001,18 @@ def _device_code(
     target: tvm.target.Target,
     *,
     minify: bool = False,
+    repair: _Repair | None = None,
 ) -> _DeviceCode:
-    """Lower the called PrimFuncs (and variants) to OpenCL C and read their launches."""
+    """Lower the called PrimFuncs (and variants) to OpenCL C and read their launches.
+
+    ``repair`` reschedules the PrimFuncs whose schedule fails TIR lowering (`_Repair`);
+    without it such a failure fails the whole partition."""
     # The pipeline leaves dead PrimFuncs (e.g. a `reshape` replaced by vm.builtin.reshape).
     used = sorted({c.func for c in planner.calls})
     now = time.perf_counter()
     if not used:
         return _DeviceCode("", [], [], now, now)
-    funcs = _lower_used(lowered, used, target)
+    funcs = _lower_used(lowered, used, target, repair)
     if variant_rules and fused is not None:
         _add_schedule_variants(funcs, fused, lowered, used, variant_rules, target)
     t_codegen = time.perf_counter()
@@ -1040,11 +1052,108 @@ def _default_ptx(
 
 
 def _lower_used(
-    lowered: tvm.IRModule, used: Sequence[str], target: tvm.target.Target
+    lowered: tvm.IRModule,
+    used: Sequence[str],
+    target: tvm.target.Target,
+    repair: _Repair | None = None,
 ) -> _LoweredFuncs:
     tir_mod = tvm.IRModule({gv: f for gv, f in lowered.functions.items() if gv.name_hint in used})
-    host_funcs, kernel_funcs, source, t_tir, device_mods = _lower_tir(tir_mod, target)
-    return _LoweredFuncs(host_funcs, kernel_funcs, source, t_tir, device_mods)
+    try:
+        return _LoweredFuncs(*_lower_tir(tir_mod, target))
+    except Exception:  # noqa: BLE001 - one bad schedule: reschedule it, else re-raise
+        repaired = repair.module(tir_mod) if repair is not None else None
+        if repaired is None:
+            raise
+    return _LoweredFuncs(*_lower_tir(repaired, target))
+
+
+def _fallback_rules(schedule: SchedulePass | None) -> list[Any]:
+    """The rules a PrimFunc whose schedule fails to lower is scheduled with instead: those of
+    the schedule pass (an ``ApplyDefaultSchedule``: ours, then dlight's), else dlight's
+    generic ones, ending with dlight's fallback rule (each output by one thread)."""
+    from tvm.s_tir import dlight as dl
+
+    rules = list(getattr(schedule, "rules", None) or default_schedule().rules)
+    if not any(isinstance(r, dl.gpu.Fallback) for r in rules):
+        rules.append(dl.gpu.Fallback())
+    return rules
+
+
+def _lowering_error(gv: tvm.ir.GlobalVar, func: Any, target: tvm.target.Target) -> str | None:
+    """Why ``func`` alone fails TVM's TIR pipeline and OpenCL code generation, or None."""
+    try:
+        _lower_tir(tvm.IRModule({gv: func}), target)
+    except Exception as exc:  # noqa: BLE001 - any failure: the caller reschedules or drops it
+        text = str(exc).strip()
+        lines = [ln for ln in text.splitlines() if "Check failed" in ln] or text.splitlines()
+        return f"{type(exc).__name__}: {(lines[0] if lines else '').strip()[:200]}"
+    return None
+
+
+@dataclass
+class _Repair:
+    """Reschedules the PrimFuncs whose schedule fails TIR lowering, one by one.
+
+    A rule can schedule a function into a form one of TVM's lowering passes refuses (dlight's
+    cross-thread reductions on some fused reductions: "Cross-thread reduction requires all
+    the reduction-related loops to be the deepest"); the whole program's lowering fails
+    then. Each function is lowered alone to find the ones at fault; each of those takes the
+    first of ``rules`` (the schedule pass's own, in order, then dlight's fallback) whose
+    schedule of the function as it was before scheduling lowers, and a note says so. The
+    other functions keep their schedules."""
+
+    fused: tvm.IRModule | None  # the PrimFuncs before scheduling (after FuseTIR)
+    rules: list[Any]
+    target: tvm.target.Target
+    notes: list[str]
+
+    def module(self, tir_mod: tvm.IRModule) -> tvm.IRModule | None:
+        """``tir_mod`` with its failing functions rescheduled; None where none fails alone
+        or one cannot be rescheduled (the caller re-raises the whole module's error)."""
+        if self.fused is None:
+            return None
+        raw = {gv.name_hint: f for gv, f in self.fused.functions.items()}
+        out: dict[tvm.ir.GlobalVar, Any] = {}
+        notes = []
+        for gv, func in tir_mod.functions.items():
+            why = _lowering_error(gv, func, self.target)
+            if why is None:
+                out[gv] = func
+                continue
+            before = raw.get(gv.name_hint)
+            found = self._reschedule(gv, before, func) if before is not None else None
+            if found is None:
+                return None
+            out[gv], rule = found
+            notes.append(f"kernel {gv.name_hint} does not compile ({why}): {rule}")
+        if not notes:
+            return None
+        self.notes.extend(notes)
+        return tvm.IRModule(out)
+
+    def _reschedule(
+        self, gv: tvm.ir.GlobalVar, before: Any, failed: Any
+    ) -> tuple[Any, str] | None:
+        """The first other rule's schedule of ``before`` that lowers, and a note naming
+        the rule that failed and the one taken; None if none lowers."""
+        bad = "its rule"
+        for rule in self.rules:
+            try:
+                with self.target:
+                    sch = rule.apply(before, self.target, False)
+            except (RuntimeError, ValueError, TypeError):
+                continue
+            if sch is None:
+                continue
+            new = (sch[0] if isinstance(sch, list) else sch).mod["main"]
+            for key, value in (failed.attrs or {}).items():
+                new = new.with_attr(key, value)
+            if tvm_ffi.structural_equal(new, failed):
+                bad = type(rule).__name__  # the schedule that failed
+                continue
+            if _lowering_error(gv, new, self.target) is None:
+                return new, f"{bad}'s schedule replaced by {type(rule).__name__}'s"
+        return None
 
 
 def _add_schedule_variants(
@@ -1059,7 +1168,14 @@ def _add_schedule_variants(
     alt = _schedule_variants(fused, lowered, used, rules, target)
     if not alt:
         return
-    v_host, v_kernels, v_source, _, _ = _lower_tir(tvm.IRModule(alt), target)
+    try:
+        lowered_alt = _lower_tir(tvm.IRModule(alt), target)
+    except Exception:  # noqa: BLE001 - a variant that does not lower is not offered
+        alt = {gv: f for gv, f in alt.items() if _lowering_error(gv, f, target) is None}
+        if not alt:
+            return
+        lowered_alt = _lower_tir(tvm.IRModule(alt), target)
+    v_host, v_kernels, v_source, _, _ = lowered_alt
     funcs.host_funcs.update(v_host)
     funcs.kernel_funcs.update(v_kernels)
     funcs.source = funcs.source + "\n" + v_source

@@ -189,6 +189,9 @@ class _Compilation:
         result = self._generate_fused(p, mod, lower_opts, label)
         if isinstance(result, str):
             return result
+        if self.warn:
+            for note in result.notes:
+                print(f"litekiln: {self.model.name}: {label}: {note}", file=sys.stderr)
         for k, v in result.timings.items():
             self._add_time(k, v)
         # Every partition names its constants from const_0: prefix them to keep them apart.

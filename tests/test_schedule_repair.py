@@ -1,0 +1,104 @@
+"""A kernel whose schedule fails TVM's lowering is rescheduled alone (codegen `_Repair`).
+
+EfficientViT-B0 (timm, through litert-torch) has grouped 1x1 convolutions of 16 channels per
+group (14x14x192 in 12 groups). dlight's rules schedule them as cross-thread reductions that
+TVM's LowerCrossThreadReduction then refuses ("Cross-thread reduction requires all the
+reduction-related loops to be the deepest"), and before the repair that one kernel sent the
+whole partition, 206 ops, down the fallback chain to dlight's serial fallback schedule: 1.4 ms
+on the H200, 0.46x PyTorch's CUDA graph. Now the kernel at fault takes the next rule that
+compiles, with a warning naming both, and every other kernel keeps its schedule; the model's
+outputs match the numpy reference on PoCL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tvm")
+
+import litekiln  # noqa: E402
+from litekiln.artifact.compiled import CompileOptions  # noqa: E402
+from litekiln.compiler.driver import compile_model  # noqa: E402
+from litekiln.model import load_model  # noqa: E402
+from tests.tflite_builder import ModelBuilder  # noqa: E402
+
+RNG = np.random.default_rng(5)
+
+
+def _w(*shape: int) -> np.ndarray:
+    return RNG.uniform(-1, 1, shape).astype(np.float32)
+
+
+def _grouped_then_plain() -> bytes:
+    """EfficientViT's grouped 1x1 convolution (192 channels in groups of 16) followed by a
+    plain 1x1 convolution that dlight's Matmul schedules."""
+    b = ModelBuilder()
+    x = b.input("x", [1, 14, 14, 192])
+    opts = {"padding": "SAME", "stride_w": 1, "stride_h": 1}
+    g = b.op(
+        "CONV_2D",
+        [x, b.const("gw", _w(192, 1, 1, 16)), b.const("gb", _w(192))],
+        out_shape=[1, 14, 14, 192],
+        options=opts,
+        version=6,
+    )
+    y = b.op(
+        "CONV_2D",
+        [g, b.const("pw", _w(32, 1, 1, 192)), b.const("pb", _w(32))],
+        out_shape=[1, 14, 14, 32],
+        options={**opts, "fused_activation_function": "RELU"},
+    )
+    b.output(y)
+    return b.build()
+
+
+def _reference(data: bytes, x: np.ndarray) -> np.ndarray:
+    ref = litekiln.Interpreter(model_content=data, device="reference")
+    return ref.run([x])[0]
+
+
+def test_the_kernel_that_fails_to_lower_is_rescheduled_alone(capsys: Any) -> None:
+    model = load_model(_grouped_then_plain())
+    compiled = compile_model(model, CompileOptions(schedules="fast", tuning=False), warn=True)
+    err = capsys.readouterr().err
+    assert not compiled.cpu_reasons, compiled.cpu_reasons
+    notes = [ln for ln in err.splitlines() if "does not compile" in ln]
+    assert len(notes) == 1, err  # the grouped convolution, and only it
+    assert "Cross-thread reduction" in notes[0], notes[0]
+    assert "schedule replaced by" in notes[0], notes[0]
+    # The partition kept its own schedules: no fallback down the chain, no op by op.
+    assert "trying the next" not in err, err
+    assert "lowering them op by op" not in err, err
+    program = compiled.partitions[0].program
+    assert len(program.launches) == 2, [la.func for la in program.launches]
+    # The plain convolution kept the fast profile's choice (dlight's Matmul: 2-D groups).
+    plain = next(la for la in program.launches if "relu" in la.func)
+    assert len(plain.local_size) == 2 and np.prod(plain.local_size) > 1, plain
+
+
+@pytest.mark.opencl
+def test_the_repaired_program_matches_the_reference(tmp_path: Any) -> None:
+    data = _grouped_then_plain()
+    x = RNG.uniform(-1, 1, (1, 14, 14, 192)).astype(np.float32)
+    want = _reference(data, x)
+    gpu = litekiln.Interpreter(
+        model_content=data, schedules="fast", tune=False, cache_dir=tmp_path
+    )
+    got = gpu.run([x])[0]
+    tol = 1e-4 * max(1.0, float(np.abs(want).max()))
+    np.testing.assert_allclose(got, want, atol=tol, rtol=0)
+
+
+def test_variants_that_fail_to_lower_are_not_offered() -> None:
+    """The GPU profile's tuning variants include rules that schedule the grouped convolution
+    into the same refused form; those are dropped, the others offered, and the compile
+    does not fall back."""
+    model = load_model(_grouped_then_plain())
+    compiled = compile_model(model, CompileOptions(schedules="fast"), warn=False)
+    assert not compiled.cpu_reasons, compiled.cpu_reasons
+    program = compiled.partitions[0].program
+    assert len(program.launches) == 2
+    offered = {v.func: len(v.options) for v in program.variants}
+    assert any("relu" in f for f in offered), offered  # the plain convolution's variants
