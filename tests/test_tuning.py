@@ -88,8 +88,9 @@ def test_choice_is_stored_with_the_binary_and_reused(
     first._backend.wait_for_graph()  # noqa: SLF001 - waits for the background tuning
     # (the first start ran the default kernels alone; the whole program replaced them)
     chosen = first._backend.executors[0].choices  # noqa: SLF001
-    # smoke's variants: three convolutions, the global pool, the fully-connected layer
-    assert counted_tune == [1] and len(chosen) == 5
+    # smoke's variants: its three largest convolutions (its global pool, 19K FLOPs over
+    # 34 KB, and its fully-connected layer, 10K FLOPs, are too small to be worth tuning)
+    assert counted_tune == [1] and len(chosen) == 3
     second = _interp(smoke_path, tmp_path)
     second.allocate_tensors()
     assert counted_tune == [1], "the second load must reuse the stored choice"
@@ -305,3 +306,45 @@ def test_a_first_start_builds_the_default_kernels_then_the_whole_program(
     assert ex.from_binary and ex.program.variants and ex.choices == whole.choices
     assert _err(again.run(inputs), expected) <= TOL
     assert default_program(cut) is None  # nothing left to cut
+
+
+def test_calls_too_small_to_matter_get_no_variants() -> None:
+    """Variants only for calls of 64K FLOPs or 256 KB moved and more: smoke's global pool
+    and fully-connected layer (19K and 10K FLOPs) have none, its convolutions keep theirs."""
+    from litekiln.artifact.compiled import CompileOptions
+    from litekiln.compiler.codegen import _TUNE_MIN_BYTES, _TUNE_MIN_FLOPS
+    from litekiln.compiler.driver import compile_model
+    from litekiln.model import load_model
+    from litekiln.zoo import zoo_dir
+
+    model = load_model(zoo_dir() / "smoke.tflite")
+    program = compile_model(model, CompileOptions(schedules="fast"), warn=False)
+    prog = program.partitions[0].program
+    tuned = {v.start for v in prog.variants}
+    assert tuned, "smoke's convolutions keep their variants"
+    for i, la in enumerate(prog.launches):
+        big = la.flops >= _TUNE_MIN_FLOPS or prog.launch_bytes(la) >= _TUNE_MIN_BYTES
+        if not big:
+            assert i not in tuned, f"{la.func}: {la.flops} FLOPs, variants offered"
+    small = [la.func for la in prog.launches if la.flops < _TUNE_MIN_FLOPS]
+    assert any("pool" in f for f in small) and any("matmul" in f for f in small), small
+
+
+def test_variant_options_round_trip_without_repeated_fields() -> None:
+    """An option's PrimFunc name and arguments are not written again where they are the
+    default launch's; reading the program back gives the same launches."""
+    from litekiln.artifact.compiled import CompileOptions
+    from litekiln.artifact.program import GpuProgram
+    from litekiln.compiler.driver import compile_model
+    from litekiln.model import load_model
+    from litekiln.zoo import zoo_dir
+
+    model = load_model(zoo_dir() / "smoke.tflite")
+    prog = compile_model(model, CompileOptions(schedules="fast"), warn=False)
+    prog = prog.partitions[0].program
+    doc = prog.to_dict()
+    options = [la for v in doc["variants"] for o in v["options"] for la in o]
+    assert options and all("args" not in la and "func" not in la for la in options)
+    back = GpuProgram.from_dict(doc)
+    assert back.variants == prog.variants
+    assert back.launches == prog.launches

@@ -30,6 +30,7 @@ import functools
 import hashlib
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -455,7 +456,7 @@ class GpuProgram:
             "format_version": self.format_version,
             "source": self.source,
             "build_options": self.build_options,
-            "kernels": list(self.kernels),
+            "kernels": _kernels_to_json(self.kernels),
             "storages": [{"id": s.id, "nbytes": s.nbytes, "role": s.role} for s in self.storages],
             "tensors": [
                 {
@@ -464,7 +465,8 @@ class GpuProgram:
                     "offset": t.offset,
                     "shape": list(t.shape),
                     "dtype": t.dtype,
-                    "name": t.name,
+                    # (not the names TVM's memory planning gives its workspaces: "alloc12")
+                    **({} if _WORKSPACE_NAME.fullmatch(t.name) else {"name": t.name}),
                 }
                 for t in self.tensors
             ],
@@ -478,7 +480,15 @@ class GpuProgram:
                     "start": v.start,
                     "stop": v.stop,
                     "func": v.func,
-                    "options": [[_launch_to_dict(la) for la in o] for o in v.options],
+                    "options": [
+                        [
+                            _option_to_dict(
+                                la, self.launches[v.start + i] if v.start + i < v.stop else None
+                            )
+                            for i, la in enumerate(o)
+                        ]
+                        for o in v.options
+                    ],
                 }
                 for v in self.variants
             ],
@@ -515,7 +525,15 @@ class GpuProgram:
                 Variant(
                     int(v["start"]),
                     int(v["stop"]),
-                    tuple(tuple(_launch_from_dict(la) for la in o) for o in v["options"]),
+                    tuple(
+                        tuple(
+                            _launch_from_dict(
+                                _option_from_dict(la, d["launches"], int(v["start"]) + i, v["stop"])
+                            )
+                            for i, la in enumerate(o)
+                        )
+                        for o in v["options"]
+                    ),
                     str(v.get("func", "")),
                 )
                 for v in d.get("variants", [])
@@ -523,7 +541,7 @@ class GpuProgram:
             prog = cls(
                 source=d["source"],
                 build_options=d["build_options"],
-                kernels=list(d["kernels"]),
+                kernels=_kernels_from_json(d["kernels"]),
                 storages=[
                     StorageSpec(int(s["id"]), int(s["nbytes"]), s["role"]) for s in d["storages"]
                 ],
@@ -592,6 +610,52 @@ def _launch_to_dict(launch: Launch) -> dict[str, Any]:
         "local_size": list(launch.local_size),
         "flops": launch.flops,
     }
+
+
+#: The names TVM's memory planning gives the workspaces (not written: they say nothing).
+_WORKSPACE_NAME = re.compile(r"alloc\d*")
+
+
+def _kernels_to_json(kernels: list[str]) -> list[str] | int:
+    """The kernel names, or their count where they are the minified ``k0``... ``k<n-1>``
+    in sorted order (`litekiln.compiler.minify`)."""
+    if kernels == _minified_names(len(kernels)):
+        return len(kernels)
+    return list(kernels)
+
+
+def _kernels_from_json(value: Any) -> list[str]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ValueError(f"a program of {value} kernels")
+        return _minified_names(value)
+    return [str(k) for k in value]
+
+
+def _minified_names(n: int) -> list[str]:
+    return sorted(f"k{i}" for i in range(n))
+
+
+def _option_to_dict(launch: Launch, default: Launch | None) -> dict[str, Any]:
+    """A variant option's launch, without the PrimFunc name and arguments where they are
+    those of the default launch at the same place (nearly always: the options of a call
+    read and write its tensors; the manifest shrinks by a fifth, issue 16)."""
+    d = _launch_to_dict(launch)
+    if default is not None and launch.func == default.func and launch.args == default.args:
+        del d["func"], d["args"]
+    return d
+
+
+def _option_from_dict(
+    d: dict[str, Any], launches: list[Any], index: int, stop: Any
+) -> dict[str, Any]:
+    """Inverse of `_option_to_dict`: the missing fields from the default launch's record."""
+    if "args" in d and "func" in d:
+        return d
+    if index >= int(stop):
+        raise ValueError(f"variant option {d.get('kernel')!r} has no default launch to share")
+    default = launches[index]
+    return {"func": default.get("func", ""), "args": default.get("args"), **d}
 
 
 def _launch_from_dict(d: dict[str, Any]) -> Launch:

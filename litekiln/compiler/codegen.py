@@ -1018,6 +1018,7 @@ def _device_code(
     t_codegen = time.perf_counter()
     flops = _func_flops(fused, lowered, used)
     launches, variants = _LaunchReader(planner, funcs, flops).read()
+    variants = [v for v in variants if _worth_tuning(v, launches, planner.tensors)]
     # Variants no option kept (equal to the default) need not be built.
     prune = bool(funcs.variants_of)
     source, short, variants = _finish_kernels(
@@ -1032,6 +1033,25 @@ def _device_code(
         except MinifyError as exc:  # kept as TVM printed it: it still runs
             code.minified = f"no: {exc}"
     return code
+
+
+#: Calls smaller than both get no tuning variants: any schedule runs them in a few
+#: microseconds, launch-bound, and the tuning's choice between them is noise (on the H200,
+#: tv_mobilenet_v3_small's 7.7K-FLOP squeeze-excite convolution took option 3 in one run and
+#: option 4 in the next, 3.9 and 9.3 us), while each option's kernel costs cache bytes
+#: (issue 16: 15% of the model file) and compile time.
+_TUNE_MIN_FLOPS = 1 << 16
+_TUNE_MIN_BYTES = 1 << 18
+
+
+def _worth_tuning(v: Variant, launches: Sequence[Launch], tensors: Sequence[Any]) -> bool:
+    """Whether call ``v``'s default launches do work enough for its options to be timed:
+    ``_TUNE_MIN_FLOPS`` floating-point operations or ``_TUNE_MIN_BYTES`` of distinct
+    buffers."""
+    own = launches[v.start : v.stop]
+    ids = {a.tensor for la in own for a in la.args if isinstance(a, BufferArg)}
+    nbytes = sum(tensors[t].nbytes for t in ids)
+    return sum(la.flops for la in own) >= _TUNE_MIN_FLOPS or nbytes >= _TUNE_MIN_BYTES
 
 
 def _default_ptx(
@@ -1131,9 +1151,7 @@ class _Repair:
         self.notes.extend(notes)
         return tvm.IRModule(out)
 
-    def _reschedule(
-        self, gv: tvm.ir.GlobalVar, before: Any, failed: Any
-    ) -> tuple[Any, str] | None:
+    def _reschedule(self, gv: tvm.ir.GlobalVar, before: Any, failed: Any) -> tuple[Any, str] | None:
         """The first other rule's schedule of ``before`` that lowers, and a note naming
         the rule that failed and the one taken; None if none lowers."""
         bad = "its rule"
@@ -1396,7 +1414,6 @@ def _program(
         meta={
             "tvm_version": tvm.__version__,
             "target": str(target.kind.name),
-            "target_full": target.export() if hasattr(target, "export") else str(target),
             "ptx": code.ptx_note,
             "minified": code.minified,
         },

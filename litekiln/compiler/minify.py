@@ -18,7 +18,9 @@ preprocessing, less unused declarations the driver's compiler removes anyway:
   order of declaration (kernels of one shape then print alike, which also compresses better);
 - writes ``(convert_int(get_group_id(0)))`` and its five siblings as macros (``G0``...
   ``L2``) defined once in the program's head;
-- drops comments and whitespace the C grammar does not need: one kernel a line.
+- drops comments and whitespace the C grammar does not need: one kernel a line;
+- orders the kernels by likeness (the text less its name and numbers), so that xz finds
+  each kernel's twin of another size close by.
 
 Kernel names are not changed here (the compiler names the kernels, `litekiln.compiler.codegen`);
 each kernel keeps its ``// Function: <name>`` line, by which the runtime cuts a program to its
@@ -133,11 +135,23 @@ def minify_opencl(source: str) -> str:
     head_tokens = _code(lex(head))
     protected = {t for t in head_tokens if _is_id(t)} | set(_MACROS.values())
     out = [_join(head_tokens), *(f"#define {name} {text}\n" for text, name in macros)]
+    kernels = []
     for chunk in chunks:
         name, _, body = chunk.partition("\n")
         tokens = _rename_locals(_drop_dead(_code(lex(body))), protected)
-        out.append(f"{FUNCTION_MARKER}{name.strip()}\n{_join(tokens)}")
+        kernels.append((name.strip(), _join(tokens)))
+    if all(text.startswith("__kernel") for _, text in kernels):
+        kernels.sort(key=_likeness)  # (helper functions, should TVM print any, stay first)
+    out += [f"{FUNCTION_MARKER}{name}\n{text}" for name, text in kernels]
     return "".join(out)
+
+
+def _likeness(kernel: tuple[str, str]) -> str:
+    """Sort key that puts kernels of one shape next to each other: the text without its
+    name and numbers (a rule's kernels for other sizes differ in their constants). The
+    compressor then finds each one's twin close by: 0.8% less xz (selfie_segmentation)."""
+    name, text = kernel
+    return re.sub(r"\d+", "#", text.replace(name, "", 1))
 
 
 def _code(tokens: list[str]) -> list[str]:
