@@ -83,9 +83,7 @@ def test_the_repaired_program_matches_the_reference(tmp_path: Any) -> None:
     data = _grouped_then_plain()
     x = RNG.uniform(-1, 1, (1, 14, 14, 192)).astype(np.float32)
     want = _reference(data, x)
-    gpu = litekiln.Interpreter(
-        model_content=data, schedules="fast", tune=False, cache_dir=tmp_path
-    )
+    gpu = litekiln.Interpreter(model_content=data, schedules="fast", tune=False, cache_dir=tmp_path)
     got = gpu.run([x])[0]
     tol = 1e-4 * max(1.0, float(np.abs(want).max()))
     np.testing.assert_allclose(got, want, atol=tol, rtol=0)

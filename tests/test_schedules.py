@@ -1090,6 +1090,8 @@ _TILED_CASES = {
     "3x3 55x55x16->64": ((1, 55, 55, 16), (64, 3, 3, 16), 1, "relu"),
     "1x1 13x13x512->100": ((1, 13, 13, 512), (100, 1, 1, 512), 1, ""),
     "3x3 s2 9x7x32->64": ((1, 9, 7, 32), (64, 3, 3, 32), 2, "relu6"),
+    # input channels no lane count divides: the last step's extra lanes predicated off
+    "1x1 7x7x261->16": ((1, 7, 7, 261), (16, 1, 1, 261), 1, "relu"),
 }
 
 
@@ -1110,7 +1112,7 @@ def test_tiled_lane_reduction(cl_env: Any, tile: tuple[int, int, int, int], case
     ref = {"relu": np.maximum(ref, 0), "relu6": np.clip(ref, 0, 6)}.get(act, ref)
     mod = _conv_module(x.shape, w, stride, pads, bias=b, act=act)
     pixels, channels, lanes, vector = tile
-    if x_shape[-1] % (lanes * vector):
+    if vector > 1 and x_shape[-1] % (lanes * vector):
         pytest.skip("input channels the lanes' vectors do not divide: not its (limits test)")
     rule = TiledLaneReduction(
         pixels=pixels, channels=channels, lanes=lanes, vector=vector, min_macs=0
@@ -1121,9 +1123,9 @@ def test_tiled_lane_reduction(cl_env: Any, tile: tuple[int, int, int, int], case
 
 
 def test_tiled_lane_reduction_limits() -> None:
-    """Input channels the lanes (or their vectors) do not divide, output channels that no
-    tile of 2 or 4 divides (19), window-only reductions, short reductions and (by default)
-    small convolutions are not its."""
+    """Input channels the lanes (or their vectors) do not divide, unless long, output
+    channels that no tile of 2 or 4 divides (19), window-only reductions, short reductions
+    and (by default) small convolutions are not its."""
     from litekiln.compiler.schedules import TiledLaneReduction
 
     rule = TiledLaneReduction(min_macs=0)
@@ -1133,6 +1135,11 @@ def test_tiled_lane_reduction_limits() -> None:
     short = _conv_module((1, 8, 8, 16), _rand(32, 1, 1, 16), 1, (0, 0, 0, 0))
     for mod in (odd_in, odd_out, depthwise, short):
         assert not _applies(mod, rule)
+    # ragged input channels when long (16 steps of the lanes and more), without vectors
+    odd_long = _conv_module((1, 7, 7, 261), _rand(16, 1, 1, 261), 1, (0, 0, 0, 0))
+    assert _applies(odd_long, rule)
+    assert not _applies(odd_long, TiledLaneReduction(vector=2, min_macs=0))
+    assert not _applies(odd_long, TiledLaneReduction(lanes=32, min_macs=0))  # 8 steps
     vec_in = _conv_module((1, 9, 9, 40), _rand(16, 3, 3, 40), 1, (1, 1, 1, 1))
     assert _applies(vec_in, TiledLaneReduction(lanes=4, min_macs=0))
     assert not _applies(vec_in, TiledLaneReduction(lanes=4, vector=4, min_macs=0))  # 40 % 16
@@ -1178,6 +1185,25 @@ def test_projection_with_residual_takes_the_split_k_rules(cl_env: Any, rule: str
     }[rule]
     res = _check_rule(cl_env, mod, args, ref, made)
     assert len(res.program.launches) == 1  # bias and residual in the epilogue
+
+
+@pytest.mark.parametrize("tile", [(4, 4, 8), (2, 4, 8), (4, 8, 8)], ids=str)
+def test_attention_values_product_takes_the_tiles(cl_env: Any, tile: tuple[int, int, int]) -> None:
+    """An attention's ``weights @ values`` per head sums over the tokens, 197 in DeiT: no
+    lane count divides them, the last step's extra lanes are predicated off (it took
+    `LaneReduction`, 17-22 us on the H200, for 7.5M multiply-adds)."""
+    from litekiln.compiler.schedules import TiledLaneReduction
+
+    a, v = _rand(3, 197, 197), _rand(3, 197, 64)
+
+    def body(bb: Any, av: Any, vv: Any) -> Any:
+        return bb.emit(relax.op.matmul(av, vv))
+
+    mod = build_module([("a", a.shape), ("v", v.shape)], body)
+    ref = (a.astype(np.float64) @ v).astype(np.float32)
+    pixels, channels, lanes = tile
+    rule = TiledLaneReduction(pixels, channels, lanes=lanes, min_macs=0)
+    _check_rule(cl_env, mod, [a, v], ref, rule)
 
 
 def test_lane_reduction_limits() -> None:

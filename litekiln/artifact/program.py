@@ -30,7 +30,6 @@ import functools
 import hashlib
 import json
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -465,8 +464,7 @@ class GpuProgram:
                     "offset": t.offset,
                     "shape": list(t.shape),
                     "dtype": t.dtype,
-                    # (not the names TVM's memory planning gives its workspaces: "alloc12")
-                    **({} if _WORKSPACE_NAME.fullmatch(t.name) else {"name": t.name}),
+                    **({"name": t.name} if t.name else {}),
                 }
                 for t in self.tensors
             ],
@@ -610,10 +608,6 @@ def _launch_to_dict(launch: Launch) -> dict[str, Any]:
         "local_size": list(launch.local_size),
         "flops": launch.flops,
     }
-
-
-#: The names TVM's memory planning gives the workspaces (not written: they say nothing).
-_WORKSPACE_NAME = re.compile(r"alloc\d*")
 
 
 def _kernels_to_json(kernels: list[str]) -> list[str] | int:

@@ -1035,6 +1035,9 @@ def _device_code(
     return code
 
 
+#: The names TVM's memory planning gives the workspaces.
+_WORKSPACE_NAME = re.compile(r"alloc\d*")
+
 #: Calls smaller than both get no tuning variants: any schedule runs them in a few
 #: microseconds, launch-bound, and the tuning's choice between them is noise (on the H200,
 #: tv_mobilenet_v3_small's 7.7K-FLOP squeeze-excite convolution took option 3 in one run and
@@ -1405,7 +1408,12 @@ def _program(
             {ln.kernel for ln in [*launches, *(x for v in variants for o in v.options for x in o)]}
         ),
         storages=planner.storages,
-        tensors=planner.tensors,
+        # (without the names TVM's memory planning gives the workspaces, "alloc12": they
+        # say nothing, and cost the cache entry bytes)
+        tensors=[
+            dataclasses.replace(t, name="") if _WORKSPACE_NAME.fullmatch(t.name) else t
+            for t in planner.tensors
+        ],
         constants=planner.constants,
         inputs=planner.inputs,
         outputs=outputs,

@@ -841,6 +841,12 @@ class LaneReduction(_SingleReductionRule):
         )  # fmt: skip
 
 
+#: `TiledLaneReduction` takes input channels that its lanes do not divide only where they
+#: make this many steps of the lanes or more: the predicated last step then idles few lanes
+#: (and short ragged reductions, many in small models, do not cost a variant's bytes).
+_RAGGED_MIN_LANE_STEPS = 16
+
+
 class TiledLaneReduction(_SingleReductionRule):
     """Convolutions over input channels with a register tile per thread and split-K across
     a few lanes (a tuning variant for GPUs; issue 15: SqueezeNet's 3x3 expand convolutions
@@ -858,9 +864,12 @@ class TiledLaneReduction(_SingleReductionRule):
     work-group holds a rectangle of tiles (along the width and the output channels; those
     along the channels share their input pixels, read through the cache).
 
-    Applies to one reduction whose innermost axis is the input channels (a multiple of
-    ``lanes * vector``; the kernel window outside), over at least ``min_terms`` terms, to
-    tiles of a multiple of ``lanes`` outputs, where a group holds a warp's threads or more.
+    Applies to one reduction whose innermost axis is the input channels (the kernel window
+    outside; a multiple of ``lanes * vector``, or with ``vector`` 1 any count of at least
+    16 steps of the lanes: the last step's lanes beyond it are predicated off, as for the
+    197 tokens an attention's ``weights @ values`` sums), over at least ``min_terms`` terms,
+    to tiles of a multiple of ``lanes`` outputs, where a group holds a warp's threads or
+    more.
 
     Args:
         pixels: Output pixels per thread (fewer where the row is shorter).
@@ -924,7 +933,8 @@ class TiledLaneReduction(_SingleReductionRule):
             return None
         block = sch.get(red_info.block_rv)
         cin = _reduces_innermost_axis(block)
-        if cin != r_ext[-1] or cin % (lanes * vec) or _no_reuse(block, rows, terms):
+        ragged = cin % (lanes * vec) and (vec > 1 or cin < _RAGGED_MIN_LANE_STEPS * lanes)
+        if cin != r_ext[-1] or ragged or _no_reuse(block, rows, terms):
             return None
         tm = min(self.pixels, s_ext[-2])
         cap = max(lanes, min(self.threads, int(max_threads_per_block(target))))
@@ -1451,8 +1461,10 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
       lanes: split-K over a few lanes with reuse in registers, for the 3x3 convolutions of
       mid-sized maps (SqueezeNet's expand layers: 1.1-1.4x faster than the variants before
       it on the H200), 1x1 convolutions over many channels and the matrix products of the
-      vision transformers. Tried on the H200 and never chosen there: 4x4 tiles with vector
-      loads of 4 channels, 4x4 on 4 lanes, 8x4 on 8 (docs/benchmarks.md).
+      vision transformers; and 4x4 tiles on 16 lanes for reductions of 256 terms and more
+      (twice the threads of a small-M matrix product: DeiT-Tiny's 197-token MLP gave 148
+      groups of 128 threads to 132 SMs). Tried on the H200 and never chosen there: 4x4
+      tiles with vector loads of 4 channels, 4x4 on 4 lanes, 8x4 on 8 (docs/benchmarks.md).
     * for the reductions that read their input whole (global pools, layer-norm statistics,
       squeeze-excite GEMVs, classifiers): `ColumnReduction` with 32 channels x 8 slices and
       8 channels x 32 slices per group; `RowReduction` with one work-item per row (serial,
@@ -1527,6 +1539,7 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
         TiledLaneReduction(),
         TiledLaneReduction(channels=8),
         TiledLaneReduction(pixels=2),
+        TiledLaneReduction(lanes=16, min_terms=256),
         # Reductions read whole (global pools, layer norms, squeeze-excite GEMVs): other
         # shapes of `ColumnReduction` and `RowReduction`, and dlight's rules that had the
         # kernels before those became the defaults (`SerialReduction`'s are above).
