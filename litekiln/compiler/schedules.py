@@ -272,6 +272,12 @@ class SerialReduction(_SingleReductionRule):
             the two together stay small). On PoCL, keeping it a loop ran 1x1 convolutions on
             4-16 channels 1.3-6x faster (hand_landmark's 112x112x16 -> 64: 19 -> 3.3 ms),
             with one exception seen (56x56x12 -> 48: 2x slower).
+        unroll_window: Unroll the kernel window's loops (small ones; the tile is always
+            unrolled: its sums live in registers). Off, each kernel is a fraction of the
+            text for a CPU OpenCL's compiler: PoCL generates every kernel's code at its
+            first launch, and hand_landmark_lite's first start after a plain compile went
+            from 8.7 to 6.7 s (compile 10.6 -> 6.1 s), its warm inference 18% slower
+            (scripts/pocl_first_start.py).
     """
 
     def __init__(
@@ -283,6 +289,7 @@ class SerialReduction(_SingleReductionRule):
         window_tiles: Sequence[tuple[int, int]] | None = None,
         pad_stage: bool = False,
         unroll_channels: bool = True,
+        unroll_window: bool = True,
     ) -> None:
         self.tiles = [tuple(t) for t in tiles]
         self.min_work_items = min_work_items
@@ -291,6 +298,7 @@ class SerialReduction(_SingleReductionRule):
         self.window_tiles = None if window_tiles is None else [tuple(t) for t in window_tiles]
         self.pad_stage = pad_stage
         self.unroll_channels = unroll_channels
+        self.unroll_window = unroll_window
 
     def _tile(
         self, channels: int, width: int, outputs: int, channel_reduction: bool, window: bool
@@ -390,6 +398,8 @@ class SerialReduction(_SingleReductionRule):
                 continue
             channels = channel_reduction and i == len(r_ext) - 1 and ext == channel_terms
             if channels and not self.unroll_channels:
+                continue
+            if not channels and not self.unroll_window:
                 continue
             if ext <= _UNROLL_EXTENT and self._unroll_ok(r_ext, ext):
                 sch.unroll(loop)
@@ -1294,6 +1304,7 @@ PROFILES: dict[str, dict[str, int | bool]] = {
         "window_pixels": 1,
         "pad_stage": True,
         "unroll_channels": False,
+        "unroll_window": False,
         "serial_rows": True,
     },
 }
@@ -1340,6 +1351,7 @@ def fast_rules(
             window_tiles=((8, int(cfg["window_pixels"])),) if "window_pixels" in cfg else None,
             pad_stage=bool(cfg.get("pad_stage", False)),
             unroll_channels=bool(cfg.get("unroll_channels", True)),
+            unroll_window=bool(cfg.get("unroll_window", True)),
         )
     )
     if cfg["injective"]:
