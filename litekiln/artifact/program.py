@@ -30,7 +30,7 @@ import functools
 import hashlib
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -331,8 +331,7 @@ class GpuProgram:
         Raises:
             KeyError: an argument names no tensor of the program.
         """
-        ids = {a.tensor for a in launch.args if isinstance(a, BufferArg)}
-        return sum(self.tensor(t).nbytes for t in sorted(ids))
+        return buffer_bytes([launch], lambda t: self.tensor(t).nbytes)
 
     def all_launches(self) -> list[Launch]:
         """Every launch of every option (what the runtime prepares kernels for)."""
@@ -608,6 +607,13 @@ def _launch_to_dict(launch: Launch) -> dict[str, Any]:
         "local_size": list(launch.local_size),
         "flops": launch.flops,
     }
+
+
+def buffer_bytes(launches: Iterable[Launch], nbytes: Callable[[int], int]) -> int:
+    """Bytes of the distinct tensors ``launches`` take as buffer arguments, each counted
+    once (``nbytes``: a tensor id's size)."""
+    ids = {a.tensor for la in launches for a in la.args if isinstance(a, BufferArg)}
+    return sum(nbytes(t) for t in sorted(ids))
 
 
 def _kernels_to_json(kernels: list[str]) -> list[str] | int:

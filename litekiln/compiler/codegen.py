@@ -55,6 +55,7 @@ from litekiln.artifact.program import (
     StorageSpec,
     TensorSpec,
     Variant,
+    buffer_bytes,
 )
 from litekiln.compiler import ptx
 from litekiln.compiler.minify import MinifyError, minify_opencl, strip_ptx
@@ -1052,8 +1053,7 @@ def _worth_tuning(v: Variant, launches: Sequence[Launch], tensors: Sequence[Any]
     ``_TUNE_MIN_FLOPS`` floating-point operations or ``_TUNE_MIN_BYTES`` of distinct
     buffers."""
     own = launches[v.start : v.stop]
-    ids = {a.tensor for la in own for a in la.args if isinstance(a, BufferArg)}
-    nbytes = sum(tensors[t].nbytes for t in ids)
+    nbytes = buffer_bytes(own, lambda t: int(tensors[t].nbytes))
     return sum(la.flops for la in own) >= _TUNE_MIN_FLOPS or nbytes >= _TUNE_MIN_BYTES
 
 
