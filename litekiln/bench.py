@@ -780,6 +780,7 @@ def _kernel_profile(sess: Any, reps: int = 10) -> dict[str, Any] | None:
     per: list[list[float]] = []
     names: list[tuple[int, int, Any, int]] = []
     options: list[str] = []
+    timed: list[list[float] | None] = []
     for pi, ex in enumerate(executors):
         ex.profile()  # warm the profiling queue
         runs = [ex.profile() for _ in range(reps)]
@@ -787,6 +788,7 @@ def _kernel_profile(sess: Any, reps: int = 10) -> dict[str, Any] | None:
             names.append((pi, li, launch, ex.program.launch_bytes(launch)))
             per.append([r[li] for r in runs])
         options += _chosen_options(ex.program, list(ex.choices))
+        timed += _timed_options(ex.program, list(ex.choices), getattr(ex, "tuning_ms", []))
     rows: list[dict[str, Any]] = [
         {
             "partition": pi,
@@ -802,8 +804,12 @@ def _kernel_profile(sess: Any, reps: int = 10) -> dict[str, Any] | None:
             "schedule": option,
             "global_size": list(launch.global_size),
             "local_size": list(launch.local_size),
+            # the tuning's median per option (default first), where it ran in this process
+            **({"tuning_ms": [round(t, 5) for t in tuned]} if tuned else {}),
         }
-        for (pi, li, launch, nbytes), ts, option in zip(names, per, options, strict=True)
+        for (pi, li, launch, nbytes), ts, option, tuned in zip(
+            names, per, options, timed, strict=True
+        )
     ]
     by_kernel: dict[str, dict[str, float]] = {}
     for r in rows:
@@ -841,6 +847,24 @@ def _chosen_options(program: Any, choices: list[int]) -> list[str]:
         )
         pos = v.stop
     return labels + ["default"] * (len(program.launches) - pos)
+
+
+def _timed_options(
+    program: Any, choices: list[int], tuning_ms: list[list[float]]
+) -> list[list[float] | None]:
+    """Per launch of ``program.plan(choices)``: the tuning's times of the options of the
+    variant it belongs to (default first), or None (no variant, or no tuning in this
+    process)."""
+    if len(tuning_ms) != len(program.variants):
+        tuning_ms = [[] for _ in program.variants]
+    out: list[list[float] | None] = []
+    pos = 0
+    for v, c, times in zip(program.variants, choices, tuning_ms, strict=True):
+        out += [None] * (v.start - pos)
+        n = (v.stop - v.start) if c == 0 else len(v.options[c - 1])
+        out += [list(times) or None] * n
+        pos = v.stop
+    return out + [None] * (len(program.launches) - pos)
 
 
 def _rates(nbytes: int, flops: int, seconds: float) -> dict[str, float | None]:

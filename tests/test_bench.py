@@ -161,7 +161,7 @@ def test_profile_names_the_schedule_each_launch_ran() -> None:
     from types import SimpleNamespace
 
     from litekiln.artifact.program import GpuProgram, Variant
-    from litekiln.bench import _chosen_options
+    from litekiln.bench import _chosen_options, _timed_options
 
     launches = [f"L{i}" for i in range(6)]
     variants = [
@@ -178,3 +178,9 @@ def test_profile_names_the_schedule_each_launch_ran() -> None:
         plan = GpuProgram.plan(program, choices)  # type: ignore[arg-type]
         assert _chosen_options(program, choices) == want
         assert len(want) == len(plan)
+    # the tuning's times, where it ran in this process, on each launch of its variant
+    times = [[0.03, 0.01, 0.02], [0.5, 0.4]]
+    want_times = [None, times[0], times[0], None, times[1], None]
+    assert _timed_options(program, [2, 1], times) == want_times
+    assert len(GpuProgram.plan(program, [2, 1])) == len(want_times)  # type: ignore[arg-type]
+    assert _timed_options(program, [2, 1], []) == [None] * 6  # choices from the cache

@@ -1206,6 +1206,64 @@ def test_attention_values_product_takes_the_tiles(cl_env: Any, tile: tuple[int, 
     _check_rule(cl_env, mod, [a, v], ref, rule)
 
 
+_SHARED_MATMUL = {
+    "16x16 on 4": {},
+    "16x16 on 8": {"tn": 4, "mn": 4, "lanes": 8},
+    "32x32 on 2": {"mm": 4, "mn": 4, "lanes": 2, "step": 16},
+}
+
+
+@pytest.mark.parametrize("config", list(_SHARED_MATMUL))
+@pytest.mark.parametrize(
+    "case", ["projection", "attention values", "attention scores", "patch embedding"]
+)
+def test_shared_matmul(cl_env: Any, config: str, case: str) -> None:
+    """Tiles staged in local memory with split-K across the group: a projection over 197
+    tokens with bias and residual in the epilogue (no tile divides the tokens), an
+    attention's batched products per head (weights @ values sums 197 terms: the last step
+    padded; scores = queries @ keys^T, the second operand read along its rows), and a
+    patch embedding (a convolution whose windows are the patches: pixels x window taps)."""
+    from litekiln.compiler.schedules import SharedMatmul
+
+    rule = SharedMatmul(**_SHARED_MATMUL[config], min_macs=0)
+    if case == "projection":
+        mod, args, ref = _projection_module(197, 192, 576)
+    elif case == "patch embedding":  # 8x8 patches of 3 channels, stride 8: 7x7 x 192 -> 48
+        x, w, b = _rand(1, 56, 56, 3), _rand(48, 8, 8, 3) * 0.1, _rand(48)
+        mod = _conv_module(x.shape, w, 8, (0, 0, 0, 0), bias=b)
+        args, ref = [x], conv_ref(x, w, stride=8, pad=(0, 0, 0, 0)) + b
+    else:
+        shapes = {"attention values": ((3, 197, 197), (3, 197, 64))}.get(
+            case, ((3, 197, 64), (3, 64, 197))
+        )
+        a, b = _rand(*shapes[0]), _rand(*shapes[1])
+
+        def body(bb: Any, av: Any, bv: Any) -> Any:
+            return bb.emit(relax.op.matmul(av, bv))
+
+        mod = build_module([("a", a.shape), ("b", b.shape)], body)
+        args, ref = [a, b], (a.astype(np.float64) @ b).astype(np.float32)
+    res = _check_rule(cl_env, mod, args, ref, rule)
+    assert len(res.program.launches) == 1  # bias and residual in the epilogue
+    assert "__local" in res.program.source
+
+
+def test_shared_matmul_limits() -> None:
+    """Convolutions (1x1 included) but patch embeddings (64 taps and more), small products
+    (by default) and groups over the device's thread limit are not its."""
+    from litekiln.compiler.schedules import SharedMatmul
+
+    pointwise = _conv_module((1, 14, 14, 256), _rand(64, 1, 1, 256), 1, (0, 0, 0, 0))
+    conv = _conv_module((1, 9, 9, 32), _rand(32, 3, 3, 32), 1, (1, 1, 1, 1))
+    stem = _conv_module((1, 56, 56, 3), _rand(32, 7, 7, 3), 4, (3, 3, 3, 3))  # 49 taps
+    for mod in (pointwise, conv, stem):
+        assert not _applies(mod, SharedMatmul(min_macs=0))
+    small, _, _ = _projection_module(50, 64, 64)  # 205K multiply-adds
+    assert not _applies(small, SharedMatmul())
+    assert _applies(small, SharedMatmul(min_macs=0))
+    assert not _applies(small, SharedMatmul(tm=16, tn=16, lanes=4, min_macs=0))  # 1024 threads
+
+
 def test_lane_reduction_limits() -> None:
     """Short reductions, window-only reductions (depthwise) and rows read once (a GEMV) are
     not its."""

@@ -89,6 +89,7 @@ __all__ = [
     "RowNormalization",
     "SerialReduction",
     "SerialRows",
+    "SharedMatmul",
     "TiledLaneReduction",
     "WindowReduction",
     "fast_rules",
@@ -1015,6 +1016,190 @@ class TiledLaneReduction(_SingleReductionRule):
         return sch
 
 
+class SharedMatmul(_SingleReductionRule):
+    """Matrix products through shared memory, with split-K across the work-group (a tuning
+    variant for GPUs; issue 15: the vision transformers' 197-token products ran at 1-2
+    TFLOP/s with the register-tiled split-K of `TiledLaneReduction`, DeiT-Tiny's fc2
+    taking 28-33 us on the H200).
+
+    A work-group computes a ``rows x cols`` tile of the product (``rows = tm * mm``, ``cols
+    = tn * mn``): ``tm x tn`` threads own ``mm x mn`` outputs each, in registers, and
+    ``lanes`` such planes of threads split the reduction. Each step stages ``lanes * step``
+    terms of both operands' tiles in local memory, fetched by all the group's threads
+    along the operand's contiguous axis (coalesced whichever way an operand is laid out);
+    lane ``z`` then sums terms ``z * step ... z * step + step - 1`` of the step. The lanes'
+    partial tiles meet in local memory; each thread sums the partials of some of the
+    tile's outputs and runs the epilogue (bias, residual) on them. Rows, columns and terms
+    are padded to the tile and step (predicated loads and stores): 197 tokens, 197 terms.
+
+    Applies to one reduction named a matrix product (``matmul``: relax's ``matmul`` and the
+    fully connected layers lowered to it, batched or not) over one reduction axis, and to
+    NHWC convolutions over windows of 64 taps or more (a vision transformer's patch
+    embedding: DeiT's 16x16 patches of 3 channels took 78-83 us on the H200), taken as
+    pixels x (window taps x input channels); both operands read whole, at least
+    ``min_macs`` multiply-adds.
+
+    Args:
+        tm: Threads along the rows of the tile.
+        tn: Threads along its columns (adjacent threads: adjacent columns).
+        mm: Rows per thread.
+        mn: Columns per thread.
+        lanes: Thread planes splitting the reduction.
+        step: Terms per lane per staged step.
+        min_macs: Fewest multiply-adds taken (a variant costs compile time and cache bytes).
+    """
+
+    def __init__(
+        self,
+        tm: int = 8,
+        tn: int = 8,
+        mm: int = 2,
+        mn: int = 2,
+        lanes: int = 4,
+        step: int = 8,
+        min_macs: int = 1 << 20,
+    ) -> None:
+        self.tm, self.tn, self.mm, self.mn = tm, tn, mm, mn
+        self.lanes, self.step = lanes, step
+        self.min_macs = min_macs
+
+    def _schedule(
+        self,
+        sch: s_tir.Schedule,
+        target: Target,
+        infos: list[Any],
+        red_info: Any,
+        s_ext: list[int],
+        r_ext: list[int],
+    ) -> s_tir.Schedule | None:
+        n_s = len(s_ext)
+        if n_s < 2 or math.prod(s_ext) * math.prod(r_ext) < self.min_macs:
+            return None
+        s_ext_in, r_ext_in = s_ext, r_ext
+        if "matmul" in red_info.name:
+            if len(r_ext) != 1:
+                return None
+        elif not self._patches(sch, red_info, s_ext, r_ext):
+            return None
+        else:
+            s_ext = [*s_ext[:-3], s_ext[-3] * s_ext[-2], s_ext[-1]]
+            r_ext = [math.prod(r_ext)]
+            n_s = len(s_ext)
+        tm, tn, lanes = self.tm, self.tn, self.lanes
+        if tm * tn * lanes > int(max_threads_per_block(target)):
+            return None
+        found = _single_epilogue(sch, infos, red_info.name)
+        if found is None:
+            return None
+        red = sch.get_sblock(red_info.name)
+        if len(sch.get(red).reads) != 2:
+            return None
+        if "matmul" not in red_info.name:
+            # [(n,) h, w, f] x [ry, rx, rc] -> [(n,) h * w + w, f] x [(ry * kw + rx) * c + rc]
+            w, kw, c = s_ext_in[-2], r_ext_in[1], r_ext_in[2]
+
+            def flat(*iters: Any) -> Any:
+                *lead, y, x, f, ry, rx, rc = iters
+                return (*lead, y * w + x, f, (ry * kw + rx) * c + rc)
+
+            ndim = len(s_ext_in) + 3
+            sch.transform_block_layout(red, tirx.IndexMap.from_func(flat, ndim=ndim))
+            if found[0] is not None:  # the epilogue over the same pixels, so that each
+                # thread's share of the tile is a range of them (else its region grows)
+
+                def pixels(*iters: Any) -> Any:
+                    *lead, y, x, f = iters
+                    return (*lead, y * w + x, f)
+
+                epi_ndim = len(sch.get(found[0]).iter_vars)
+                sch.transform_block_layout(found[0], tirx.IndexMap.from_func(pixels, ndim=epi_ndim))
+        block = sch.get(red)
+        # Both operands as copies indexed by the block's iterators (an einsum for
+        # pad_einsum), each laid out with its contiguous axis innermost so that the fetches
+        # below coalesce; the copies are inlined into the fetches again.
+        k_var = block.iter_vars[n_s].var
+        for idx in (0, 1):
+            last = block.reads[idx].region[-1].min
+            copy = sch.reindex(red, ("read", idx))
+            if not (isinstance(last, tirx.Var) and last.same_as(k_var)):
+                sch.transform_layout(copy, ("write", 0), lambda *ax: (*ax[:-2], ax[-1], ax[-2]))
+        if "matmul" not in red_info.name:
+            # the sums as [batch, pixels, channels]: a copy indexed so (inlined below)
+            sch.reindex(red, ("write", 0))
+        rows, cols = tm * self.mm, tn * self.mn
+        sch.pad_einsum(red, [1] * (n_s - 2) + [rows, cols, lanes * self.step])
+        loops = sch.get_loops(red)
+        batch, i, j, k = loops[: n_s - 2], loops[n_s - 2], loops[n_s - 1], loops[n_s]
+        i_o, i_t, i_m = sch.split(i, [None, tm, self.mm])
+        j_o, j_t, j_n = sch.split(j, [None, tn, self.mn])
+        k_o, k_z, k_i = sch.split(k, [None, lanes, self.step])
+        sch.reorder(*batch, i_o, j_o, k_z, i_t, j_t, k_o, k_i, i_m, j_n)
+        rf = sch.rfactor(k_z, factor_axis=0)  # each lane's partial tile
+        bx = sch.fuse(*sch.get_loops(rf)[: len(batch) + 2])
+        sch.bind(bx, "blockIdx.x")
+        kz, it, jt, ko = sch.get_loops(rf)[1:5]
+        sch.bind(kz, "threadIdx.z")
+        sch.bind(it, "threadIdx.y")
+        sch.bind(jt, "threadIdx.x")
+        # The thread's tile in registers, the lanes' partial tiles to local memory.
+        partial = sch.cache_write(rf, 0, "local")
+        sch.reverse_compute_at(partial, jt, preserve_unit_loops=True)
+        sch.set_scope(partial, 0, "shared")
+        # Each step's operand tiles, fetched by all the group's threads.
+        for idx in (0, 1):
+            fetch = sch.cache_read(rf, idx, "shared")
+            sch.compute_at(fetch, ko, preserve_unit_loops=True)
+            flat = sch.fuse(*sch.get_loops(fetch)[5:])
+            _, z, y, x = sch.split(flat, [None, lanes, tm, tn])
+            sch.bind(z, "threadIdx.z")
+            sch.bind(y, "threadIdx.y")
+            sch.bind(x, "threadIdx.x")
+            for _ in range(2):  # the pad copy, then the layout copy
+                for producer in sch.get_producers(fetch):
+                    sch.compute_inline(producer)
+        # The lanes' partials summed, each thread some of the tile's outputs, then the
+        # epilogue (or the write-back of the padded sums) on them.
+        sch.reverse_compute_at(red, bx, preserve_unit_loops=True)
+        sum_loops = sch.get_loops(red)[1:]  # the lanes, then the tile's outputs
+        outputs = sch.fuse(*sum_loops[1:])
+        sch.reorder(outputs, sum_loops[0])
+        _, z, y, x = sch.split(outputs, [None, lanes, tm, tn])
+        sch.bind(z, "threadIdx.z")
+        sch.bind(y, "threadIdx.y")
+        sch.bind(x, "threadIdx.x")
+        sch.set_scope(red, 0, "local")
+        # (the copies after the sums: unpad, and for a convolution the pixels' layout)
+        while True:
+            copies = [
+                c
+                for c in sch.get_consumers(red)
+                if found[0] is None or not sch.get(c).same_as(sch.get(found[0]))
+            ]
+            if not copies:
+                break
+            try:
+                sch.compute_inline(copies[0])
+            except (RuntimeError, ValueError):
+                sch.reverse_compute_at(copies[0], x, preserve_unit_loops=True)
+                break
+        if found[0] is not None:
+            sch.reverse_compute_at(found[0], x, preserve_unit_loops=True)
+        sch.decompose_reduction(rf, ko)
+        sch.decompose_reduction(red, sch.get_loops(red)[-1])
+        for loop in sch.get_loops(rf)[-3:]:  # the step's terms and the thread's tile
+            sch.unroll(loop)
+        return sch
+
+    @staticmethod
+    def _patches(sch: s_tir.Schedule, red_info: Any, s_ext: list[int], r_ext: list[int]) -> bool:
+        """A convolution over patches (a vision transformer's patch embedding: windows of at
+        least 64 taps, NHWC, over input channels): a matrix product of pixels x window."""
+        if not red_info.name.startswith("conv2d") or len(s_ext) not in (3, 4) or len(r_ext) != 3:
+            return False
+        block = sch.get(red_info.block_rv)
+        return r_ext[0] * r_ext[1] >= 64 and _reduces_innermost_axis(block) == r_ext[2]
+
+
 #: Most terms per row that `SerialRows` sums in one work-item (MobileNet's 1001 classes,
 #: three passes, take a few microseconds on one CPU core).
 _ROW_TERMS = 16384
@@ -1477,6 +1662,9 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
       (twice the threads of a small-M matrix product: DeiT-Tiny's 197-token MLP gave 148
       groups of 128 threads to 132 SMs). Tried on the H200 and never chosen there: 4x4
       tiles with vector loads of 4 channels, 4x4 on 4 lanes, 8x4 on 8 (docs/benchmarks.md).
+    * `SharedMatmul` for matrix products (relax's ``matmul``, fully connected layers):
+      operand tiles staged in local memory, split-K across the work-group's thread planes;
+      16x16 output tiles on 4 and 8 planes, 32x32 on 2.
     * for the reductions that read their input whole (global pools, layer-norm statistics,
       squeeze-excite GEMVs, classifiers): `ColumnReduction` with 32 channels x 8 slices and
       8 channels x 32 slices per group; `RowReduction` with one work-item per row (serial,
@@ -1552,6 +1740,12 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
         TiledLaneReduction(channels=8),
         TiledLaneReduction(pixels=2),
         TiledLaneReduction(lanes=16, min_terms=256),
+        # Matrix products through local memory with split-K across the group (the vision
+        # transformers' token x channel products): 16x16 tiles on 4 and on 8 lanes, and
+        # 32x32 tiles on 2 lanes.
+        SharedMatmul(),
+        SharedMatmul(tn=4, mn=4, lanes=8),
+        SharedMatmul(mm=4, mn=4, lanes=2, step=16),
         # Reductions read whole (global pools, layer norms, squeeze-excite GEMVs): other
         # shapes of `ColumnReduction` and `RowReduction`, and dlight's rules that had the
         # kernels before those became the defaults (`SerialReduction`'s are above).

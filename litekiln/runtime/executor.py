@@ -155,6 +155,9 @@ class PartitionExecutor(PartitionIO):
             [None] * len(v.options) for v in program.variants
         ]
         self.choices: list[int] = [0] * len(program.variants)
+        #: Per variant, each option's median device time in ms (default first), from the
+        #: last `tune` in this process; empty where the choices came from the cache.
+        self.tuning_ms: list[list[float]] = []
         self._launches = self._plan(self.choices)
         self._fast = self._make_fast_launcher()
 
@@ -271,12 +274,14 @@ class PartitionExecutor(PartitionIO):
 
         Returns:
             The chosen option per variant (also applied, see `select`), or None if stopped.
+            Each variant's median times, default first, stay in `tuning_ms` (for reports).
         """
         if not self.program.variants:
             return []
         guard = lock if lock is not None else contextlib.nullcontext()
         pq = self._profiling()
-        choices = []
+        choices: list[int] = []
+        measured: list[list[float]] = []
         for i, v in enumerate(self.program.variants):
             if stop is not None and stop.is_set():
                 return None
@@ -295,8 +300,10 @@ class PartitionExecutor(PartitionIO):
                             samples.append(sum(e.profile.end - e.profile.start for e in events))
                     timings.append(float(np.median(samples)))
             choices.append(int(np.argmin(timings)))
+            measured.append([t * 1e-6 for t in timings])
         with guard:
             self.select(choices)
+        self.tuning_ms = measured
         return choices
 
     def _profiling(self) -> cl.CommandQueue:
