@@ -1209,7 +1209,8 @@ def test_attention_values_product_takes_the_tiles(cl_env: Any, tile: tuple[int, 
 _SHARED_MATMUL = {
     "16x16 on 4": {},
     "16x16 on 8": {"tn": 4, "mn": 4, "lanes": 8},
-    "32x32 on 2": {"mm": 4, "mn": 4, "lanes": 2, "step": 16},
+    "32x32 on 4": {"mm": 4, "mn": 4},
+    "32x32 on 2, 64-term steps": {"mm": 4, "mn": 4, "lanes": 2, "step": 32},
 }
 
 

@@ -59,9 +59,10 @@ H100 through NVIDIA OpenCL and on PoCL, scripts/bench_schedules.py):
   Figures: docs/benchmarks.md, "PoCL (CPU OpenCL)".
 
 Convolutions over channels also have split-K tuning variants (`LaneReduction`,
-`TiledLaneReduction`: registers and lanes, no shared-memory tiles); the device's timing
-picks among them and dlight's Matmul per kernel. Not done: a shared-memory implicit GEMM
-with split-K across work-groups, for the classifiers and the largest 1x1 layers.
+`TiledLaneReduction`: registers and lanes, no shared-memory tiles), and matrix products and
+patch embeddings `SharedMatmul` (tiles staged in shared memory, split-K across the group's
+thread planes); the device's timing picks among them and dlight's Matmul per kernel. Not
+done: split-K across work-groups, for the classifiers and the largest 1x1 layers.
 """
 
 from __future__ import annotations
@@ -1664,7 +1665,7 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
       tiles with vector loads of 4 channels, 4x4 on 4 lanes, 8x4 on 8 (docs/benchmarks.md).
     * `SharedMatmul` for matrix products (relax's ``matmul``, fully connected layers):
       operand tiles staged in local memory, split-K across the work-group's thread planes;
-      16x16 output tiles on 4 and 8 planes, 32x32 on 2.
+      16x16, 16x32 and 32x32 output tiles on 4 planes, 16x16 on 8.
     * for the reductions that read their input whole (global pools, layer-norm statistics,
       squeeze-excite GEMVs, classifiers): `ColumnReduction` with 32 channels x 8 slices and
       8 channels x 32 slices per group; `RowReduction` with one work-item per row (serial,
@@ -1741,11 +1742,13 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
         TiledLaneReduction(pixels=2),
         TiledLaneReduction(lanes=16, min_terms=256),
         # Matrix products through local memory with split-K across the group (the vision
-        # transformers' token x channel products): 16x16 tiles on 4 and on 8 lanes, and
-        # 32x32 tiles on 2 lanes.
+        # transformers' token x channel products, their patch embeddings): 16x16, 16x32
+        # and 32x32 tiles on 4 lanes, 16x16 on 8 (the four of seven tried on the H200 that
+        # won most kernels of DeiT, TinyViT and LeViT: docs/benchmarks.md).
         SharedMatmul(),
+        SharedMatmul(mn=4),
+        SharedMatmul(mm=4, mn=4),
         SharedMatmul(tn=4, mn=4, lanes=8),
-        SharedMatmul(mm=4, mn=4, lanes=2, step=16),
         # Reductions read whole (global pools, layer norms, squeeze-excite GEMVs): other
         # shapes of `ColumnReduction` and `RowReduction`, and dlight's rules that had the
         # kernels before those became the defaults (`SerialReduction`'s are above).

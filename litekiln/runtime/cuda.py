@@ -704,6 +704,8 @@ class CudaGraphExecutor(PartitionIO):
         self.cubin: bytes | None = None
         self.device = device
         self.choices = list(choices) if choices else [0] * len(program.variants)
+        #: The OpenCL path's tuning times that made ``choices``, where known (reports).
+        self.tuning_ms: list[list[float]] = []
         self._launches = program.plan(self.choices)
         self._tensor_specs: dict[int, TensorSpec] = {t.id: t for t in program.tensors}
         self._streams = max(1, int(streams))

@@ -631,6 +631,7 @@ class Session:
             for slot, ex in todo:
                 cu = self._graph_path(ex, slot)
                 if cu is not ex:
+                    cu.tuning_ms = getattr(ex, "tuning_ms", [])  # (for reports)
                     self._swap(slot, cu)
                     self._mark_verified(slot, cu)
             self._record_gpu()
