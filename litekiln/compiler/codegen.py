@@ -58,6 +58,7 @@ from litekiln.artifact.program import (
     buffer_bytes,
 )
 from litekiln.compiler import ptx
+from litekiln.compiler.fusion import fuse_matmul_neighbours
 from litekiln.compiler.minify import MinifyError, minify_opencl, strip_ptx
 
 # `tvm.tirx.build` the attribute is a function: import the module by name.
@@ -198,6 +199,7 @@ def build_relax_pipeline(
             isolate_pools(),
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),
+            fuse_matmul_neighbours(),
             relax.transform.FuseTIR(),
             schedule,
         ]

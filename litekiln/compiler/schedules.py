@@ -1093,7 +1093,12 @@ class SharedMatmul(_SingleReductionRule):
         if found is None:
             return None
         red = sch.get_sblock(red_info.name)
-        if len(sch.get(red).reads) != 2:
+        # the two operands; other reads must be scalars (an attention's scale on q and k)
+        operands = [
+            n for n, r in enumerate(sch.get(red).reads)
+            if math.prod(int(x) for x in r.source.shape) > 1
+        ]  # fmt: skip
+        if len(operands) != 2:
             return None
         if "matmul" not in red_info.name:
             # [(n,) h, w, f] x [ry, rx, rc] -> [(n,) h * w + w, f] x [(ry * kw + rx) * c + rc]
@@ -1119,10 +1124,10 @@ class SharedMatmul(_SingleReductionRule):
         # pad_einsum), each laid out with its contiguous axis innermost so that the fetches
         # below coalesce; the copies are inlined into the fetches again.
         k_var = block.iter_vars[n_s].var
-        for idx in (0, 1):
+        for idx in operands:
             last = block.reads[idx].region[-1].min
             copy = sch.reindex(red, ("read", idx))
-            if not (isinstance(last, tirx.Var) and last.same_as(k_var)):
+            if not _uses_var(last, k_var):
                 sch.transform_layout(copy, ("write", 0), lambda *ax: (*ax[:-2], ax[-1], ax[-2]))
         if "matmul" not in red_info.name:
             # the sums as [batch, pixels, channels]: a copy indexed so (inlined below)
@@ -1147,7 +1152,7 @@ class SharedMatmul(_SingleReductionRule):
         sch.reverse_compute_at(partial, jt, preserve_unit_loops=True)
         sch.set_scope(partial, 0, "shared")
         # Each step's operand tiles, fetched by all the group's threads.
-        for idx in (0, 1):
+        for idx in operands:
             fetch = sch.cache_read(rf, idx, "shared")
             sch.compute_at(fetch, ko, preserve_unit_loops=True)
             flat = sch.fuse(*sch.get_loops(fetch)[5:])

@@ -1,0 +1,289 @@
+"""Matrix products fused with the layout copies around them (a Relax pass after FuseOps).
+
+TVM's FuseOps puts elementwise consumers into a matrix product's kernel, but neither the
+injective ops before it (reshape, transpose, strided slice, a scale) nor the injective ones
+after it (a reshape, then GELU): on a vision transformer every attention splits its fused
+q/k/v product with a reshape-transpose and three slices, and folds the heads back with a
+transpose before the output projection, each a kernel of its own that copies the tensor
+(DeiT-Tiny: 5 such kernels per block, 3.3-4.6 us each on the H200, next to 10-25 us per
+matrix product). This pass merges those groups into the product's group before FuseTIR:
+
+* a producer group of injective ops only, whose output the product reads, is copied into
+  the product's group (it stays for its other readers; dead copies are removed);
+* a consumer group of injective ops only over the same outputs, unit axes aside (a reshape,
+  GELU), the product's only reader, joins the product's group as more epilogue.
+
+The schedule rules then inline the copies into the product's loads and stores (every rule
+takes injective producers; `schedules.SharedMatmul` stages them through its fetches).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import tvm
+from tvm import relax, tirx
+
+__all__ = ["fuse_matmul_neighbours"]
+
+#: op_pattern of an injective PrimFunc or less (elementwise, broadcast, injective).
+_INJECTIVE = 2
+#: op_pattern of a reduction that takes elementwise consumers (matmul, conv2d).
+_OUT_ELEMWISE_FUSABLE = 4
+#: Most producer groups copied into one product's group (a chain of copies, or both inputs).
+_MAX_MERGES = 4
+#: Longest group name (FuseTIR names the kernel after it).
+_MAX_NAME = 80
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+
+
+@relax.expr_functor.mutator
+class _Substitute(relax.PyExprMutator):
+    def __init__(self, mapping: dict[Any, Any]) -> None:
+        super().__init__()
+        self.mapping = mapping
+
+    def visit_var_(self, var: Any) -> Any:
+        return self.mapping.get(var, var)
+
+    def visit_dataflow_var_(self, var: Any) -> Any:
+        return self.mapping.get(var, var)
+
+
+def fuse_matmul_neighbours() -> tvm.transform.Pass:
+    """The module pass (between FuseOps and FuseTIR); see the module docstring."""
+
+    @tvm.transform.module_pass(opt_level=0, name="litekiln.FuseMatmulNeighbours")
+    def _pass(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
+        return _Fuser(mod).run()
+
+    return _pass
+
+
+class _Fuser:
+    def __init__(self, mod: tvm.IRModule) -> None:
+        self.mod = mod
+        self.builder = relax.BlockBuilder(mod)
+        self.count = 0
+
+    # ------------------------------------------------------------------ classification
+    def _prim_patterns(self, func: relax.Function) -> list[tuple[int, str]] | None:
+        """(op_pattern, PrimFunc name) of each call_tir of a primitive group, or None where
+        the body is anything else."""
+        body = func.body
+        if not isinstance(body, relax.SeqExpr) or len(body.blocks) != 1:
+            return None
+        out = []
+        for b in body.blocks[0].bindings:
+            info = self._call_tir(b.value)
+            if info is None:
+                return None
+            out.append(info)
+        return out
+
+    def _call_tir(self, value: Any) -> tuple[int, str] | None:
+        if not (isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR)):
+            return None
+        gv = value.args[0]
+        prim = self.mod[gv]
+        if not isinstance(prim, tirx.PrimFunc):
+            return None
+        pattern = prim.attrs.get("op_pattern") if prim.attrs is not None else None
+        if pattern is None:
+            return None
+        return int(pattern), gv.name_hint
+
+    def _group(self, value: Any) -> relax.Function | None:
+        """The primitive group ``value`` calls (a call_tir wrapped as one), else None."""
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar):
+            func = self.mod[value.op]
+            primitive = func.attrs is not None and func.attrs.get("Primitive")
+            return func if isinstance(func, relax.Function) and primitive else None
+        if self._call_tir(value) is None:
+            return None
+        return self._wrap(value)
+
+    def _wrap(self, call: relax.Call) -> relax.Function:
+        """A primitive group of one call_tir: ``call``'s tensors as parameters."""
+        tensors = list(call.args[1].fields)
+        params = [relax.Var(f"p{i}", t.ty) for i, t in enumerate(tensors)]
+        bb = relax.BlockBuilder()
+        with bb.function("wrapped", params, attrs={"Primitive": True}, private=True):
+            with bb.dataflow():
+                out = bb.emit_output(relax.call_tir(call.args[0], params, call.ty))
+            bb.emit_func_output(out)
+        return bb.get()["wrapped"]
+
+    def _args(self, value: Any) -> list[Any]:
+        if isinstance(value.op, tvm.ir.GlobalVar):
+            return list(value.args)
+        return list(value.args[1].fields)
+
+    def _is_product(self, func: relax.Function) -> bool:
+        pats = self._prim_patterns(func) or []
+        return any(p == _OUT_ELEMWISE_FUSABLE and "matmul" in name for p, name in pats)
+
+    def _operands(self, func: relax.Function) -> set[int]:
+        """Indices of ``func``'s parameters that reach its matrix product's operands (not
+        its epilogue's: a residual stays an input)."""
+        bindings = list(func.body.blocks[0].bindings)
+        reach: set[Any] = set()
+        for b in reversed(bindings):
+            info = self._call_tir(b.value)
+            if b.var in reach or (info is not None and info[0] == _OUT_ELEMWISE_FUSABLE):
+                reach.update(relax.analysis.free_vars(b.value))
+        return {i for i, p in enumerate(func.params) if p in reach}
+
+    def _is_copy(self, func: relax.Function) -> bool:
+        pats = self._prim_patterns(func) or []
+        return bool(pats) and all(p <= _INJECTIVE for p, _ in pats)
+
+    # ------------------------------------------------------------------ merging
+    def _merge(
+        self, first: relax.Function, first_args: list[Any], second: relax.Function,
+        second_args: list[Any], joint: int,
+    ) -> tuple[relax.Function, list[Any]]:  # fmt: skip
+        """One group: ``first``, whose result is ``second``'s argument ``joint``, then
+        ``second``. Returns it and its arguments."""
+        p1 = [relax.Var(f"a{i}", p.ty) for i, p in enumerate(first.params)]
+        rest = [i for i in range(len(second.params)) if i != joint]
+        p2 = [relax.Var(f"b{i}", second.params[i].ty) for i in rest]
+        bb = relax.BlockBuilder()
+        with bb.function("merged", p1 + p2, attrs={"Primitive": True}, private=True):
+            with bb.dataflow():
+                mid = self._inline(bb, first, p1, output=False)
+                ins = list(p2)
+                ins.insert(joint, mid)
+                out = self._inline(bb, second, ins, output=True)
+            bb.emit_func_output(out)
+        return bb.get()["merged"], first_args + [second_args[i] for i in rest]
+
+    @staticmethod
+    def _inline(bb: relax.BlockBuilder, func: relax.Function, args: list[Any], output: bool) -> Any:
+        """Emit ``func``'s bindings on ``args``; the last as the block's output if ``output``."""
+        mapping = dict(zip(func.params, args, strict=True))
+        bindings = func.body.blocks[0].bindings
+        for n, b in enumerate(bindings):
+            value = _Substitute(mapping).visit_expr(b.value)
+            last = output and n == len(bindings) - 1
+            mapping[b.var] = bb.emit_output(value) if last else bb.emit(value)
+        return mapping[func.body.body]
+
+    def _add(self, func: relax.Function) -> tvm.ir.GlobalVar:
+        """``func`` added to the module, named as FuseOps names groups (by its PrimFuncs)."""
+        self.count += 1
+        names = [name for _, name in self._prim_patterns(func) or []]
+        base = "fused_" + "_".join(n.removeprefix("fused_") for n in names)
+        base = base[:_MAX_NAME] if len(base) > _MAX_NAME else base
+        taken = {gv.name_hint for gv in self.mod.functions}
+        name, n = base, 1
+        while name in taken:
+            n += 1
+            name = f"{base}_{n}"
+        gv = self.builder.add_func(func, name)
+        self.mod = self.builder.get()
+        return gv
+
+    def run(self) -> tvm.IRModule:
+        main = self.mod["main"]
+        if not isinstance(main, relax.Function) or not isinstance(main.body, relax.SeqExpr):
+            return self.mod
+        blocks = [self._block(b) for b in main.body.blocks]
+        if not self.count:
+            return self.mod
+        self.mod["main"] = relax.Function(
+            main.params, relax.SeqExpr(blocks, main.body.body), main.ret_ty,
+            main.is_pure, main.attrs,
+        )  # fmt: skip
+        self.mod = relax.transform.Normalize()(self.mod)
+        self.mod = relax.transform.DeadCodeElimination(["main"])(self.mod)
+        return self.mod
+
+    def _block(self, block: Any) -> Any:
+        if not isinstance(block, relax.DataflowBlock):
+            return block
+        bindings: list[Any] = list(block.bindings)
+        by_var = {b.var: i for i, b in enumerate(bindings)}
+        uses: dict[Any, int] = {}
+        for b in bindings:
+            for v in relax.analysis.free_vars(b.value):
+                uses[v] = uses.get(v, 0) + 1
+        groups: dict[int, tuple[relax.Function, list[Any]]] = {}
+        for i, b in enumerate(bindings):
+            if not isinstance(b, relax.VarBinding):
+                continue
+            func = self._group(b.value)
+            if func is None or not self._is_product(func):
+                continue
+            args = self._args(b.value)
+            merges = 0
+            changed = True
+            while changed and merges < _MAX_MERGES:
+                changed = False
+                operands = self._operands(func)
+                for k, a in enumerate(args):
+                    j = by_var.get(a)
+                    if k not in operands:
+                        continue
+                    if j is None or j >= i or sum(1 for x in args if x.same_as(a)) != 1:
+                        continue
+                    src = bindings[j]
+                    if not isinstance(src.var, relax.DataflowVar):
+                        continue
+                    prod = groups[j][0] if j in groups else self._group(src.value)
+                    if prod is None or not self._is_copy(prod):
+                        continue
+                    prod_args = groups[j][1] if j in groups else self._args(src.value)
+                    func, args = self._merge(prod, prod_args, func, args, k)
+                    merges += 1
+                    changed = True
+                    break
+            # an epilogue of copies: the product's only reader, as many elements
+            for j in range(i + 1, len(bindings)):
+                nxt = bindings[j]
+                if not isinstance(nxt, relax.VarBinding) or uses.get(b.var, 0) != 1:
+                    break
+                epi = self._group(nxt.value)
+                epi_args = self._args(nxt.value) if epi is not None else []
+                if (
+                    epi is None
+                    or not self._is_copy(epi)
+                    or sum(1 for x in epi_args if x.same_as(b.var)) != 1
+                    or _shape(nxt.var) != _shape(b.var)
+                    or any(_numel(x) > _numel(b.var) for x in epi_args)
+                ):
+                    break
+                k = next(n for n, x in enumerate(epi_args) if x.same_as(b.var))
+                func, args = self._merge(func, args, epi, epi_args, k)
+                groups[j] = (func, args)
+                bindings[j] = relax.VarBinding(nxt.var, relax.Call(self._add(func), args))
+                bindings[i] = None
+                break
+            if bindings[i] is not None and merges:
+                gv = self._add(func)
+                bindings[i] = relax.VarBinding(b.var, relax.Call(gv, args))
+        return relax.DataflowBlock([b for b in bindings if b is not None])
+
+
+def _shape(var: Any) -> list[int] | None:
+    """``var``'s static shape without its unit axes (None if not static)."""
+    sinfo = var.ty
+    shape = getattr(sinfo, "shape", None)
+    if not isinstance(sinfo, relax.TensorType) or shape is None:
+        return None
+    try:
+        return [int(d) for d in shape.values if int(d) != 1]
+    except (TypeError, AttributeError):
+        return None
+
+
+def _numel(var: Any) -> int:
+    sinfo = var.ty
+    shape = getattr(sinfo, "shape", None)
+    if not isinstance(sinfo, relax.TensorType) or shape is None:
+        return -1
+    try:
+        return math.prod(int(d) for d in shape.values)
+    except (TypeError, AttributeError):
+        return -1
