@@ -1048,6 +1048,10 @@ class SharedMatmul(_SingleReductionRule):
         lanes: Thread planes splitting the reduction.
         step: Terms per lane per staged step.
         min_macs: Fewest multiply-adds taken (a variant costs compile time and cache bytes).
+        splits: Work-groups splitting the reduction of each tile (above 1: each writes its
+            planes' partial tiles to global memory, and a second kernel sums them and runs
+            the epilogue, one thread per output).
+        min_terms: Shortest reduction taken.
     """
 
     def __init__(
@@ -1059,10 +1063,14 @@ class SharedMatmul(_SingleReductionRule):
         lanes: int = 4,
         step: int = 8,
         min_macs: int = 1 << 20,
+        splits: int = 1,
+        min_terms: int = 0,
     ) -> None:
         self.tm, self.tn, self.mm, self.mn = tm, tn, mm, mn
         self.lanes, self.step = lanes, step
         self.min_macs = min_macs
+        self.splits = splits
+        self.min_terms = min_terms
 
     def _schedule(
         self,
@@ -1087,7 +1095,7 @@ class SharedMatmul(_SingleReductionRule):
             r_ext = [math.prod(r_ext)]
             n_s = len(s_ext)
         tm, tn, lanes = self.tm, self.tn, self.lanes
-        if tm * tn * lanes > int(max_threads_per_block(target)):
+        if tm * tn * lanes > int(max_threads_per_block(target)) or r_ext[0] < self.min_terms:
             return None
         found = _single_epilogue(sch, infos, red_info.name)
         if found is None:
@@ -1132,25 +1140,29 @@ class SharedMatmul(_SingleReductionRule):
         if "matmul" not in red_info.name:
             # the sums as [batch, pixels, channels]: a copy indexed so (inlined below)
             sch.reindex(red, ("write", 0))
-        rows, cols = tm * self.mm, tn * self.mn
-        sch.pad_einsum(red, [1] * (n_s - 2) + [rows, cols, lanes * self.step])
+        rows, cols, splits = tm * self.mm, tn * self.mn, self.splits
+        sch.pad_einsum(red, [1] * (n_s - 2) + [rows, cols, splits * lanes * self.step])
         loops = sch.get_loops(red)
         batch, i, j, k = loops[: n_s - 2], loops[n_s - 2], loops[n_s - 1], loops[n_s]
         i_o, i_t, i_m = sch.split(i, [None, tm, self.mm])
         j_o, j_t, j_n = sch.split(j, [None, tn, self.mn])
-        k_o, k_z, k_i = sch.split(k, [None, lanes, self.step])
-        sch.reorder(*batch, i_o, j_o, k_z, i_t, j_t, k_o, k_i, i_m, j_n)
-        rf = sch.rfactor(k_z, factor_axis=0)  # each lane's partial tile
-        bx = sch.fuse(*sch.get_loops(rf)[: len(batch) + 2])
+        k_s, k_o, k_z, k_i = sch.split(k, [splits, None, lanes, self.step])
+        sch.reorder(*batch, i_o, j_o, k_s, k_z, i_t, j_t, k_o, k_i, i_m, j_n)
+        # each lane's partial tile (of each of the work-groups splitting the terms)
+        rf = sch.rfactor(sch.fuse(k_s, k_z), factor_axis=0)
+        k_s, k_z = sch.split(sch.get_loops(rf)[len(batch) + 2], [splits, lanes])
+        bx = sch.fuse(*sch.get_loops(rf)[: len(batch) + 3])
         sch.bind(bx, "blockIdx.x")
         kz, it, jt, ko = sch.get_loops(rf)[1:5]
         sch.bind(kz, "threadIdx.z")
         sch.bind(it, "threadIdx.y")
         sch.bind(jt, "threadIdx.x")
-        # The thread's tile in registers, the lanes' partial tiles to local memory.
+        # The thread's tile in registers, the lanes' partial tiles to local memory (or,
+        # split across groups, to global memory for a second kernel to sum).
         partial = sch.cache_write(rf, 0, "local")
         sch.reverse_compute_at(partial, jt, preserve_unit_loops=True)
-        sch.set_scope(partial, 0, "shared")
+        if splits == 1:
+            sch.set_scope(partial, 0, "shared")
         # Each step's operand tiles, fetched by all the group's threads.
         for idx in operands:
             fetch = sch.cache_read(rf, idx, "shared")
@@ -1164,15 +1176,25 @@ class SharedMatmul(_SingleReductionRule):
                 for producer in sch.get_producers(fetch):
                     sch.compute_inline(producer)
         # The lanes' partials summed, each thread some of the tile's outputs, then the
-        # epilogue (or the write-back of the padded sums) on them.
-        sch.reverse_compute_at(red, bx, preserve_unit_loops=True)
-        sum_loops = sch.get_loops(red)[1:]  # the lanes, then the tile's outputs
-        outputs = sch.fuse(*sum_loops[1:])
-        sch.reorder(outputs, sum_loops[0])
-        _, z, y, x = sch.split(outputs, [None, lanes, tm, tn])
-        sch.bind(z, "threadIdx.z")
-        sch.bind(y, "threadIdx.y")
-        sch.bind(x, "threadIdx.x")
+        # epilogue (or the write-back of the padded sums) on them; split across groups,
+        # in a kernel of its own, a thread per output.
+        if splits == 1:
+            sch.reverse_compute_at(red, bx, preserve_unit_loops=True)
+            sum_loops = sch.get_loops(red)[1:]  # the lanes, then the tile's outputs
+            outputs = sch.fuse(*sum_loops[1:])
+            sch.reorder(outputs, sum_loops[0])
+            _, z, y, x = sch.split(outputs, [None, lanes, tm, tn])
+            sch.bind(z, "threadIdx.z")
+            sch.bind(y, "threadIdx.y")
+            sch.bind(x, "threadIdx.x")
+        else:
+            sum_loops = sch.get_loops(red)  # batch, tile rows, columns, the partials, ...
+            terms = sum_loops[len(batch) + 2]
+            sch.reorder(*sum_loops[: len(batch) + 2], *sum_loops[len(batch) + 3 :], terms)
+            outputs = sch.fuse(*sch.get_loops(red)[:-1])
+            b_x, x = sch.split(outputs, [None, 256])
+            sch.bind(b_x, "blockIdx.x")
+            sch.bind(x, "threadIdx.x")
         sch.set_scope(red, 0, "local")
         # (the copies after the sums: unpad, and for a convolution the pixels' layout)
         while True:
@@ -1670,7 +1692,8 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
       tiles with vector loads of 4 channels, 4x4 on 4 lanes, 8x4 on 8 (docs/benchmarks.md).
     * `SharedMatmul` for matrix products (relax's ``matmul``, fully connected layers):
       operand tiles staged in local memory, split-K across the work-group's thread planes;
-      16x16, 16x32 and 32x32 output tiles on 4 planes, 16x16 on 8.
+      16x16, 16x32 and 32x32 output tiles on 4 planes, 16x16 on 8; and 16x32 split across 4
+      work-groups for reductions of 512 terms and more (a second kernel sums the partials).
     * for the reductions that read their input whole (global pools, layer-norm statistics,
       squeeze-excite GEMVs, classifiers): `ColumnReduction` with 32 channels x 8 slices and
       8 channels x 32 slices per group; `RowReduction` with one work-item per row (serial,
@@ -1754,6 +1777,9 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
         SharedMatmul(mn=4),
         SharedMatmul(mm=4, mn=4),
         SharedMatmul(tn=4, mn=4, lanes=8),
+        # and split 4 ways across work-groups, for long reductions over few outputs (DeiT's
+        # fc2: 197 x 192 outputs, 768 terms; 78 groups of 16x32 for 132 SMs otherwise)
+        SharedMatmul(mn=4, splits=4, min_terms=512),
         # Reductions read whole (global pools, layer norms, squeeze-excite GEMVs): other
         # shapes of `ColumnReduction` and `RowReduction`, and dlight's rules that had the
         # kernels before those became the defaults (`SerialReduction`'s are above).
