@@ -1097,6 +1097,8 @@ class SharedMatmul(_SingleReductionRule):
         tm, tn, lanes = self.tm, self.tn, self.lanes
         if tm * tn * lanes > int(max_threads_per_block(target)) or r_ext[0] < self.min_terms:
             return None
+        if s_ext[-2] < _GEMM_MIN_ROWS:
+            return None  # a matrix-vector product: a tile's rows would be padding
         found = _single_epilogue(sch, infos, red_info.name)
         if found is None:
             return None
@@ -1226,6 +1228,10 @@ class SharedMatmul(_SingleReductionRule):
             return False
         block = sch.get(red_info.block_rv)
         return r_ext[0] * r_ext[1] >= 64 and _reduces_innermost_axis(block) == r_ext[2]
+
+
+#: Fewest rows `SharedMatmul` takes (fewer: mostly padding in its 16- and 32-row tiles).
+_GEMM_MIN_ROWS = 16
 
 
 #: Most terms per row that `SerialRows` sums in one work-item (MobileNet's 1001 classes,
@@ -1505,6 +1511,9 @@ PROFILES: dict[str, dict[str, int | bool]] = {
         "injective": False,
         "window_reduction": True,
         "coalesced_reductions": True,
+        # matrix products: `SharedMatmul` (on the H200 its shapes won most of the vision
+        # transformers' products, dlight's Matmul 2-3x slower: docs/benchmarks.md)
+        "shared_matmul": True,
     },
     # CPU OpenCL (PoCL): serial reductions everywhere (long ones over few outputs too) with
     # the largest tiles, but one pixel per work-item under a kernel window; vectorised
@@ -1571,6 +1580,10 @@ def fast_rules(
         rules.append(Injective())
     if cfg.get("serial_rows"):
         rules.append(SerialRows())
+    if cfg.get("shared_matmul"):
+        # matrix products (and patch embeddings): long reductions split across work-groups,
+        # the others 16x32 tiles (the tuning offers the other shapes and dlight's)
+        rules += [SharedMatmul(mn=4, splits=4, min_terms=512), SharedMatmul(mn=4)]
     return rules + [
         dl.gpu.Matmul(),
         dl.gpu.GEMV(),
