@@ -23,6 +23,7 @@ import math
 from typing import Any
 
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 
 __all__ = ["fuse_matmul_neighbours"]
@@ -66,6 +67,7 @@ class _Fuser:
         self.mod = mod
         self.builder = relax.BlockBuilder(mod)
         self.count = 0
+        self.added: dict[int, list[tuple[tvm.ir.GlobalVar, relax.Function]]] = {}
 
     # ------------------------------------------------------------------ classification
     def _prim_patterns(self, func: relax.Function) -> list[tuple[int, str]] | None:
@@ -171,7 +173,13 @@ class _Fuser:
         return mapping[func.body.body]
 
     def _add(self, func: relax.Function) -> tvm.ir.GlobalVar:
-        """``func`` added to the module, named as FuseOps names groups (by its PrimFuncs)."""
+        """``func`` added to the module, named as FuseOps names groups (by its PrimFuncs);
+        an equal group added before is reused (an unrolled LSTM's steps make the same
+        merges: one kernel, not one per step)."""
+        key = tvm_ffi.structural_hash(func, map_free_vars=True)
+        for gv, known in self.added.get(key, []):
+            if tvm_ffi.structural_equal(func, known, map_free_vars=True):
+                return gv
         self.count += 1
         names = [name for _, name in self._prim_patterns(func) or []]
         base = "fused_" + "_".join(n.removeprefix("fused_") for n in names)
@@ -183,6 +191,7 @@ class _Fuser:
             name = f"{base}_{n}"
         gv = self.builder.add_func(func, name)
         self.mod = self.builder.get()
+        self.added.setdefault(key, []).append((gv, func))
         return gv
 
     def run(self) -> tvm.IRModule:
