@@ -218,7 +218,6 @@ class _Fuser:
         for b in bindings:
             for v in relax.analysis.free_vars(b.value):
                 uses[v] = uses.get(v, 0) + 1
-        groups: dict[int, tuple[relax.Function, list[Any]]] = {}
         for i, b in enumerate(bindings):
             if not isinstance(b, relax.VarBinding):
                 continue
@@ -238,12 +237,12 @@ class _Fuser:
                     if j is None or j >= i or sum(1 for x in args if x.same_as(a)) != 1:
                         continue
                     src = bindings[j]
-                    if not isinstance(src.var, relax.DataflowVar):
+                    if src is None or not isinstance(src.var, relax.DataflowVar):
                         continue
-                    prod = groups[j][0] if j in groups else self._group(src.value)
+                    prod = self._group(src.value)
                     if prod is None or not self._is_copy(prod):
                         continue
-                    prod_args = groups[j][1] if j in groups else self._args(src.value)
+                    prod_args = self._args(src.value)
                     func, args = self._merge(prod, prod_args, func, args, k)
                     merges += 1
                     changed = True
@@ -265,7 +264,6 @@ class _Fuser:
                     break
                 k = next(n for n, x in enumerate(epi_args) if x.same_as(b.var))
                 func, args = self._merge(func, args, epi, epi_args, k)
-                groups[j] = (func, args)
                 bindings[j] = relax.VarBinding(nxt.var, relax.Call(self._add(func), args))
                 bindings[i] = None
                 break
