@@ -832,21 +832,27 @@ def _kernel_profile(sess: Any, reps: int = 10) -> dict[str, Any] | None:
     }
 
 
+def _launch_variants(program: Any, choices: list[int]) -> list[int | None]:
+    """Per launch of ``program.plan(choices)``: the index of the variant (tuned call) it
+    belongs to, or None outside every variant."""
+    out: list[int | None] = []
+    pos = 0
+    for i, (v, c) in enumerate(zip(program.variants, choices, strict=True)):
+        out += [None] * (v.start - pos)
+        out += [i] * ((v.stop - v.start) if c == 0 else len(v.options[c - 1]))
+        pos = v.stop
+    return out + [None] * (len(program.launches) - pos)
+
+
 def _chosen_options(program: Any, choices: list[int]) -> list[str]:
     """Per launch of ``program.plan(choices)``: ``"default"``, or ``"option k of n"`` where the
     tuning chose a variant's option k (of n alternatives) for the call it belongs to."""
-    labels: list[str] = []
-    pos = 0
-    for v, c in zip(program.variants, choices, strict=True):
-        labels += ["default"] * (v.start - pos)
-        n = len(v.options)
-        labels += (
-            ["default"] * (v.stop - v.start)
-            if c == 0
-            else [f"option {c} of {n}"] * len(v.options[c - 1])
-        )
-        pos = v.stop
-    return labels + ["default"] * (len(program.launches) - pos)
+    return [
+        "default"
+        if i is None or choices[i] == 0
+        else f"option {choices[i]} of {len(program.variants[i].options)}"
+        for i in _launch_variants(program, choices)
+    ]
 
 
 def _timed_options(
@@ -856,15 +862,11 @@ def _timed_options(
     variant it belongs to (default first), or None (no variant, or no tuning in this
     process)."""
     if len(tuning_ms) != len(program.variants):
-        tuning_ms = [[] for _ in program.variants]
-    out: list[list[float] | None] = []
-    pos = 0
-    for v, c, times in zip(program.variants, choices, tuning_ms, strict=True):
-        out += [None] * (v.start - pos)
-        n = (v.stop - v.start) if c == 0 else len(v.options[c - 1])
-        out += [list(times) or None] * n
-        pos = v.stop
-    return out + [None] * (len(program.launches) - pos)
+        return [None] * len(_launch_variants(program, choices))
+    return [
+        None if i is None else list(tuning_ms[i]) or None
+        for i in _launch_variants(program, choices)
+    ]
 
 
 def _rates(nbytes: int, flops: int, seconds: float) -> dict[str, float | None]:

@@ -273,24 +273,25 @@ class _Fuser:
         return relax.DataflowBlock([b for b in bindings if b is not None])
 
 
-def _shape(var: Any) -> list[int] | None:
-    """``var``'s static shape without its unit axes (None if not static)."""
+def _static_shape(var: Any) -> list[int] | None:
+    """``var``'s shape (None where it is not a tensor of static shape)."""
     sinfo = var.ty
     shape = getattr(sinfo, "shape", None)
     if not isinstance(sinfo, relax.TensorType) or shape is None:
         return None
     try:
-        return [int(d) for d in shape.values if int(d) != 1]
+        return [int(d) for d in shape.values]
     except (TypeError, AttributeError):
         return None
+
+
+def _shape(var: Any) -> list[int] | None:
+    """``var``'s static shape without its unit axes (None if not static)."""
+    shape = _static_shape(var)
+    return None if shape is None else [d for d in shape if d != 1]
 
 
 def _numel(var: Any) -> int:
-    sinfo = var.ty
-    shape = getattr(sinfo, "shape", None)
-    if not isinstance(sinfo, relax.TensorType) or shape is None:
-        return -1
-    try:
-        return math.prod(int(d) for d in shape.values)
-    except (TypeError, AttributeError):
-        return -1
+    """``var``'s element count (-1 if not static)."""
+    shape = _static_shape(var)
+    return -1 if shape is None else math.prod(shape)
