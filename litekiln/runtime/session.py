@@ -507,7 +507,9 @@ class Session:
     def _in_background(self) -> None:
         try:
             while not self._ready.wait(0.1):
-                if _STOPPING.is_set():
+                # (a wait that timed out as the first inference ended and the process began
+                # to exit: `_ready` is set by then, and the work still runs)
+                if _STOPPING.is_set() and not self._ready.is_set():
                     return  # exiting before any inference: the next start builds again
             self._complete_pending()
             self._tune_pending()
