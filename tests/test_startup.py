@@ -251,3 +251,47 @@ def test_first_start_stores_binary_after_first_inference(
         again.run(again.random_inputs(0))[0],
         it.run(it.random_inputs(0))[0],
     )
+
+
+class _LateEvent(threading.Event):
+    """Set, but its first wait reports a timeout: a wait that timed out just as the first
+    inference set it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.set()
+        self._late = True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._late:
+            self._late = False
+            return False
+        return super().wait(timeout)
+
+
+def test_background_work_runs_when_the_first_inference_ends_as_the_process_exits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The exit flag set after the first inference, seen by a wait that timed out: the
+    binaries are still stored (CI once saw the next start build again)."""
+    from litekiln.runtime import session
+
+    done: list[str] = []
+    s = session.Session.__new__(session.Session)
+    s._ready = _LateEvent()  # noqa: SLF001
+    s.model = type("M", (), {"name": "m"})()
+    s._complete_pending = lambda: done.append("complete")  # type: ignore[method-assign]  # noqa: SLF001
+    s._tune_pending = lambda: done.append("tune")  # type: ignore[method-assign]  # noqa: SLF001
+    s._store_pending = lambda: done.append("store")  # type: ignore[method-assign]  # noqa: SLF001
+    s._graph_todo = lambda: []  # type: ignore[method-assign]  # noqa: SLF001
+    monkeypatch.setattr(session, "_STOPPING", threading.Event())
+    session._STOPPING.set()  # noqa: SLF001
+    s._in_background()  # noqa: SLF001
+    assert done == ["complete", "tune", "store"]
+    # Exiting before any inference: nothing is done (the next start builds).
+    s2 = session.Session.__new__(session.Session)
+    s2._ready = threading.Event()  # noqa: SLF001
+    s2.model = s.model
+    s2._complete_pending = lambda: done.append("too early")  # type: ignore[method-assign]  # noqa: SLF001
+    s2._in_background()  # noqa: SLF001
+    assert "too early" not in done
