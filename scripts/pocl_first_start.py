@@ -9,6 +9,11 @@ of its own, PoCL's kernel cache off (``POCL_KERNEL_CACHE=0``)::
     .venv/bin/python scripts/pocl_first_start.py --unroll window      # the window unrolled too
     .venv/bin/python scripts/pocl_first_start.py --unroll none        # nothing unrolled
     .venv/bin/python scripts/pocl_first_start.py --model models/zoo/face_landmark.tflite
+    .venv/bin/python scripts/pocl_first_start.py --dispatch both --repeat 3  # dispatchers off/on
+
+``--dispatch off`` compiles each kernel as a kernel of its own (no dispatcher kernels,
+`litekiln.compiler.dispatch`); ``both`` compiles the model both ways and alternates first
+starts of each, ``--repeat`` times, each from a fresh copy of its compiled cache.
 
 Prints the compile time (``litekiln compile`` into a fresh cache), then the first start's
 open + build and first inference, and the median of 10 warm inferences.
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -28,8 +34,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _compile(model: str, cache: str, unroll: str) -> None:
+def _compile(model: str, cache: str, unroll: str, dispatch: str = "on") -> None:
+    from litekiln.compiler import dispatch as dispatch_module
     from litekiln.compiler import schedules
+
+    if dispatch == "off":
+        dispatch_module.GROUP = 1  # (no group of two: every kernel stays a kernel)
 
     if unroll == "window":
         schedules.PROFILES["cpu"]["unroll_window"] = True
@@ -74,21 +84,35 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="models/zoo/hand_landmark_lite.tflite")
     ap.add_argument("--unroll", choices=("profile", "window", "none"), default="profile")
+    ap.add_argument("--dispatch", choices=("on", "off", "both"), default="on")
+    ap.add_argument("--repeat", type=int, default=1, help="first starts per configuration")
     ap.add_argument("--step", choices=("all", "compile", "start"), default="all")
     ap.add_argument("--cache", help="cache directory (default: a fresh temporary one)")
     args = ap.parse_args()
     if args.step == "compile":
-        _compile(args.model, args.cache, args.unroll)
+        _compile(args.model, args.cache, args.unroll, args.dispatch)
         return
     if args.step == "start":
         _first_start(args.model, args.cache)
         return
     env = {**os.environ, "POCL_KERNEL_CACHE": "0", "PYTHONPATH": str(REPO)}
-    with tempfile.TemporaryDirectory() as cache:
-        base = [sys.executable, __file__, "--model", args.model, "--cache", cache]
-        print(f"{args.model} ({args.unroll}):", flush=True)
-        subprocess.run([*base, "--step", "compile", "--unroll", args.unroll], env=env, check=True)
-        subprocess.run([*base, "--step", "start"], env=env, check=True)
+    modes = ("off", "on") if args.dispatch == "both" else (args.dispatch,)
+    with tempfile.TemporaryDirectory() as tmp:
+        compiled = {}
+        for mode in modes:
+            compiled[mode] = cache = os.path.join(tmp, f"compiled-{mode}")
+            base = [sys.executable, __file__, "--model", args.model, "--cache", cache]
+            print(f"{args.model} ({args.unroll}, dispatchers {mode}):", flush=True)
+            cmd = [*base, "--step", "compile", "--unroll", args.unroll, "--dispatch", mode]
+            subprocess.run(cmd, env=env, check=True)
+        for r in range(args.repeat):
+            for mode in modes:
+                # (a fresh copy each time: a first start stores the device binary at exit)
+                cache = os.path.join(tmp, f"start-{mode}-{r}")
+                shutil.copytree(compiled[mode], cache)
+                print(f"dispatchers {mode}, start {r + 1}: ", end="", flush=True)
+                base = [sys.executable, __file__, "--model", args.model, "--cache", cache]
+                subprocess.run([*base, "--step", "start"], env=env, check=True)
 
 
 if __name__ == "__main__":

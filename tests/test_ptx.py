@@ -39,7 +39,7 @@ def test_compile_ships_ptx_of_the_default_kernels(
     smoke_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("LITEKILN_PTX", "auto")  # `litekiln compile` is ahead of time
-    (program,) = _compiled(smoke_path, tmp_path)
+    (program,) = _compiled(smoke_path, tmp_path, schedules="fast")
     assert program.meta["ptx"].startswith(PTX_ARCH), program.meta["ptx"]
     first = default_program(program) or program
     text = ptx_for_cuda(program.ptx)
@@ -52,17 +52,29 @@ def test_compile_ships_ptx_of_the_default_kernels(
 
 
 @needs_nvcc
+def test_no_ptx_for_cpu_schedules_whose_kernels_run_through_dispatchers(
+    smoke_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LITEKILN_PTX", "auto")
+    (program,) = _compiled(smoke_path, tmp_path, schedules="fast-cpu")
+    assert program.ptx == "" and "dispatchers" in program.meta["ptx"]
+    assert any(k.startswith("d") for k in program.kernels)
+
+
+@needs_nvcc
 def test_no_ptx_when_off_or_when_compiled_as_opened(
     smoke_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("LITEKILN_PTX", "off")
-    (program,) = _compiled(smoke_path, tmp_path / "off")
+    (program,) = _compiled(smoke_path, tmp_path / "off", schedules="fast")
     assert program.ptx == "" and program.meta["ptx"].startswith("not made")
     # auto: a compile as the model is opened makes none (it would only delay that start).
     from litekiln.interpreter import Interpreter
 
     monkeypatch.setenv("LITEKILN_PTX", "auto")
-    it = Interpreter(model_path=str(smoke_path), cache_dir=str(tmp_path / "opened"))
+    it = Interpreter(
+        model_path=str(smoke_path), cache_dir=str(tmp_path / "opened"), schedules="fast"
+    )
     it.allocate_tensors()
     assert all(p.program.ptx == "" for p in it._backend.compiled.partitions)  # noqa: SLF001
 
@@ -76,11 +88,12 @@ def test_shipped_ptx_left_alone_off_nvidia(
     from litekiln.interpreter import Interpreter
 
     monkeypatch.setenv("LITEKILN_PTX", "auto")
-    (program,) = _compiled(smoke_path, tmp_path)
+    (program,) = _compiled(smoke_path, tmp_path, schedules="fast")
     assert program.ptx
-    it = Interpreter(model_path=str(smoke_path), cache_dir=str(tmp_path))
+    it = Interpreter(model_path=str(smoke_path), cache_dir=str(tmp_path), schedules="fast")
     it.allocate_tensors()
     assert it._backend.startup["ptx"] == 0  # noqa: SLF001
+    assert it._backend.compiled.partitions[0].program.ptx == program.ptx  # (that entry)  # noqa: SLF001
     ref = Interpreter(model_path=str(smoke_path), device="reference")
     ref.allocate_tensors()
     for interp in (it, ref):

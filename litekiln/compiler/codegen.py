@@ -841,6 +841,7 @@ def compile_relax_full(
     schedules: str | None = None,
     variant_rules: Sequence[Any] = (),
     minify: bool = False,
+    dispatch: bool | None = None,
 ) -> CompileResult:
     """Compile a Relax module (one GPU partition) to a `GpuProgram`.
 
@@ -868,6 +869,9 @@ def compile_relax_full(
             named ``k0``, ``k1``..., their OpenCL C minified, comment lines out of the PTX.
             What the model compiler writes to the cache; off, the OpenCL C is TVM's as it
             printed it (for reading, and for tests that look into it).
+        dispatch: run the kernels through dispatcher kernels (`litekiln.compiler.dispatch`:
+            fewer kernels for a CPU OpenCL driver to compile at their first launch); the
+            program then has no PTX. Default: on for the ``fast-cpu`` schedules.
 
     Returns:
         A `CompileResult` (program, constants, per-phase timings).
@@ -880,7 +884,8 @@ def compile_relax_full(
     tgt = make_target(target)
     _check_module(mod, tgt)
     # 1. Relax pipeline.
-    if pipeline is None and schedule is None:
+    by_name = pipeline is None and schedule is None
+    if by_name:
         schedule = schedule_named(schedules)
     relax_pass = _relax_pass(tgt, pipeline, schedule, schedules)
     lowered, fused = _run_relax_pass(relax_pass, mod, tgt)
@@ -890,6 +895,12 @@ def compile_relax_full(
     notes: list[str] = []
     repair = _Repair(fused, _fallback_rules(schedule), tgt, notes)
     code = _device_code(lowered, fused, planner, variant_rules, tgt, minify=minify, repair=repair)
+    if dispatch is None:
+        from litekiln.config import SCHEDULES
+
+        dispatch = by_name and SCHEDULES.get(schedules) == "fast-cpu"
+    if dispatch:
+        _dispatch(code)
     program = _program(code, build_options, planner, outputs, tgt)
     t_end = time.perf_counter()
     timings = {
@@ -1036,6 +1047,19 @@ def _device_code(
         except MinifyError as exc:  # kept as TVM printed it: it still runs
             code.minified = f"no: {exc}"
     return code
+
+
+def _dispatch(code: _DeviceCode) -> None:
+    """`dispatch_kernels` on ``code``, in place. Its PTX goes: the dispatchers are OpenCL C
+    only, and the launches now name them."""
+    from litekiln.compiler import dispatch
+
+    source, launches, variants = dispatch.dispatch_kernels(
+        code.source, code.launches, code.variants, group=dispatch.GROUP
+    )
+    if launches != code.launches or variants != code.variants:
+        code.source, code.launches, code.variants = source, launches, variants
+        code.ptx, code.ptx_note = "", "no: kernels run through dispatchers (fast-cpu)"
 
 
 #: The names TVM's memory planning gives the workspaces.
