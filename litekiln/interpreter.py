@@ -134,12 +134,11 @@ class Interpreter:
             if self._device_choice != REFERENCE
             else None
         )
-        from litekiln.loading import split_options
-        from litekiln.model import load_model
+        from litekiln.loading import open_model, split_options
 
         source = model_path if model_path is not None else model_content
         assert source is not None
-        self._original: Model = load_model(source, token=model_token)
+        self._original: Model = open_model(source, token=model_token)
         self._model = self._original
         self._graph = self._model.main
         self._precision = config.PRECISION.get(precision)

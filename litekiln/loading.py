@@ -51,6 +51,45 @@ log = logging.getLogger("litekiln")
 _RUNTIME_OPTIONS = {"validate", "use_cache", "progress", "tune"}
 
 
+#: Ops that the op registry's load-time rewrite changes into others (`litekiln.ops.unroll`: a
+#: WHILE with a known trip count unrolled into its body's ops): a model holding one is loaded
+#: with the registry imported, whatever the process imported before, so that its graph (and
+#: the compiled entry it keys) is the same in a `litekiln compile` and an app's start.
+_REWRITTEN_AT_LOAD = frozenset({"WHILE"})
+
+
+def open_model(
+    source: str | os.PathLike[str] | bytes | bytearray | memoryview,
+    *,
+    token: str | None = None,
+    checks: bool = False,
+) -> Model:
+    """`litekiln.model.load_model`, with the op registry's checks and rewrites (the per-op
+    rules, WHILE loops unrolled: `litekiln.ops`) run on every model that ``checks`` asks
+    for or that holds an op they rewrite.
+
+    The registry costs ~0.1-0.2 s of imports, which a warm start of a model without loops
+    does without (its compiled entry was made from the same graph either way); a compile
+    (``checks=True``) always has it. Before, a process that loaded a model before it
+    imported the registry left its loops as CPU ops: `litekiln compile` and an app put a
+    Keras LSTM (WHILE over 32 steps) wholly on the CPU, where `litekiln inspect` unrolled it
+    onto the GPU.
+    """
+    from litekiln.model import load_model
+    from litekiln.model.loader import model_checks_registered
+
+    if checks and not model_checks_registered():
+        import litekiln.ops  # noqa: F401  (registers the checks)
+    model = load_model(source, token=token)
+    if model_checks_registered():
+        return model
+    if not any(op.name in _REWRITTEN_AT_LOAD for g in model.subgraphs for op in g.ops):
+        return model
+    import litekiln.ops  # noqa: F401, F811
+
+    return load_model(source, token=token)
+
+
 def split_options(
     options: Mapping[str, Any], precision: str
 ) -> tuple[CompileOptions, dict[str, Any]]:
@@ -496,11 +535,10 @@ def precompile(
         ModelError, CompileError, CacheError: as their names say.
     """
     from litekiln.cache.models import ModelCache
-    from litekiln.model import load_model
 
     t0 = time.perf_counter()
 
-    model = load_model(model_path, token=model_token)
+    model = open_model(model_path, token=model_token, checks=True)
     device = options.pop("device", None)
     if "schedules" not in options:
         options["schedules"] = schedules_for(device)

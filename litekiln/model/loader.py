@@ -142,6 +142,12 @@ def add_model_check(check: Callable[[Model], None]) -> None:
         _MODEL_CHECKS.append(check)
 
 
+def model_checks_registered() -> bool:
+    """Whether the op registry's checks (`add_model_check`) are registered: whether
+    :func:`load_model` runs them now (``litekiln.ops`` imported)."""
+    return bool(_MODEL_CHECKS)
+
+
 def load_model(
     source: str | os.PathLike[str] | bytes | bytearray | memoryview,
     *,
