@@ -8,9 +8,12 @@ per kernel, whatever the kernel holds, and grows with the program: measured on t
 - a 30-kernel program of one-line kernels: 55 ms per kernel at first launch; the same 30
   bodies as the cases of one kernel's ``switch``: 133 ms in all;
 - hand_landmark_lite (47 kernels, 70 launches): a 318-character padding copy takes 143 ms at
-  its first launch, the program's first inference 5.5-7.1 s; with its kernels grouped as
-  below, 4.1-5.4 s, for the same outputs to the bit and the same warm inference within the
-  run-to-run noise (20-33 ms both ways).
+  its first launch. Grouped as below (4 dispatchers and the 2 kernels with local memory),
+  its first inference after a plain compile took 5.6-6.6 s against 7.1-8.2 s, for the same
+  outputs to the bit; but the build from source is 0.4-1.1 s longer (clang inlines the
+  cases into the dispatchers) and a warm inference 12-27% slower (PoCL does not vectorise a
+  work-item loop around a ``switch``): docs/benchmarks.md, "First start on PoCL after a
+  plain compile, kernels through dispatchers".
 
 `dispatch_kernels` turns each kernel that can be called from another (no ``__local`` memory,
 no barrier, only ``__global`` pointer parameters) into a plain (non-kernel) function, and adds, per
@@ -34,10 +37,10 @@ from collections.abc import Sequence
 from litekiln.artifact.program import BufferArg, KernelArg, Launch, ScalarArg, Variant
 from litekiln.compiler.minify import FUNCTION_MARKER
 
-#: Most kernels one dispatcher runs. The first launch of a dispatcher compiles every case: a
-#: group of 6, 10 or all 39 of hand_landmark_lite's 64-work-item kernels measured alike
-#: (4.1-5.4 s for the program's first inference, run-to-run noise); 16 keeps each
-#: dispatcher's text (and a failure's blast radius) moderate.
+#: Most kernels one dispatcher runs. The first launch of a dispatcher compiles every case:
+#: groups of 6 and 10 of hand_landmark_lite's 39 kernels of 64 work-items measured like one
+#: group of all 39 (4.1-5.4 s for the program's first inference through pyopencl, run-to-run
+#: noise), 16 was slower (5.2-5.9 s); 64 bounds one dispatcher's text in larger models.
 GROUP = 64
 
 _HEADER = re.compile(r"__kernel\s+void\s+(\w+)\s*\(([^()]*)\)\s*\{")
