@@ -364,33 +364,17 @@ def test_whole_on_the_gpu_with_its_state_and_matches_litert(name: str) -> None:
     assert all(bindings[v]["zero_copy"] for v in updates), bindings
 
 
-_FRESH_APP = """
-import sys
-import litekiln
-
-it = litekiln.Interpreter(model_path=sys.argv[1], cache_dir=sys.argv[2])
-it.allocate_tensors()
-s = it._backend
-print(s.startup["model_cached"], s.compiled.cpu_reasons == {})
-"""
-
-
 @pytest.mark.opencl
-def test_compile_and_app_in_fresh_processes_expand_the_layer_onto_the_gpu(
-    tmp_path: Path,
-) -> None:
+def test_compile_and_app_in_fresh_processes_expand_the_layer_onto_the_gpu(tmp_path: Path) -> None:
     """`litekiln compile`, then an app's start, each a process that has not imported the op
     registry: the layer expanded onto the GPU in both, the app finding the compiled entry."""
+    from fresh_process import compile_then_open
+
     path = tmp_path / "lstm.tflite"
     path.write_bytes(_model("lstm"))
-    cache = tmp_path / "cache"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    cmd = [sys.executable, "-m", "litekiln.cli", "compile", str(path), "--cache-dir", str(cache)]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=True)
-    assert "/ 0 on the CPU" in out.stdout, out.stdout + out.stderr
-    app = [sys.executable, "-c", _FRESH_APP, str(path), str(cache)]
-    out = subprocess.run(app, env=env, capture_output=True, text=True, timeout=600, check=True)
-    assert out.stdout.split("\n")[-2] == "True True", out.stdout + out.stderr
+    compiled, opened = compile_then_open(path, tmp_path / "cache")
+    assert "1 GPU partition(s)" in compiled and "/ 0 on the CPU" in compiled, compiled
+    assert opened == "True [('gpu', 0)] {}", opened
 
 
 @pytest.mark.opencl

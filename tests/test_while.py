@@ -26,7 +26,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
-import os
 import subprocess
 import sys
 import tempfile
@@ -273,34 +272,18 @@ def test_loop_runs_whole_on_the_gpu_and_matches_litert(name: str) -> None:
     _assert_close(got, _litert(model), f"{name} (GPU path)")
 
 
-_FRESH_APP = """
-import sys
-import litekiln
-
-it = litekiln.Interpreter(model_path=sys.argv[1], cache_dir=sys.argv[2])
-it.allocate_tensors()
-s = it._backend
-print(s.startup["model_cached"], s.compiled.steps, s.compiled.cpu_reasons == {})
-"""
-
-
 @pytest.mark.opencl
-def test_compile_and_app_in_fresh_processes_unroll_the_loop_onto_the_gpu(
-    tmp_path: Path,
-) -> None:
+def test_compile_and_app_in_fresh_processes_unroll_the_loop_onto_the_gpu(tmp_path: Path) -> None:
     """`litekiln compile`, then an app's start, each a process that has not imported the op
     registry: the loop unrolled onto the GPU in both, the app's start finding the compiled
     entry (both once left the WHILE on the CPU, where `litekiln inspect` unrolled it)."""
+    from fresh_process import compile_then_open
+
     path = tmp_path / "lstm.tflite"
     path.write_bytes(keras_model(KERAS[0]))
-    cache = tmp_path / "cache"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    cmd = [sys.executable, "-m", "litekiln.cli", "compile", str(path), "--cache-dir", str(cache)]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=True)
-    assert "0 on the CPU" in out.stdout and "1 GPU partition" in out.stdout, out.stdout + out.stderr
-    app = [sys.executable, "-c", _FRESH_APP, str(path), str(cache)]
-    out = subprocess.run(app, env=env, capture_output=True, text=True, timeout=600, check=True)
-    assert out.stdout.split("\n")[-2] == "True [('gpu', 0)] True", out.stdout + out.stderr
+    compiled, opened = compile_then_open(path, tmp_path / "cache")
+    assert "1 GPU partition(s)" in compiled and "/ 0 on the CPU" in compiled, compiled
+    assert opened == "True [('gpu', 0)] {}", opened
 
 
 def test_a_loop_too_long_to_unroll_stays_on_the_cpu_and_says_why(
