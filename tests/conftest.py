@@ -203,3 +203,20 @@ def smoke_path() -> Path:
 def smoke_int8_path() -> Path:
     """The int8 (full-integer) version of the smoke model."""
     return DATA / "smoke_int8.tflite"
+
+
+@pytest.fixture(scope="module")
+def cl_env() -> tuple[Any, Any]:
+    """An OpenCL context and in-order queue on one device, PoCL preferred (our CI device),
+    for tests that run programs directly (executors, kernels)."""
+    cl = pytest.importorskip("pyopencl")
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error:
+        platforms = []
+    devices = [d for p in platforms for d in p.get_devices()]
+    if not devices:
+        pytest.skip("no OpenCL device")
+    pocl = [d for d in devices if "Portable Computing Language" in d.platform.name]
+    ctx = cl.Context([(pocl or devices)[0]])
+    return ctx, cl.CommandQueue(ctx)

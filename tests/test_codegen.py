@@ -49,22 +49,6 @@ def _tt(shape: Sequence[int], dtype: str = "float32") -> Any:
 # --------------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="module")
-def cl_env() -> tuple[Any, Any]:
-    """An OpenCL context/queue, PoCL preferred (our CI device)."""
-    try:
-        platforms = cl.get_platforms()
-    except cl.Error:
-        platforms = []
-    devices = [d for p in platforms for d in p.get_devices()]
-    if not devices:
-        pytest.skip("no OpenCL device")
-    pocl = [d for d in devices if "Portable Computing Language" in d.platform.name]
-    dev = (pocl or devices)[0]
-    ctx = cl.Context([dev])
-    return ctx, cl.CommandQueue(ctx)
-
-
 def build_module(
     inputs: Sequence[tuple[str, Sequence[int]]], body: Callable[..., Any]
 ) -> tvm.IRModule:

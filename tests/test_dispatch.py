@@ -115,16 +115,6 @@ from litekiln.compiler.schedules import variant_rules  # noqa: E402
 from litekiln.runtime.executor import PartitionExecutor  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def cl_env() -> tuple[Any, Any]:
-    devices = [d for p in cl.get_platforms() for d in p.get_devices()]
-    pocl = [d for d in devices if "Portable Computing Language" in d.platform.name]
-    if not pocl:
-        pytest.skip("no PoCL device")
-    ctx = cl.Context([pocl[0]])
-    return ctx, cl.CommandQueue(ctx)
-
-
 def _module() -> Any:
     """conv 3x3 + bias + relu, max pool, softmax over channels, a global mean, an
     elementwise chain and a 1x1 conv."""

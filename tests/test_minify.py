@@ -138,16 +138,6 @@ from litekiln.runtime.cuda import check_ptx, ptx_entries, ptx_for_cuda  # noqa: 
 from litekiln.runtime.executor import PartitionExecutor  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def cl_env() -> tuple[Any, Any]:
-    devices = [d for p in cl.get_platforms() for d in p.get_devices()]
-    pocl = [d for d in devices if "Portable Computing Language" in d.platform.name]
-    if not (pocl or devices):
-        pytest.skip("no OpenCL device")
-    ctx = cl.Context([(pocl or devices)[0]])
-    return ctx, cl.CommandQueue(ctx)
-
-
 def _module() -> Any:
     """conv 3x3 + bias + relu, max pool, softmax over channels, a global mean."""
     rng = np.random.default_rng(7)

@@ -44,22 +44,6 @@ def _rand(*shape: int) -> np.ndarray:
     return RNG.uniform(-1.0, 1.0, size=shape).astype(np.float32)
 
 
-@pytest.fixture(scope="module")
-def cl_env() -> tuple[Any, Any]:
-    """An OpenCL context/queue, PoCL preferred (our CI device)."""
-    try:
-        platforms = cl.get_platforms()
-    except cl.Error:
-        platforms = []
-    devices = [d for p in platforms for d in p.get_devices()]
-    if not devices:
-        pytest.skip("no OpenCL device")
-    pocl = [d for d in devices if "Portable Computing Language" in d.platform.name]
-    dev = (pocl or devices)[0]
-    ctx = cl.Context([dev])
-    return ctx, cl.CommandQueue(ctx)
-
-
 def build_module(inputs: Sequence[tuple[str, Sequence[int]]], body: Callable[..., Any]) -> Any:
     """Module with `main(*inputs)` whose body is `body(bb, *vars)` (returns the result expr)."""
     bb = relax.BlockBuilder()
