@@ -77,18 +77,18 @@ def open_model(
     onto the GPU.
     """
     from litekiln.model import load_model
-    from litekiln.model.loader import model_checks_registered
+    from litekiln.model.loader import model_checks_registered, run_model_checks
 
     if checks and not model_checks_registered():
         import litekiln.ops  # noqa: F401  (registers the checks)
     model = load_model(source, token=token)
     if model_checks_registered():
         return model
-    if not any(op.name in _REWRITTEN_AT_LOAD for g in model.subgraphs for op in g.ops):
-        return model
-    import litekiln.ops  # noqa: F401, F811
+    if any(op.name in _REWRITTEN_AT_LOAD for g in model.subgraphs for op in g.ops):
+        import litekiln.ops  # noqa: F401, F811
 
-    return load_model(source, token=token)
+        run_model_checks(model)  # (what load_model runs once they are registered)
+    return model
 
 
 def split_options(

@@ -188,9 +188,19 @@ def load_model(
         display = name or path.stem
     model = _Loader(data, display).load(token)
     if validate:
-        for check in _MODEL_CHECKS:
-            check(model)
+        run_model_checks(model)
     return model
+
+
+def run_model_checks(model: Model) -> None:
+    """Run the checks of :func:`add_model_check` on ``model``, as :func:`load_model` does
+    (for a model loaded before they were registered).
+
+    Raises:
+        ModelValidationError: as :func:`load_model`.
+    """
+    for check in _MODEL_CHECKS:
+        check(model)
 
 
 def _check_header(data: bytes, where: str) -> None:
