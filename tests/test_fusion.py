@@ -19,7 +19,6 @@ tvm = pytest.importorskip("tvm")
 from tvm import relax  # noqa: E402
 
 from tests.test_schedules import _rand, build_module, check  # noqa: E402
-from tests.test_schedules import cl_env as cl_env  # noqa: E402, F401 - the fixture
 
 pytestmark = pytest.mark.opencl
 
