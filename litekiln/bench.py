@@ -265,7 +265,12 @@ def _child(spec: dict[str, Any], imports_s: float = 0.0) -> dict[str, Any]:
         0.0, (t3 - t2) - steps["device_s"] - steps["cache_read_s"] - steps["build_s"]
     )
     sess.wait_for_graph()  # (not timed) what a first start stores after its first inference
+    # A first start that ran on the CPU while the device built (`Session._cpu_first`): when
+    # the device took over, on the same clock as ``total_s``.
+    ready_at = (getattr(sess, "startup", {}) or {}).get("device_ready_at")
     return {
+        "cpu_first": bool(st.get("cpu_first")),
+        "device_ready_s": imports_s + (t1 - t0) + (ready_at - t2) if ready_at else None,
         **steps,
         "total_s": imports_s + (t1 - t0) + (t4 - t2),
         "construct_s": t1 - t0,
@@ -365,6 +370,11 @@ def _summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
     }
     if samples:
         out["cache"] = samples[-1]["cache"]  # what the cache held (the same in every sample)
+        # first outputs from the CPU while the device built (`Session._cpu_first`), and when
+        # the device took over
+        out["cpu_first"] = sum(1 for s in samples if s.get("cpu_first"))
+        ready = [s["device_ready_s"] for s in samples if s.get("device_ready_s") is not None]
+        out["device_ready_ms"] = _ms(_median(ready)) if ready else None
     return out
 
 
@@ -641,6 +651,7 @@ def _print_startup(results: dict[str, Any]) -> None:
     head = f"{'model':28s} {'case':9s} {'total ms':>9s} |"
     head += "".join(f" {k.replace('_', ' ')[:9]:>9s}" for k in STEPS)
     head += " | cache held (model, binaries, tuning, PTX used, CUDA start)"
+    head += " | CPU first: device ready ms"
     print(head)
     cases = ("cold", "compiled", "shipped", "warm")
     for m in results["models"]:
@@ -655,6 +666,8 @@ def _print_startup(results: dict[str, Any]) -> None:
                 f" | {'yes' if c.get('model') else 'no'}, {c.get('binaries')}, {c.get('tuning')}, "
                 f"{c.get('ptx')}, {'yes' if c.get('cuda_start') else 'no'}"
             )
+            if b.get("cpu_first"):
+                line += f" | {_fmt(b.get('device_ready_ms'), '.1f')}"
             print(line)
         if m["warm_imported_tvm"]:
             print(f"  WARNING: a warm start of {m['model']} imported TVM")
@@ -696,7 +709,10 @@ def _print_startup(results: dict[str, Any]) -> None:
     print(
         "cold: empty cache, driver cache off; compiled: what `litekiln compile` stores (no "
         "device binary), driver cache off: a first start on a new device; shipped: cache with "
-        "this device's binary, driver cache off; warm: both caches hot."
+        "this device's binary, driver cache off; warm: both caches hot. CPU first: a start "
+        "that builds from source gives its first outputs from the CPU (numpy) while the "
+        "device's programs build; the device takes over when ready (LITEKILN_CPU_FIRST=off: "
+        "it waits)."
     )
     if warm_only:
         print(

@@ -170,7 +170,8 @@ def check_model(model_path: str | Path, *, seed: int = 0, **interpreter_kwargs: 
     tol = tolerance_for(name, interpreter_kwargs.get("precision") or "fp32")
     t0 = time.perf_counter()
     try:
-        interp = Interpreter(model_path=path, **interpreter_kwargs)
+        # (the device's outputs are checked: no first inferences on the CPU while it builds)
+        interp = Interpreter(model_path=path, **{"cpu_first": False, **interpreter_kwargs})
         inputs = interp.random_inputs(seed)
         ours = interp.run(inputs)
         device = interp.device

@@ -215,6 +215,18 @@ BUILD_THREADS: Setting[int] = Setting(
     "Threads that build device programs from source at a first start on a device (one "
     "program per partition, built at once); 0 (default): one per program, at most 8.",
 )
+CPU_FIRST: Setting[bool] = Setting(
+    "LITEKILN_CPU_FIRST",
+    _bool,
+    True,
+    "A start that must build device programs from source (no stored binary for this device "
+    "and driver, no shipped PTX) is ready at once: its inferences run on the CPU (the numpy "
+    "reference, fp32) while the programs build in a background thread; the device takes "
+    "over between two inferences once its first inference, on the first inputs the CPU "
+    "ran, is done and checked against the CPU's values. A build that fails leaves the model "
+    "on the CPU, with a warning. Off: the start waits for the build (and, on PoCL, for the "
+    "kernels its first inference compiles).",
+)
 PROGRESS: Setting[str] = Setting(
     "LITEKILN_PROGRESS",
     _choice("auto", "on", "off"),
@@ -256,6 +268,7 @@ SETTINGS: tuple[Setting, ...] = (
     EARLY_CUDA,
     PTX,
     BUILD_THREADS,
+    CPU_FIRST,
     PROGRESS,
     LOG_LEVEL,
     ZOO_DIR,

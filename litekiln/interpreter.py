@@ -247,9 +247,34 @@ class Interpreter:
 
     @property
     def device(self) -> str:
-        """Where the model runs, in words (``"reference (numpy)"`` or the OpenCL device)."""
+        """Where the model runs, in words (``"reference (numpy)"`` or the OpenCL device; the
+        CPU while a first start builds the device's programs, see `wait_for_device`)."""
         self.allocate_tensors()
-        return str(self._backend.device_name)
+        return str(getattr(self._backend, "runs_on", self._backend.device_name))
+
+    def wait_for_device(self, timeout: float | None = None) -> bool:
+        """Wait for the device to run the inferences, and for its background work.
+
+        A start that must build the device's programs from source (a new device or driver,
+        nothing stored for it) is ready at once: its inferences run on the CPU while the
+        programs build in a background thread, and the device takes over between two
+        inferences once built (option ``cpu_first``, ``LITEKILN_CPU_FIRST``). This waits for
+        that, and for the rest of the first start's background work (timing the schedule
+        variants, storing the binaries, the CUDA graph upgrade on NVIDIA GPUs).
+
+        Args:
+            timeout: seconds to wait at most (None: until done).
+
+        Returns:
+            Whether the inferences now run on the device (False: the timeout passed first,
+            the build failed (a warning said why), or ``device="reference"``).
+        """
+        self.allocate_tensors()
+        wait = getattr(self._backend, "wait_for_graph", None)
+        if wait is None:
+            return False
+        wait(timeout)
+        return not self._backend.on_cpu
 
     @property
     def model(self) -> Model:

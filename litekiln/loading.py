@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("litekiln")
 
-_RUNTIME_OPTIONS = {"validate", "use_cache", "progress", "tune"}
+_RUNTIME_OPTIONS = {"validate", "use_cache", "progress", "tune", "cpu_first"}
 
 
 #: Ops that the op registry's load-time rewrite changes into others (`litekiln.ops.unroll`: a
@@ -173,7 +173,7 @@ def open_session(
         cache_dir: cache directory; None for the default; the option ``use_cache=False``
             disables the cache.
         options: compile options (:class:`CompileOptions` fields) and runtime options
-            (``validate``, ``use_cache``, ``progress``, ``tune``).
+            (``validate``, ``use_cache``, ``progress``, ``tune``, ``cpu_first``).
 
     Returns:
         A ready :class:`~litekiln.runtime.session.Session`.
@@ -190,6 +190,7 @@ def open_session(
     cache = ModelCache.open(cache_dir) if use_cache else None
     validate = bool(rt.get("validate", False))
     tune = config.TUNE.get(rt.get("tune"))
+    cpu_first = config.CPU_FIRST.get(rt.get("cpu_first"))
     t0 = time.perf_counter()
     early = _preload_ptx(model, copts, cache, device, explicit=options)
     # A CUDA start in the making: read the compiled model while the CUDA context is made.
@@ -216,7 +217,10 @@ def open_session(
         compiled, hit = _load_or_compile(model, copts, cache, progress=rt.get("progress"))
     t3 = time.perf_counter()
     try:
-        session = Session(model, compiled, handle, programs=cache, validate=validate, tune=tune)
+        session = Session(
+            model, compiled, handle, programs=cache, validate=validate, tune=tune,
+            cpu_first=cpu_first,
+        )  # fmt: skip
         # The start-up's steps on the caller's thread (`litekiln bench --startup`): waiting
         # for the device (opened in the background while the model was parsed), reading the
         # compiled model from the cache (or compiling it), then the session's own.
@@ -233,7 +237,10 @@ def open_session(
         log.warning("%s; using fp32 kernels that round every value to fp16", exc)
         copts = dataclasses.replace(copts, half="emulated")
         compiled = load_or_compile(model, copts, cache, progress=rt.get("progress"))
-        return Session(model, compiled, handle, programs=cache, validate=validate, tune=tune)
+        return Session(
+            model, compiled, handle, programs=cache, validate=validate, tune=tune,
+            cpu_first=cpu_first,
+        )  # fmt: skip
 
 
 def _cuda_start(
@@ -585,8 +592,9 @@ def _build_on_device(
 
     try:
         session = open_session(
-            model, device=device, precision=copts.precision, cache_dir=cache_dir, **options
-        )
+            model, device=device, precision=copts.precision, cache_dir=cache_dir,
+            **{**options, "cpu_first": False},  # (the device's own first inference is stored)
+        )  # fmt: skip
     except DeviceError as exc:  # (the compiled model is stored: only the binary is missing)
         log.warning("%s: no device binary stored for --device %s: %s", model.name, device, exc)
         return False

@@ -7,7 +7,7 @@ variable once, at its first call. Tests marked ``each_device``, and the op tests
 through `gpu_helper.Batch`, run once per device in `TEST_DEVICES` (ids ``pocl``, ``intel``,
 and any GPU's family; a device that is not installed is a skip that says so); the other OpenCL
 tests run on `DEFAULT_DEVICE`. ``LITEKILN_DEVICE`` set by the caller pins every test to that
-one device.
+one device. ``LITEKILN_CPU_FIRST`` is off (see below).
 """
 
 from __future__ import annotations
@@ -22,6 +22,12 @@ from typing import Any
 import pytest
 
 DATA = Path(__file__).parent / "data"
+
+#: The tests check the device's kernels: a start that builds them from source waits for them
+#: rather than running its first inferences on the CPU (`Session._cpu_first`), except in the
+#: tests of that path, which turn it on (``cpu_first=True`` or the variable, for the
+#: subprocesses they start).
+os.environ["LITEKILN_CPU_FIRST"] = "off"
 
 #: Written by scripts/setup_intel_opencl.sh (inside the virtualenv the tests run in).
 ICD_VENDORS = Path(sys.prefix) / "etc" / "OpenCL" / "vendors"

@@ -117,7 +117,7 @@ _CHILD = textwrap.dedent(
         from litekiln.runtime import session
 
         run = session.Session._run
-        session.Session._run = lambda self, x: (time.sleep(0.9), run(self, x))[1]
+        session.Session._run = lambda self, *a: (time.sleep(0.9), run(self, *a))[1]
     it = litekiln.Interpreter(model_path=sys.argv[1], cache_dir=sys.argv[2], tune=False)
     it.run(it.random_inputs(0))
     print("done")

@@ -336,6 +336,32 @@ class BuildProgress:
             self.stream.flush()
             self._shown.add(step)
 
+    def background_started(self, programs: int) -> None:
+        """A first start that runs on the CPU while ``programs`` build (`Session._cpu_first`)."""
+        self._note(
+            f"{self.head} in the background ({programs} program(s)); "
+            "inferences run on the CPU until it is done"
+        )
+
+    def background_done(self, seconds: float) -> None:
+        self._note(f"{self.head}: done in {seconds:.1f} s; inferences run there from now on")
+
+    def background_failed(self) -> None:
+        self._note(f"{self.head}: failed (see the warning); inferences stay on the CPU")
+
+    def exiting(self) -> None:
+        """The process exits while the background build runs: it is finished first, so that
+        the next start finds it stored."""
+        self._note(f"{self.head}: finishing before the exit, for the next start")
+
+    def _note(self, line: str) -> None:
+        """One whole line (no in-place update: the application's own output goes on)."""
+        if not self.enabled:
+            return
+        with self._lock:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+
     def reporting(self, work: Callable[[], T], every: float = 0.25) -> T:
         """Run ``work`` (the first inference) in this thread while a helper thread reports
         it with `first_inference` every ``every`` seconds; its result."""

@@ -15,7 +15,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -27,7 +27,7 @@ from litekiln.artifact.program import GpuProgram
 from litekiln.errors import DeviceError, InputError
 from litekiln.model.ir import Model
 from litekiln.ops.base import dequantize, is_quantized, quantize
-from litekiln.reference import run_ops
+from litekiln.reference import run_graph, run_ops
 from litekiln.runtime.buffers import (
     CudaBuffer,
     DeviceBuffer,
@@ -149,6 +149,20 @@ class ProgramStore(Protocol):
     def save_gpu(self, choice: str, record: Mapping[str, Any]) -> bool: ...
 
 
+@dataclass
+class _LoadPlan:
+    """How each partition loads (`Session._plan_loads`), by slot: a build job (None where
+    the shipped PTX loaded), the stored tuning choices, the default-kernel programs and the
+    PTX executors; ``t0`` is when the load began."""
+
+    parts: Sequence[PartitionArtifact]
+    t0: float
+    jobs: list[BuildJob | None] = field(default_factory=list)
+    stored: list[Any] = field(default_factory=list)
+    firsts: dict[int, GpuProgram] = field(default_factory=dict)
+    from_ptx: dict[int, Any] = field(default_factory=dict)
+
+
 class Session:
     """A compiled model bound to a device.
 
@@ -160,6 +174,9 @@ class Session:
 
     #: `input_stages`, found at its first call after a change of executors or bindings.
     _stages: dict[int, np.ndarray] | None = None
+    #: True while the inferences run on the CPU (the numpy reference), until `_take_over`
+    #: puts the device's executors in place.
+    _on_cpu = False
 
     def __init__(
         self,
@@ -170,6 +187,7 @@ class Session:
         programs: ProgramStore | None = None,
         validate: bool = False,
         tune: bool = True,
+        cpu_first: bool = False,
     ) -> None:
         """Load every partition's program onto the device.
 
@@ -181,6 +199,9 @@ class Session:
             programs: where device binaries and tuning choices are kept (None: nowhere).
             validate: re-run each GPU partition on the reference and report divergences.
             tune: time the schedule variants of programs not yet tuned on this device.
+            cpu_first: where programs must be built from source, run the inferences on the
+                CPU meanwhile and build in the background (`_cpu_first`,
+                ``LITEKILN_CPU_FIRST``); False: build now.
 
         Raises:
             DeviceError: a partition's program does not build or load on the device.
@@ -236,11 +257,23 @@ class Session:
         self._to_complete: list[tuple[int, _ProgramKey]] = []
         #: Each partition's program-store key.
         self._keys: list[_ProgramKey] = []
-        self.executors: list[Any] = (
-            self._cuda_start(compiled.partitions)
-            if self._start is not None
-            else self._load_partitions(compiled.partitions)
-        )
+        #: The build from source that runs in the background while the inferences run on the
+        #: CPU (`_cpu_first`), or None: the partitions load now.
+        self._deferred: _LoadPlan | None = None
+        #: A copy of the first inference's inputs while on the CPU: the device's first
+        #: inference in `_take_over` runs them.
+        self._cpu_inputs: dict[int, np.ndarray] | None = None
+        #: The notice a first start on the CPU shows (`BuildProgress.background`), or None.
+        self._notice: Any = None
+        self.executors: list[Any] = []
+        if self._start is not None:
+            self.executors = self._cuda_start(compiled.partitions)
+        else:
+            plan = self._plan_loads(compiled.partitions)
+            if cpu_first and self._cpu_first(plan):
+                self._deferred, self._on_cpu = plan, True
+            else:
+                self.executors = self._load_partitions(plan)
         self._outputs = [_output_arrays(ex) for ex in self.executors]
         #: Application buffers bound to graph inputs and outputs, by tensor index (`bind`).
         self.bindings: dict[int, Binding] = {}
@@ -249,10 +282,24 @@ class Session:
         #: Tensor -> (partition, output position) of the partition that makes it in the form
         #: the graph declares (no 8-bit or dtype conversion on the host): what `carry` copies
         #: on the device.
-        self._made_by = self._partition_outputs()
+        self._made_by = {} if self._on_cpu else self._partition_outputs()
         self._bound: _BindingPlan | None = None
+        self._opened = t0
         self._start_background()
         self.load_seconds = time.perf_counter() - t0
+
+    @property
+    def on_cpu(self) -> bool:
+        """Whether the inferences run on the CPU (the numpy reference): while the device's
+        programs build in the background (`_cpu_first`), or for good where that build failed."""
+        return self._on_cpu
+
+    @property
+    def runs_on(self) -> str:
+        """Where the next inference runs, in words."""
+        if self._on_cpu:
+            return f"the CPU (numpy) while {self.device_name} builds"
+        return self.device_name
 
     @property
     def handle(self) -> DeviceHandle:
@@ -317,41 +364,54 @@ class Session:
         )
         return executors
 
-    def _load_partitions(self, parts: Sequence[PartitionArtifact]) -> list[Any]:
-        """Every partition's executor. Programs come from their stored binaries, or are built
-        from source together (`build_programs`: in threads, with a progress line); what is new
-        is stored at once. Stored variant choices apply; without them the default schedules
-        run and the variants are timed after the load (`_start_background`)."""
-        from litekiln.runtime.build import BuildProgress, build_programs, default_program
+    def _plan_loads(self, parts: Sequence[PartitionArtifact]) -> _LoadPlan:
+        """What loading every partition takes: its stored binary and choices (program-store
+        key in `_keys`), or its shipped PTX loaded as a CUDA graph, else a build from source
+        (of the default kernels alone where variants are timed later, `default_program`)."""
+        from litekiln.runtime.build import default_program
         from litekiln.runtime.executor import build_job
 
-        h = self.handle
-        profile = h.profile
-        keys = self._keys
-        stored: list[Any] = []
-        jobs: list[BuildJob | None] = []
-        firsts: dict[int, GpuProgram] = {}
-        from_ptx: dict[int, Any] = {}  # slot -> CUDA graph executor on the shipped PTX
-        t0 = time.perf_counter()
+        profile = self.handle.profile
+        plan = _LoadPlan(parts, time.perf_counter())
         for slot, part in enumerate(parts):
             job = build_job(part.program, profile, label=f"partition {part.index}")
             key = (job.driver.digest, job.options, profile.identity())
             binary, choices = self._programs.load_program(*key) if self._programs else (None, None)
             job.binary = binary
             first = default_program(part.program) if binary is None and self._tune else None
-            keys.append(key)
-            stored.append(choices)
+            self._keys.append(key)
+            plan.stored.append(choices)
             cu = self._ptx_executor(part, first) if binary is None else None
             if cu is not None:  # no OpenCL build before the first inference
-                from_ptx[slot] = cu
-                jobs.append(None)
+                plan.from_ptx[slot] = cu
+                plan.jobs.append(None)
                 continue
             if first is not None:  # the variants' kernels are built after the first inference
-                firsts[slot] = first
+                plan.firsts[slot] = first
                 job = build_job(first, profile, label=f"partition {part.index}")
-            jobs.append(job)
+            plan.jobs.append(job)
+        return plan
+
+    def _load_partitions(self, plan: _LoadPlan, *, in_background: bool = False) -> list[Any]:
+        """Every partition's executor. Programs come from their stored binaries, or are built
+        from source together (`build_programs`: in threads, with a progress line); what is new
+        is stored at once. Stored variant choices apply; without them the default schedules
+        run and the variants are timed after the load (`_start_background`).
+
+        Args:
+            plan: what `_plan_loads` found.
+            in_background: the build runs while the CPU serves the inferences
+                (`_take_over`): no progress line of its own, none for the first inference.
+        """
+        from litekiln.runtime.build import BuildProgress, build_programs
+
+        h = self.handle
+        profile = h.profile
+        parts, jobs, firsts, from_ptx = plan.parts, plan.jobs, plan.firsts, plan.from_ptx
+        keys = self._keys
+        t0 = plan.t0
         todo = [j for j in jobs if j is not None]
-        fresh = any(j.binary is None for j in todo)
+        fresh = any(j.binary is None for j in todo) and not in_background
         progress = BuildProgress(self.model.name, self.device_name) if fresh else None
         made = iter(build_programs(todo, h.context, h.device, profile, progress=progress))
         # Drivers that compile each kernel at its first launch (PoCL) make the first
@@ -362,7 +422,7 @@ class Session:
         executors: list[Any] = []
         tuned = 0
         for slot, (part, res, key, choices) in enumerate(
-            zip(parts, built, keys, stored, strict=True)
+            zip(parts, built, keys, plan.stored, strict=True)
         ):
             if res is None:  # loaded from its PTX: OpenCL builds the whole program later
                 executors.append(from_ptx[slot])
@@ -389,9 +449,9 @@ class Session:
                     model_name=self.compiled.model_name, model_token=self.compiled.token,
                 )  # fmt: skip
             executors.append(ex)
+        prefix = "device_" if in_background else ""  # (the first start's steps are the CPU's)
         self.startup.update(
-            build_s=t1 - t0,
-            setup_s=time.perf_counter() - t1,
+            {f"{prefix}build_s": t1 - t0, f"{prefix}setup_s": time.perf_counter() - t1},
             partitions=len(parts),
             binaries=sum(1 for r in built if r is not None and r.from_binary),
             ptx=len(from_ptx),
@@ -479,6 +539,84 @@ class Session:
             return False
         return True
 
+    def _cpu_first(self, plan: _LoadPlan) -> bool:
+        """Whether this start runs its inferences on the CPU while the device's programs build
+        from source in the background (the ``cpu_first`` option): where some partition has
+        neither a stored binary nor shipped PTX, the session is not validating and the CUDA
+        graph path is not demanded at load (``LITEKILN_CUDA_GRAPH=on``). Records what the
+        cache held, as `_load_partitions` would."""
+        build = [j for j in plan.jobs if j is not None and j.binary is None]
+        if (
+            not build
+            # (a driver that refuses half kernels is met at load: `litekiln.loading` retries
+            # with emulated half then)
+            or any(j.uses_half for j in build)
+            or self.validate
+            or config.CUDA_GRAPH.get() == "on"
+        ):
+            return False
+        parts = plan.parts
+        self.startup.update(
+            build_s=0.0,
+            setup_s=0.0,
+            partitions=len(parts),
+            binaries=sum(1 for j in plan.jobs if j is not None and j.binary is not None),
+            ptx=len(plan.from_ptx),
+            tuning=0,
+            variants=sum(1 for p in parts if p.program.variants),
+            cpu_first=True,
+        )
+        from litekiln.runtime.build import BuildProgress
+
+        self._notice = BuildProgress(self.model.name, self.device_name)
+        self._notice.background_started(len(build))
+        return True
+
+    def _take_over(self) -> bool:
+        """Build the deferred programs (`_cpu_first`), run the device's first inference on
+        the inputs of the first inference the CPU ran (PoCL compiles each kernel then),
+        checked against the CPU's values, and put the device's executors in place between two
+        inferences. A build that fails leaves the model on the CPU, with a warning saying why.
+
+        Returns:
+            Whether the device took over.
+        """
+        plan, self._deferred = self._deferred, None
+        assert plan is not None
+        plan.t0 = t0 = time.perf_counter()
+        try:
+            executors = self._load_partitions(plan, in_background=True)
+        except DeviceError as exc:
+            log.warning("%s: the model stays on the CPU: %s", self.model.name, exc)
+            if self._notice is not None:
+                self._notice.background_failed()
+            return False
+        inputs = self._cpu_inputs
+        # (the foreground reads none of these while `_on_cpu`)
+        self.executors = executors
+        self._outputs = [_output_arrays(ex) for ex in executors]
+        if inputs is not None:
+            report = DivergenceReport(ok=True)
+            self._limited_run(inputs, report=report)
+            if not report.ok:
+                log.warning("%s: the device's first inference: %s", self.model.name, report)
+            # Stored while the CPU still serves: reading a binary back holds the driver's
+            # program lock for seconds on PoCL, which would stall the device's next inference.
+            self._store_pending()
+        with self._lock:
+            self._made_by = self._partition_outputs()
+            self._stages = None
+            self._on_cpu = False
+            self._cpu_inputs = None
+        now = time.perf_counter()
+        self.startup.update(device_ready_at=now, device_ready_s=now - self._opened)
+        if inputs is not None:
+            self.startup["device_first_run_s"] = now - t0 - self.startup.get("device_build_s", 0.0)
+            self._ready.set()  # (the device's first inference is done)
+        if self._notice is not None:
+            self._notice.background_done(now - t0)
+        return True
+
     def _start_background(self) -> None:
         """Tune, store, then move onto CUDA graphs, without holding up the first inference.
 
@@ -490,7 +628,13 @@ class Session:
         device to itself. ``LITEKILN_CUDA_GRAPH=on`` does all of it here, now.
         """
         graph = self._graph_todo()
-        if not self._to_complete and not self._to_tune and not self._to_store and not graph:
+        if (
+            not self._on_cpu
+            and not self._to_complete
+            and not self._to_tune
+            and not self._to_store
+            and not graph
+        ):
             return
         if config.CUDA_GRAPH.get() == "on":
             self._complete_pending()
@@ -502,10 +646,14 @@ class Session:
             target=self._in_background, daemon=True, name="litekiln-background"
         )
         _UPGRADES.add(self._background)
+        if self._notice is not None:
+            _EXIT_NOTICES[self._background] = self._exit_notice
         self._background.start()
 
     def _in_background(self) -> None:
         try:
+            if self._on_cpu and not self._take_over():
+                return
             while not self._ready.wait(0.1):
                 # (a wait that timed out as the first inference ended and the process began
                 # to exit: `_ready` is set by then, and the work still runs)
@@ -523,6 +671,12 @@ class Session:
             )
         finally:
             _UPGRADES.discard(threading.current_thread())
+            _EXIT_NOTICES.pop(threading.current_thread(), None)
+
+    def _exit_notice(self) -> None:
+        """At exit, while the deferred build (`_cpu_first`) still runs: say why the exit waits."""
+        if self._on_cpu and self._notice is not None:
+            self._notice.exiting()
 
     def _complete_pending(self) -> None:
         """Build the whole program of each partition that started on its default kernels
@@ -740,6 +894,8 @@ class Session:
             overwrites: copy what must outlive it.
         """
         with self._lock:
+            if self._on_cpu:  # the device's programs still build (`_cpu_first`)
+                return self._cpu_run(inputs)
             first, self._first_progress = self._first_progress, None
             if first is not None:  # the first inference after a build from source
                 values = first.reporting(lambda: self._limited_run(inputs))
@@ -749,12 +905,21 @@ class Session:
             self._ready.set()
         return values
 
-    def _limited_run(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+    def _cpu_run(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+        """One inference on the numpy reference (every op on the CPU; under the lock)."""
+        if self._cpu_inputs is None:  # (for the device's first inference, `_take_over`)
+            self._cpu_inputs = {t: np.array(v, copy=True) for t, v in inputs.items()}
+        with cpu_thread_limit(self.cpu_threads):
+            return run_graph(self.graph, inputs, intermediates=True)
+
+    def _limited_run(
+        self, inputs: Mapping[int, np.ndarray], report: DivergenceReport | None = None
+    ) -> dict[int, np.ndarray]:
         """`_run` within the CPU ops' thread limit, where there are CPU ops and a limit."""
         if self._cpu_steps and self.cpu_threads is not None:
             with cpu_thread_limit(self.cpu_threads):
-                return self._run(inputs)
-        return self._run(inputs)  # (no context manager to enter: ~2 us of host time)
+                return self._run(inputs, report)
+        return self._run(inputs, report)  # (no context manager to enter: ~2 us of host time)
 
     def input_stages(self) -> dict[int, np.ndarray]:
         """Graph input -> the host array `run` stages it in (a CUDA graph's pinned input
@@ -770,6 +935,8 @@ class Session:
         return stages
 
     def _find_stages(self) -> dict[int, np.ndarray]:
+        if self._on_cpu:
+            return {}
         g = self.graph
         stages: dict[int, np.ndarray] = {}
         for kind, idx in self.compiled.steps:
@@ -812,10 +979,15 @@ class Session:
             plan.append((kind, idx, part, ins, outs))
         return plan
 
-    def _run(self, inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+    def _run(
+        self, inputs: Mapping[int, np.ndarray], report: DivergenceReport | None = None
+    ) -> dict[int, np.ndarray]:
+        """One inference on the device's executors and the CPU ops between them; each GPU
+        partition checked against the reference when validating, or into ``report``."""
         g = self.graph
         values: dict[int, np.ndarray] = dict(inputs)
-        report = DivergenceReport(ok=True) if self.validate else None
+        if report is None and self.validate:
+            report = DivergenceReport(ok=True)
         times = self.step_times
         clock = time.perf_counter
         bound = self._bound
@@ -867,7 +1039,7 @@ class Session:
                 times.append(("gpu_outputs", idx, clock() - t0))
             if report is not None and report.ok:
                 self._validate_partition(part, values, report)
-        if report is not None:
+        if report is not None and self.validate:
             self.last_report = report
             if not report.ok:
                 log.warning("%s", report)
@@ -931,6 +1103,7 @@ class Session:
                 "(carry_state); unbind it first"
             )
         self.wait_for_graph()
+        self._check_device()
         slot = self._slot(tensor, role)
         with self._lock:
             buf = device_buffer(
@@ -987,6 +1160,7 @@ class Session:
                 "own shape and dtype"
             )
         self.wait_for_graph()
+        self._check_device()
         with self._lock:
             buf = state_buffer(
                 self._state_memory(input, output), dst, context=self.handle.context,
@@ -1000,6 +1174,16 @@ class Session:
                 raise
         self._warn_host_copies(binding)
         return binding
+
+    def _check_device(self) -> None:
+        """Raise where the model stays on the CPU (its programs did not build, `_take_over`):
+        there is no device memory to bind."""
+        if self._on_cpu:
+            raise DeviceError(
+                f"{self.model.name}: the model runs on the CPU (its programs for "
+                f"{self.device_name} did not build: see the warning), so no device buffer "
+                "can be bound to it"
+            )
 
     def reset_state(self, inputs: Sequence[int] | None = None) -> None:
         """Zero the carried inputs (`carry`) among ``inputs`` (None: every one)."""
@@ -1333,10 +1517,17 @@ _UPGRADES: set[threading.Thread] = set()
 _STOPPING = threading.Event()
 
 
+#: Background threads -> what to say if the exit waits for them (`Session._exit_notice`).
+_EXIT_NOTICES: dict[threading.Thread, Callable[[], None]] = {}
+
+
 @atexit.register
 def _join_upgrades() -> None:
     _STOPPING.set()
     for t in list(_UPGRADES):
+        notice = _EXIT_NOTICES.get(t)
+        if notice is not None and t.is_alive():
+            notice()
         t.join(timeout=60)
 
 
