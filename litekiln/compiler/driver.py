@@ -221,10 +221,11 @@ class _Compilation:
     def _generate_fused(
         self, p: Partition, mod: Any, lower_opts: LowerOptions, label: str
     ) -> CompileResult | str:
-        """`_generate`, except that a module with fused layer norms (compiler/layer_norm.py)
-        or folded convolutions (`lowering.conv_folded`) whose code generation fails with the
-        options' schedules is lowered again op by op (with a warning saying why) before the
-        fallback schedules."""
+        """`_generate`, except that a module with fused layer norms (compiler/layer_norm.py),
+        fused attentions (compiler/attention.py) or folded convolutions
+        (`lowering.conv_folded`) whose code generation fails with the options' schedules is
+        lowered again op by op (with a warning saying why) before the fallback schedules."""
+        from litekiln.compiler import attention
         from litekiln.compiler.codegen import compile_relax_full
         from litekiln.compiler.layer_norm import PRIMFUNC_NAME
         from litekiln.compiler.lowering import FOLDED_CONV_NAMES
@@ -232,7 +233,7 @@ class _Compilation:
         fused = any(
             name in gv.name_hint
             for gv in mod.get_global_vars()
-            for name in (PRIMFUNC_NAME, *FOLDED_CONV_NAMES)
+            for name in (PRIMFUNC_NAME, attention.PRIMFUNC_NAME, *FOLDED_CONV_NAMES)
         )
         if not fused:
             return self._generate(mod, label)

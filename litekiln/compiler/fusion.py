@@ -124,7 +124,10 @@ class _Fuser:
 
     def _is_product(self, func: relax.Function) -> bool:
         pats = self._prim_patterns(func) or []
-        return any(p == _OUT_ELEMWISE_FUSABLE and "matmul" in name for p, name in pats)
+        return any(
+            p == _OUT_ELEMWISE_FUSABLE and ("matmul" in name or "attention" in name)
+            for p, name in pats
+        )
 
     def _operands(self, func: relax.Function) -> set[int]:
         """Indices of ``func``'s parameters that reach its matrix product's operands (not

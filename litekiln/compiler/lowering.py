@@ -21,6 +21,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from litekiln.compiler.attention import find_attentions
 from litekiln.compiler.layer_norm import find_layer_norms
 from litekiln.compiler.partition import Partition
 from litekiln.errors import CompileError
@@ -62,14 +63,17 @@ class LowerOptions:
     # per gate. Off: the MUL is a kernel of its own (the compiler's fallback, with the layer
     # norms', when the fused form does not build).
     fuse_scales: bool = True
+    # Each attention (BATCH_MATMUL, SOFTMAX, BATCH_MATMUL) lowered as one call
+    # (compiler/attention.py): one kernel, the scores and probabilities never in memory.
+    fuse_attention: bool = True
 
     def unfused(self) -> LowerOptions:
         """These options with every multi-op fusion off (the op-by-op fallback)."""
-        return replace(self, fuse_layer_norms=False, fuse_scales=False)
+        return replace(self, fuse_layer_norms=False, fuse_scales=False, fuse_attention=False)
 
     @property
     def fuses(self) -> bool:
-        return self.fuse_layer_norms or self.fuse_scales
+        return self.fuse_layer_norms or self.fuse_scales or self.fuse_attention
 
 
 #: Name of a convolution emitted with its input's per-channel scale (``conv2d_scaled``,
@@ -173,6 +177,14 @@ class Lowering:
         norms = find_layer_norms(graph, part) if options.fuse_layer_norms else []
         self.layer_norms = {ln.last: ln for ln in norms}  # op writing its output -> the norm
         self.in_layer_norm = {i for ln in norms for i in ln.ops if i != ln.last}
+        normed = {i for ln in norms for i in ln.ops}
+        attns = [
+            a
+            for a in (find_attentions(graph, part) if options.fuse_attention else [])
+            if not a.ops & normed
+        ]
+        self.attentions = {a.last: a for a in attns}  # second product -> the attention
+        self.in_attention = {i for a in attns for i in a.ops if i != a.last}
 
     def _find_pad_folds(self) -> dict[int, tuple[int, tuple[int, int, int, int]]]:
         """Zero PADs of height/width that only feed convolutions of this partition (TF exports
@@ -412,8 +424,8 @@ class Lowering:
                     op = self.graph.ops[i]
                     if op.name == "PAD" and op.outputs and op.outputs[0] in self.pad_folds:
                         continue  # taken by its convolutions
-                    if i in self.in_layer_norm:
-                        continue  # emitted with the layer norm's last op
+                    if i in self.in_layer_norm or i in self.in_attention:
+                        continue  # emitted with the layer norm's (attention's) last op
                     if op.outputs and op.outputs[0] in self._folded_by_convs(op.name):
                         continue  # computed by its convolutions as they load (conv_folded)
                     outs = self._emit(i, op)
@@ -452,6 +464,9 @@ class Lowering:
         ln = self.layer_norms.get(i)
         if ln is not None:
             return [ln.emit(self.graph, self.bb, self.value, self._scalar, self.stored)]
+        attn = self.attentions.get(i)
+        if attn is not None:  # (`_fix_shape` reshapes it to the second product's output)
+            return [attn.emit(self.graph, self.bb, self.value, self._scalar)]
         fn = EMITTERS.get(op.name)
         if fn is None:
             raise CompileError(f"{op.describe()}: no GPU lowering for {op.name}")

@@ -1428,6 +1428,117 @@ class RowNormalization(_GuardedRule):
         return sch
 
 
+def _attention_blocks(sch: s_tir.Schedule) -> list[Any] | None:
+    """The blocks of a fused attention (`compiler.attention.BLOCKS`, in order), once every
+    other block (the operands' layout copies, an epilogue) is inlined; else None."""
+    from litekiln.compiler.attention import BLOCKS
+
+    # (not dlight's normalize_prim_func: it drops unit loops, and the rules find the output's
+    # batch, query, column and key loops by position)
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    names = [sch.get(b).name_hint for b in blocks]
+    if set(names) & set(BLOCKS) != set(BLOCKS):
+        return None
+    for block, name in zip(blocks, names, strict=True):
+        if name in BLOCKS:
+            continue
+        try:
+            sch.compute_inline(block)  # the operands' layout copies
+        except (RuntimeError, ValueError):
+            sch.reverse_compute_inline(block)  # an epilogue (raises if it cannot)
+    return [sch.get_sblock(name) for name in BLOCKS]
+
+
+class FusedAttention(_GuardedRule):
+    """An attention as one kernel (`compiler.attention`): a work-group per ``rows`` query rows
+    of one batch entry, ``lanes`` threads per row.
+
+    Each row's scores are summed in registers by its lanes (key ``l, l + lanes, ...``: a warp
+    reads consecutive keys) and kept in local memory; its max and its sum of exponentials
+    meet across the lanes (local memory, barriers); its probabilities go to local memory; then
+    each lane sums ``probability x value`` over the keys for its output columns (a warp reads
+    consecutive values) in a register. The statistics cover the padded rows and keys of
+    `attention_te` (whole groups: no predicate around a barrier).
+
+    Args:
+        rows: Query rows per work-group (a divisor of `attention.ROWS`).
+        lanes: Threads per row (a divisor of `attention.LANES`).
+    """
+
+    def __init__(self, rows: int = 4, lanes: int = 32) -> None:
+        self.rows = rows
+        self.lanes = lanes
+
+    def _apply(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+        from litekiln.compiler.attention import LANES, ROWS
+
+        if ROWS % self.rows or LANES % self.lanes:
+            return None
+        if self.rows * self.lanes > int(max_threads_per_block(target)):
+            return None
+        sch = s_tir.Schedule(func)
+        found = _attention_blocks(sch)
+        if found is None:
+            return None
+        scores, mx, den, prob, out = found
+        loops = sch.get_loops(out)
+        nb = len(loops) - 3  # batch axes, then query, column, key
+        i, c = loops[nb], loops[nb + 1]
+        rows = self.rows
+        while rows > int(sch.get(i).extent):
+            # (fewer queries than rows: the statistics' regions would be narrower than the
+            # work-group's rows, and the extra rows' threads would write past them)
+            rows //= 2
+        io, ty = sch.split(i, factors=[None, rows])
+        bx = sch.fuse(*loops[:nb], io) if nb else io
+        co, tx = sch.split(c, factors=[None, self.lanes])
+        sch.reorder(bx, ty, tx, co)
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(ty, "threadIdx.y")
+        sch.bind(tx, "threadIdx.x")
+        acc = sch.cache_write(out, 0, "local")
+        sch.reverse_compute_at(acc, co, preserve_unit_loops=False)
+        for block in (prob, den, mx, scores):
+            sch.set_scope(block, 0, "shared")
+            sch.compute_at(block, bx, preserve_unit_loops=True)
+            inner = sch.get_loops(block)[1:]  # (unit batch loops), rows, keys(, d)
+            k = 2 if block == scores else 1
+            row, key = inner[len(inner) - k - 1], inner[len(inner) - k]
+            sch.bind(row, "threadIdx.y")
+            ko, lane = sch.split(key, factors=[None, self.lanes])
+            sch.reorder(lane, ko)
+            sch.bind(lane, "threadIdx.x")
+            if block == scores:  # each score summed in a register, stored once
+                reg = sch.cache_write(scores, 0, "local")
+                sch.reverse_compute_at(reg, ko, preserve_unit_loops=False)
+        return sch
+
+
+class SerialAttention(_GuardedRule):
+    """An attention as one kernel on CPU OpenCL: one work-item per query row, its scores and
+    probabilities in private arrays, its statistics in registers (no barrier, no local
+    memory), as `SerialRows` does for a softmax."""
+
+    def _apply(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+        sch = s_tir.Schedule(func)
+        found = _attention_blocks(sch)
+        if found is None:
+            return None
+        scores, mx, den, prob, out = found
+        loops = sch.get_loops(out)
+        nb = len(loops) - 3
+        rows = sch.fuse(*loops[: nb + 1])
+        extent = int(sch.get(rows).extent)
+        threads = min(_threads_per_group(extent, target), max(1, extent))
+        bx, tx = sch.split(rows, factors=[None, threads])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        for block in (prob, den, mx, scores):
+            sch.set_scope(block, 0, "local")
+            sch.compute_at(block, tx, preserve_unit_loops=False)
+        return sch
+
+
 _has_if_then_else = tvm.get_global_func("s_tir.schedule.HasIfThenElse")
 
 
@@ -1562,7 +1673,10 @@ def fast_rules(
     ):
         if value is not None:
             cfg[key] = value
-    rules: list[GPUScheduleRule] = [WindowReduction()] if cfg.get("window_reduction") else []
+    # (attention: only the fused attention's function, compiler/attention.py)
+    rules: list[GPUScheduleRule] = [SerialAttention() if profile == "cpu" else FusedAttention()]
+    if cfg.get("window_reduction"):
+        rules.append(WindowReduction())
     if cfg.get("coalesced_reductions"):
         rules += [ColumnReduction(), RowReduction(), RowNormalization()]
     rules.append(
