@@ -214,3 +214,31 @@ def test_what_stays_op_by_op() -> None:
     assert _found(_scores_elsewhere) == 0
     assert _found(_masked) == 0
     assert _found(attention([1], 5, 8, 1, 8)) == 0  # one key: its softmax is 1
+
+
+@pytest.mark.opencl
+def test_every_tuning_option_of_an_attention_matches_numpy() -> None:
+    """The GPU profile's variants of the fused function (1, 2 and 8 query rows per group, 8
+    rows of 16 lanes) give the same attention as the default (4 rows of 32 lanes)."""
+    import litekiln
+
+    cases = [CASES[0], CASES[-2]]  # DeiT's, and LeViT's scale and bias
+    built = build_model(cases)
+    it = litekiln.Interpreter(
+        model_content=built.model, use_cache=False, schedules="fast", tune=False
+    )
+    it.allocate_tensors()
+    ex = it._backend.executors[0]  # noqa: SLF001 - the test drives the executor's options
+    variants = ex.program.variants
+    assert [len(v.options) for v in variants] == [4, 4], variants
+    for i, v in enumerate(variants):
+        for c in range(len(v.options) + 1):
+            choices = [0] * len(variants)
+            choices[i] = c
+            ex.select(choices)
+            outs = it.run(built.feeds)
+            for k, case in enumerate(cases):
+                q, kk, val = built.feeds[3 * k : 3 * k + 3]
+                ref = _oracle(case.id, q, kk, val)
+                err = float(np.max(np.abs(outs[k] - ref))) / max(1.0, float(np.max(np.abs(ref))))
+                assert err <= 1e-4, f"{v.func} option {c}: {case.id} {err:.2e}"

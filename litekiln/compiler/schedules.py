@@ -1828,6 +1828,8 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
       row (split-K); dlight's GEMV and Reduction (what some of these kernels had before our
       rules took them).
     * layer norms: `RowNormalization` with one work-item per row and with 128 lanes per row.
+    * attentions: `FusedAttention` with 1, 2 and 8 query rows per group, and 8 rows of 16
+      lanes.
 
     The ``cpu`` profile has none (PoCL is for correctness).
     """
@@ -1921,4 +1923,10 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
         # no barrier), and 128 lanes per row (rows of 256 terms and more).
         RowNormalization(lanes=1),
         RowNormalization(lanes=128),
+        # Attentions (`FusedAttention`, 4 query rows of 32 lanes per group): 1, 2 and 8 rows
+        # (more groups, or the keys and values read by fewer), 8 rows of 16 lanes.
+        FusedAttention(rows=1),
+        FusedAttention(rows=2),
+        FusedAttention(rows=8),
+        FusedAttention(rows=8, lanes=16),
     ]
