@@ -136,7 +136,15 @@ class _Fuser:
         reach: set[Any] = set()
         for b in reversed(bindings):
             info = self._call_tir(b.value)
-            if b.var in reach or (info is not None and info[0] == _OUT_ELEMWISE_FUSABLE):
+            if info is not None and "attention" in info[1]:
+                # The queries and the values only: their copies become reads along the rows
+                # a warp walks (a query broadcast to a row's lanes, a value row across them).
+                # The keys are read across the lanes, key by key: through a copy (a
+                # transpose) their kernel reads keys side by side, not 576 floats apart.
+                fields = b.value.args[1].fields
+                reach.update(relax.analysis.free_vars(fields[0]))
+                reach.update(relax.analysis.free_vars(fields[2]))
+            elif b.var in reach or (info is not None and info[0] == _OUT_ELEMWISE_FUSABLE):
                 reach.update(relax.analysis.free_vars(b.value))
         return {i for i, p in enumerate(func.params) if p in reach}
 

@@ -1496,10 +1496,17 @@ class FusedAttention(_GuardedRule):
         sch.bind(bx, "blockIdx.x")
         sch.bind(ty, "threadIdx.y")
         sch.bind(tx, "threadIdx.x")
+        # Each output summed in a register; the keys unrolled by 8 (8 values' loads in
+        # flight rather than one at a time).
         acc = sch.cache_write(out, 0, "local")
         sch.reverse_compute_at(acc, co, preserve_unit_loops=False)
+        _, j8 = sch.split(sch.get_loops(out)[-1], factors=[None, 8])
+        sch.unroll(j8)
         for block in (prob, den, mx, scores):
-            sch.set_scope(block, 0, "shared")
+            # The statistics in registers: the cross-thread reduction hands every lane of
+            # the row its result (in local memory, only the lane writing it would be sure to
+            # read it: TVM puts no barrier between that write and the other lanes' reads).
+            sch.set_scope(block, 0, "local" if block in (den, mx) else "shared")
             sch.compute_at(block, bx, preserve_unit_loops=True)
             inner = sch.get_loops(block)[1:]  # (unit batch loops), rows, keys(, d)
             k = 2 if block == scores else 1
@@ -1508,9 +1515,11 @@ class FusedAttention(_GuardedRule):
             ko, lane = sch.split(key, factors=[None, self.lanes])
             sch.reorder(lane, ko)
             sch.bind(lane, "threadIdx.x")
-            if block == scores:  # each score summed in a register, stored once
+            if block == scores:  # each score summed in a register, the terms unrolled by 8
                 reg = sch.cache_write(scores, 0, "local")
                 sch.reverse_compute_at(reg, ko, preserve_unit_loops=False)
+                _, d8 = sch.split(sch.get_loops(scores)[-1], factors=[None, 8])
+                sch.unroll(d8)
         return sch
 
 
