@@ -1,14 +1,15 @@
 """Attentions become one kernel each (compiler/attention.py).
 
 The chain models write (BATCH_MATMUL of queries and keys, SOFTMAX over the keys with RESHAPEs
-of unit axes around it, BATCH_MATMUL with the values; litert-torch's DeiT form, transposed
-operands, a beta, odd sizes) is found in the partition and lowered as one call; each must be
-ONE kernel (`Launch.func` ``...attention...``) under the GPU schedules (``fast``:
-`schedules.FusedAttention`) and the CPU ones (``fast-cpu``: `schedules.SerialAttention`),
-and equal a float64 numpy attention within ``1e-4 * max(1, max|ref|)`` (fp32; 1e-2 under
-fp16) on PoCL; constants applied to the scores before the SOFTMAX (TinyViT's bias over
-regrouped windows, LeViT's scale and bias) go into the kernel. A chain whose scores are read
-elsewhere, with a computed mask added to them, or over one key, stays op by op.
+of unit axes around it, BATCH_MATMUL with the values; litert-torch's DeiT form with 32-term
+heads, transposed operands, a beta, odd sizes) is found in the partition and lowered as one
+call; each must be ONE kernel (`Launch.func` ``...attention...``) under the GPU schedules
+(``fast``: `schedules.FusedAttention`) and the CPU ones (``fast-cpu``:
+`schedules.SerialAttention`), and equal a float64 numpy attention within
+``1e-4 * max(1, max|ref|)`` (fp32; 1e-2 under fp16) on PoCL; constants applied to the scores
+before the SOFTMAX (TinyViT's bias over regrouped windows, LeViT's scale and bias) go into
+the kernel. A chain whose scores are read elsewhere, with a computed mask added to them, over
+one key, or of more than `attention.MAX_TERMS` terms per score, stays op by op.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def attention(
 
 
 CASES = [
-    Case("deit", attention([3], 197, 64, 197, 64, reshape=True)),
+    Case("deit", attention([3], 197, 32, 197, 64, reshape=True)),
     Case("adj_y_beta", attention([2], 10, 16, 10, 8, adj_y=True, beta=0.125)),
     Case("adj_x_adj_v", attention([2], 7, 12, 9, 20, adj_x=True, adj_v=True)),
     Case("one_query", attention([4], 1, 32, 49, 32)),
@@ -214,6 +215,7 @@ def test_what_stays_op_by_op() -> None:
     assert _found(_scores_elsewhere) == 0
     assert _found(_masked) == 0
     assert _found(attention([1], 5, 8, 1, 8)) == 0  # one key: its softmax is 1
+    assert _found(attention([3], 197, 64, 197, 64)) == 0  # DeiT's 64-term heads
 
 
 @pytest.mark.opencl

@@ -19,7 +19,9 @@ rounded to storage (under fp16 they stay float32). The layout copies that make t
 (the heads' slices, transposes and scales) are merged into the kernel as its loads
 (`compiler.fusion`).
 
-Elementwise ops of the scores with constants before the SOFTMAX (LeViT's scale, TinyViT's
+Attentions whose scores sum more than `MAX_TERMS` terms (DeiT's 64-dimension heads) stay op
+by op: measured on the H200, the fused kernel gained nothing there. Elementwise ops of the
+scores with constants before the SOFTMAX (LeViT's scale, TinyViT's
 and LeViT's relative-position biases, broadcast over the windows) go into the kernel too
 (`Transform`). Anything else stays op by op (a computed mask, quantized tensors, broadcast
 batch axes, one key or more than `MAX_KEYS`).
@@ -51,6 +53,12 @@ ROWS = 8
 LANES = 32
 #: Most keys: each work-group keeps its rows' scores and probabilities in local memory.
 MAX_KEYS = 1024
+#: Most terms per score (the heads' dimension): one lane sums its keys' dot products in a
+#: chain, which on the H200 made DeiT's 64-term heads no faster fused (22.9 us per block)
+#: than as three kernels whose products take the heads' layout copies (23.3 us, and two copy
+#: kernels fewer); 16-32 terms (LeViT, MobileViT, TinyViT, PVT-v2) ran faster fused
+#: (docs/benchmarks.md, eleventh session).
+MAX_TERMS = 32
 
 
 def attention_te(
@@ -280,8 +288,14 @@ def find_attentions(graph: Subgraph, part: Partition) -> list[Attention]:
             continue  # (broadcast batch axes: op by op)
         adj_v = bool(second.options.get("adj_y"))
         n = shapes[1][-2] if first.options.get("adj_y") else shapes[1][-1]
-        if not 2 <= n <= MAX_KEYS or math.prod(shapes[4]) != math.prod(
-            (*shapes[0][:-2], shapes[3][-2], shapes[2][-2] if adj_v else shapes[2][-1])
+        d = shapes[0][-2] if first.options.get("adj_x") else shapes[0][-1]
+        if (
+            d > MAX_TERMS
+            or not 2 <= n <= MAX_KEYS
+            or math.prod(shapes[4])
+            != math.prod(
+                (*shapes[0][:-2], shapes[3][-2], shapes[2][-2] if adj_v else shapes[2][-1])
+            )
         ):
             continue
         beta = float(graph.ops[softmax].options.get("beta", 1.0))

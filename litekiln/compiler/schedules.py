@@ -30,6 +30,10 @@ keep the reduction serial inside the work-item:
 * `RowNormalization` -- a layer norm as one kernel (`compiler.layer_norm` lowers it as one
   function: a row's sum, the sum of its squared differences from the mean, the normalised
   row): a warp's lanes along each row for both sums and for the row's writes.
+* `FusedAttention`, `SerialAttention` -- an attention as one kernel (`compiler.attention`:
+  scores, softmax, weighted sum of the values): on GPUs a work-group per few query rows,
+  their scores and probabilities in local memory, a warp's lanes along each row; on CPU
+  OpenCL one work-item per query row.
 
 Rules return ``None`` where they do not apply (or where TVM refuses a schedule step), so
 dlight's rules stay the fallback; `fast_schedule` chains them.  Work-group sizes stay within
