@@ -295,3 +295,27 @@ def test_inferences_from_threads_across_the_switch(
         t.join()
     assert not errors, errors[0]
     assert not it._backend.on_cpu  # noqa: SLF001
+
+
+def test_a_failing_first_device_inference_leaves_the_model_on_the_cpu(
+    smoke_path: Path, compiled_cache: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """The programs build but the device's first inference raises: the CPU keeps serving
+    (never half switched), and the warning says why."""
+    from litekiln.runtime.executor import PartitionExecutor
+
+    def broken(self: object, *args: object, **kwargs: object) -> None:
+        raise RuntimeError("(test) the kernel faulted")
+
+    monkeypatch.setattr(PartitionExecutor, "run", broken)
+    x, want = _reference(smoke_path, 4)
+    it = litekiln.Interpreter(
+        model_path=smoke_path, cache_dir=compiled_cache, tune=False, cpu_first=True
+    )
+    with caplog.at_level("WARNING", logger="litekiln"):
+        it.run(x)
+        assert not it.wait_for_device(60)
+    assert "the device's first inference failed" in caplog.text
+    assert "the kernel faulted" in caplog.text
+    np.testing.assert_allclose(it.run(x)[0], want[0], rtol=1e-6, atol=1e-7)

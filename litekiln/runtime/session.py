@@ -263,7 +263,8 @@ class Session:
         #: A copy of the first inference's inputs while on the CPU: the device's first
         #: inference in `_take_over` runs them.
         self._cpu_inputs: dict[int, np.ndarray] | None = None
-        #: The notice a first start on the CPU shows (`BuildProgress.background`), or None.
+        #: The notices of a first start on the CPU (`BuildProgress.background_started`), or
+        #: None.
         self._notice: Any = None
         self.executors: list[Any] = []
         if self._start is not None:
@@ -597,7 +598,16 @@ class Session:
         self._outputs = [_output_arrays(ex) for ex in executors]
         if inputs is not None:
             report = DivergenceReport(ok=True)
-            self._limited_run(inputs, report=report)
+            try:
+                self._limited_run(inputs, report=report)
+            except Exception as exc:  # noqa: BLE001 - the CPU keeps serving, and says why
+                log.warning(
+                    "%s: the model stays on the CPU: the device's first inference failed: %s: %s",
+                    self.model.name, type(exc).__name__, exc,
+                )  # fmt: skip
+                if self._notice is not None:
+                    self._notice.background_failed()
+                return False
             if not report.ok:
                 log.warning("%s: the device's first inference: %s", self.model.name, report)
             # Stored while the CPU still serves: reading a binary back holds the driver's
