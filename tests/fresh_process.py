@@ -5,6 +5,7 @@ app do, import order included."""
 from __future__ import annotations
 
 import os
+import pty
 import subprocess
 import sys
 from pathlib import Path
@@ -32,3 +33,23 @@ def compile_then_open(model: Path, cache: Path) -> tuple[str, str]:
     app = [sys.executable, "-c", _APP, str(model), str(cache)]
     opened = subprocess.run(app, env=env, capture_output=True, text=True, timeout=600, check=True)
     return done.stdout, opened.stdout.strip().splitlines()[-1]
+
+
+def run_on_a_pty(cmd: list[str], env: dict[str, str], timeout: float = 300) -> tuple[int, str, str]:
+    """Run ``cmd`` with its stderr on a pseudo-terminal (what a user's terminal shows:
+    litekiln's progress lines are for terminals only); (exit status, stdout, stderr)."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=follower, text=True)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 4096)
+        except OSError:  # EIO: the child closed the pty
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(leader)
+    out = proc.stdout.read() if proc.stdout else ""
+    return proc.wait(timeout=timeout), out, b"".join(chunks).decode(errors="replace")

@@ -408,3 +408,16 @@ def _dump_errors() -> None:
         for k, (names, e_ref, e_lit, unit) in sorted(MAX_ERRORS.items()):
             lit = "-" if e_lit is None else f"{e_lit:.3g}"
             f.write(f"{k}\t{names}\t{e_ref:.3g}\t{lit}\t{unit}\n")
+
+
+def launched_kernels(model: bytes, schedules: str, precision: str = "fp32") -> list[str]:
+    """The kernels ``model`` launches, in order, compiled with ``schedules`` (tuning off);
+    the model must run whole on the GPU."""
+    from litekiln.artifact.compiled import CompileOptions
+    from litekiln.compiler.driver import compile_model
+    from litekiln.model import load_model
+
+    options = CompileOptions(schedules=schedules, precision=precision, tuning=False)
+    compiled = compile_model(load_model(model), options, warn=False)
+    assert not compiled.cpu_reasons, compiled.cpu_reasons
+    return [la.func for p in compiled.partitions for la in p.program.launches]

@@ -12,9 +12,7 @@ and an exit in the middle of the build.
 from __future__ import annotations
 
 import os
-import pty
 import shutil
-import subprocess
 import sys
 import textwrap
 import threading
@@ -25,6 +23,8 @@ import numpy as np
 import pytest
 
 pytest.importorskip("tvm")
+
+from fresh_process import run_on_a_pty  # noqa: E402
 
 import litekiln  # noqa: E402
 from litekiln.errors import DeviceError  # noqa: E402
@@ -218,23 +218,10 @@ def _start(smoke_path: Path, cache: Path, build_s: float, what: str) -> tuple[st
     terminal): (stdout, stderr, seconds)."""
     cmd = [sys.executable, "-c", _CHILD, str(smoke_path), str(cache), str(build_s), what]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm", "LITEKILN_CPU_FIRST": "on"}
-    leader, follower = pty.openpty()
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=follower, text=True)
-    os.close(follower)
-    chunks = []
-    while True:
-        try:
-            data = os.read(leader, 4096)
-        except OSError:  # EIO: the child closed the pty
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(leader)
-    out = proc.stdout.read() if proc.stdout else ""
-    assert proc.wait(timeout=300) == 0, b"".join(chunks).decode(errors="replace")
-    return out, b"".join(chunks).decode(errors="replace"), time.monotonic() - t0
+    rc, out, err = run_on_a_pty(cmd, env)
+    assert rc == 0, err
+    return out, err, time.monotonic() - t0
 
 
 def test_an_exit_during_the_build_finishes_it_for_the_next_start(

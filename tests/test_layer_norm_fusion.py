@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gpu_helper import Case, G, build_model
+from gpu_helper import Case, G, build_model, launched_kernels
 from tflite_builder import TensorRef
 
 from litekiln.artifact.compiled import CompileOptions
@@ -147,20 +147,11 @@ def _built() -> Any:
     return _BUILT["model"]
 
 
-def _kernels(schedules: str, precision: str = "fp32") -> list[str]:
-    from litekiln.compiler.driver import compile_model
-
-    options = CompileOptions(schedules=schedules, precision=precision, tuning=False)
-    compiled = compile_model(load_model(_built().model), options, warn=False)
-    assert not compiled.cpu_reasons, compiled.cpu_reasons
-    return [la.func for p in compiled.partitions for la in p.program.launches]
-
-
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("schedules", ["fast", "fast-cpu"])
 def test_one_kernel_per_layer_norm(schedules: str, precision: str) -> None:
     """Every case's layer norm is one launch, and nothing else is launched."""
-    kernels = _kernels(schedules, precision)
+    kernels = launched_kernels(_built().model, schedules, precision)
     assert len(kernels) == len(CASES), kernels
     assert all("layer_norm" in k for k in kernels), kernels
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import os
-import pty
 import subprocess
 import sys
 import textwrap
@@ -23,6 +22,8 @@ import numpy as np
 import pytest
 
 pytest.importorskip("tvm")
+
+from fresh_process import run_on_a_pty  # noqa: E402
 
 import litekiln  # noqa: E402
 from litekiln.runtime.build import BuildProgress, build_programs  # noqa: E402
@@ -141,21 +142,9 @@ def _first_start(
         p = subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, p.stderr
         return p.stderr
-    leader, follower = pty.openpty()
-    proc = subprocess.Popen(cmd, env=full, stdout=subprocess.DEVNULL, stderr=follower)
-    os.close(follower)
-    chunks = []
-    while True:
-        try:
-            data = os.read(leader, 4096)
-        except OSError:  # EIO: the child closed the pty
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(leader)
-    assert proc.wait(timeout=300) == 0
-    return b"".join(chunks).decode(errors="replace")
+    rc, _, err = run_on_a_pty(cmd, full)
+    assert rc == 0, err
+    return err
 
 
 @pytest.fixture
