@@ -329,7 +329,11 @@ def add_run_parser(sub: _Subcommands) -> None:
         help="run a model once and print its outputs",
         description="Run a model (compiling it first if it is not cached) on seeded "
         "random inputs or on inputs from an .npz file; prints the load time, the "
-        "inference time and a preview of each output.",
+        "inference time and a preview of each output. On a device with nothing built "
+        "for it yet, the inference runs on the CPU while the device's programs build, and "
+        "the command waits for that build at exit so that the next start finds it "
+        "(LITEKILN_CPU_FIRST=off: the inference waits for the build and runs on the "
+        "device).",
         epilog=examples(
             "  litekiln run face_detection.tflite                     # seeded random inputs\n"
             "  litekiln run model.tflite --inputs in.npz --save out.npz\n"
