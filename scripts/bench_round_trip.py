@@ -66,7 +66,10 @@ def _median_s(fn: Any, runs: int) -> float:
 
 def _gpu_latency(model: bytes, x: np.ndarray, device: str | None, runs: int) -> float:
     with tempfile.TemporaryDirectory() as cache:
-        it = litekiln.Interpreter(model_content=model, device=device, cache_dir=cache)
+        # (cpu_first off: every timed inference is the device's)
+        it = litekiln.Interpreter(
+            model_content=model, device=device, cache_dir=cache, cpu_first=False
+        )
         it.allocate_tensors()
         index = it.get_input_details()[0]["index"]
 

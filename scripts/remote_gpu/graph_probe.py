@@ -31,7 +31,7 @@ def main() -> int:
         t0 = time.perf_counter()
         row: dict = {"model": name}
         try:
-            interp = Interpreter(model_path=path, cache_dir=a.cache_dir)
+            interp = Interpreter(model_path=path, cache_dir=a.cache_dir, cpu_first=False)
             interp.allocate_tensors()
             sess = interp._backend  # noqa: SLF001 - a probe
             row["executors"] = [type(ex).__name__ for ex in sess.executors]
@@ -45,7 +45,7 @@ def main() -> int:
             if a.ptx_out:  # the OpenCL path's binary, to see why
                 os.environ["LITEKILN_CUDA_GRAPH"] = "off"
                 try:
-                    interp = Interpreter(model_path=path, cache_dir=a.cache_dir)
+                    interp = Interpreter(model_path=path, cache_dir=a.cache_dir, cpu_first=False)
                     interp.allocate_tensors()
                     os.makedirs(a.ptx_out, exist_ok=True)
                     with open(os.path.join(a.ptx_out, f"{name}.ptx"), "wb") as f:
