@@ -421,3 +421,25 @@ def launched_kernels(model: bytes, schedules: str, precision: str = "fp32") -> l
     compiled = compile_model(load_model(model), options, warn=False)
     assert not compiled.cpu_reasons, compiled.cpu_reasons
     return [la.func for p in compiled.partitions for la in p.program.launches]
+
+
+def planned(build: Callable[[G], Any]) -> tuple[Any, Any]:
+    """The model of one case ``build`` (loaded) and its partition plan (default options)."""
+    from litekiln.artifact.compiled import CompileOptions
+    from litekiln.compiler.driver import plan_partitions
+    from litekiln.model import load_model
+
+    model = load_model(build_model([Case("c", build)]).model)
+    return model, plan_partitions(model, CompileOptions())
+
+
+def rules_of_first_partition(build: Callable[[G], Any], schedules: str) -> list[str]:
+    """The rules of ``schedules`` (``fast``: the GPU profile, else the CPU one) that schedule
+    the functions of case ``build``'s first partition, lowered with the default options."""
+    from test_schedules import rules_used
+
+    from litekiln.compiler.lower import lower_partition
+
+    model, plan = planned(build)
+    mod = lower_partition(model.main, plan.partitions[0])
+    return list(rules_used(mod, "gpu" if schedules == "fast" else "cpu").values())

@@ -19,11 +19,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gpu_helper import Case, G, build_model, launched_kernels
+from gpu_helper import (
+    Case,
+    G,
+    build_model,
+    launched_kernels,
+    planned,
+    rules_of_first_partition,
+)
 from tflite_builder import TensorRef
 
-from litekiln.artifact.compiled import CompileOptions
-from litekiln.model import load_model
+from litekiln.check import relative_error
 
 #: case id -> (adj_x, adj_y, adj_v, beta) (set when the case is built)
 FORMS: dict[str, tuple[bool, bool, bool, float]] = {}
@@ -134,17 +140,9 @@ def test_one_kernel_per_attention(schedules: str, precision: str) -> None:
 @pytest.mark.parametrize("schedules", ["fast", "fast-cpu"])
 def test_rule_for_the_attention(schedules: str) -> None:
     """`FusedAttention` schedules the fused function on GPUs, `SerialAttention` on PoCL."""
-    from test_schedules import rules_used
-
-    from litekiln.compiler.driver import plan_partitions
-    from litekiln.compiler.lower import lower_partition
-
-    model = load_model(build_model([Case("a", attention([3], 50, 16, 50, 16))]).model)
-    plan = plan_partitions(model, CompileOptions())
-    mod = lower_partition(model.main, plan.partitions[0])
-    rules = rules_used(mod, "gpu" if schedules == "fast" else "cpu")
+    rules = rules_of_first_partition(attention([3], 50, 16, 50, 16), schedules)
     expected = "FusedAttention" if schedules == "fast" else "SerialAttention"
-    assert list(rules.values()) == [expected], rules
+    assert rules == [expected], rules
 
 
 @pytest.mark.opencl
@@ -165,8 +163,7 @@ def test_attentions_match_numpy(schedules: str, precision: str) -> None:
     for k, case in enumerate(CASES):
         (pos,), _, _ = built.where[case.id]
         q, kk, v = built.feeds[3 * k : 3 * k + 3]
-        ref = _oracle(case.id, q, kk, v)
-        err = float(np.max(np.abs(outs[pos] - ref))) / max(1.0, float(np.max(np.abs(ref))))
+        err = relative_error([outs[pos]], [_oracle(case.id, q, kk, v)])
         if not err <= tol:
             bad.append(f"{case.id}: {err:.2e}")
     assert not bad, bad
@@ -177,10 +174,8 @@ def test_attentions_match_numpy(schedules: str, precision: str) -> None:
 
 def _found(build: Callable[[G], Any]) -> int:
     from litekiln.compiler.attention import find_attentions
-    from litekiln.compiler.driver import plan_partitions
 
-    model = load_model(build_model([Case("c", build)]).model)
-    plan = plan_partitions(model, CompileOptions())
+    model, plan = planned(build)
     return sum(len(find_attentions(model.main, p)) for p in plan.partitions)
 
 
@@ -232,6 +227,5 @@ def test_every_tuning_option_of_an_attention_matches_numpy() -> None:
             outs = it.run(built.feeds)
             for k, case in enumerate(cases):
                 q, kk, val = built.feeds[3 * k : 3 * k + 3]
-                ref = _oracle(case.id, q, kk, val)
-                err = float(np.max(np.abs(outs[k] - ref))) / max(1.0, float(np.max(np.abs(ref))))
+                err = relative_error([outs[k]], [_oracle(case.id, q, kk, val)])
                 assert err <= 1e-4, f"{v.func} option {c}: {case.id} {err:.2e}"

@@ -19,10 +19,18 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gpu_helper import Case, G, build_model, launched_kernels
+from gpu_helper import (
+    Case,
+    G,
+    build_model,
+    launched_kernels,
+    planned,
+    rules_of_first_partition,
+)
 from tflite_builder import TensorRef
 
 from litekiln.artifact.compiled import CompileOptions
+from litekiln.check import relative_error
 from litekiln.model import load_model
 
 NONE = {"fused_activation_function": "NONE"}
@@ -159,17 +167,9 @@ def test_one_kernel_per_layer_norm(schedules: str, precision: str) -> None:
 @pytest.mark.parametrize("schedules", ["fast", "fast-cpu"])
 def test_rule_for_the_layer_norm(schedules: str) -> None:
     """`RowNormalization` schedules the fused function on GPUs, `SerialRows` on PoCL."""
-    from test_schedules import rules_used
-
-    from litekiln.compiler.driver import plan_partitions
-    from litekiln.compiler.lower import lower_partition
-
-    model = load_model(build_model([Case("ln", torch_ln([1, 256, 80]))]).model)
-    plan = plan_partitions(model, CompileOptions())
-    mod = lower_partition(model.main, plan.partitions[0])
-    rules = rules_used(mod, "gpu" if schedules == "fast" else "cpu")
+    rules = rules_of_first_partition(torch_ln([1, 256, 80]), schedules)
     expected = "RowNormalization" if schedules == "fast" else "SerialRows"
-    assert list(rules.values()) == [expected], rules
+    assert rules == [expected], rules
 
 
 @pytest.mark.opencl
@@ -189,8 +189,7 @@ def test_layer_norms_match_numpy(schedules: str, precision: str) -> None:
     bad = []
     for k, case in enumerate(CASES):
         (pos,), _, _ = built.where[case.id]
-        ref = _oracle(case.id, built.feeds[k])
-        err = float(np.max(np.abs(outs[pos] - ref))) / max(1.0, float(np.max(np.abs(ref))))
+        err = relative_error([outs[pos]], [_oracle(case.id, built.feeds[k])])
         if not err <= tol:
             bad.append(f"{case.id}: {err:.2e}")
     assert not bad, bad
@@ -218,8 +217,7 @@ def test_every_tuning_option_of_a_layer_norm_matches_numpy() -> None:
             ex.select(choices)
             outs = it.run(built.feeds)
             for k, case in enumerate(cases):
-                ref = _oracle(case.id, built.feeds[k])
-                err = float(np.max(np.abs(outs[k] - ref))) / max(1.0, float(np.max(np.abs(ref))))
+                err = relative_error([outs[k]], [_oracle(case.id, built.feeds[k])])
                 assert err <= 1e-4, f"{v.func} option {c}: {case.id} {err:.2e}"
 
 
@@ -227,11 +225,9 @@ def test_every_tuning_option_of_a_layer_norm_matches_numpy() -> None:
 
 
 def _found(build: Callable[[G], Any]) -> int:
-    from litekiln.compiler.driver import plan_partitions
     from litekiln.compiler.layer_norm import find_layer_norms
 
-    model = load_model(build_model([Case("c", build)]).model)
-    plan = plan_partitions(model, CompileOptions())
+    model, plan = planned(build)
     return sum(len(find_layer_norms(model.main, p)) for p in plan.partitions)
 
 
@@ -294,11 +290,9 @@ def test_residual_after_the_norm_stays_out() -> None:
         y = g.op("MUL", [g.op("SUB", [x, mean], s, NONE), rstd], s, NONE)
         return [y, g.op("ADD", [y, x], s, NONE)]
 
-    from litekiln.compiler.driver import plan_partitions
     from litekiln.compiler.layer_norm import find_layer_norms
 
-    model = load_model(build_model([Case("c", build)]).model)
-    plan = plan_partitions(model, CompileOptions())
+    model, plan = planned(build)
     (ln,) = find_layer_norms(model.main, plan.partitions[0])
     assert model.main.ops[ln.last].name == "MUL"
 
