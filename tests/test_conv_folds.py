@@ -6,6 +6,7 @@ the kernels it saves gone and the cases it must leave alone kept:
 * a per-channel scale of a computed map (`_find_scale_folds`): a squeeze-and-excite gate,
   ``x * g`` with ``g`` 1x1x1xC;
 * the NCHW -> NHWC transpose of a partition input (`_find_transpose_folds`): PyTorch's image;
+  a patch embedding over it becomes a matrix product (`patch_embedding`);
 * a concatenation along the channels (`_find_concat_folds`): SqueezeNet's fire modules."""
 
 from __future__ import annotations
@@ -136,6 +137,30 @@ def _nchw_depthwise() -> bytes:
     return b.build()
 
 
+def _nchw_patches(h: int = 64, w: int = 66, k: int = 8, cout: int = 96) -> bytes:
+    # A patch embedding (window = stride, VALID; the width's last 2 columns in no patch):
+    # emitted as a matrix product over patches (`lowering.patch_embedding`), with the bias
+    # and a fused RELU on its sums.
+    b = ModelBuilder()
+    x = b.input("x", [1, 3, h, w])
+    t = _transpose(b, x, [1, h, w, 3])
+    wt, bias = b.const("w", _w(cout, k, k, 3)), b.const("b", _w(cout))
+    options = {"padding": "VALID", "stride_w": k, "stride_h": k}
+    options["fused_activation_function"] = "RELU"
+    out = [1, h // k, w // k, cout]
+    b.output(b.op("CONV_2D", [t, wt, bias], out_shape=out, options=options))
+    return b.build()
+
+
+def _nchw_small_patches() -> bytes:
+    # ConvNeXt's stem in small: 4x4 patches, SAME padding that pads nothing.
+    b = ModelBuilder()
+    x = b.input("x", [1, 3, 16, 12])
+    t = _transpose(b, x, [1, 16, 12, 3])
+    b.output(_conv(b, t, [1, 4, 3, 6], k=4, cin=3, stride=4))
+    return b.build()
+
+
 def _nchw_also_added() -> bytes:
     # The transposed image is read by an ADD too: the TRANSPOSE must stay.
     b = ModelBuilder()
@@ -199,6 +224,8 @@ CASES = {
     "nchw_first_conv": (_nchw_first_conv, "conv2d_nchw_in", "transpose"),
     "nchw_pad_conv": (_nchw_pad_conv, "conv2d_nchw_in", "transpose"),
     "nchw_depthwise": (_nchw_depthwise, "conv2d_nchw_in", "transpose"),
+    "nchw_patches": (_nchw_patches, "conv2d_nchw_in", "transpose"),
+    "nchw_small_patches": (_nchw_small_patches, "conv2d_nchw_in", "transpose"),
     "nchw_also_added": (_nchw_also_added, None, "transpose"),
     "fire": (_fire, "conv2d_concat_in", "concatenate"),
     "concat_input_pad_depthwise": (_concat_input_pad_depthwise, "conv2d_concat_in", "concatenate"),
@@ -251,6 +278,7 @@ def test_conv_fold(name: str, precision: str, tmp_path) -> None:
     [
         (_gate_first_two_readers, "conv2d_scaled", 2),
         (_nchw_pad_conv, "conv2d_nchw_in", 1),
+        (_nchw_patches, "conv2d_nchw_in", 1),
         (_fire, "conv2d_concat_in", 1),
     ],
 )
@@ -468,3 +496,22 @@ def test_pad_fold(name: str, precision: str, tmp_path) -> None:
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape
         np.testing.assert_allclose(g, w, atol=tol * max(1.0, float(np.abs(w).max())), rtol=0)
+
+
+@pytest.mark.parametrize("make", [_nchw_patches, _nchw_small_patches])
+def test_a_patch_embedding_is_one_matrix_product_kernel(make: Any) -> None:
+    """The transpose, the convolution, its bias and activation and the reshape back to NHWC
+    are one kernel, whose reduction the GPU profile tiles as a matrix product where it has
+    the rows for it (the small case's 12 patches are fewer than a tile's 16)."""
+    from litekiln.compiler.lower import lower_partition
+    from litekiln.compiler.driver import plan_partitions
+    from tests.test_schedules import rules_used
+
+    model = load_model(make())
+    program = compile_model(model, CompileOptions(tuning=False), warn=False).partitions[0].program
+    (kernel,) = [la.func for la in program.launches]
+    assert kernel.startswith("fused_conv2d_nchw_in_add"), kernel
+    mod = lower_partition(model.main, plan_partitions(model, CompileOptions()).partitions[0])
+    rules = rules_used(mod, "gpu")
+    want = "SharedMatmul" if make is _nchw_patches else "Matmul"
+    assert rules[kernel] == want, rules

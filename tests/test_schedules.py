@@ -536,6 +536,43 @@ def test_depthwise_bias_relu(cl_env: Any, profile: str, k: int, stride: int) -> 
     check(cl_env, mod, [x], [ref], profile=profile)
 
 
+@pytest.mark.parametrize(
+    ("shape", "min_work_items", "tile"),
+    [
+        ((56, 56, 40), 132 * 128, (4, 1)),  # 31,360 work-items of 4 channels: enough
+        ((7, 7, 960), 132 * 128, (2, 1)),  # 4 channels: 11,760, 2: 23,520
+        ((14, 14, 160), 132 * 128, (1, 1)),  # ConvNeXt's 7x7 depthwise: 7,840 at 4
+        ((14, 14, 160), 0, (4, 1)),  # the CPU profile: the largest tile
+        ((14, 14, 6), 132 * 128, (1, 1)),
+        ((14, 14, 6), 0, (2, 1)),  # 4 does not divide 6
+    ],
+)
+def test_window_only_tile_falls_to_fewer_channels_for_work_items(
+    shape: tuple[int, int, int], min_work_items: int, tile: tuple[int, int]
+) -> None:
+    from litekiln.compiler.schedules import SerialReduction
+
+    rule = SerialReduction(min_work_items=min_work_items)
+    h, w, c = shape
+    assert rule._tile(c, w, h * w * c, channel_reduction=False, window=True) == tile
+
+
+@pytest.mark.parametrize("tiles", [((4, 1),), ((2, 1),), ((1, 1),)])
+def test_depthwise_7x7_each_window_only_tile(cl_env: Any, tiles: Any) -> None:
+    from tvm.s_tir import dlight as dl
+
+    from litekiln.compiler.schedules import SerialReduction
+
+    c = 20
+    x, w, b = _rand(1, 14, 14, c), _rand(c, 7, 7, 1), _rand(c)
+    pads = same_pads(14, 14, 7, 1)
+    ref = conv_ref(x, w, pad=pads, groups=c) + b
+    mod = _conv_module(x.shape, w, 1, pads, groups=c, bias=b)
+    rule = SerialReduction(min_work_items=0, window_only_tiles=tiles)
+    res = check(cl_env, mod, [x], [ref], schedule=dl.ApplyDefaultSchedule(rule, dl.gpu.Fallback()))
+    assert f"local_ptr[{tiles[0][0]}]" in res.program.source
+
+
 def test_depthwise_multiplier2_odd_channels(cl_env: Any, profile: str) -> None:
     # Depth multiplier 2 on 3 channels: grouped conv with 6 outputs, 1 input each.
     x, w = _rand(1, 16, 16, 3), _rand(6, 3, 3, 1)

@@ -24,6 +24,7 @@ from litekiln.compiler.lowering import (
     data_and_weights,
     emitter,
     epilogue,
+    patch_embedding,
 )
 from litekiln.ops.conv import C_PADDING_SAME, Convolution2DTransposeBias
 
@@ -42,6 +43,10 @@ def _conv2d(ctx: Ctx) -> list[Expr]:
     o, kh, kw, wi = w.shape
     (sh, sw), (dh, dw) = _strides_and_dilation(ctx)
     pads = conv_pads(ctx, h, wd, kh, kw, sh, sw, dh, dw)
+    patches = patch_embedding(ctx, w, (sh, sw), pads, (dh, dw), cin // wi)
+    if patches is not None:  # [n, patches, filters]: bias and activation, then NHWC
+        (y,) = epilogue(ctx, patches, 2)
+        return [ctx.emit(relax.op.reshape(y, tuple(ctx.out().shape)))]
     folded = conv_folded(ctx, w, (sh, sw), pads, (dh, dw), cin // wi)
     if folded is not None:  # its input's producer computed as it loads (a scale, a transpose)
         return epilogue(ctx, folded, 2)

@@ -689,6 +689,66 @@ def conv_folded(
     return ctx.emit(ctx.bb.call_te(fn, *args, weights, primfunc_name_hint=name))
 
 
+def patch_embedding(
+    ctx: Ctx,
+    w: np.ndarray,
+    strides: tuple[int, int],
+    pads: tuple[int, int, int, int],
+    dilation: tuple[int, int],
+    groups: int,
+) -> Expr | None:
+    """A convolution over non-overlapping patches of an NCHW partition input (window =
+    stride, no padding, no dilation, one group: a vision transformer's patch embedding,
+    ConvNeXt's stem), folded with the input's transpose (``_find_transpose_folds``), as a
+    matrix product: [n, patches, filters] = patches x (channels, window rows, window columns)
+    times weights [terms, filters], one TE reduction named ``matmul`` that
+    `schedules.SharedMatmul` tiles; ``None`` for any other convolution. The terms are ordered
+    as the NCHW input lies, so that a tile's consecutive terms are consecutive columns of one
+    window row; the weights are laid out once to match. The caller adds the bias and the
+    activation to the [n, patches, filters] sums (elementwise: fused into the product's
+    kernel), then reshapes to [n, h', w', filters].
+
+    Numerics as `conv_folded`'s: under native fp16 the input is rounded to half as its
+    transposed copy would be stored, and each product's factors are converted to float32."""
+    from tvm import te
+
+    lw = ctx.lw
+    t = ctx.op.inputs[0]
+    _, kh, kw, cin = (int(v) for v in w.shape)
+    if (
+        t not in lw.transpose_folds
+        or t in lw.pad_folds
+        or (kh, kw) != tuple(strides)
+        or kh * kw == 1
+        or any(pads)
+        or tuple(dilation) != (1, 1)
+        or groups != 1
+    ):
+        return None
+    src = lw.transpose_folds[t]
+    half = lw.storage == "float16" and lw.half_stored(t)
+    o = int(w.shape[0])
+    wk = np.ascontiguousarray(w.transpose(3, 1, 2, 0).reshape(cin * kh * kw, o))  # [k, f]
+    weights = ctx.wconst(wk) if half else ctx.fconst(wk)
+    n, _, h, wd = (int(v) for v in lw.graph.tensors[src].shape)
+    wo = wd // kw
+
+    def fn(data: Any, wt: Any) -> Any:
+        k = te.reduce_axis((0, cin * kh * kw), name="k")
+
+        def elem(b: Any, p: Any, f: Any) -> Any:
+            ci, ry, rx = k // (kh * kw), k // kw % kh, k % kw
+            v = data[b, ci, p // wo * kh + ry, p % wo * kw + rx].astype(ACC_DTYPE)
+            if half:
+                v = v.astype("float16").astype(ACC_DTYPE)
+            return te.sum(v * wt[k, f].astype(ACC_DTYPE), axis=k)
+
+        return te.compute((n, h // kh * wo, o), elem, name="matmul")
+
+    call = ctx.bb.call_te(fn, lw.stored(src), weights, primfunc_name_hint=NCHW_CONV_NAME)
+    return ctx.emit(call)
+
+
 def epilogue(ctx: Ctx, y: Expr, bias: int) -> list[Expr]:
     """Bias and fused activation (float32)."""
     return [activation(ctx, add_bias(ctx, y, bias))]

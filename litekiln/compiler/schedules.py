@@ -251,7 +251,8 @@ class SerialReduction(_SingleReductionRule):
         tiles: ``(channels, pixels)`` tiles per work-item for reductions over input channels
             (conv2d: weights are reused across the pixels, inputs across the channels), largest
             first; the first that still launches ``min_work_items`` work-items is taken, else
-            the last.  Reductions over a window only (depthwise, pooling) use ``(4, 1)``.
+            the last.  Reductions over a window only (depthwise, pooling) choose among
+            ``window_only_tiles`` the same way.
         min_work_items: Work-items a kernel should launch before tiles grow (a large GPU needs
             them to fill its SMs; PoCL on a few CPU cores is fastest with the largest tile,
             ``min_work_items=0``).
@@ -265,8 +266,13 @@ class SerialReduction(_SingleReductionRule):
             fewer than 16 outputs per term: a 7x7x672 -> 112 1x1 conv, a global pool), which a
             GPU leaves to dlight's cross-thread rules. Classifiers (one output pixel) stay
             with dlight's GEMV either way.
+        window_only_tiles: ``(channels, 1)`` tiles for reductions over a window only
+            (depthwise convolutions, pooling), largest first. Where 4 channels per work-item
+            leave too few work-items, 2 and then 1 (ConvNeXt's 7x7 depthwise layers on 14x14x160:
+            7,840 work-items of 196 multiply-adds each took 22 us per launch on the H200).
         window_tiles: Tiles for reductions over a kernel window (3x3 and 5x5 convolutions,
-            depthwise or not, pooling), instead of ``tiles`` and ``(4, 1)``; ``None``: those.
+            depthwise or not, pooling), instead of ``tiles`` and ``window_only_tiles``;
+            ``None``: those.
             On PoCL 8 channels x 1 pixel per work-item ran 3x3 and 5x5 convolutions over
             channels 2.2-3.6x faster than 8 x 4: the window's loads and padding tests
             multiply with the pixels of the tile.
@@ -293,6 +299,7 @@ class SerialReduction(_SingleReductionRule):
         channel_reductions: bool = True,
         long_reductions: bool = False,
         window_tiles: Sequence[tuple[int, int]] | None = None,
+        window_only_tiles: Sequence[tuple[int, int]] = ((4, 1), (2, 1), (1, 1)),
         pad_stage: bool = False,
         unroll_channels: bool = True,
         unroll_window: bool = True,
@@ -302,6 +309,7 @@ class SerialReduction(_SingleReductionRule):
         self.channel_reductions = channel_reductions
         self.long_reductions = long_reductions
         self.window_tiles = None if window_tiles is None else [tuple(t) for t in window_tiles]
+        self.window_only_tiles = [tuple(t) for t in window_only_tiles]
         self.pad_stage = pad_stage
         self.unroll_channels = unroll_channels
         self.unroll_window = unroll_window
@@ -309,7 +317,7 @@ class SerialReduction(_SingleReductionRule):
     def _tile(
         self, channels: int, width: int, outputs: int, channel_reduction: bool, window: bool
     ) -> tuple[int, int]:
-        candidates = self.tiles if channel_reduction else [(4, 1)]
+        candidates = self.tiles if channel_reduction else self.window_only_tiles
         if window and self.window_tiles is not None:
             candidates = self.window_tiles
         chosen = (1, 1)
@@ -1467,11 +1475,15 @@ class FusedAttention(_GuardedRule):
     Args:
         rows: Query rows per work-group (a divisor of `attention.ROWS`).
         lanes: Threads per row (a divisor of `attention.LANES`).
+        unroll_by_8: Unroll the key and term loops by 8 (``False``: whole; each lane's loads
+            are then all in the text, for the device compiler to issue ahead of their sums:
+            by 8, a lane of TinyViT's 196-key windows waited on 53 rounds of loads in turn).
     """
 
-    def __init__(self, rows: int = 4, lanes: int = 32) -> None:
+    def __init__(self, rows: int = 4, lanes: int = 32, unroll_by_8: bool = True) -> None:
         self.rows = rows
         self.lanes = lanes
+        self.unroll_by_8 = unroll_by_8
 
     def _apply(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
         from litekiln.compiler.attention import LANES, ROWS
@@ -1504,8 +1516,7 @@ class FusedAttention(_GuardedRule):
         # flight rather than one at a time).
         acc = sch.cache_write(out, 0, "local")
         sch.reverse_compute_at(acc, co, preserve_unit_loops=False)
-        _, j8 = sch.split(sch.get_loops(out)[-1], factors=[None, 8])
-        sch.unroll(j8)
+        self._unroll(sch, sch.get_loops(out)[-1])
         for block in (prob, den, mx, scores):
             # The statistics in registers: the cross-thread reduction hands every lane of
             # the row its result (in local memory, only the lane writing it would be sure to
@@ -1522,9 +1533,17 @@ class FusedAttention(_GuardedRule):
             if block == scores:  # each score summed in a register, the terms unrolled by 8
                 reg = sch.cache_write(scores, 0, "local")
                 sch.reverse_compute_at(reg, ko, preserve_unit_loops=False)
-                _, d8 = sch.split(sch.get_loops(scores)[-1], factors=[None, 8])
-                sch.unroll(d8)
+                self._unroll(sch, sch.get_loops(scores)[-1])
+                if not self.unroll_by_8:
+                    sch.unroll(ko)
         return sch
+
+    def _unroll(self, sch: s_tir.Schedule, loop: Any) -> None:
+        if self.unroll_by_8:
+            _, j8 = sch.split(loop, factors=[None, 8])
+            sch.unroll(j8)
+        else:
+            sch.unroll(loop)
 
 
 class SerialAttention(_GuardedRule):
@@ -1809,7 +1828,8 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
     groups for a 14x14x512 layer on 132 SMs):
 
     * our serial-reduction rule over channels too, with the default tiles and with 4x1 tiles
-      (more work-items);
+      (more work-items); over a window only (depthwise), 4 channels per work-item where the
+      default takes fewer (to fill the GPU);
     * dlight's Matmul with its CUDA configuration (8x16 threads, 4x4 micro tiles, 16-deep K
       steps, 2-wide vectors) and with small tiles (16x16 threads, 2x2 micro tiles: 4x more
       groups);
@@ -1842,7 +1862,7 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
       rules took them).
     * layer norms: `RowNormalization` with one work-item per row and with 128 lanes per row.
     * attentions: `FusedAttention` with 1, 2 and 8 query rows per group, and 8 rows of 16
-      lanes.
+      lanes; and with 4, 2 and 8 rows, the key and term loops unrolled whole.
 
     The ``cpu`` profile has none (PoCL is for correctness).
     """
@@ -1852,6 +1872,9 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
     return [
         SerialReduction(channel_reductions=True),
         SerialReduction(tiles=((4, 1),), channel_reductions=True),
+        # 4 channels per work-item over a window only, however few the work-items (the
+        # default falls to 2 and 1 below `_ENOUGH_WORK_ITEMS`)
+        SerialReduction(window_only_tiles=((4, 1),)),
         ConfiguredMatmul(
             cfg(
                 block_size_x=8,
@@ -1942,4 +1965,7 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
         FusedAttention(rows=2),
         FusedAttention(rows=8),
         FusedAttention(rows=8, lanes=16),
+        FusedAttention(unroll_by_8=False),
+        FusedAttention(rows=2, unroll_by_8=False),
+        FusedAttention(rows=8, unroll_by_8=False),
     ]
