@@ -207,8 +207,9 @@ def test_what_stays_op_by_op() -> None:
 @pytest.mark.opencl
 def test_every_tuning_option_of_an_attention_matches_numpy() -> None:
     """The GPU profile's variants of the fused function (1, 2 and 8 query rows per group, 8
-    rows of 16 lanes; 4, 2 and 8 rows with the loops unrolled whole) give the same attention
-    as the default (4 rows of 32 lanes)."""
+    rows of 16 lanes; 4, 2 and 8 rows with the loops unrolled whole; the keys, the values or
+    both staged in local memory) give the same attention as the default (4 rows of 32
+    lanes)."""
     import litekiln
 
     cases = [CASES[0], CASES[-2]]  # DeiT's, and LeViT's scale and bias
@@ -219,7 +220,8 @@ def test_every_tuning_option_of_an_attention_matches_numpy() -> None:
     it.allocate_tensors()
     ex = it._backend.executors[0]  # noqa: SLF001 - the test drives the executor's options
     variants = ex.program.variants
-    assert [len(v.options) for v in variants] == [7, 7], variants
+    # (DeiT's case: its values, 197 x 64, are too many to stage, alone or with its keys)
+    assert [len(v.options) for v in variants] == [8, 11], variants
     for i, v in enumerate(variants):
         for c in range(len(v.options) + 1):
             choices = [0] * len(variants)

@@ -1478,12 +1478,19 @@ class FusedAttention(_GuardedRule):
         unroll_by_8: Unroll the key and term loops by 8 (``False``: whole; each lane's loads
             are then all in the text, for the device compiler to issue ahead of their sums:
             by 8, a lane of TinyViT's 196-key windows waited on 53 rounds of loads in turn).
+        stage: Operands the work-group first copies whole into local memory, all its threads
+            loading consecutive elements: ``k`` (the keys), ``v`` (the values), ``kv``
+            (both); the sums then read local memory. Taken only where the copies and the
+            rows' scores fit in `_STAGED_BYTES`.
     """
 
-    def __init__(self, rows: int = 4, lanes: int = 32, unroll_by_8: bool = True) -> None:
+    def __init__(
+        self, rows: int = 4, lanes: int = 32, unroll_by_8: bool = True, stage: str = ""
+    ) -> None:
         self.rows = rows
         self.lanes = lanes
         self.unroll_by_8 = unroll_by_8
+        self.stage = stage
 
     def _apply(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
         from litekiln.compiler.attention import LANES, ROWS
@@ -1536,7 +1543,47 @@ class FusedAttention(_GuardedRule):
                 self._unroll(sch, sch.get_loops(scores)[-1])
                 if not self.unroll_by_8:
                     sch.unroll(ko)
+        if self.stage and not self._stage(sch, bx, scores, out, rows):
+            return None
         return sch
+
+    def _stage(self, sch: s_tir.Schedule, bx: Any, scores: Any, out: Any, rows: int) -> bool:
+        """Copy the keys (of `scores`) and/or the values (of `out`) the group reads into
+        local memory at the top of the group's loop, its threads loading consecutive
+        elements; False where they would not fit."""
+        # (the key is the scores' last spatial iterator, before the terms; the output's
+        # reduction iterator)
+        staged = [(scores, -2)] if "k" in self.stage else []
+        if "v" in self.stage:
+            staged.append((out, -1))
+        copies = []
+        for block, key_at in staged:
+            blk = sch.get(block)
+            key_var = blk.iter_vars[key_at]
+            found = [
+                n for n, r in enumerate(blk.reads)
+                if r.source.scope() == "global"
+                and any(_uses_var(rg.min, key_var.var) for rg in r.region)
+            ]  # fmt: skip
+            if len(found) != 1:
+                return False
+            copies.append(sch.cache_read(block, found[0], "shared"))
+        size = 0
+        for copy in copies:
+            sch.compute_at(copy, bx, preserve_unit_loops=True)
+            extents = [_static_extent(sch, loop) for loop in sch.get_loops(copy)[1:]]
+            if None in extents:
+                return False
+            size += 4 * math.prod(extents)  # type: ignore[arg-type]
+        if size > _STAGED_BYTES:
+            return False
+        for copy in copies:
+            flat = sch.fuse(*sch.get_loops(copy)[1:])
+            steps, ty, tx = sch.split(flat, factors=[None, rows, self.lanes])
+            sch.bind(ty, "threadIdx.y")
+            sch.bind(tx, "threadIdx.x")
+            sch.unroll(steps)  # (the loads in flight together)
+        return True
 
     def _unroll(self, sch: s_tir.Schedule, loop: Any) -> None:
         if self.unroll_by_8:
@@ -1544,6 +1591,11 @@ class FusedAttention(_GuardedRule):
             sch.unroll(j8)
         else:
             sch.unroll(loop)
+
+
+#: Most bytes of operands `FusedAttention` stages in local memory (48 KB per group on the
+#: NVIDIA OpenCL driver, less its rows' scores and probabilities).
+_STAGED_BYTES = 32 * 1024
 
 
 class SerialAttention(_GuardedRule):
@@ -1968,4 +2020,8 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
         FusedAttention(unroll_by_8=False),
         FusedAttention(rows=2, unroll_by_8=False),
         FusedAttention(rows=8, unroll_by_8=False),
+        FusedAttention(unroll_by_8=False, stage="k"),
+        FusedAttention(unroll_by_8=False, stage="v"),
+        FusedAttention(unroll_by_8=False, stage="kv"),
+        FusedAttention(rows=8, unroll_by_8=False, stage="kv"),
     ]
