@@ -503,8 +503,8 @@ def test_a_patch_embedding_is_one_matrix_product_kernel(make: Any) -> None:
     """The transpose, the convolution, its bias and activation and the reshape back to NHWC
     are one kernel, whose reduction the GPU profile tiles as a matrix product where it has
     the rows for it (the small case's 12 patches are fewer than a tile's 16)."""
-    from litekiln.compiler.lower import lower_partition
     from litekiln.compiler.driver import plan_partitions
+    from litekiln.compiler.lower import lower_partition
     from tests.test_schedules import rules_used
 
     model = load_model(make())
