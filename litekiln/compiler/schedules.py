@@ -1480,8 +1480,8 @@ class FusedAttention(_GuardedRule):
             by 8, a lane of TinyViT's 196-key windows waited on 53 rounds of loads in turn).
         stage: Operands the work-group first copies whole into local memory, all its threads
             loading consecutive elements: ``k`` (the keys), ``v`` (the values), ``kv``
-            (both); the sums then read local memory. Taken only where the copies and the
-            rows' scores fit in `_STAGED_BYTES`.
+            (both); the sums then read local memory. Taken only where the copies fit in
+            `_STAGED_BYTES` (the rows' scores and probabilities need the rest).
     """
 
     def __init__(
@@ -1519,8 +1519,8 @@ class FusedAttention(_GuardedRule):
         sch.bind(bx, "blockIdx.x")
         sch.bind(ty, "threadIdx.y")
         sch.bind(tx, "threadIdx.x")
-        # Each output summed in a register; the keys unrolled by 8 (8 values' loads in
-        # flight rather than one at a time).
+        # Each output summed in a register; the keys unrolled (by 8, or whole: loads in
+        # flight together rather than one at a time).
         acc = sch.cache_write(out, 0, "local")
         sch.reverse_compute_at(acc, co, preserve_unit_loops=False)
         self._unroll(sch, sch.get_loops(out)[-1])
@@ -1537,7 +1537,7 @@ class FusedAttention(_GuardedRule):
             ko, lane = sch.split(key, factors=[None, self.lanes])
             sch.reorder(lane, ko)
             sch.bind(lane, "threadIdx.x")
-            if block == scores:  # each score summed in a register, the terms unrolled by 8
+            if block == scores:  # each score summed in a register, the terms unrolled
                 reg = sch.cache_write(scores, 0, "local")
                 sch.reverse_compute_at(reg, ko, preserve_unit_loops=False)
                 self._unroll(sch, sch.get_loops(scores)[-1])
@@ -1914,7 +1914,9 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
       rules took them).
     * layer norms: `RowNormalization` with one work-item per row and with 128 lanes per row.
     * attentions: `FusedAttention` with 1, 2 and 8 query rows per group, and 8 rows of 16
-      lanes; and with 4, 2 and 8 rows, the key and term loops unrolled whole.
+      lanes; with 4, 2 and 8 rows, the key and term loops unrolled whole; and unrolled whole
+      with the keys, the values or both staged in local memory (4 rows; both also with 8),
+      where they fit (TinyViT's 196-key windows chose the staged keys on the H200).
 
     The ``cpu`` profile has none (PoCL is for correctness).
     """
