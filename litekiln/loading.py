@@ -84,11 +84,32 @@ def open_model(
     model = load_model(source, token=token)
     if model_checks_registered():
         return model
-    if any(op.name in _REWRITTEN_AT_LOAD for g in model.subgraphs for op in g.ops):
+    if _rewritten_at_load(model):
         import litekiln.ops  # noqa: F401, F811
 
         run_model_checks(model)  # (what load_model runs once they are registered)
     return model
+
+
+def _rewritten_at_load(model: Model) -> bool:
+    """Whether the registry's checks would change ``model``'s graph: an op they rewrite
+    (`_REWRITTEN_AT_LOAD`), or one they fold into constants (`litekiln.ops.fold`: inputs all
+    constants, a SHAPE, an empty output). A compiled entry is made from the checked graph;
+    a warm start that skipped them read EdgeNeXt's positional encoding, which the checks
+    fold, as ops, found the entry's constant for it missing from the model, and dropped
+    and recompiled the entry at every start."""
+    for g in model.subgraphs:
+        for op in g.ops:
+            if op.folded:
+                continue
+            if op.name in _REWRITTEN_AT_LOAD or op.name == "SHAPE":
+                return True
+            inputs = [t for t in op.inputs if t >= 0]
+            if inputs and all(g.tensors[t].data is not None for t in inputs):
+                return True
+            if any(0 in g.tensors[t].shape for t in op.outputs if t >= 0):
+                return True
+    return False
 
 
 def split_options(

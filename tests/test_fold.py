@@ -165,3 +165,25 @@ def test_constant_chains_fold_graph_outputs_and_large_growth_do_not() -> None:
     got, want = _reference(data, [xv]), _litert(data, [xv])
     for a, e in zip(got, want, strict=True):
         np.testing.assert_allclose(a, e, rtol=1e-6)
+
+
+def test_a_warm_start_finds_the_entry_of_a_model_with_a_folded_constant(tmp_path) -> None:
+    """`litekiln compile`, then an app's start, each a fresh process that has not imported the
+    op registry (whose checks fold): a constant computed from constants (EdgeNeXt's
+    positional encoding) and read by a GPU op is a constant in both graphs, so the app
+    finds the compiled entry. The app's start once skipped the folding, found the entry's
+    constant missing from its graph, and dropped and recompiled the entry at every start."""
+    from fresh_process import compile_then_open
+
+    b = ModelBuilder()
+    x = b.input("x", [1, 8, 8, 4])
+    grid = b.const("grid", np.linspace(-1, 1, 256, dtype=np.float32).reshape(1, 8, 8, 4))
+    scale = b.const("scale", np.full((1, 8, 8, 4), 0.5, np.float32))
+    encoding = b.op("MUL", [grid, scale], out_shape=[1, 8, 8, 4])
+    b.output(b.op("ADD", [x, encoding], out_shape=[1, 8, 8, 4]))
+    path = tmp_path / "encoded.tflite"
+    path.write_bytes(b.build())
+    assert load_model(path.read_bytes()).main.ops[0].folded  # (this process has the registry)
+    compiled, opened = compile_then_open(path, tmp_path / "cache")
+    assert "1 GPU partition(s)" in compiled and "/ 0 on the CPU" in compiled, compiled
+    assert opened == "True [('gpu', 0)] {}", opened
