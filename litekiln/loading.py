@@ -93,23 +93,19 @@ def open_model(
 
 def _rewritten_at_load(model: Model) -> bool:
     """Whether the registry's checks would change ``model``'s graph: an op they rewrite
-    (`_REWRITTEN_AT_LOAD`), or one they fold into constants (`litekiln.ops.fold`: inputs all
-    constants, a SHAPE, an empty output). A compiled entry is made from the checked graph;
-    a warm start that skipped them read EdgeNeXt's positional encoding, which the checks
-    fold, as ops, found the entry's constant for it missing from the model, and dropped
-    and recompiled the entry at every start."""
-    for g in model.subgraphs:
-        for op in g.ops:
-            if op.folded:
-                continue
-            if op.name in _REWRITTEN_AT_LOAD or op.name == "SHAPE":
-                return True
-            inputs = [t for t in op.inputs if t >= 0]
-            if inputs and all(g.tensors[t].data is not None for t in inputs):
-                return True
-            if any(0 in g.tensors[t].shape for t in op.outputs if t >= 0):
-                return True
-    return False
+    (`_REWRITTEN_AT_LOAD`), or one they may fold into constants (the same predicate
+    `litekiln.ops.fold` asks: `litekiln.model.fold.fold_candidate`). A compiled entry is
+    made from the checked graph; a warm start that skipped them read EdgeNeXt's positional
+    encoding, which the checks fold, as ops, found the entry's constant for it missing from
+    the model, and dropped and recompiled the entry at every start."""
+    from litekiln.model.fold import fold_candidate
+
+    return any(
+        op.name in _REWRITTEN_AT_LOAD or fold_candidate(op, g) is not None
+        for g in model.subgraphs
+        for op in g.ops
+        if not op.folded
+    )
 
 
 def split_options(

@@ -187,3 +187,56 @@ def test_a_warm_start_finds_the_entry_of_a_model_with_a_folded_constant(tmp_path
     compiled, opened = compile_then_open(path, tmp_path / "cache")
     assert "1 GPU partition(s)" in compiled and "/ 0 on the CPU" in compiled, compiled
     assert opened == "True [('gpu', 0)] {}", opened
+
+
+def _empty_slice_model() -> bytes:
+    """A SLICE of no element (an unrolled loop's first step), concatenated to the input."""
+    b = ModelBuilder()
+    x = b.input("x", [1, 4, 3])
+    none = b.op(
+        "SLICE",
+        [x, np.array([0, 0, 0], np.int32), np.array([1, 0, 3], np.int32)],
+        out_shape=[1, 0, 3],
+    )
+    b.output(b.op("CONCATENATION", [none, x], out_shape=[1, 4, 3], options={"axis": 1}))
+    return b.build()
+
+
+def _constant_model() -> bytes:
+    b = ModelBuilder()
+    x = b.input("x", [2, 3])
+    c = b.op("ADD", [np.ones([2, 3], np.float32), np.ones([2, 3], np.float32)], out_shape=[2, 3])
+    b.output(b.op("MUL", [x, c], out_shape=[2, 3]))
+    return b.build()
+
+
+def _plain_model() -> bytes:
+    b = ModelBuilder()
+    x = b.input("x", [2, 3])
+    b.output(b.op("MUL", [x, np.full([2, 3], 2.0, np.float32)], out_shape=[2, 3]))
+    return b.build()
+
+
+@pytest.mark.parametrize(
+    ("make", "folds"),
+    [
+        (keras_reshape_model, ["SHAPE", "STRIDED_SLICE", "PACK"]),
+        (_constant_model, ["ADD"]),
+        (_empty_slice_model, ["SLICE"]),
+        (_plain_model, []),
+    ],
+    ids=["shape", "constant", "empty", "none"],
+)
+def test_a_warm_start_runs_the_checks_exactly_when_they_would_fold(
+    make: Any, folds: list[str]
+) -> None:
+    """A warm start skips the op registry (its imports cost ~0.1-0.2 s) unless its checks
+    would change the graph: it must ask for them on every model they fold an op of, by each
+    of the three ways an op folds (a SHAPE of a static shape, constant inputs, an empty
+    output), and on no other, or a shipped entry would miss (`litekiln.loading`)."""
+    from litekiln.loading import _rewritten_at_load
+
+    data = make()
+    checked = load_model(data).main
+    assert [op.name for op in checked.ops if op.folded] == folds
+    assert _rewritten_at_load(load_model(data, validate=False)) == bool(folds)

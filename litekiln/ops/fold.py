@@ -34,6 +34,7 @@ import logging
 import numpy as np
 
 from litekiln.errors import LitekilnError
+from litekiln.model.fold import fold_candidate
 from litekiln.model.ir import Model, Op, Subgraph
 from litekiln.ops.base import REGISTRY, run_op, validate_model
 
@@ -62,10 +63,10 @@ def fold_constants(graph: Subgraph) -> int:
 
 def fold_op(op: Op, graph: Subgraph) -> bool:
     """Fold ``op`` if its inputs are known and it may be folded; whether it was."""
-    if op.folded:
+    kind = fold_candidate(op, graph)  # (what a warm start asks too: litekiln.loading)
+    if kind is None:
         return False
-    shape_of = _shape_of_static(op, graph)
-    if shape_of is None and not _all_constant(op, graph):
+    if kind == "empty":
         return _fold_empty(op, graph)
     if not _may_fold(op, graph):
         return False
@@ -73,7 +74,7 @@ def fold_op(op: Op, graph: Subgraph) -> bool:
     for t in op.inputs:
         if t < 0:
             inputs.append(None)
-        elif shape_of is not None:
+        elif kind == "shape":
             # SHAPE reads only its input's shape: a zero-strided view, no data.
             tensor = graph.tensors[t]
             inputs.append(np.broadcast_to(np.zeros((), tensor.dtype), tensor.shape))
@@ -98,7 +99,7 @@ def fold_op(op: Op, graph: Subgraph) -> bool:
         tensor.data = value
     read = set(op.inputs)
     op.folded = True
-    op.folded_shape = shape_of is not None or any(
+    op.folded_shape = kind == "shape" or any(
         p.folded_shape and read.intersection(p.outputs) for p in graph.ops[: op.index]
     )
     return True
@@ -107,26 +108,12 @@ def fold_op(op: Op, graph: Subgraph) -> bool:
 def _fold_empty(op: Op, graph: Subgraph) -> bool:
     """An op whose every output is empty (a SLICE of no element: an unrolled loop's first
     or last step) has a known value, whatever its inputs: it becomes an empty constant."""
-    outputs = [graph.tensors[t] for t in op.outputs if t >= 0]
-    if not outputs or any(t.size for t in outputs) or not _may_fold(op, graph):
+    if not _may_fold(op, graph):
         return False
-    for tensor in outputs:
+    for tensor in (graph.tensors[t] for t in op.outputs if t >= 0):
         tensor.data = np.zeros(tensor.shape, tensor.dtype)
     op.folded = True
     return True
-
-
-def _all_constant(op: Op, graph: Subgraph) -> bool:
-    present = [t for t in op.inputs if t >= 0]
-    return bool(present) and all(graph.tensors[t].data is not None for t in present)
-
-
-def _shape_of_static(op: Op, graph: Subgraph) -> int | None:
-    """The input of a SHAPE whose input shape is known, else None."""
-    if op.name != "SHAPE" or len(op.inputs) != 1 or op.inputs[0] < 0:
-        return None
-    t = graph.tensors[op.inputs[0]]
-    return None if any(d < 0 for d in t.shape) else t.index
 
 
 def _may_fold(op: Op, graph: Subgraph) -> bool:
