@@ -1236,25 +1236,45 @@ _SHARED_MATMUL = {
 }
 
 
+#: name -> (input shape, weights [out, kh, kw, in], stride, pads, dilation, activation)
+_SHARED_CONVS: dict[str, tuple[Any, ...]] = {
+    # 8x8 patches of 3 channels, stride 8: 7x7 x 192 -> 48
+    "patch embedding": ((1, 56, 56, 3), (48, 8, 8, 3), 8, (0, 0, 0, 0), 1, ""),
+    # SqueezeNet's classifier: 13x13 pixels (no tile divides them) x 512 -> 1000 classes
+    "pointwise": ((1, 13, 13, 512), (1000, 1, 1, 512), 1, (0, 0, 0, 0), 1, "relu"),
+    "pointwise, stride 2": ((1, 14, 14, 40), (24, 1, 1, 40), 2, (0, 0, 0, 0), 1, ""),
+    "pointwise, batch 2": ((2, 7, 7, 64), (32, 1, 1, 64), 1, (0, 0, 0, 0), 1, ""),
+    # padded windows: the padding inlined into the fetch of the input's tiles
+    "3x3 padded": ((1, 15, 15, 16), (64, 3, 3, 16), 1, (1, 1, 1, 1), 1, "relu"),
+    "3x3 stride 2, uneven padding": ((1, 16, 16, 8), (20, 3, 3, 8), 2, (0, 0, 1, 1), 1, ""),
+    "3x3 dilated": ((1, 12, 12, 8), (16, 3, 3, 8), 1, (2, 2, 2, 2), 2, ""),
+    "1x5": ((1, 9, 12, 8), (16, 1, 5, 8), 1, (0, 2, 0, 2), 1, ""),
+}
+
+
 @pytest.mark.parametrize("config", list(_SHARED_MATMUL))
 @pytest.mark.parametrize(
-    "case", ["projection", "attention values", "attention scores", "patch embedding"]
+    "case", ["projection", "attention values", "attention scores", *_SHARED_CONVS]
 )
 def test_shared_matmul(cl_env: Any, config: str, case: str) -> None:
     """Tiles staged in local memory with split-K across the group: a projection over 197
     tokens with bias and residual in the epilogue (no tile divides the tokens), an
     attention's batched products per head (weights @ values sums 197 terms: the last step
-    padded; scores = queries @ keys^T, the second operand read along its rows), and a
-    patch embedding (a convolution whose windows are the patches: pixels x window taps)."""
+    padded; scores = queries @ keys^T, the second operand read along its rows), and NHWC
+    convolutions as output pixels x (window taps x input channels): a patch embedding,
+    1x1 layers (strided too), padded, strided and dilated windows, a 1x5 one (issue 15:
+    SqueezeNet's 1x1 classifier took 34 us on the H200 with the register-tiled rules)."""
     from litekiln.compiler.schedules import SharedMatmul
 
     rule = SharedMatmul(**_SHARED_MATMUL[config], min_macs=0)
     if case == "projection":
         mod, args, ref = _projection_module(197, 192, 576)
-    elif case == "patch embedding":  # 8x8 patches of 3 channels, stride 8: 7x7 x 192 -> 48
-        x, w, b = _rand(1, 56, 56, 3), _rand(48, 8, 8, 3) * 0.1, _rand(48)
-        mod = _conv_module(x.shape, w, 8, (0, 0, 0, 0), bias=b)
-        args, ref = [x], conv_ref(x, w, stride=8, pad=(0, 0, 0, 0)) + b
+    elif case in _SHARED_CONVS:
+        x_shape, w_shape, stride, pads, dilation, act = _SHARED_CONVS[case]
+        x, w, b = _rand(*x_shape), _rand(*w_shape) * 0.1, _rand(w_shape[0])
+        mod = _conv_module(x_shape, w, stride, pads, dilation, bias=b, act=act)
+        ref = conv_ref(x, w, stride=stride, pad=pads, dilation=dilation) + b
+        args, ref = [x], np.maximum(ref, 0) if act == "relu" else ref
     else:
         shapes = {"attention values": ((3, 197, 197), (3, 197, 64))}.get(
             case, ((3, 197, 64), (3, 64, 197))
@@ -1273,15 +1293,16 @@ def test_shared_matmul(cl_env: Any, config: str, case: str) -> None:
 
 
 def test_shared_matmul_limits() -> None:
-    """Convolutions (1x1 included) but patch embeddings (64 taps and more), small products
-    (by default) and groups over the device's thread limit are not its."""
+    """Grouped and depthwise convolutions (no operand tile shared by the output channels),
+    small products (by default) and groups over the device's thread limit are not its."""
     from litekiln.compiler.schedules import SharedMatmul
 
-    pointwise = _conv_module((1, 14, 14, 256), _rand(64, 1, 1, 256), 1, (0, 0, 0, 0))
-    conv = _conv_module((1, 9, 9, 32), _rand(32, 3, 3, 32), 1, (1, 1, 1, 1))
-    stem = _conv_module((1, 56, 56, 3), _rand(32, 7, 7, 3), 4, (3, 3, 3, 3))  # 49 taps
-    for mod in (pointwise, conv, stem):
+    grouped = _conv_module((1, 9, 9, 32), _rand(32, 3, 3, 8), 1, (1, 1, 1, 1), groups=4)
+    depthwise = _conv_module((1, 9, 9, 32), _rand(32, 3, 3, 1), 1, (1, 1, 1, 1), groups=32)
+    for mod in (grouped, depthwise):
         assert not _applies(mod, SharedMatmul(min_macs=0))
+    conv = _conv_module((1, 9, 9, 32), _rand(32, 3, 3, 32), 1, (1, 1, 1, 1))
+    assert _applies(conv, SharedMatmul(min_macs=0))
     small, _, _ = _projection_module(50, 64, 64)  # 205K multiply-adds
     assert not _applies(small, SharedMatmul())
     assert _applies(small, SharedMatmul(min_macs=0))

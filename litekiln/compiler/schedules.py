@@ -64,9 +64,9 @@ H100 through NVIDIA OpenCL and on PoCL, scripts/bench_schedules.py):
 
 Convolutions over channels also have split-K tuning variants (`LaneReduction`,
 `TiledLaneReduction`: registers and lanes, no shared-memory tiles), and matrix products and
-patch embeddings `SharedMatmul` (tiles staged in shared memory, split-K across the group's
-thread planes); the device's timing picks among them and dlight's Matmul per kernel. Not
-done: split-K across work-groups, for the classifiers and the largest 1x1 layers.
+all convolutions over channels `SharedMatmul` (tiles staged in shared memory, split-K across
+the group's thread planes, and across work-groups for long reductions); the device's timing
+picks among them and dlight's Matmul per kernel.
 """
 
 from __future__ import annotations
@@ -1047,10 +1047,14 @@ class SharedMatmul(_SingleReductionRule):
 
     Applies to one reduction named a matrix product (``matmul``: relax's ``matmul`` and the
     fully connected layers lowered to it, batched or not) over one reduction axis, and to
-    NHWC convolutions over windows of 64 taps or more (a vision transformer's patch
-    embedding: DeiT's 16x16 patches of 3 channels took 78-83 us on the H200), taken as
-    pixels x (window taps x input channels); both operands read whole, at least
-    ``min_macs`` multiply-adds.
+    NHWC convolutions over input channels, any window, stride, dilation or padding, not
+    grouped (`_patches`), taken as output pixels x (window taps x input channels): a
+    vision transformer's patch embedding (DeiT's 16x16 patches of 3 channels took 78-83 us
+    on the H200 before), the 1x1 and 3x3 layers of CNNs (SqueezeNet's 1x1 classifier, 512
+    terms for 169 x 1000 outputs, took 34 us with the register-tiled rules). The blocks
+    that make a convolution's input (its padding, a concatenation folded in) are inlined
+    into the fetch of its tiles. Both operands read whole, at least ``min_macs``
+    multiply-adds.
 
     Args:
         tm: Threads along the rows of the tile.
@@ -1111,7 +1115,10 @@ class SharedMatmul(_SingleReductionRule):
             return None
         if s_ext[-2] < _GEMM_MIN_ROWS:
             return None  # a matrix-vector product: a tile's rows would be padding
-        found = _single_epilogue(sch, infos, red_info.name)
+        # A convolution's input keeps the blocks that make it (its padding, a concatenation
+        # fused in: two reads) until they are inlined into the fetch of its tiles below.
+        chain = set() if "matmul" in red_info.name else _input_chain(sch, red_info.block_rv)
+        found = _single_epilogue(sch, [b for b in infos if b.name not in chain], red_info.name)
         if found is None:
             return None
         red = sch.get_sblock(red_info.name)
@@ -1124,13 +1131,17 @@ class SharedMatmul(_SingleReductionRule):
             return None
         if "matmul" not in red_info.name:
             # [(n,) h, w, f] x [ry, rx, rc] -> [(n,) h * w + w, f] x [(ry * kw + rx) * c + rc]
-            w, kw, c = s_ext_in[-2], r_ext_in[1], r_ext_in[2]
+            # (a 1x1 window's unit axes are gone: [rc]; a 1xk one's: [rx, rc])
+            w, n_r = s_ext_in[-2], len(r_ext_in)
 
             def flat(*iters: Any) -> Any:
-                *lead, y, x, f, ry, rx, rc = iters
-                return (*lead, y * w + x, f, (ry * kw + rx) * c + rc)
+                *lead, y, x, f = iters[: len(iters) - n_r]
+                term = iters[len(iters) - n_r]
+                for r, ext in zip(iters[len(iters) - n_r + 1 :], r_ext_in[1:], strict=True):
+                    term = term * ext + r
+                return (*lead, y * w + x, f, term)
 
-            ndim = len(s_ext_in) + 3
+            ndim = len(s_ext_in) + n_r
             sch.transform_block_layout(red, tirx.IndexMap.from_func(flat, ndim=ndim))
             if found[0] is not None:  # the epilogue over the same pixels, so that each
                 # thread's share of the tile is a range of them (else its region grows)
@@ -1186,8 +1197,9 @@ class SharedMatmul(_SingleReductionRule):
             sch.bind(z, "threadIdx.z")
             sch.bind(y, "threadIdx.y")
             sch.bind(x, "threadIdx.x")
-            for _ in range(2):  # the pad copy, then the layout copy
-                for producer in sch.get_producers(fetch):
+            # the pad copy, the layout copy, then a convolution input's own blocks
+            while producers := sch.get_producers(fetch):
+                for producer in producers:
                     sch.compute_inline(producer)
         # The lanes' partials summed, each thread some of the tile's outputs, then the
         # epilogue (or the write-back of the padded sums) on them; split across groups,
@@ -1234,12 +1246,39 @@ class SharedMatmul(_SingleReductionRule):
 
     @staticmethod
     def _patches(sch: s_tir.Schedule, red_info: Any, s_ext: list[int], r_ext: list[int]) -> bool:
-        """A convolution over patches (a vision transformer's patch embedding: windows of at
-        least 64 taps, NHWC, over input channels): a matrix product of pixels x window."""
-        if not red_info.name.startswith("conv2d") or len(s_ext) not in (3, 4) or len(r_ext) != 3:
+        """An NHWC convolution over input channels (any window, any stride, padded or not;
+        not grouped): a matrix product of output pixels x (window taps x input channels).
+
+        The input channels must be the innermost reduction axis and the input's innermost
+        index (so that a term's taps are contiguous channels), and the input must not be
+        indexed by the output channel (a grouped or depthwise convolution: no shared
+        operand tile)."""
+        if not red_info.name.startswith("conv2d") or len(s_ext) not in (3, 4):
+            return False
+        if len(r_ext) not in (1, 2, 3):
             return False
         block = sch.get(red_info.block_rv)
-        return r_ext[0] * r_ext[1] >= 64 and _reduces_innermost_axis(block) == r_ext[2]
+        if _reduces_innermost_axis(block) != r_ext[-1]:
+            return False
+        if len(block.iter_vars) != len(s_ext) + len(r_ext):
+            return False
+        f_var = block.iter_vars[len(s_ext) - 1].var
+        by_channel = [any(_uses_var(x.min, f_var) for x in r.region) for r in block.reads]
+        return by_channel.count(False) == 1  # the input; the weights are read by channel
+
+
+def _input_chain(sch: s_tir.Schedule, red: Any) -> set[str]:
+    """Names of the blocks that compute a convolution's input (the producers of its reads
+    that are not a parameter, transitively): its padding, a concatenation fused in."""
+    names: set[str] = set()
+    todo = list(sch.get_producers(red))
+    while todo:
+        block = todo.pop()
+        name = sch.get(block).name_hint
+        if name not in names:
+            names.add(name)
+            todo += sch.get_producers(block)
+    return names
 
 
 #: Fewest rows `SharedMatmul` takes (fewer: mostly padding in its 16- and 32-row tiles).
@@ -1902,7 +1941,8 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
       (twice the threads of a small-M matrix product: DeiT-Tiny's 197-token MLP gave 148
       groups of 128 threads to 132 SMs). Tried on the H200 and never chosen there: 4x4
       tiles with vector loads of 4 channels, 4x4 on 4 lanes, 8x4 on 8 (docs/benchmarks.md).
-    * `SharedMatmul` for matrix products (relax's ``matmul``, fully connected layers):
+    * `SharedMatmul` for matrix products (relax's ``matmul``, fully connected layers) and
+      convolutions over channels (1x1, 3x3, patch embeddings: pixels x window taps):
       operand tiles staged in local memory, split-K across the work-group's thread planes;
       16x16, 16x32 and 32x32 output tiles on 4 planes, 16x16 on 8; and 16x32 split across 4
       work-groups for reductions of 512 terms and more (a second kernel sums the partials).
