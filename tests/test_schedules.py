@@ -19,6 +19,7 @@ Needs an OpenCL device (PoCL in CI); skipped when pyopencl finds none.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -1290,6 +1291,21 @@ def test_shared_matmul(cl_env: Any, config: str, case: str) -> None:
     # bias and residual in the epilogue; split across groups, a second kernel sums them
     assert len(res.program.launches) == (2 if rule.splits > 1 else 1)
     assert "__local" in res.program.source
+
+
+@pytest.mark.parametrize("pad_rows", [True, False])
+def test_shared_matmul_pads_the_rows_of_tiles_staged_by_rows(cl_env: Any, pad_rows: bool) -> None:
+    """The activations' tile is staged as [rows, terms] (their terms are contiguous): its
+    rows of 32 terms are padded to 33 words each, so that the threads reading adjacent rows
+    at one term hit distinct local-memory banks (unpadded, a 32-word stride puts them all
+    in one): a thread's rows (2) start 66 words apart. The weights' tile, [terms, columns],
+    needs no padding."""
+    from litekiln.compiler.schedules import SharedMatmul
+
+    mod, args, ref = _projection_module(197, 192, 576)
+    res = _check_rule(cl_env, mod, args, ref, SharedMatmul(pad_rows=pad_rows, min_macs=0))
+    strides = set(re.findall(r"get_local_id\(1\)\)\) \* (\d+)\)", res.program.source))
+    assert ("66" in strides) == pad_rows and ("64" in strides) != pad_rows, strides
 
 
 def test_shared_matmul_limits() -> None:

@@ -1068,6 +1068,8 @@ class SharedMatmul(_SingleReductionRule):
             planes' partial tiles to global memory, and a second kernel sums them and runs
             the epilogue, one thread per output).
         min_terms: Shortest reduction taken.
+        pad_rows: Pad the rows of a tile staged as [rows, terms] to 32k + 1 words (no bank
+            conflicts where adjacent threads read adjacent rows).
     """
 
     def __init__(
@@ -1081,12 +1083,14 @@ class SharedMatmul(_SingleReductionRule):
         min_macs: int = 1 << 20,
         splits: int = 1,
         min_terms: int = 0,
+        pad_rows: bool = True,
     ) -> None:
         self.tm, self.tn, self.mm, self.mn = tm, tn, mm, mn
         self.lanes, self.step = lanes, step
         self.min_macs = min_macs
         self.splits = splits
         self.min_terms = min_terms
+        self.pad_rows = pad_rows
 
     def _schedule(
         self,
@@ -1157,10 +1161,12 @@ class SharedMatmul(_SingleReductionRule):
         # pad_einsum), each laid out with its contiguous axis innermost so that the fetches
         # below coalesce; the copies are inlined into the fetches again.
         k_var = block.iter_vars[n_s].var
+        terms_inner = {}
         for idx in operands:
             last = block.reads[idx].region[-1].min
             copy = sch.reindex(red, ("read", idx))
-            if not _uses_var(last, k_var):
+            terms_inner[idx] = _uses_var(last, k_var)
+            if not terms_inner[idx]:
                 sch.transform_layout(copy, ("write", 0), lambda *ax: (*ax[:-2], ax[-1], ax[-2]))
         if "matmul" not in red_info.name:
             # the sums as [batch, pixels, channels]: a copy indexed so (inlined below)
@@ -1192,6 +1198,11 @@ class SharedMatmul(_SingleReductionRule):
         for idx in operands:
             fetch = sch.cache_read(rf, idx, "shared")
             sch.compute_at(fetch, ko, preserve_unit_loops=True)
+            if terms_inner[idx] and self.pad_rows:
+                # A tile stored as [rows, terms]: adjacent threads read adjacent rows at one
+                # term, a row's length apart; padded to 32k + 1 words, they fall in distinct
+                # banks (unpadded, SqueezeNet's classifier read its weights 8-way conflicted)
+                sch.storage_align(fetch, 0, axis=-2, factor=32, offset=1)
             flat = sch.fuse(*sch.get_loops(fetch)[5:])
             _, z, y, x = sch.split(flat, [None, lanes, tm, tn])
             sch.bind(z, "threadIdx.z")
