@@ -1234,6 +1234,8 @@ _SHARED_MATMUL = {
     "32x32 on 4": {"mm": 4, "mn": 4},
     "32x32 on 2, 64-term steps": {"mm": 4, "mn": 4, "lanes": 2, "step": 32},
     "16x32 on 4, split across 4 groups": {"mn": 4, "splits": 4},
+    "32x32 on 2, 32-term steps": {"mm": 4, "mn": 4, "lanes": 2, "step": 16},
+    "16x32 on 4, split across 16 groups": {"mn": 4, "splits": 16},
 }
 
 

@@ -1619,11 +1619,18 @@ class FusedAttention(_GuardedRule):
                 return False
             copies.append(sch.cache_read(block, found[0], "shared"))
         size = 0
-        for copy in copies:
+        for n, copy in enumerate(copies):
             sch.compute_at(copy, bx, preserve_unit_loops=True)
             extents = [_static_extent(sch, loop) for loop in sch.get_loops(copy)[1:]]
             if None in extents:
                 return False
+            terms = int(extents[-1])  # type: ignore[arg-type]
+            if n == 0 and "k" in self.stage and terms % 2 == 0:
+                # The keys as [keys, terms]: adjacent lanes read adjacent keys at one term,
+                # a row apart; rows of an odd length put them in distinct banks (TinyViT's
+                # 32 terms: all 32 lanes of a warp in one bank before)
+                sch.storage_align(copy, 0, axis=-2, factor=terms, offset=1)
+                extents[-1] = terms + 1
             size += 4 * math.prod(extents)  # type: ignore[arg-type]
         if size > _STAGED_BYTES:
             return False
@@ -1955,8 +1962,9 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
     * `SharedMatmul` for matrix products (relax's ``matmul``, fully connected layers) and
       convolutions over channels (1x1, 3x3, patch embeddings: pixels x window taps):
       operand tiles staged in local memory, split-K across the work-group's thread planes;
-      16x16, 16x32 and 32x32 output tiles on 4 planes, 16x16 on 8; and 16x32 split across 4
-      work-groups for reductions of 512 terms and more (a second kernel sums the partials).
+      16x16, 16x32 and 32x32 output tiles on 4 planes, 16x16 on 8, 32x32 on 2; and 16x32
+      split across 4 work-groups for reductions of 512 terms and more, across 16 for 2048
+      terms and more (a second kernel sums the partials).
     * for the reductions that read their input whole (global pools, layer-norm statistics,
       squeeze-excite GEMVs, classifiers): `ColumnReduction` with 32 channels x 8 slices and
       8 channels x 32 slices per group; `RowReduction` with one work-item per row (serial,
@@ -2050,6 +2058,12 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
         # and split 4 ways across work-groups, for long reductions over few outputs (DeiT's
         # fc2: 197 x 192 outputs, 768 terms; 78 groups of 16x32 for 132 SMs otherwise)
         SharedMatmul(mn=4, splits=4, min_terms=512),
+        # and 16 ways, for the deepest (ResNet-18's last 3x3 layers: 4608 terms for 7 x 7 x
+        # 512 outputs, 43 us split 4 ways on the H200); and 32x32 tiles of 4x4 per thread
+        # on 2 planes (more multiply-adds per local-memory read, once the tiles were read
+        # without bank conflicts)
+        SharedMatmul(mn=4, splits=16, min_terms=2048),
+        SharedMatmul(mm=4, mn=4, lanes=2, step=16),
         # Reductions read whole (global pools, layer norms, squeeze-excite GEMVs): other
         # shapes of `ColumnReduction` and `RowReduction`, and dlight's rules that had the
         # kernels before those became the defaults (`SerialReduction`'s are above).
