@@ -1321,6 +1321,11 @@ def test_shared_matmul_limits() -> None:
         assert not _applies(mod, SharedMatmul(min_macs=0))
     conv = _conv_module((1, 9, 9, 32), _rand(32, 3, 3, 32), 1, (1, 1, 1, 1))
     assert _applies(conv, SharedMatmul(min_macs=0))
+    # The GPU profile's default rules (64 taps and more) take patch embeddings only: other
+    # convolutions have it as a tuning variant, their default schedule unchanged.
+    patches = _conv_module((1, 56, 56, 3), _rand(48, 8, 8, 3), 8, (0, 0, 0, 0))
+    assert not _applies(conv, SharedMatmul(min_macs=0, min_taps=64))
+    assert _applies(patches, SharedMatmul(min_macs=0, min_taps=64))
     small, _, _ = _projection_module(50, 64, 64)  # 205K multiply-adds
     assert not _applies(small, SharedMatmul())
     assert _applies(small, SharedMatmul(min_macs=0))

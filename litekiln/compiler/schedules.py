@@ -1070,6 +1070,9 @@ class SharedMatmul(_SingleReductionRule):
         min_terms: Shortest reduction taken.
         pad_rows: Pad the rows of a tile staged as [rows, terms] to 32k + 1 words (no bank
             conflicts where adjacent threads read adjacent rows).
+        min_taps: Fewest window taps of a convolution taken (the GPU profile's default
+            rules: 64, patch embeddings only; the other convolutions have it as a tuning
+            variant).
     """
 
     def __init__(
@@ -1084,6 +1087,7 @@ class SharedMatmul(_SingleReductionRule):
         splits: int = 1,
         min_terms: int = 0,
         pad_rows: bool = True,
+        min_taps: int = 1,
     ) -> None:
         self.tm, self.tn, self.mm, self.mn = tm, tn, mm, mn
         self.lanes, self.step = lanes, step
@@ -1091,6 +1095,7 @@ class SharedMatmul(_SingleReductionRule):
         self.splits = splits
         self.min_terms = min_terms
         self.pad_rows = pad_rows
+        self.min_taps = min_taps
 
     def _schedule(
         self,
@@ -1108,7 +1113,7 @@ class SharedMatmul(_SingleReductionRule):
         if "matmul" in red_info.name:
             if len(r_ext) != 1:
                 return None
-        elif not self._patches(sch, red_info, s_ext, r_ext):
+        elif not self._patches(sch, red_info, s_ext, r_ext, self.min_taps):
             return None
         else:
             s_ext = [*s_ext[:-3], s_ext[-3] * s_ext[-2], s_ext[-1]]
@@ -1256,7 +1261,9 @@ class SharedMatmul(_SingleReductionRule):
         return sch
 
     @staticmethod
-    def _patches(sch: s_tir.Schedule, red_info: Any, s_ext: list[int], r_ext: list[int]) -> bool:
+    def _patches(
+        sch: s_tir.Schedule, red_info: Any, s_ext: list[int], r_ext: list[int], min_taps: int
+    ) -> bool:
         """An NHWC convolution over input channels (any window, any stride, padded or not;
         not grouped): a matrix product of output pixels x (window taps x input channels).
 
@@ -1266,7 +1273,7 @@ class SharedMatmul(_SingleReductionRule):
         operand tile)."""
         if not red_info.name.startswith("conv2d") or len(s_ext) not in (3, 4):
             return False
-        if len(r_ext) not in (1, 2, 3):
+        if len(r_ext) not in (1, 2, 3) or math.prod(r_ext[:-1]) < min_taps:
             return False
         block = sch.get(red_info.block_rv)
         if _reduces_innermost_axis(block) != r_ext[-1]:
@@ -1838,7 +1845,10 @@ def fast_rules(
     if cfg.get("shared_matmul"):
         # matrix products (and patch embeddings): long reductions split across work-groups,
         # the others 16x32 tiles (the tuning offers the other shapes and dlight's)
-        rules += [SharedMatmul(mn=4, splits=4, min_terms=512), SharedMatmul(mn=4)]
+        rules += [
+            SharedMatmul(mn=4, splits=4, min_terms=512, min_taps=64),
+            SharedMatmul(mn=4, min_taps=64),
+        ]
     return rules + [
         dl.gpu.Matmul(),
         dl.gpu.GEMV(),
@@ -1963,8 +1973,8 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
       convolutions over channels (1x1, 3x3, patch embeddings: pixels x window taps):
       operand tiles staged in local memory, split-K across the work-group's thread planes;
       16x16, 16x32 and 32x32 output tiles on 4 planes, 16x16 on 8, 32x32 on 2; and 16x32
-      split across 4 work-groups for reductions of 512 terms and more, across 16 for 2048
-      terms and more (a second kernel sums the partials).
+      split across 4 work-groups for reductions of 512 terms and more (a second kernel sums
+      the partials).
     * for the reductions that read their input whole (global pools, layer-norm statistics,
       squeeze-excite GEMVs, classifiers): `ColumnReduction` with 32 channels x 8 slices and
       8 channels x 32 slices per group; `RowReduction` with one work-item per row (serial,
@@ -2058,11 +2068,11 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
         # and split 4 ways across work-groups, for long reductions over few outputs (DeiT's
         # fc2: 197 x 192 outputs, 768 terms; 78 groups of 16x32 for 132 SMs otherwise)
         SharedMatmul(mn=4, splits=4, min_terms=512),
-        # and 16 ways, for the deepest (ResNet-18's last 3x3 layers: 4608 terms for 7 x 7 x
-        # 512 outputs, 43 us split 4 ways on the H200); and 32x32 tiles of 4x4 per thread
-        # on 2 planes (more multiply-adds per local-memory read, once the tiles were read
-        # without bank conflicts)
-        SharedMatmul(mn=4, splits=16, min_terms=2048),
+        # and 32x32 tiles of 4x4 per thread on 2 planes (more multiply-adds per local-memory
+        # read, once the tiles were read without bank conflicts: chosen on the H200 for
+        # TinyViT's 1x1 convolutions and the stems of ResNet-18 and SqueezeNet, 5-10% faster
+        # there). Split 16 ways across groups was tried for the deepest reductions
+        # (ResNet-18's last 3x3 layers, 4608 terms) and lost to the other options.
         SharedMatmul(mm=4, mn=4, lanes=2, step=16),
         # Reductions read whole (global pools, layer norms, squeeze-excite GEMVs): other
         # shapes of `ColumnReduction` and `RowReduction`, and dlight's rules that had the
