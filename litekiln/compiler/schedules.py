@@ -1029,6 +1029,15 @@ class TiledLaneReduction(_SingleReductionRule):
         return sch
 
 
+#: Fewest multiply-adds of a convolution `SharedMatmul` takes (8M). Each variant is a kernel
+#: more in the cache entry: offered on every convolution of 1M and more, its variants took
+#: the entries of the two small real models of the zoo (about 240 KB each, convolutions of
+#: 1-4M multiply-adds) from 13.1% and 14.8% of the model file to 16.4% and 18.9%, over the
+#: 15% issue 16 allows. The convolutions where it won on the H200 (ResNet-18, SqueezeNet's
+#: 3x3 and classifier layers, TinyViT's 1x1 layers) are of 20M and more.
+_CONV_MIN_MACS = 1 << 23
+
+
 class SharedMatmul(_SingleReductionRule):
     """Matrix products through shared memory, with split-K across the work-group (a tuning
     variant for GPUs; issue 15: the vision transformers' 197-token products ran at 1-2
@@ -1073,6 +1082,7 @@ class SharedMatmul(_SingleReductionRule):
         min_taps: Fewest window taps of a convolution taken (the GPU profile's default
             rules: 64, patch embeddings only; the other convolutions have it as a tuning
             variant).
+        conv_min_macs: Fewest multiply-adds of a convolution taken (`_CONV_MIN_MACS`).
     """
 
     def __init__(
@@ -1088,6 +1098,7 @@ class SharedMatmul(_SingleReductionRule):
         min_terms: int = 0,
         pad_rows: bool = True,
         min_taps: int = 1,
+        conv_min_macs: int = _CONV_MIN_MACS,
     ) -> None:
         self.tm, self.tn, self.mm, self.mn = tm, tn, mm, mn
         self.lanes, self.step = lanes, step
@@ -1096,6 +1107,7 @@ class SharedMatmul(_SingleReductionRule):
         self.min_terms = min_terms
         self.pad_rows = pad_rows
         self.min_taps = min_taps
+        self.conv_min_macs = conv_min_macs
 
     def _schedule(
         self,
@@ -1113,7 +1125,9 @@ class SharedMatmul(_SingleReductionRule):
         if "matmul" in red_info.name:
             if len(r_ext) != 1:
                 return None
-        elif not self._patches(sch, red_info, s_ext, r_ext, self.min_taps):
+        elif math.prod(s_ext) * math.prod(r_ext) < self.conv_min_macs or not self._patches(
+            sch, red_info, s_ext, r_ext, self.min_taps
+        ):
             return None
         else:
             s_ext = [*s_ext[:-3], s_ext[-3] * s_ext[-2], s_ext[-1]]
@@ -1846,8 +1860,8 @@ def fast_rules(
         # matrix products (and patch embeddings): long reductions split across work-groups,
         # the others 16x32 tiles (the tuning offers the other shapes and dlight's)
         rules += [
-            SharedMatmul(mn=4, splits=4, min_terms=512, min_taps=64),
-            SharedMatmul(mn=4, min_taps=64),
+            SharedMatmul(mn=4, splits=4, min_terms=512, min_taps=64, conv_min_macs=1 << 20),
+            SharedMatmul(mn=4, min_taps=64, conv_min_macs=1 << 20),
         ]
     return rules + [
         dl.gpu.Matmul(),
