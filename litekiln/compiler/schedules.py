@@ -1057,7 +1057,7 @@ class SharedMatmul(_SingleReductionRule):
     Applies to one reduction named a matrix product (``matmul``: relax's ``matmul`` and the
     fully connected layers lowered to it, batched or not) over one reduction axis, and to
     NHWC convolutions over input channels, any window, stride, dilation or padding, not
-    grouped (`_patches`), taken as output pixels x (window taps x input channels): a
+    grouped (`_as_product`), taken as output pixels x (window taps x input channels): a
     vision transformer's patch embedding (DeiT's 16x16 patches of 3 channels took 78-83 us
     on the H200 before), the 1x1 and 3x3 layers of CNNs (SqueezeNet's 1x1 classifier, 512
     terms for 169 x 1000 outputs, took 34 us with the register-tiled rules). The blocks
@@ -1125,7 +1125,7 @@ class SharedMatmul(_SingleReductionRule):
         if "matmul" in red_info.name:
             if len(r_ext) != 1:
                 return None
-        elif math.prod(s_ext) * math.prod(r_ext) < self.conv_min_macs or not self._patches(
+        elif math.prod(s_ext) * math.prod(r_ext) < self.conv_min_macs or not self._as_product(
             sch, red_info, s_ext, r_ext, self.min_taps
         ):
             return None
@@ -1275,7 +1275,7 @@ class SharedMatmul(_SingleReductionRule):
         return sch
 
     @staticmethod
-    def _patches(
+    def _as_product(
         sch: s_tir.Schedule, red_info: Any, s_ext: list[int], r_ext: list[int], min_taps: int
     ) -> bool:
         """An NHWC convolution over input channels (any window, any stride, padded or not;
@@ -1627,7 +1627,7 @@ class FusedAttention(_GuardedRule):
         staged = [(scores, -2)] if "k" in self.stage else []
         if "v" in self.stage:
             staged.append((out, -1))
-        copies = []
+        copies = []  # (the keys' copy first, where they are staged)
         for block, key_at in staged:
             blk = sch.get(block)
             key_var = blk.iter_vars[key_at]
@@ -1646,7 +1646,8 @@ class FusedAttention(_GuardedRule):
             if None in extents:
                 return False
             terms = int(extents[-1])  # type: ignore[arg-type]
-            if n == 0 and "k" in self.stage and terms % 2 == 0:
+            keys = n == 0 and "k" in self.stage
+            if keys and terms % 2 == 0:
                 # The keys as [keys, terms]: adjacent lanes read adjacent keys at one term,
                 # a row apart; rows of an odd length put them in distinct banks (TinyViT's
                 # 32 terms: all 32 lanes of a warp in one bank before)
