@@ -331,12 +331,14 @@ def test_shared_constants_serve_fp32_and_fp16_entries_and_travel_in_an_export(
 KERNELS_OVER_THE_BOUND = {
     "smoke": "fp32 entry 39.7% of a 30 KiB test model: 12 KiB of kernels",
     "smoke_int8": "fp32 109%, fp16 adds 87% of a 13 KiB test model: 14 KiB of kernels",
+    # (issue 16, open: 14.8% in the ninth session; the tuning variants of the tenth to
+    # twelfth sessions took it over; results/cache_size/session13-noptx.txt)
+    "selfie_segmentation": "fp32 entry 15.6% of a 244 KiB model: 38 KiB of kernels",
 }
 #: ... and those whose entries exceed them only with the PTX a compile ships where it finds
-#: nvcc (`litekiln.compiler.ptx`): without it 13.2% and 12.6%; PTX adds ~40 KB (xz) to each.
+#: nvcc (`litekiln.compiler.ptx`): without it 13.8%; PTX adds ~40 KB (xz).
 PTX_OVER_THE_BOUND = {
-    "face_detection_short_range": "fp32 entry 12.6% + PTX of a 224 KiB model",
-    "selfie_segmentation": "fp32 entry 13.2% + PTX of a 244 KiB model",
+    "face_detection_short_range": "fp32 entry 13.8% + PTX of a 224 KiB model",
 }
 
 
@@ -355,7 +357,7 @@ def _cache_size_script():
 
 #: The models CI compiles for the bound (two compiles each: minutes on PoCL). The whole zoo's
 #: table is results/cache_size/ (scripts/cache_size.py); LITEKILN_CACHE_SIZE_ALL=1 tests all.
-CI_ZOO = ("hand_landmark_lite", "mobilenet_v1_int8", "smoke_int8")
+CI_ZOO = ("hand_landmark_lite", "mobilenet_v1_int8", "smoke_int8", "selfie_segmentation")
 
 
 def _zoo_cases() -> list[object]:
