@@ -30,11 +30,15 @@ import functools
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
+
+#: The comment line before each function of a program's OpenCL C (TVM's code generator writes
+#: it, the minifier keeps it): how a program is cut to some of its kernels (`kernels_only`).
+FUNCTION_MARKER = "// Function: "
 
 #: Bump whenever the JSON layout or the meaning of a field changes; readers reject other
 #: versions (the cache treats that as a miss and recompiles). 3: each launch's FLOPs.
@@ -322,6 +326,24 @@ class GpuProgram:
         out.extend(self.launches[pos:])
         return out
 
+    def with_variants(self, variants: list[Variant]) -> GpuProgram | None:
+        """This program with only ``variants`` (some of its own, in order), its source and
+        kernel list cut to the kernels it then launches; None where the source cannot be cut
+        (a kernel without its `FUNCTION_MARKER`)."""
+        wanted = {
+            la.kernel
+            for la in [*self.launches, *(x for v in variants for o in v.options for x in o)]
+        }
+        source = kernels_only(self.source, wanted)
+        if source is None:
+            return None
+        return replace(
+            self,
+            source=source,
+            kernels=[k for k in self.kernels if k in wanted],
+            variants=list(variants),
+        )
+
     def launch_bytes(self, launch: Launch) -> int:
         """Bytes of the buffers ``launch`` reads or writes: the size of each distinct tensor
         among its buffer arguments, counted once (what the kernel must move at the least when
@@ -607,6 +629,24 @@ def _launch_to_dict(launch: Launch) -> dict[str, Any]:
         "local_size": list(launch.local_size),
         "flops": launch.flops,
     }
+
+
+def kernels_only(source: str, names: Collection[str]) -> str | None:
+    """``source`` (a program's OpenCL C) without the kernels whose names are not in ``names``
+    (functions that are not kernels stay), or None where one of ``names`` has no function
+    marked by `FUNCTION_MARKER` in it."""
+    marker = "\n" + FUNCTION_MARKER
+    head, *parts = ("\n" + source).split(marker)  # (it may start with a marker)
+    kept, found = [], set()
+    for part in parts:
+        name = part.split("\n", 1)[0].strip()
+        if "__kernel" in part and name not in names:
+            continue
+        found.add(name)
+        kept.append(part)
+    if not set(names) <= found:
+        return None
+    return marker.join([head, *kept])[1:]
 
 
 def buffer_bytes(launches: Iterable[Launch], nbytes: Callable[[int], int]) -> int:

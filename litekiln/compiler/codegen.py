@@ -56,6 +56,7 @@ from litekiln.artifact.program import (
     TensorSpec,
     Variant,
     buffer_bytes,
+    kernels_only,
 )
 from litekiln.compiler import ptx
 from litekiln.compiler.fusion import fuse_matmul_neighbours
@@ -1407,7 +1408,7 @@ def _finish_kernels(
     ``minify``: name every kernel by its index."""
     launches_all = [*launches, *(ln for v in variants for o in v.options for ln in o)]
     if prune:
-        source = _keep_kernels(source, {ln.kernel for ln in launches_all})
+        source = kernels_only(source, {ln.kernel for ln in launches_all}) or source
     source = _drop_prototypes(source)
     source, launches_all = _shorten_kernel_names(source, launches_all, minify=minify)
     launches, rest = launches_all[: len(launches)], iter(launches_all[len(launches) :])
@@ -1536,13 +1537,6 @@ def _drop_prototypes(source: str) -> str:
     driver parses.
     """
     return _PROTOTYPE.sub("", source)
-
-
-def _keep_kernels(source: str, names: set[str]) -> str:
-    """``source`` without the kernel chunks (``// Function: <name>``) not in ``names``."""
-    head, *chunks = source.split("// Function: ")
-    kept = [c for c in chunks if c.split("\n", 1)[0].strip() in names]
-    return head + "".join("// Function: " + c for c in kept)
 
 
 # half2 x, and convert_half2(y) (a float-input kernel storing half pairs)

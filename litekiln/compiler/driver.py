@@ -65,6 +65,7 @@ def compile_model(
     partitions, constants, failed = run.compile_partitions(plan, fp16_plan)
     if failed:
         plan, partitions = run.demote(plan, partitions, failed)
+    partitions = run.trim_variants(partitions)
     return run.artifact(plan, partitions, constants, fp16_plan)
 
 
@@ -94,6 +95,7 @@ class _Compilation:
         self.t0 = time.perf_counter()
         # Phase -> seconds, in the order the phases first ran (the manifest keeps that order).
         self.timings: dict[str, float] = {}
+        self.variants_trimmed = 0
 
     def partition(self) -> PartitionPlan:
         """Split the model into GPU partitions and CPU ops (and say so, when warning)."""
@@ -279,6 +281,16 @@ class _Compilation:
                     )
         return "code generation failed with every schedule (" + "; ".join(errors) + ")"
 
+    def trim_variants(self, partitions: list[PartitionArtifact]) -> list[PartitionArtifact]:
+        """The partitions with their tuning variants within the cache budget
+        (`litekiln.compiler.budget`)."""
+        from litekiln.compiler.budget import trim_variants
+
+        t = time.perf_counter()
+        partitions, self.variants_trimmed = trim_variants(partitions, self.model.nbytes)
+        self.timings["variant_budget"] = time.perf_counter() - t
+        return partitions
+
     def artifact(
         self,
         plan: PartitionPlan,
@@ -315,6 +327,8 @@ class _Compilation:
                 "gpu_ops": plan.gpu_op_count,
                 "cpu_ops": plan.cpu_op_count,
                 "kernels": sum(len(p.program.launches) for p in partitions),
+                "variants": sum(len(p.program.variants) for p in partitions),
+                "variants_trimmed": self.variants_trimmed,
                 **({"fp16": fp16_plan.summary()} if fp16_plan is not None else {}),
             },
             weights=recipes,

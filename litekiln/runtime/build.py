@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, TextIO, TypeVar
 
 import pyopencl as cl
@@ -40,9 +40,6 @@ from litekiln.artifact.program import GpuProgram
 from litekiln.runtime.profile import DeviceProfile, DriverProgram
 
 T = TypeVar("T")
-
-#: TVM's OpenCL code generator starts each function with this comment line.
-_FUNCTION_MARKER = "\n// Function: "
 
 
 def default_program(program: GpuProgram) -> GpuProgram | None:
@@ -58,25 +55,7 @@ def default_program(program: GpuProgram) -> GpuProgram | None:
         The cut program, or None when there is nothing to cut (no variants) or the source
         cannot be cut by function (a kernel without TVM's marker comment).
     """
-    if not program.variants:
-        return None
-    head, *parts = ("\n" + program.source).split(_FUNCTION_MARKER)  # (it may start with one)
-    wanted = {la.kernel for la in program.launches}
-    kept, found = [], set()
-    for part in parts:
-        name = part.split("\n", 1)[0].strip()
-        if "__kernel" in part and name not in wanted:
-            continue  # a variant's kernel (helper functions stay)
-        found.add(name)
-        kept.append(part)
-    if not wanted <= found:
-        return None
-    return replace(
-        program,
-        source=_FUNCTION_MARKER.join([head, *kept])[1:],
-        kernels=[k for k in program.kernels if k in wanted],
-        variants=[],
-    )
+    return program.with_variants([]) if program.variants else None
 
 
 class BuildError(RuntimeError):

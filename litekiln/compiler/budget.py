@@ -1,0 +1,138 @@
+"""What a compiled model's tuning variants may cost in its cache entry (issue 16).
+
+A call with tuning variants carries each variant's kernels as OpenCL C beside its default
+kernels; the runtime times them on the device once and keeps the fastest. On a model of a few
+hundred KB those kernels are most of the entry: selfie_segmentation's (249.5 KB, 36 calls with
+variants, 129 variant kernels) took 21.6 KB of its 39.0 KB fp32 entry, 15.6% of the model file
+where issue 16 allows 15%. On larger models they are a small share of the file.
+
+`trim_variants` keeps the variants' share of the entry (their kernels' bytes in the
+compressed source, measured exactly as the cache will store it) within `VARIANT_SHARE` of the
+model file's size, or `VARIANT_FLOOR` bytes where that is more. Where they cost more, it drops
+whole calls' variants, the calls that do the least work first (FLOPs, or bytes moved weighed
+as FLOPs), as few as the budget allows: those calls run in microseconds, launch-bound, where
+a tuned schedule gains least. What it dropped is counted in the compiled
+model's stats (``variants_trimmed``).
+
+No TVM here: it reads and cuts plain `GpuProgram`s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from litekiln.artifact.compiled import PartitionArtifact
+from litekiln.artifact.program import FUNCTION_MARKER, GpuProgram, Variant, buffer_bytes
+from litekiln.artifact.texts import packed_texts
+
+#: The variants' compressed kernels may take this share of the model file's size...
+VARIANT_SHARE = 0.07
+#: ... or this many bytes, where that is more: a small model keeps the tuning of its few
+#: calls (the synthetic zoo model `smoke`: 6.4 KB of variants for its four calls).
+VARIANT_FLOOR = 8 << 10
+
+#: OpenCL C from TVM compresses at least this much (selfie_segmentation's 1.07 M characters:
+#: 34x; dlight's and litekiln's schedules of one op print alike): a program whose variant
+#: kernels are within the budget by this ratio needs no measuring.
+_SURE_RATIO = 8
+
+#: The FLOPs that take as long as moving one byte: an H100's fp32 peak (67 TFLOP/s) over its
+#: bandwidth (3.35 TB/s), rounded. Weighs a call's FLOPs against its bytes.
+_FLOPS_PER_BYTE = 20
+
+
+@dataclass
+class _Group:
+    """The variants of one PrimFunc in one partition (a function called twice shares its
+    variant kernels between its calls: they go together)."""
+
+    partition: int
+    func: str
+    work: int
+    kernels: frozenset[str]
+
+
+def trim_variants(
+    partitions: Sequence[PartitionArtifact], model_bytes: int
+) -> tuple[list[PartitionArtifact], int]:
+    """The partitions with their variants' bytes within the budget, and how many calls lost
+    their variants (0: the partitions as they were)."""
+    budget = max(VARIANT_FLOOR, int(VARIANT_SHARE * model_bytes))
+    programs = [p.program for p in partitions]
+    variant_chars = sum(_variant_chars(p) for p in programs)
+    if variant_chars <= budget * _SURE_RATIO:
+        return list(partitions), 0
+    cuts = [p.with_variants([]) for p in programs]
+    bare = [b for b in cuts if b is not None]
+    if len(bare) < len(cuts):
+        return list(partitions), 0  # a source that cannot be cut: leave it whole
+    base = len(packed_texts([b.source for b in bare]))
+    if len(packed_texts([p.source for p in programs])) - base <= budget:
+        return list(partitions), 0
+    groups = sorted(_groups(programs), key=lambda g: (g.work, g.partition, g.func))
+
+    def dropping(n: int) -> tuple[list[GpuProgram], int]:
+        """The programs without the ``n`` least-work groups' variants, and their cost."""
+        gone = {(g.partition, g.func) for g in groups[:n]}
+        cut = [_without(p, k, gone) for k, p in enumerate(programs)]
+        return cut, len(packed_texts([p.source for p in cut])) - base
+
+    # The fewest groups to drop, by bisection (dropping more never costs more bytes):
+    # dropping ``lo`` groups is over the budget, dropping ``hi`` is not.
+    lo, hi, best = 0, len(groups), bare
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        cut, cost = dropping(mid)
+        if cost <= budget:
+            hi, best = mid, cut
+        else:
+            lo = mid
+    gone = {(g.partition, g.func) for g in groups[:hi]}
+    trimmed = sum(1 for k, p in enumerate(programs) for v in p.variants if (k, v.func) in gone)
+    out = [replace(a, program=p) for a, p in zip(partitions, best, strict=True)]
+    return out, trimmed
+
+
+def _groups(programs: Sequence[GpuProgram]) -> list[_Group]:
+    """Each partition's variant groups, with the work of their calls' default launches."""
+    out: dict[tuple[int, str], _Group] = {}
+    for k, p in enumerate(programs):
+        for v in p.variants:
+            own = p.launches[v.start : v.stop]
+            flops = sum(la.flops for la in own)
+            nbytes = buffer_bytes(own, lambda t, p=p: p.tensor(t).nbytes)  # type: ignore[misc]
+            work = max(flops, _FLOPS_PER_BYTE * nbytes)
+            kernels = frozenset(la.kernel for o in v.options for la in o)
+            g = out.get((k, v.func))
+            if g is None:
+                out[(k, v.func)] = _Group(k, v.func, work, kernels)
+            else:
+                g.work += work
+                g.kernels |= kernels
+    return list(out.values())
+
+
+def _without(program: GpuProgram, k: int, dropped: set[tuple[int, str]]) -> GpuProgram:
+    """``program`` (partition ``k``) without the variants of the dropped groups."""
+    kept: list[Variant] = [v for v in program.variants if (k, v.func) not in dropped]
+    if len(kept) == len(program.variants):
+        return program
+    cut = program.with_variants(kept)
+    return program if cut is None else cut
+
+
+def _variant_chars(program: GpuProgram) -> int:
+    """Characters of the kernels only `program`'s variants launch."""
+    defaults = {la.kernel for la in program.launches}
+    sizes = _kernel_chars([program])[0]
+    return sum(n for name, n in sizes.items() if name not in defaults and name in program.kernels)
+
+
+def _kernel_chars(programs: Sequence[GpuProgram]) -> list[dict[str, int]]:
+    """Per program, each marked function's characters by name."""
+    out = []
+    for p in programs:
+        _, *parts = ("\n" + p.source).split("\n" + FUNCTION_MARKER)
+        out.append({part.split("\n", 1)[0].strip(): len(part) for part in parts})
+    return out

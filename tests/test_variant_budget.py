@@ -1,0 +1,159 @@
+"""The tuning variants' budget in the cache entry (`litekiln.compiler.budget`, issue 16).
+
+A compiled model's variant kernels may take `VARIANT_SHARE` of the model file's size (at
+least `VARIANT_FLOOR` bytes) in the entry's compressed source. These tests compile the zoo's
+smoke model (four calls with variants, 6.4 KB of them) and give it budgets it does or does not
+fit: the bytes are measured in the cache entry the model is then stored as, the calls dropped
+must be those doing the least work, and what is left must still run every option correctly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tvm")
+
+import litekiln  # noqa: E402
+from litekiln.artifact.compiled import CompiledModel, CompileOptions  # noqa: E402
+from litekiln.artifact.program import BufferArg, GpuProgram, Launch  # noqa: E402
+from litekiln.artifact.texts import packed_texts  # noqa: E402
+from litekiln.cache.store import CacheStore  # noqa: E402
+from litekiln.compiler import budget  # noqa: E402
+from litekiln.compiler.driver import compile_model  # noqa: E402
+from litekiln.model.ir import Model  # noqa: E402
+from litekiln.model.loader import load_model as load_tflite  # noqa: E402
+
+pytestmark = pytest.mark.opencl
+
+TOL = 1e-4
+
+
+Compiled = tuple[Model, CompiledModel]
+
+
+@pytest.fixture(scope="module")
+def smoke_compiled(smoke_path_module: Path) -> Compiled:
+    model = load_tflite(smoke_path_module)
+    return model, compile_model(model, CompileOptions(schedules="fast"), warn=False)
+
+
+@pytest.fixture(scope="module")
+def smoke_path_module() -> Path:
+    from conftest import zoo_model
+
+    return zoo_model("smoke")
+
+
+def _variant_bytes(programs: list[GpuProgram]) -> int:
+    """What the variants' kernels add to the entry's source part (as the cache stores it:
+    the last test checks that against a stored entry)."""
+    bare = [p.with_variants([]) for p in programs]
+    assert all(b is not None for b in bare)
+    with_them = len(packed_texts([p.source for p in programs]))
+    return with_them - len(packed_texts([b.source for b in bare]))  # type: ignore[union-attr]
+
+
+def _work(p: GpuProgram, start: int, stop: int) -> int:
+    own = p.launches[start:stop]
+    nbytes = sum({t: p.tensor(t).nbytes for la in own for t in _tensors(la)}.values())
+    return max(sum(la.flops for la in own), 20 * nbytes)
+
+
+def _tensors(launch: Launch) -> list[int]:
+    return [a.tensor for a in launch.args if isinstance(a, BufferArg)]
+
+
+def test_a_model_within_the_budget_is_left_as_it_is(smoke_compiled: Compiled) -> None:
+    model, compiled = smoke_compiled
+    assert compiled.stats["variants_trimmed"] == 0  # (smoke's 6.4 KB are under the 8 KB floor)
+    assert compiled.stats["variants"] == 4
+    out, trimmed = budget.trim_variants(compiled.partitions, 10 * model.nbytes)
+    assert trimmed == 0
+    assert [a.program for a in out] == [a.program for a in compiled.partitions]
+
+
+def test_a_small_budget_drops_the_calls_of_least_work(
+    smoke_compiled: Compiled, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, compiled = smoke_compiled
+    programs = [a.program for a in compiled.partitions]
+    full = _variant_bytes(programs)
+    monkeypatch.setattr(budget, "VARIANT_FLOOR", 0)
+    # a model file whose 7% is half of what the variants take now
+    model_bytes = int(full / 2 / budget.VARIANT_SHARE)
+    out, trimmed = budget.trim_variants(compiled.partitions, model_bytes)
+    kept = [a.program for a in out]
+    assert 0 < trimmed < compiled.stats["variants"]
+    assert _variant_bytes(kept) <= budget.VARIANT_SHARE * model_bytes < full
+    # the calls that lost their variants do less work than every call that kept them
+    (before,), (after,) = programs, kept
+    kept_funcs = {v.func for v in after.variants}
+    works = {v.func: _work(before, v.start, v.stop) for v in before.variants}
+    dropped = [w for f, w in works.items() if f not in kept_funcs]
+    assert len(dropped) == trimmed
+    assert max(dropped) <= min(works[f] for f in kept_funcs)
+    # what is left is the same program but for the dropped variants' kernels
+    assert after.launches == before.launches
+    assert [v.options for v in after.variants] == [
+        v.options for v in before.variants if v.func in kept_funcs
+    ]
+    launched = {la.kernel for la in after.all_launches()}
+    assert set(after.kernels) == launched
+    assert all(f"// Function: {k}\n" in after.source for k in launched)
+    gone = {la.kernel for la in before.all_launches()} - launched
+    assert gone and not any(f"// Function: {k}\n" in after.source for k in gone)
+
+
+def test_no_budget_keeps_no_variant(
+    smoke_compiled: Compiled, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, compiled = smoke_compiled
+    monkeypatch.setattr(budget, "VARIANT_FLOOR", 0)
+    out, trimmed = budget.trim_variants(compiled.partitions, 0)
+    (program,) = [a.program for a in out]
+    assert trimmed == compiled.stats["variants"] and program.variants == []
+    assert set(program.kernels) == {la.kernel for la in program.launches}
+
+
+def test_the_stored_entry_holds_the_trimmed_program_and_every_option_runs(
+    smoke_path_module: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compiled with a small budget through the API: the cache's source part is as small as
+    the budget says, and every option left computes what the numpy reference does."""
+    monkeypatch.setattr(budget, "VARIANT_FLOOR", 0)
+    monkeypatch.setattr(budget, "VARIANT_SHARE", 0.1)  # 3.1 KB: about half of smoke's variants
+    interp = litekiln.Interpreter(
+        model_path=smoke_path_module, cache_dir=tmp_path, schedules="fast", tune=False
+    )
+    interp.allocate_tensors()
+    ex = interp._backend.executors[0]  # noqa: SLF001 - the test drives the executor's options
+    variants = ex.program.variants
+    assert 0 < len(variants) < 4
+    with CacheStore.open(tmp_path) as store:
+        (row,) = [r for r in store.ls() if r.kind == "model"]
+        info = store.info(row.key)
+    assert info["meta"]["stats"]["variants_trimmed"] == 4 - len(variants)
+    # the compiler measured what the cache stores
+    part = {p["name"]: p["size"] for p in info["parts"]}["source.json.xz"]
+    assert part == len(packed_texts([ex.program.source]))
+    bare = ex.program.with_variants([])
+    assert bare is not None
+    assert part - len(packed_texts([bare.source])) <= 0.1 * smoke_path_module.stat().st_size
+
+    ref = litekiln.Interpreter(model_path=smoke_path_module, device="reference")
+    inputs = ref.random_inputs(0)
+    expected = ref.run(inputs)
+    for i, v in enumerate(variants):
+        for c in range(len(v.options) + 1):
+            choices = [0] * len(variants)
+            choices[i] = c
+            ex.select(choices)
+            got = interp.run(inputs)
+            err = max(
+                float(np.abs(o - r).max()) / max(1.0, float(np.abs(r).max()))
+                for o, r in zip(got, expected, strict=True)  # type: ignore[arg-type]
+            )
+            assert err <= TOL, f"{v.func} option {c}"
