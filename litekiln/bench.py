@@ -1318,9 +1318,50 @@ def _print_latency_notes(results: dict[str, Any]) -> None:
     )
 
 
+#: The torch peer's modes as the plot names them (`litekiln.peers.torch_peer`).
+_TORCH_LABELS = {
+    "eager": "torch eager",
+    "cuda_graph": "torch eager + CUDA graph",
+    "compile": "torch.compile",
+}
+
+
+def plot_series(
+    models: list[dict[str, Any]],
+) -> tuple[list[tuple[str, list[float | None]]], list[tuple[str, list[float | None]]]]:
+    """What `plot_latency` draws, per model: the latencies (litekiln, LiteRT CPU and GPU, and
+    each torch mode that `--peer torch` timed) and litekiln's speed-ups over each peer (peer
+    ms / litekiln ms). A series no model has is left out; None where one model lacks it."""
+
+    def torch_mode(m: dict[str, Any], mode: str, key: str) -> float | None:
+        entry = (m.get("torch") or {}).get("modes", {}).get(mode)
+        value = entry.get(key) if isinstance(entry, dict) else None
+        return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+    def value(m: dict[str, Any], key: str) -> float | None:
+        v = m.get(key)
+        return float(v) if isinstance(v, (int, float)) and v > 0 else None
+
+    latency: list[tuple[str, list[float | None]]] = [
+        ("litekiln", [value(m, "litekiln_ms") for m in models]),
+        ("LiteRT CPU", [value(m, "litert_cpu_ms") for m in models]),
+        ("LiteRT GPU", [value(m, "litert_gpu_ms") for m in models]),
+    ]
+    speedup: list[tuple[str, list[float | None]]] = [
+        ("vs LiteRT CPU", [value(m, "speedup_vs_litert_cpu") for m in models]),
+        ("vs LiteRT GPU", [value(m, "speedup_vs_litert_gpu") for m in models]),
+    ]
+    for mode, label in _TORCH_LABELS.items():
+        latency.append((label, [torch_mode(m, mode, "ms") for m in models]))
+        speedup.append((f"vs {label}", [torch_mode(m, mode, "speedup") for m in models]))
+    keep = lambda series: [(k, v) for k, v in series if any(v)]  # noqa: E731
+    return keep(latency[:1]) + keep(latency[1:]), keep(speedup)
+
+
 def plot_latency(results: dict[str, Any], png: str) -> bool:
-    """Latencies per model (log scale) beside litekiln's speed-ups over LiteRT CPU and GPU
-    (with their geometric means). Returns False when matplotlib is missing."""
+    """Latencies per model (log scale) beside litekiln's speed-ups over each peer (LiteRT CPU
+    and GPU, and torch's modes where `--peer torch` timed them), with their geometric means.
+    Returns False when matplotlib is missing."""
     try:
         import matplotlib
 
@@ -1339,57 +1380,62 @@ def plot_latency(results: dict[str, Any], png: str) -> bool:
 
     models = results["models"]
     names = [m["model"] for m in models]
-    series = [
-        ("litekiln", "litekiln_ms"),
-        ("LiteRT CPU", "litert_cpu_ms"),
-        ("LiteRT GPU", "litert_gpu_ms"),
-    ]
+    latency, speedups = plot_series(models)
+    # Side by side for a few models; for more, the speed-ups below the latencies.
+    wide = len(names) > 8
+    n_bars = len(names) * len(latency)
     fig, (ax, ax2) = plt.subplots(
-        1, 2, figsize=(max(10, 1.0 * len(names) + 6), 5.5), gridspec_kw={"width_ratios": [3, 2]}
+        2 if wide else 1,
+        1 if wide else 2,
+        figsize=(max(10, 0.12 * n_bars + 3), 5 + 0.06 * len(names) * len(speedups))
+        if wide
+        else (max(10, 1.0 * len(names) + 6), 5.5),
+        gridspec_kw={"height_ratios": [5, 0.06 * len(names) * len(speedups)]}
+        if wide
+        else {"width_ratios": [3, 2]},
     )
-    width = 0.8 / len(series)
-    for i, (label, key) in enumerate(series):
-        xs = [j + (i - 1) * width for j in range(len(names))]
-        ys = [m.get(key) or 0 for m in models]
-        bars = ax.bar(xs, ys, width, label=label)
-        for b, y in zip(bars, ys, strict=True):
-            ax.annotate(
-                "n/a" if not y else f"{y:.2f}",
-                (b.get_x() + b.get_width() / 2, max(y, 1e-3)),
-                ha="center",
-                va="bottom",
-                fontsize=6,
-            )
+    width = 0.8 / len(latency)
+    for i, (label, ys) in enumerate(latency):
+        xs = [j + (i - (len(latency) - 1) / 2) * width for j in range(len(names))]
+        heights = [y or 0 for y in ys]
+        bars = ax.bar(xs, heights, width, label=label)
+        if len(names) * len(latency) <= 40:  # (labels on every bar only where they fit)
+            for b, y in zip(bars, heights, strict=True):
+                ax.annotate(
+                    "n/a" if not y else f"{y:.2f}",
+                    (b.get_x() + b.get_width() / 2, max(y, 1e-3)),
+                    ha="center",
+                    va="bottom",
+                    fontsize=6,
+                )
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
     ax.set_yscale("log")
     fmt = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
     ax.yaxis.set_major_formatter(fmt)
-    ax.yaxis.set_minor_formatter(fmt)
+    ax.yaxis.set_minor_formatter(fmt if not wide else matplotlib.ticker.NullFormatter())
     ax.set_ylabel("warm latency, ms (median, lower is better)")
     ax.set_title(f"{results.get('device')}", fontsize=9)
     ax.legend(fontsize=8)
 
     # Speed-ups (peer time / litekiln time), with their geometric means.
     ys_pos = list(range(len(names)))[::-1]
-    for k, (label, key) in enumerate(
-        (("vs LiteRT CPU", "speedup_vs_litert_cpu"), ("vs LiteRT GPU", "speedup_vs_litert_gpu"))
-    ):
-        vals = [m.get(key) or 0 for m in models]
-        ok = [v for v in vals if v > 0]
+    height = 0.8 / len(speedups)
+    for k, (label, vals) in enumerate(speedups):
+        ok = [v for v in vals if v]
         gm = math.exp(sum(math.log(v) for v in ok) / len(ok)) if ok else 0
+        offset = ((len(speedups) - 1) / 2 - k) * height
         ax2.barh(
-            [y + (0.2 if k == 0 else -0.2) for y in ys_pos],
-            vals,
-            0.4,
-            label=f"{label} (geomean {gm:.2f}x)",
+            [y + offset for y in ys_pos],
+            [v or 0 for v in vals],
+            height,
+            label=f"{label} (geomean {gm:.2f}x over {len(ok)})",
             color=f"C{k + 1}",
         )
-        for y, v in zip(ys_pos, vals, strict=True):
-            if v:
-                ax2.annotate(
-                    f"{v:.2f}x", (v, y + (0.2 if k == 0 else -0.2)), va="center", fontsize=6
-                )
+        if len(names) * len(speedups) <= 40:
+            for y, v in zip(ys_pos, vals, strict=True):
+                if v:
+                    ax2.annotate(f"{v:.2f}x", (v, y + offset), va="center", fontsize=6)
     ax2.axvline(1, color="k", lw=0.8)
     ax2.axvline(3, color="grey", lw=0.8, ls="--")
     ax2.set_xscale("log")
@@ -1405,19 +1451,30 @@ def plot_latency(results: dict[str, Any], png: str) -> bool:
     return True
 
 
+def merged_results(paths: list[str]) -> dict[str, Any]:
+    """Several runs' results (`litekiln bench --out` JSON) as one: their models in order, the
+    first run's device."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    return {**runs[0], "models": [m for r in runs for m in r["models"]], "merged_from": paths}
+
+
 # ---------------------------------------------------------------------------------- entry
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m litekiln.bench _child SPEC`` (one start-up measurement, in the fresh process
-    `startup_model` spawns) or ``... plot JSON PNG``; measurements start with `litekiln bench`."""
+    `startup_model` spawns) or ``... plot JSON [JSON...] PNG``; measurements start with
+    `litekiln bench`."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == [_CHILD] and len(argv) == 2:
         print(_MARK + json.dumps(_child(json.loads(argv[1]))), flush=True)
         return 0
-    if argv[:1] == ["plot"] and len(argv) == 3:
-        return 0 if plot_latency(json.loads(Path(argv[1]).read_text()), argv[2]) else 1
-    usage = "python -m litekiln.bench plot RESULTS.json OUT.png (measure with `litekiln bench`)"
+    if argv[:1] == ["plot"] and len(argv) >= 3:
+        return 0 if plot_latency(merged_results(argv[1:-1]), argv[-1]) else 1
+    usage = (
+        "python -m litekiln.bench plot RESULTS.json [MORE.json...] OUT.png "
+        "(measure with `litekiln bench`)"
+    )
     print(f"usage: {usage}", file=sys.stderr)
     return 2
 

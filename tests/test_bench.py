@@ -116,6 +116,55 @@ def test_plot_draws_latencies_and_speedups(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
+def test_plot_series_take_the_torch_modes_and_runs_merge(tmp_path: Path) -> None:
+    """`--peer torch` results plot each torch mode's latency and litekiln's speed-up over it;
+    a mode no model has (and LiteRT GPU, absent here) is left out; several runs' JSON merge
+    into one plot."""
+    from litekiln.bench import main, merged_results, plot_series
+
+    def model(name: str, ms: float, graph: float | None, compiled: float) -> dict[str, object]:
+        modes: dict[str, object] = {"compile": {"ms": compiled, "speedup": compiled / ms}}
+        modes["cuda_graph"] = (
+            {"ms": graph, "speedup": graph / ms} if graph else {"error": "capture fails"}
+        )
+        return {
+            "model": name,
+            "litekiln_ms": ms,
+            "litert_cpu_ms": 4 * ms,
+            "litert_gpu_ms": None,
+            "speedup_vs_litert_cpu": 4.0,
+            "speedup_vs_litert_gpu": None,
+            "torch": {"modes": modes},
+        }
+
+    runs = [
+        {"device": "dev", "models": [model("a", 0.5, 1.0, 0.75)]},
+        {"device": "dev", "models": [model("b", 0.2, None, 0.5)]},
+    ]
+    paths = []
+    for k, r in enumerate(runs):
+        paths.append(str(tmp_path / f"r{k}.json"))
+        Path(paths[-1]).write_text(json.dumps(r))
+    merged = merged_results(paths)
+    assert [m["model"] for m in merged["models"]] == ["a", "b"]
+    latency, speedups = plot_series(merged["models"])
+    assert latency == [
+        ("litekiln", [0.5, 0.2]),
+        ("LiteRT CPU", [2.0, 0.8]),
+        ("torch eager + CUDA graph", [1.0, None]),
+        ("torch.compile", [0.75, 0.5]),
+    ]
+    assert speedups == [
+        ("vs LiteRT CPU", [4.0, 4.0]),
+        ("vs torch eager + CUDA graph", [2.0, None]),
+        ("vs torch.compile", [1.5, 2.5]),
+    ]
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "p.png"
+    assert main(["plot", *paths, str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_bench_holds_back_peer_logs_unless_verbose(
     capfd: pytest.CaptureFixture[str], smoke_path: Path
 ) -> None:

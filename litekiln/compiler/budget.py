@@ -50,7 +50,7 @@ class _Group:
     partition: int
     func: str
     work: int
-    kernels: frozenset[str]
+    kernels: set[str]
 
 
 def trim_variants(
@@ -103,7 +103,7 @@ def _groups(programs: Sequence[GpuProgram]) -> list[_Group]:
             flops = sum(la.flops for la in own)
             nbytes = buffer_bytes(own, lambda t, p=p: p.tensor(t).nbytes)  # type: ignore[misc]
             work = max(flops, _FLOPS_PER_BYTE * nbytes)
-            kernels = frozenset(la.kernel for o in v.options for la in o)
+            kernels = {la.kernel for o in v.options for la in o}
             g = out.get((k, v.func))
             if g is None:
                 out[(k, v.func)] = _Group(k, v.func, work, kernels)
@@ -125,14 +125,6 @@ def _without(program: GpuProgram, k: int, dropped: set[tuple[int, str]]) -> GpuP
 def _variant_chars(program: GpuProgram) -> int:
     """Characters of the kernels only `program`'s variants launch."""
     defaults = {la.kernel for la in program.launches}
-    sizes = _kernel_chars([program])[0]
+    _, *parts = ("\n" + program.source).split("\n" + FUNCTION_MARKER)
+    sizes = {part.split("\n", 1)[0].strip(): len(part) for part in parts}
     return sum(n for name, n in sizes.items() if name not in defaults and name in program.kernels)
-
-
-def _kernel_chars(programs: Sequence[GpuProgram]) -> list[dict[str, int]]:
-    """Per program, each marked function's characters by name."""
-    out = []
-    for p in programs:
-        _, *parts = ("\n" + p.source).split("\n" + FUNCTION_MARKER)
-        out.append({part.split("\n", 1)[0].strip(): len(part) for part in parts})
-    return out
