@@ -34,8 +34,14 @@ import dataclasses
 import re
 from collections.abc import Sequence
 
-from litekiln.artifact.program import BufferArg, KernelArg, Launch, ScalarArg, Variant
-from litekiln.compiler.minify import FUNCTION_MARKER
+from litekiln.artifact.program import (
+    FUNCTION_MARKER,
+    BufferArg,
+    KernelArg,
+    Launch,
+    ScalarArg,
+    Variant,
+)
 
 #: Most kernels one dispatcher runs. The first launch of a dispatcher compiles every case:
 #: groups of 6 and 10 of hand_landmark_lite's 39 kernels of 64 work-items measured like one

@@ -44,6 +44,8 @@ import string
 from collections import Counter
 from collections.abc import Iterator
 
+from litekiln.artifact.program import FUNCTION_MARKER
+
 _TOKEN = re.compile(
     r"""
      \s+                                       # whitespace
@@ -55,9 +57,6 @@ _TOKEN = re.compile(
     """,
     re.S | re.X,
 )
-
-#: The comment TVM heads each kernel with, which the runtime cuts programs by.
-FUNCTION_MARKER = "// Function: "
 
 #: Scalar and vector type names (a declaration starts with one).
 _TYPE = re.compile(
