@@ -1354,8 +1354,7 @@ def plot_series(
     for mode, label in _TORCH_LABELS.items():
         latency.append((label, [torch_mode(m, mode, "ms") for m in models]))
         speedup.append((f"vs {label}", [torch_mode(m, mode, "speedup") for m in models]))
-    keep = lambda series: [(k, v) for k, v in series if any(v)]  # noqa: E731
-    return keep(latency[:1]) + keep(latency[1:]), keep(speedup)
+    return [(k, v) for k, v in latency if any(v)], [(k, v) for k, v in speedup if any(v)]
 
 
 def plot_latency(results: dict[str, Any], png: str) -> bool:
