@@ -313,12 +313,22 @@ def test_lstm_basic(batch: int, depth: int, units: int) -> None:
 
 # The regular path writes only max_detections rows of the max_detections *
 # max_classes_per_detection outputs (LiteRT leaves the rest unwritten): compare it with 1 class.
+# 1917 anchors (SSD's): the fast path ranks its best candidates by a partial selection
+# (`detection._Ranking`) and decodes only the boxes it examines.
 @pytest.mark.parametrize(
-    ("regular", "classes_per_detection"), [(False, 1), (False, 2), (False, 3), (True, 1)]
+    ("regular", "classes_per_detection", "n"),
+    [
+        (False, 1, 60),
+        (False, 2, 60),
+        (False, 3, 60),
+        (True, 1, 60),
+        (False, 1, 1917),
+        (False, 2, 1917),
+    ],
 )
-def test_detection_postprocess(regular: bool, classes_per_detection: int) -> None:
+def test_detection_postprocess(regular: bool, classes_per_detection: int, n: int) -> None:
     rng = np.random.default_rng(3)
-    n, c = 60, 4
+    c = 4
     anchors = np.stack(
         [
             rng.uniform(0, 1, n),
@@ -382,9 +392,18 @@ def _greedy_nms(
 
 
 @pytest.mark.parametrize(
-    ("n", "max_det", "spread"), [(2000, 10, 0.3), (700, 100, 1.0), (300, 40, 0.05), (50, 60, 1.0)]
+    ("n", "max_det", "spread", "levels"),
+    [
+        (2000, 10, 0.3, 0),
+        (700, 100, 1.0, 0),
+        (300, 40, 0.05, 0),
+        (50, 60, 1.0, 0),
+        # Scores on 6 levels: hundreds of ties across the partial selection's edge (the
+        # best 256 of the ranking), which must keep the lower indices first.
+        (3000, 300, 0.05, 6),
+    ],
 )
-def test_nms_matches_one_pair_at_a_time(n: int, max_det: int, spread: float) -> None:
+def test_nms_matches_one_pair_at_a_time(n: int, max_det: int, spread: float, levels: int) -> None:
     # Chunked NMS (SSD: 10 kept of 1917) against the kernel's loop: crowded boxes (most
     # suppressed, so the scan crosses many chunks), sparse ones (few suppressed), degenerate
     # boxes of zero area, and more detections asked for than candidates.
@@ -397,6 +416,8 @@ def test_nms_matches_one_pair_at_a_time(n: int, max_det: int, spread: float) -> 
     boxes = np.concatenate([yx, yx + hw], axis=1).astype(np.float32)
     scores = rng.uniform(0, 1, n).astype(np.float32)
     scores[::5] = scores[1::5][: len(scores[::5])]  # ties: the lower index ranks first
+    if levels:
+        scores = (np.ceil(scores * levels) / levels).astype(np.float32)
     kept = {}
     for iou_th in (0.2, 0.6):
         kept[iou_th] = _greedy_nms(boxes, scores, max_det, 0.1, iou_th)

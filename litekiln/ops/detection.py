@@ -18,6 +18,7 @@ between equal scores) the order may differ.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -29,79 +30,132 @@ from litekiln.ops.mediapipe import flex_options
 
 def decode_boxes(enc: np.ndarray, anchors: np.ndarray, scales: tuple[float, ...]) -> np.ndarray:
     """Center-size encodings + anchors -> float32 corners [N, 4] (ymin, xmin, ymax, xmax)."""
-    e = enc.astype(np.float32).astype(np.float64)
-    a = anchors.astype(np.float32).astype(np.float64)
+    e = enc.astype(np.float64)
+    a = anchors.astype(np.float64)
     ys, xs, hs, ws = (float(np.float32(s)) for s in scales)
-    yc = (e[:, 0] / ys * a[:, 2] + a[:, 0]).astype(np.float32)
-    xc = (e[:, 1] / xs * a[:, 3] + a[:, 1]).astype(np.float32)
-    hh = (0.5 * np.exp(e[:, 2] / hs) * a[:, 2]).astype(np.float32)
-    hw = (0.5 * np.exp(e[:, 3] / ws) * a[:, 3]).astype(np.float32)
-    return np.stack([yc - hh, xc - hw, yc + hh, xc + hw], axis=1).astype(np.float32)
+    # (y and x side by side: the same double operations per element as one at a time)
+    center = (e[:, :2] / (ys, xs) * a[:, 2:] + a[:, :2]).astype(np.float32)
+    half = (0.5 * np.exp(e[:, 2:] / (hs, ws)) * a[:, 2:]).astype(np.float32)
+    return np.concatenate([center - half, center + half], axis=1)
 
 
 def _iou(a: np.ndarray, area_a: np.ndarray, b: np.ndarray, area_b: np.ndarray) -> np.ndarray:
     """ComputeIntersectionOverUnion for every pair (rows of ``a`` x rows of ``b``), in float32;
-    0 where either area is <= 0. Same float32 operations, in the same order, as the kernel."""
-    a, b = a[:, None, :], b[None, :, :]
-    ih = np.maximum(
-        np.minimum(a[..., 2], b[..., 2]) - np.maximum(a[..., 0], b[..., 0]), np.float32(0)
-    )
-    iw = np.maximum(
-        np.minimum(a[..., 3], b[..., 3]) - np.maximum(a[..., 1], b[..., 1]), np.float32(0)
-    )
-    inter = ih * iw
+    0 where either area is <= 0. Same float32 operations, in the same order, as the kernel.
+    (Few, whole-array operations: NMS calls it on small chunks, where each costs its call.)"""
+    ih = np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0])
+    iw = np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1])
+    inter = np.maximum(ih, np.float32(0)) * np.maximum(iw, np.float32(0))
     ai, bj = area_a[:, None], area_b[None, :]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        iou = inter / (ai + bj - inter)
-    return np.where((ai <= 0) | (bj <= 0), np.float32(0), iou).astype(np.float32)
+    iou = np.zeros(inter.shape, np.float32)
+    # (a NaN area is not <= 0: its IoU is computed, NaN, as the kernel's)
+    np.divide(inter, ai + bj - inter, out=iou, where=~((ai <= 0) | (bj <= 0)))
+    return iou
 
 
 #: Candidates `nms_single_class` examines per step (first step; it doubles up to the cap).
 _CHUNK, _CHUNK_CAP = 32, 256
+#: Candidates ranked first by a partial selection; the rest are sorted only if NMS reaches
+#: them (SSD: 10 kept, nearly always within the best few dozen of 1917 candidates).
+_FIRST = 256
+
+#: Boxes of some anchors (their indices, in rank order) -> float32 corners [len, 4].
+BoxSource = Callable[[np.ndarray], np.ndarray]
+
+
+class _Ranking:
+    """Indices of the scores at or above the threshold in the kernel's order: best first,
+    ties by the lower index (its ``std::stable_sort``). The best `_FIRST` come from a partial
+    selection (linear time); the rest are sorted the first time a caller reaches them."""
+
+    def __init__(self, scores: np.ndarray, threshold: float) -> None:
+        self._keep = np.flatnonzero(scores >= np.float32(threshold))
+        self._s = scores[self._keep]
+        self.size = len(self._keep)
+        if self.size > 2 * _FIRST:
+            part = np.argpartition(-self._s, _FIRST - 1)[:_FIRST]
+            edge = self._s[part].min()
+            above = np.flatnonzero(self._s > edge)
+            ties = np.flatnonzero(self._s == edge)[: _FIRST - len(above)]
+            first = np.concatenate([above, ties])  # (each ascending; ties rank after above)
+        else:
+            first = np.arange(self.size)
+        self._order = first[np.argsort(-self._s[first], kind="stable")]
+        self._whole = len(first) == self.size
+
+    def take(self, start: int, stop: int) -> np.ndarray:
+        """Ranks ``start`` to ``stop`` (exclusive) as indices into the scores."""
+        if stop > len(self._order) and not self._whole:
+            rest = np.ones(self.size, bool)
+            rest[self._order] = False
+            others = np.flatnonzero(rest)
+            others = others[np.argsort(-self._s[others], kind="stable")]
+            self._order, self._whole = np.concatenate([self._order, others]), True
+        return self._keep[self._order[start:stop]]
 
 
 def nms_single_class(
-    boxes: np.ndarray, scores: np.ndarray, max_detections: int, score_th: float, iou_th: float
+    boxes: np.ndarray | BoxSource,
+    scores: np.ndarray,
+    max_detections: int,
+    score_th: float,
+    iou_th: float,
 ) -> list[int]:
-    """NonMaxSuppressionSingleClassHelper: anchor indices kept, best score first.
+    """NonMaxSuppressionSingleClassHelper: anchor indices kept, best score first (see
+    `nms_kept`, which gives their boxes too)."""
+    return nms_kept(boxes, scores, max_detections, score_th, iou_th)[0]
+
+
+def nms_kept(
+    boxes: np.ndarray | BoxSource,
+    scores: np.ndarray,
+    max_detections: int,
+    score_th: float,
+    iou_th: float,
+) -> tuple[list[int], np.ndarray]:
+    """NonMaxSuppressionSingleClassHelper: anchor indices kept, best score first, and their
+    boxes [len, 4].
 
     The kernel's greedy loop: in rank order, a candidate is kept unless its IoU with a box
     kept before it exceeds the threshold. Done in chunks of the ranking, so that a few
     detections out of thousands of candidates (SSD: 10 of 1917) cost a few small matrices
     instead of one pass over all candidates per kept box: per chunk, one IoU matrix against
     the boxes kept so far and one within the chunk, then a scan that jumps from one
-    unsuppressed candidate to the next.
+    unsuppressed candidate to the next. ``boxes`` is every anchor's box [N, 4], or a function
+    that gives the boxes of some anchors (so that only the candidates examined are decoded).
     """
-    keep = np.nonzero(scores >= np.float32(score_th))[0]
-    order = keep[np.argsort(-scores[keep], kind="stable")]
-    output_size = min(len(order), max_detections)
+    ranking = _Ranking(scores, score_th)
+    output_size = min(ranking.size, max_detections)
+    kept = np.empty((0, 4), np.float32)
     if output_size <= 0:
-        return []
-    cand = np.ascontiguousarray(boxes[order], dtype=np.float32)
-    areas = (cand[:, 2] - cand[:, 0]) * (cand[:, 3] - cand[:, 1])  # float32, as the kernel
+        return [], kept
+    box_of: BoxSource = boxes if callable(boxes) else boxes.__getitem__
     iou_th32 = np.float32(iou_th)
-    selected: list[int] = []  # rows of `cand`
+    selected: list[int] = []  # anchor indices
+    kept_areas = np.empty(0, np.float32)
     start, chunk = 0, _CHUNK
-    while start < len(order) and len(selected) < output_size:
-        stop = min(start + chunk, len(order))
-        c, ca = cand[start:stop], areas[start:stop]
+    while start < ranking.size and len(selected) < output_size:
+        rows = ranking.take(start, start + chunk)
+        c = np.ascontiguousarray(box_of(rows), dtype=np.float32)
+        ca = (c[:, 2] - c[:, 0]) * (c[:, 3] - c[:, 1])  # float32, as the kernel
         if selected:
-            iou = _iou(cand[selected], areas[selected], c, ca)
-            suppressed = np.asarray((iou > iou_th32).any(axis=0))
+            suppressed = np.asarray((_iou(kept, kept_areas, c, ca) > iou_th32).any(axis=0))
         else:
-            suppressed = np.zeros(stop - start, bool)
+            suppressed = np.zeros(len(rows), bool)
         within = _iou(c, ca, c, ca) > iou_th32
+        new: list[int] = []
         k = 0
-        while len(selected) < output_size:
-            free = np.flatnonzero(~suppressed[k:])
-            if not free.size:
+        while len(selected) + len(new) < output_size and k < len(rows):
+            k += int(suppressed[k:].argmin())  # the next candidate not suppressed, if any
+            if suppressed[k]:
                 break
-            k += int(free[0])
-            selected.append(start + k)
+            new.append(k)
             suppressed |= within[k]  # (rows before k are decided already)
             k += 1
-        start, chunk = stop, min(2 * chunk, _CHUNK_CAP)
-    return [int(order[r]) for r in selected]
+        selected.extend(int(rows[k]) for k in new)
+        kept, kept_areas = np.concatenate([kept, c[new]]), np.concatenate([kept_areas, ca[new]])
+        start, chunk = start + len(rows), min(2 * chunk, _CHUNK_CAP)
+    return selected, kept
 
 
 def _top_classes(scores: np.ndarray, k: int) -> np.ndarray:
@@ -199,9 +253,22 @@ class DetectionPostProcess(OpDef):
             raise ctx.fail(f"{with_bg} class scores for {num_classes} classes")
         if not 0 < o["iou_th"] <= 1 or o["max_detections"] < 0:
             raise ctx.fail("nms_iou_threshold must be in (0, 1], max_detections >= 0")
-        boxes = decode_boxes(enc[0, :, :4], anchors, o["scales"])
-        if np.any(boxes[:, 0] > boxes[:, 2]) or np.any(boxes[:, 1] > boxes[:, 3]):
-            raise ctx.fail("decoded boxes with ymin > ymax or xmin > xmax")
+        enc4 = enc[0, :, :4]
+        boxes: np.ndarray | None = None
+        if not anchors[:, 2:].min(initial=0.0) >= 0:
+            # Only an anchor of negative (or NaN) size can decode to ymin > ymax: a size of
+            # 0.5 * exp(.) * a >= 0 keeps each corner on its side of the center after
+            # rounding. The kernel checks every box; so does this where it can fail.
+            boxes = decode_boxes(enc4, anchors, o["scales"])
+            if np.any(boxes[:, 0] > boxes[:, 2]) or np.any(boxes[:, 1] > boxes[:, 3]):
+                raise ctx.fail("decoded boxes with ymin > ymax or xmin > xmax")
+
+        def box_of(rows: np.ndarray) -> np.ndarray:
+            """The decoded boxes of some anchors (decoding is per anchor)."""
+            if boxes is not None:
+                return boxes[rows]
+            return decode_boxes(enc4[rows], anchors[rows], o["scales"])
+
         scores = cls_pred[0, :, offset:]
         max_det, per_det = o["max_detections"], o["max_classes_per_detection"]
         if per_det <= 0:
@@ -211,18 +278,20 @@ class DetectionPostProcess(OpDef):
         out_classes = np.zeros((1, d), np.float32)
         out_scores = np.zeros((1, d), np.float32)
         if o["use_regular_nms"]:
-            count = cls._regular(o, boxes, scores, out_boxes, out_classes, out_scores)
+            every = boxes if boxes is not None else box_of(np.arange(n))
+            count = cls._regular(o, every, scores, out_boxes, out_classes, out_scores)
         else:
             k = min(per_det, num_classes)
             top = _top_classes(scores, k)
             best = scores[np.arange(n), top[:, 0]]
-            sel = nms_single_class(boxes, best, max_det, o["score_th"], o["iou_th"])
-            for row, a in enumerate(sel):
-                for col in range(k):
-                    slot = per_det * row + col
-                    out_boxes[0, slot] = boxes[a]
-                    out_classes[0, slot] = top[a, col]
-                    out_scores[0, slot] = scores[a, top[a, col]]
+            sel, kept = nms_kept(box_of, best, max_det, o["score_th"], o["iou_th"])
+            if sel:  # row r's k classes fill slots per_det * r + 0..k-1
+                anchors_kept = np.array(sel, np.intp)
+                cols = top[anchors_kept]
+                slots = per_det * np.arange(len(sel))[:, None] + np.arange(k)
+                out_boxes[0, slots] = kept[:, None, :]
+                out_classes[0, slots] = cols
+                out_scores[0, slots] = scores[anchors_kept[:, None], cols]
             count = len(sel)
         return [out_boxes, out_classes, out_scores, np.array([count], np.float32)]
 
