@@ -53,6 +53,28 @@ def _bias(n: int, x_scale: float, w: Spec) -> Spec:
 # -- fixed-point helpers --------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16"])
+def test_dequantize_float32_path_is_the_formula(dtype: str) -> None:
+    # An 8-bit input is dequantized at every inference in float32 (`ops.base.dequantize`):
+    # its values must be those of real = scale * (q - zero_point) in int64 and float64,
+    # rounded once to float32, for every integer value, over scales of any magnitude.
+    from litekiln.model.ir import Quantization, Tensor
+    from litekiln.ops.base import dequantize
+
+    rng = np.random.default_rng(7)
+    info = np.iinfo(dtype)
+    q = np.arange(info.min, info.max + 1).astype(dtype)  # every value
+    for _ in range(200):
+        scale = np.array([rng.uniform(0.5, 1) * 10.0 ** rng.integers(-30, 30)], np.float32)
+        zp = np.array([rng.integers(-300, 300)], np.int64)
+        quant = Quantization(scale=scale, zero_point=zp)
+        t = Tensor(index=0, name="x", shape=q.shape, dtype=np.dtype(dtype), quantization=quant)
+        want = ((q.astype(np.int64) - zp) * scale.astype(np.float64)).astype(np.float32)
+        got = dequantize(q, t)
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got, want)
+
+
 def test_quantize_multiplier() -> None:
     assert qmath.quantize_multiplier(0.5) == (1 << 30, 0)
     assert qmath.quantize_multiplier(0.0) == (0, 0)

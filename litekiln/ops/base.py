@@ -736,6 +736,20 @@ def dequantize(x: np.ndarray, tensor: Tensor) -> np.ndarray:
     q = tensor.quantization
     if q is None:
         return x.astype(np.float32)
+    if (
+        x.dtype.kind in "iu"
+        and x.dtype.itemsize <= 2
+        and not q.per_channel
+        and q.scale.dtype == np.float32
+        and -(1 << 16) < q.zero_point_range[0] <= q.zero_point_range[1] < 1 << 16
+    ):
+        # An 8-bit model's input, at every inference, in float32 throughout: q - zero_point
+        # is exact there (|q - zero_point| < 2**24), and the float32 product of two float32
+        # values is the float64 one rounded once, so the values are those of the general
+        # formula below, in two passes over float32 instead of four over 8 bytes.
+        y = np.subtract(x, np.float32(q.zero_point[0]), dtype=np.float32)
+        y *= q.scale[0].astype(np.float32)
+        return y
     shape = q.broadcast_shape(x.ndim)
     return ((x.astype(np.int64) - q.zero_point.reshape(shape)) * q.scale.reshape(shape)).astype(
         np.float32
