@@ -20,6 +20,7 @@ takes injective producers; `schedules.SharedMatmul` stages them through its fetc
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import tvm
@@ -37,6 +38,12 @@ _MAX_MERGES = 4
 #: Longest group name (FuseTIR names the kernel after it).
 _MAX_NAME = 80
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+#: TVMScript calls of transcendental math, which a producer copy must not hold
+#: (`_Fuser._is_cheap_copy`).
+_TRANSCENDENTAL = re.compile(
+    r"\bT\.(?:exp|exp2|exp10|expm1|log|log2|log10|log1p|tanh|sigmoid|erf|pow|sqrt|rsqrt|"
+    r"sin|cos|tan|asin|acos|atan|atan2|sinh|cosh|asinh|acosh|atanh)\("
+)
 
 
 @relax.expr_functor.mutator
@@ -68,6 +75,7 @@ class _Fuser:
         self.builder = relax.BlockBuilder(mod)
         self.count = 0
         self.added: dict[int, list[tuple[tvm.ir.GlobalVar, relax.Function]]] = {}
+        self._heavy: dict[str, bool] = {}
 
     # ------------------------------------------------------------------ classification
     def _prim_patterns(self, func: relax.Function) -> list[tuple[int, str]] | None:
@@ -151,6 +159,25 @@ class _Fuser:
     def _is_copy(self, func: relax.Function) -> bool:
         pats = self._prim_patterns(func) or []
         return bool(pats) and all(p <= _INJECTIVE for p, _ in pats)
+
+    def _is_cheap_copy(self, func: relax.Function) -> bool:
+        """A copy (`_is_copy`) with no transcendental math, as a producer must be: the
+        product's kernel computes it again for every read of each element (per thread, or
+        per tile its schedule stages), which costs nothing for a reshape or a scale but
+        multiplies an activation's exp and tanh. (An unrolled GRU's recurrent products took
+        the previous steps' gate updates, sigmoid and tanh nested three and four steps
+        deep, into their 64-term sums: 59 us a product on the H200.) An epilogue computes
+        each output once: any copy joins as one."""
+        pats = self._prim_patterns(func) or []
+        return self._is_copy(func) and not any(self._transcendental(n) for _, n in pats)
+
+    def _transcendental(self, name: str) -> bool:
+        """Whether the PrimFunc ``name`` calls a transcendental function (cached by name)."""
+        known = self._heavy.get(name)
+        if known is None:
+            known = _TRANSCENDENTAL.search(self.mod[name].script()) is not None
+            self._heavy[name] = known
+        return known
 
     # ------------------------------------------------------------------ merging
     def _merge(
@@ -251,7 +278,7 @@ class _Fuser:
                     if src is None or not isinstance(src.var, relax.DataflowVar):
                         continue
                     prod = self._group(src.value)
-                    if prod is None or not self._is_copy(prod):
+                    if prod is None or not self._is_cheap_copy(prod):
                         continue
                     prod_args = self._args(src.value)
                     func, args = self._merge(prod, prod_args, func, args, k)
