@@ -259,6 +259,10 @@ MOVEMENT = Batch(
         Case("gather_int64_positions", _gather([3, 5], [1, 4], 1, dtype="int64")),
         Case("gather_int16_positions_v6", _gather([3, 5], [1, 4], 1, version=6, dtype="int16")),
         Case("gather_v8", _gather([4, 3], [[1], [3]], version=8)),
+        # Consecutive rows are lowered as a slice (an unrolled recurrence's x[t]).
+        Case("gather_one_row_as_slice", _gather([32, 16], [5])),
+        Case("gather_consecutive_rows_as_slice", _gather([1, 6, 4], [[2, 3, 4]], axis=1)),
+        Case("gather_runs_of_rows_take", _gather([3, 5, 4], [1, 2], axis=1)),
         Case("gather_nd_pairs", _gather_nd([3, 4, 5], [[0, 1], [2, 3]])),
         Case("gather_nd_full", _gather_nd([3, 4], [[[0, 1]], [[2, 3]]])),
         Case("gather_nd_rows", _gather_nd([3, 4, 2], [[2], [0]])),

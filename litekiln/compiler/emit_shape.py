@@ -177,10 +177,19 @@ def _broadcast_to(ctx: Ctx) -> list[Expr]:
 
 
 def _take_rows(ctx: Ctx, rows: GatherRows) -> list[Expr]:
-    """A gather at constant positions: one take of whole rows of the data."""
+    """A gather at constant positions: one take of whole rows of the data, or a slice where
+    the rows are consecutive (an unrolled recurrence's step reads x[t]). A slice is a
+    static copy, which `compiler/fusion.py` merges into the matrix product that reads it; a
+    take reads its positions from memory and stays a kernel of its own (an unrolled LSTM
+    had one per step)."""
     x = ctx.emit(relax.op.reshape(ctx.arg_stored(0), (rows.rows, rows.row_size)))
-    idx = relax.const(rows.indices.astype(np.int32), "int32")
-    y = ctx.emit(relax.op.take(x, idx, axis=0))
+    flat = rows.indices.reshape(-1)
+    if flat.size and bool(np.all(np.diff(flat) == 1)):
+        first, end = int(flat[0]), int(flat[-1]) + 1
+        y = ctx.emit(relax.op.strided_slice(x, axes=[0], begin=[first], end=[end]))
+    else:
+        idx = relax.const(rows.indices.astype(np.int32), "int32")
+        y = ctx.emit(relax.op.take(x, idx, axis=0))
     return [ctx.emit(relax.op.reshape(y, rows.output))]
 
 
