@@ -103,18 +103,23 @@ def test_copies_with_other_readers_stay(cl_env: Any) -> None:
     assert len(funcs) == 2 and any("transpose" in f and "matmul" in f for f in funcs), funcs
 
 
-def test_activation_producer_stays_out_of_the_product(cl_env: Any) -> None:
+@pytest.mark.parametrize("rows", [1, T])
+def test_activation_producer_joins_only_a_matrix_product(cl_env: Any, rows: int) -> None:
     """A producer with transcendental math (a recurrent cell's gate, sigmoid) stays a kernel
-    of its own: copied into the product, it would be computed again for each of the
-    product's reads of every element (an unrolled GRU nested its cells steps deep there)."""
+    of its own before a matrix-vector product, whose threads would each compute it again
+    for every element they read (an unrolled GRU nested its cells steps deep there); a
+    product of many rows stages its operand's tiles and takes it as it takes a copy."""
     w = _rand(C, 3 * C)
 
     def body(bb: Any, x: Any) -> Any:
         g = bb.emit(relax.op.sigmoid(x))
         return bb.emit(relax.op.matmul(g, relax.const(w)))
 
-    x = _rand(1, C)
+    x = _rand(rows, C)
     ref = ((1 / (1 + np.exp(-x.astype(np.float64)))) @ w.astype(np.float64)).astype(np.float32)
-    res = check(cl_env, build_module([("x", (1, C))], body), [x], [ref], rule=None)
+    res = check(cl_env, build_module([("x", (rows, C))], body), [x], [ref], rule=None)
     funcs = [la.func for la in res.program.launches]
-    assert len(funcs) == 2 and "sigmoid" in funcs[0] and "matmul" not in funcs[0], funcs
+    if rows == 1:
+        assert len(funcs) == 2 and "sigmoid" in funcs[0] and "matmul" not in funcs[0], funcs
+    else:
+        assert len(funcs) == 1 and "sigmoid" in funcs[0] and "matmul" in funcs[0], funcs

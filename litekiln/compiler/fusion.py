@@ -38,8 +38,15 @@ _MAX_MERGES = 4
 #: Longest group name (FuseTIR names the kernel after it).
 _MAX_NAME = 80
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
-#: TVMScript calls of transcendental math, which a producer copy must not hold
-#: (`_Fuser._is_cheap_copy`).
+#: A product of fewer output rows than this (a matrix-vector product: its rules sum each
+#: column in threads of its own, nothing staged) takes no copy with transcendental math:
+#: the copy would be computed again for every column that reads each element. An unrolled
+#: GRU's recurrent products ([1, 64] x [64, 192]) took the previous steps' gate updates,
+#: sigmoid and tanh nested three and four steps deep, into their 64-term sums: 59 us a
+#: product on the H200. With more rows the products stage their operands' tiles, and a copy
+#: is computed once per tile (a transformer MLP's GELU before fc2: one kernel less).
+_MATH_MIN_ROWS = 16
+#: TVMScript calls of transcendental math (`_Fuser._has_math`).
 _TRANSCENDENTAL = re.compile(
     r"\bT\.(?:exp|exp2|exp10|expm1|log|log2|log10|log1p|tanh|sigmoid|erf|pow|sqrt|rsqrt|"
     r"sin|cos|tan|asin|acos|atan|atan2|sinh|cosh|asinh|acosh|atanh)\("
@@ -160,16 +167,9 @@ class _Fuser:
         pats = self._prim_patterns(func) or []
         return bool(pats) and all(p <= _INJECTIVE for p, _ in pats)
 
-    def _is_cheap_copy(self, func: relax.Function) -> bool:
-        """A copy (`_is_copy`) with no transcendental math, as a producer must be: the
-        product's kernel computes it again for every read of each element (per thread, or
-        per tile its schedule stages), which costs nothing for a reshape or a scale but
-        multiplies an activation's exp and tanh. (An unrolled GRU's recurrent products took
-        the previous steps' gate updates, sigmoid and tanh nested three and four steps
-        deep, into their 64-term sums: 59 us a product on the H200.) An epilogue computes
-        each output once: any copy joins as one."""
-        pats = self._prim_patterns(func) or []
-        return self._is_copy(func) and not any(self._transcendental(n) for _, n in pats)
+    def _has_math(self, func: relax.Function) -> bool:
+        """Whether a group calls transcendental math (exp, tanh, sigmoid, erf...)."""
+        return any(self._transcendental(n) for _, n in self._prim_patterns(func) or [])
 
     def _transcendental(self, name: str) -> bool:
         """Whether the PrimFunc ``name`` calls a transcendental function (cached by name)."""
@@ -278,7 +278,9 @@ class _Fuser:
                     if src is None or not isinstance(src.var, relax.DataflowVar):
                         continue
                     prod = self._group(src.value)
-                    if prod is None or not self._is_cheap_copy(prod):
+                    if prod is None or not self._is_copy(prod):
+                        continue
+                    if self._has_math(prod) and _rows(b.var) < _MATH_MIN_ROWS:
                         continue
                     prod_args = self._args(src.value)
                     func, args = self._merge(prod, prod_args, func, args, k)
@@ -327,6 +329,12 @@ def _shape(var: Any) -> list[int] | None:
     """``var``'s static shape without its unit axes (None if not static)."""
     shape = _static_shape(var)
     return None if shape is None else [d for d in shape if d != 1]
+
+
+def _rows(var: Any) -> int:
+    """``var``'s element count over its last axis (-1 if not static)."""
+    shape = _static_shape(var)
+    return -1 if not shape else math.prod(shape[:-1])
 
 
 def _numel(var: Any) -> int:
