@@ -82,7 +82,7 @@ class _Fuser:
         self.builder = relax.BlockBuilder(mod)
         self.count = 0
         self.added: dict[int, list[tuple[tvm.ir.GlobalVar, relax.Function]]] = {}
-        self._heavy: dict[str, bool] = {}
+        self._math: dict[str, bool] = {}  # PrimFunc name -> `_transcendental`
 
     # ------------------------------------------------------------------ classification
     def _prim_patterns(self, func: relax.Function) -> list[tuple[int, str]] | None:
@@ -173,10 +173,10 @@ class _Fuser:
 
     def _transcendental(self, name: str) -> bool:
         """Whether the PrimFunc ``name`` calls a transcendental function (cached by name)."""
-        known = self._heavy.get(name)
+        known = self._math.get(name)
         if known is None:
             known = _TRANSCENDENTAL.search(self.mod[name].script()) is not None
-            self._heavy[name] = known
+            self._math[name] = known
         return known
 
     # ------------------------------------------------------------------ merging

@@ -741,7 +741,7 @@ def dequantize(x: np.ndarray, tensor: Tensor) -> np.ndarray:
         and x.dtype.itemsize <= 2
         and not q.per_channel
         and q.scale.dtype == np.float32
-        and -(1 << 16) < q.zero_point_range[0] <= q.zero_point_range[1] < 1 << 16
+        and abs(int(q.zero_point[0])) < 1 << 16
     ):
         # An 8-bit model's input, at every inference, in float32 throughout: q - zero_point
         # is exact there (|q - zero_point| < 2**24), and the float32 product of two float32
