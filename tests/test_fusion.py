@@ -104,11 +104,11 @@ def test_copies_with_other_readers_stay(cl_env: Any) -> None:
 
 
 @pytest.mark.parametrize("rows", [1, T])
-def test_activation_producer_joins_only_a_matrix_product(cl_env: Any, rows: int) -> None:
-    """A producer with transcendental math (a recurrent cell's gate, sigmoid) stays a kernel
-    of its own before a matrix-vector product, whose threads would each compute it again
-    for every element they read (an unrolled GRU nested its cells steps deep there); a
-    product of many rows stages its operand's tiles and takes it as it takes a copy."""
+def test_activation_producer_joins_a_matrix_product(cl_env: Any, rows: int) -> None:
+    """A producer with transcendental math (a recurrent cell's output, sigmoid) joins a
+    matrix product: a small matrix-vector product computes it for each element it reads
+    (64 x 192 evaluations: cheaper than a launch), a product of many rows stages its
+    operand's tiles and takes it as it takes a copy."""
     w = _rand(C, 3 * C)
 
     def body(bb: Any, x: Any) -> Any:
@@ -119,7 +119,68 @@ def test_activation_producer_joins_only_a_matrix_product(cl_env: Any, rows: int)
     ref = ((1 / (1 + np.exp(-x.astype(np.float64)))) @ w.astype(np.float64)).astype(np.float32)
     res = check(cl_env, build_module([("x", (rows, C))], body), [x], [ref], rule=None)
     funcs = [la.func for la in res.program.launches]
-    if rows == 1:
-        assert len(funcs) == 2 and "sigmoid" in funcs[0] and "matmul" not in funcs[0], funcs
-    else:
-        assert len(funcs) == 1 and "sigmoid" in funcs[0] and "matmul" in funcs[0], funcs
+    assert len(funcs) == 1 and "sigmoid" in funcs[0] and "matmul" in funcs[0], funcs
+
+
+def test_activation_producers_never_nest_in_a_matrix_vector_product(cl_env: Any) -> None:
+    """A matrix-vector product takes one producer with math, not that producer's own
+    producers with math: an unrolled GRU's recurrent products took the previous steps' gate
+    updates, sigmoid and tanh nested three and four steps deep, and every one of their
+    columns computed them all again (59 us a product on the H200). Here the sigmoid,
+    also an output (a kernel of its own), stays out of the product that takes the tanh."""
+    w = _rand(C, 3 * C)
+
+    def body(bb: Any, x: Any) -> Any:
+        g = bb.emit(relax.op.sigmoid(x))
+        h = bb.emit(relax.op.multiply(relax.op.tanh(g), g))
+        p = bb.emit(relax.op.matmul(h, relax.const(w)))
+        return bb.emit(relax.Tuple([g, p]))
+
+    x = _rand(1, C)
+    g = 1 / (1 + np.exp(-x.astype(np.float64)))
+    refs = [g.astype(np.float32), ((np.tanh(g) * g) @ w.astype(np.float64)).astype(np.float32)]
+    res = check(cl_env, build_module([("x", (1, C))], body), [x], refs, rule=None)
+    funcs = [la.func for la in res.program.launches]
+    assert len(funcs) == 2, funcs
+    product = next(f for f in funcs if "matmul" in f)
+    assert "tanh" in product and "sigmoid" not in product, funcs
+
+
+def test_costly_activation_producer_stays_out_of_a_matrix_vector_product(cl_env: Any) -> None:
+    """Where a matrix-vector product would compute its producer's math more than
+    `_MATH_MAX_EVALS` times (each of its 1024 columns every one of the 128 elements it
+    sums), the producer stays a kernel of its own."""
+    from litekiln.compiler.fusion import _MATH_MAX_EVALS
+
+    k, n = 128, 1024
+    assert k * n > _MATH_MAX_EVALS
+    w = _rand(k, n)
+
+    def body(bb: Any, x: Any) -> Any:
+        g = bb.emit(relax.op.sigmoid(x))
+        return bb.emit(relax.op.matmul(g, relax.const(w)))
+
+    x = _rand(1, k)
+    ref = ((1 / (1 + np.exp(-x.astype(np.float64)))) @ w.astype(np.float64)).astype(np.float32)
+    res = check(cl_env, build_module([("x", (1, k))], body), [x], [ref], rule=None)
+    funcs = [la.func for la in res.program.launches]
+    assert len(funcs) == 2 and "sigmoid" in funcs[0] and "matmul" not in funcs[0], funcs
+
+
+def test_an_epilogue_reading_a_row_of_a_larger_tensor_joins_the_product(cl_env: Any) -> None:
+    """A product's epilogue may read a row of a larger tensor (an unrolled RNN step adds its
+    row of the batched input product to the recurrent one): the slice is read in the
+    product's kernel, not copied by a kernel of its own."""
+    w = _rand(C, 4 * C)
+
+    def body(bb: Any, x: Any, rows: Any) -> Any:
+        p = bb.emit(relax.op.matmul(x, relax.const(w)))
+        r = bb.emit(relax.op.strided_slice(rows, [0], [5], [6]))
+        return bb.emit(relax.op.add(p, r))
+
+    x, rows = _rand(1, C), _rand(8, 4 * C)
+    ref = (x.astype(np.float64) @ w.astype(np.float64) + rows[5:6]).astype(np.float32)
+    mod = build_module([("x", (1, C)), ("rows", (8, 4 * C))], body)
+    res = check(cl_env, mod, [x, rows], [ref], rule=None)
+    funcs = [la.func for la in res.program.launches]
+    assert len(funcs) == 1 and "matmul" in funcs[0], funcs

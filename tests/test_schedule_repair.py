@@ -100,3 +100,32 @@ def test_variants_that_fail_to_lower_are_not_offered() -> None:
     assert len(program.launches) == 2
     offered = {v.func: len(v.options) for v in program.variants}
     assert any("relu" in f for f in offered), offered  # the plain convolution's variants
+
+
+def test_a_rule_that_asserts_declines_and_the_next_takes_the_kernel() -> None:
+    """dlight's analyses assert on shapes they do not expect (its GEMV on an LSTM's
+    recurrent product computing the previous step's output in its kernel): wrapped in
+    `Declining`, as every dlight rule of the schedule profiles is, such a rule declines and
+    the next one schedules the kernel, instead of failing the whole partition's profile."""
+    import tvm
+    from tvm.s_tir import dlight as dl
+
+    from litekiln.compiler.schedules import Declining, fast_rules
+
+    class Asserting(dl.gpu.GEMV):  # type: ignore[misc]
+        def apply(self, func: Any, target: Any, tunable: bool) -> Any:
+            raise AssertionError("expr.extent == 1")
+
+    target = tvm.target.Target("opencl", host="llvm")
+
+    from tvm import te
+
+    a = te.placeholder((64,), name="a")
+    func = te.create_prim_func([a, te.compute((64,), lambda i: a[i] * 2.0, name="b")])
+    with target:
+        assert Declining(Asserting()).apply(func, target, False) is None
+        with pytest.raises(AssertionError):
+            Asserting().apply(func, target, False)
+        assert Declining(dl.gpu.Fallback()).apply(func, target, False) is not None
+    dlight = [r for r in fast_rules("gpu") if type(r).__module__.startswith("tvm.")]
+    assert dlight == [], f"dlight rules not wrapped: {dlight}"

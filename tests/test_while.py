@@ -227,6 +227,26 @@ def test_a_loop_with_a_constant_bound_unrolls_whatever_its_body() -> None:
     _assert_close(got, _litert(model), "static loop (unrolled, reference)")
 
 
+@pytest.mark.parametrize("name", KERAS)
+def test_the_steps_input_products_are_one_product_per_loop(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each step of an unrolled loop multiplies its row of the input by the same weights:
+    the loader makes those STEPS products one FULLY_CONNECTED of all the rows, each step
+    then reads its row (a GATHER of the product), and the outputs stay LiteRT's."""
+    from litekiln.ops import unroll
+
+    loops = 2 if name.startswith(("bidi", "stacked")) else 1
+    fc = load_model(keras_model(name)).op_histogram()["FULLY_CONNECTED"]
+    monkeypatch.setattr(unroll, "_BATCH_MIN", STEPS + 1)  # (off)
+    unbatched = load_model(keras_model(name)).op_histogram()["FULLY_CONNECTED"]
+    assert fc == unbatched - loops * (STEPS - 1), (fc, unbatched)
+    monkeypatch.undo()
+    model = keras_model(name)
+    got = _run(litekiln.Interpreter(model_content=model, device="reference"), _feeds(model))
+    _assert_close(got, _litert(model), f"{name} (batched, reference)")
+
+
 def test_a_sequence_buffer_is_written_once_when_unrolled() -> None:
     # Keras writes each step's row as CONCATENATION(SLICE before, row, SLICE after) of the
     # previous buffer; unrolled and simplified, the rows are concatenated once.

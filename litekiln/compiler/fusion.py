@@ -10,8 +10,17 @@ matrix product). This pass merges those groups into the product's group before F
 
 * a producer group of injective ops only, whose output the product reads, is copied into
   the product's group (it stays for its other readers; dead copies are removed);
+* a producer group of plain copies (no transcendental math, no more elements than the
+  product's output) whose output the product's epilogue reads (a residual, an unrolled
+  RNN step's row of the batched input product) is copied into the group too: it is read
+  once per output element;
 * a consumer group of injective ops only over the same outputs, unit axes aside (a reshape,
-  GELU), the product's only reader, joins the product's group as more epilogue.
+  GELU), the product's only reader, joins the product's group as more epilogue, whatever
+  the sizes of the other tensors it reads.
+
+A matrix-vector product (fewer than `_MATH_MIN_ROWS` rows) computes a copied producer again
+for every column that reads it: it takes at most one producer with transcendental math, and
+only where that costs at most `_MATH_MAX_EVALS` evaluations (see there).
 
 The schedule rules then inline the copies into the product's loads and stores (every rule
 takes injective producers; `schedules.SharedMatmul` stages them through its fetches).
@@ -46,6 +55,12 @@ _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 #: product on the H200. With more rows the products stage their operands' tiles, and a copy
 #: is computed once per tile (a transformer MLP's GELU before fc2: one kernel less).
 _MATH_MIN_ROWS = 16
+#: ... unless it is the one copy with math such a product takes, and its elements times the
+#: product's outputs (the evaluations: each column computes every element it sums) are at
+#: most this many. Its own producers with math then stay out, so the math never nests: an
+#: unrolled LSTM's recurrent product computes the previous step's output, o * tanh(c), from
+#: the gates and the cell state in memory (64 x 256 evaluations) and saves a launch a step.
+_MATH_MAX_EVALS = 1 << 16
 #: TVMScript calls of transcendental math (`_Fuser._has_math`).
 _TRANSCENDENTAL = re.compile(
     r"\bT\.(?:exp|exp2|exp10|expm1|log|log2|log10|log1p|tanh|sigmoid|erf|pow|sqrt|rsqrt|"
@@ -83,6 +98,7 @@ class _Fuser:
         self.count = 0
         self.added: dict[int, list[tuple[tvm.ir.GlobalVar, relax.Function]]] = {}
         self._math: dict[str, bool] = {}  # PrimFunc name -> `_transcendental`
+        self._took_math: list[tvm.ir.GlobalVar] = []  # groups with a copy with math merged
 
     # ------------------------------------------------------------------ classification
     def _prim_patterns(self, func: relax.Function) -> list[tuple[int, str]] | None:
@@ -264,14 +280,14 @@ class _Fuser:
                 continue
             args = self._args(b.value)
             merges = 0
+            # (a group made here is met again where it was put: it took its copy with math)
+            math_merged = any(b.value.op.same_as(gv) for gv in self._took_math)
             changed = True
             while changed and merges < _MAX_MERGES:
                 changed = False
                 operands = self._operands(func)
                 for k, a in enumerate(args):
                     j = by_var.get(a)
-                    if k not in operands:
-                        continue
                     if j is None or j >= i or sum(1 for x in args if x.same_as(a)) != 1:
                         continue
                     src = bindings[j]
@@ -280,8 +296,13 @@ class _Fuser:
                     prod = self._group(src.value)
                     if prod is None or not self._is_copy(prod):
                         continue
-                    if self._has_math(prod) and _rows(b.var) < _MATH_MIN_ROWS:
-                        continue
+                    math = self._has_math(prod)
+                    if k not in operands and (math or _numel(src.var) > _numel(b.var)):
+                        continue  # (an epilogue's input: a plain copy, read once per output)
+                    if math and _rows(b.var) < _MATH_MIN_ROWS:
+                        if math_merged or _numel(src.var) * _numel(b.var) > _MATH_MAX_EVALS:
+                            continue
+                        math_merged = True
                     prod_args = self._args(src.value)
                     func, args = self._merge(prod, prod_args, func, args, k)
                     merges += 1
@@ -299,16 +320,20 @@ class _Fuser:
                     or not self._is_copy(epi)
                     or sum(1 for x in epi_args if x.same_as(b.var)) != 1
                     or _shape(nxt.var) != _shape(b.var)
-                    or any(_numel(x) > _numel(b.var) for x in epi_args)
                 ):
                     break
                 k = next(n for n, x in enumerate(epi_args) if x.same_as(b.var))
                 func, args = self._merge(func, args, epi, epi_args, k)
-                bindings[j] = relax.VarBinding(nxt.var, relax.Call(self._add(func), args))
+                gv = self._add(func)
+                if math_merged:
+                    self._took_math.append(gv)
+                bindings[j] = relax.VarBinding(nxt.var, relax.Call(gv, args))
                 bindings[i] = None
                 break
             if bindings[i] is not None and merges:
                 gv = self._add(func)
+                if math_merged:
+                    self._took_math.append(gv)
                 bindings[i] = relax.VarBinding(b.var, relax.Call(gv, args))
         return relax.DataflowBlock([b for b in bindings if b is not None])
 

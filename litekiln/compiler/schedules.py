@@ -198,13 +198,40 @@ class _GuardedRule(GPUScheduleRule):
             return None
         try:
             return self._apply(func, target)
-        except (RuntimeError, ValueError):  # ScheduleError and tvm_ffi errors
-            # TVM refused a step (an epilogue that does not compute_at, an exotic producer):
-            # leave the function to the next rule.
+        except (RuntimeError, ValueError, AssertionError):  # ScheduleError, tvm_ffi errors
+            # TVM refused a step (an epilogue that does not compute_at, an exotic producer)
+            # or a dlight analysis asserted: leave the function to the next rule.
             return None
 
     def _apply(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
         raise NotImplementedError
+
+
+class Declining(GPUScheduleRule):
+    """Another rule (dlight's) that declines where its analysis or a schedule step fails:
+    dlight's `GEMV` asserts on a product whose operand is computed in its kernel (an LSTM's
+    recurrent product taking the previous step's output, o * tanh(c), from the gates), and an
+    exception in one rule would otherwise fail the whole partition's schedule profile."""
+
+    def __init__(self, rule: GPUScheduleRule) -> None:
+        self.inner = rule
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        try:
+            return self.inner.apply(func, target, tunable)
+        except (RuntimeError, ValueError, TypeError, AssertionError, IndexError):
+            return None
+
+    def is_target_available(self, target: Target) -> bool:
+        return bool(self.inner.is_target_available(target))
+
+    def __repr__(self) -> str:
+        return f"Declining({type(self.inner).__name__})"
+
+
+def dlight_rules(*names: str) -> list[GPUScheduleRule]:
+    """dlight's GPU rules by name (``"Matmul"``, ``"GEMV"``...), each `Declining`."""
+    return [Declining(getattr(dl.gpu, name)()) for name in names]
 
 
 class _SingleReductionRule(_GuardedRule):
@@ -1864,13 +1891,7 @@ def fast_rules(
             SharedMatmul(mn=4, splits=4, min_terms=512, min_taps=64, conv_min_macs=1 << 20),
             SharedMatmul(mn=4, min_taps=64, conv_min_macs=1 << 20),
         ]
-    return rules + [
-        dl.gpu.Matmul(),
-        dl.gpu.GEMV(),
-        dl.gpu.Reduction(),
-        dl.gpu.GeneralReduction(),
-        dl.gpu.Fallback(),
-    ]
+    return rules + dlight_rules("Matmul", "GEMV", "Reduction", "GeneralReduction", "Fallback")
 
 
 def fast_schedule(profile: str = "gpu", **overrides: object) -> tvm.transform.Pass:
@@ -1897,7 +1918,7 @@ def describe_rules(
                 continue
             for rule in fast_rules(profile, **overrides):  # type: ignore[arg-type]
                 if rule.apply(func, target, False) is not None:
-                    out[gv.name_hint] = type(rule).__name__
+                    out[gv.name_hint] = type(getattr(rule, "inner", rule)).__name__
                     break
             else:
                 out[gv.name_hint] = "none"
@@ -2097,8 +2118,7 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
         RowReduction(lanes=1),
         RowReduction(max_terms=None),
         RowReduction(lanes=256, min_terms=4, max_terms=None),
-        dl.gpu.GEMV(),
-        dl.gpu.Reduction(),
+        *dlight_rules("GEMV", "Reduction"),
         # Layer norms (`RowNormalization`, 32 lanes per row): one work-item per row (serial,
         # no barrier), and 128 lanes per row (rows of 256 terms and more).
         RowNormalization(lanes=1),

@@ -28,12 +28,15 @@ more than :data:`~litekiln.ops.control.UNROLL_MAX_OPS` ops.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from litekiln.model.ir import Model, Op, Subgraph, Tensor
 from litekiln.model.loader import check_graph
+from litekiln.model.schema import builtin_code
 from litekiln.ops.base import validate_model
 from litekiln.ops.control import callees, unroll_plan
 from litekiln.ops.fold import fold_op
@@ -65,6 +68,7 @@ def check_and_rewrite(model: Model) -> None:
 
     validate_model(model, after_op=after_op)
     if unrolled:
+        batch_step_products(model.main)
         _drop_dead_ops(model.main)
 
 
@@ -305,6 +309,115 @@ def _alias(op: Op, graph: Subgraph, source: int) -> bool:
     for later in graph.ops[op.index + 1 :]:
         later.inputs = [source if t == out else t for t in later.inputs]
     return True
+
+
+# -- the steps' input products as one ----------------------------------------------------------
+#
+# Each step of an unrolled Keras RNN multiplies its own row of the input sequence by the same
+# input weights: GATHER(X, t) then FULLY_CONNECTED(., W). Those products read nothing the
+# recurrence writes, yet each is a launch of its own in the chain of steps (a 32-step LSTM:
+# 32 of its 127 launches). One FULLY_CONNECTED of all of X's rows by W computes them at once
+# (LiteRT's own fused sequence kernels do the same), and each step takes its row of the
+# result: a GATHER of one row, which the GPU compiler lowers as a slice and merges into the
+# kernel that reads it.
+
+#: Fewest steps' products worth batching.
+_BATCH_MIN = 4
+
+
+def batch_step_products(graph: Subgraph) -> int:
+    """Replace the FULLY_CONNECTED ops that multiply rows of one tensor (each a GATHER of
+    one constant row along axis 0) by the same constant weights into one product of all the
+    rows, each op becoming a GATHER of its row of the product; how many ops were replaced.
+
+    Only float products without kept dimensions whose rows are most of the tensor (half or
+    more, each row once) are batched."""
+    producers = graph.producers()
+    groups: dict[tuple[Any, ...], list[tuple[Op, int]]] = {}
+    for op in graph.live_ops():
+        found = _row_product(op, graph, producers)
+        if found is not None:
+            key, row = found
+            groups.setdefault(key, []).append((op, row))
+    done = 0
+    inserted: list[tuple[int, Op]] = []
+    for (x, *_), members in groups.items():
+        rows = [row for _, row in members]
+        steps = graph.tensors[x].shape[0]
+        if len(members) < _BATCH_MIN or len(set(rows)) != len(rows) or 2 * len(rows) < steps:
+            continue
+        first = members[0][0]
+        n = graph.tensors[first.outputs[0]].shape[-1]
+        out = _new_tensor(graph, f"{graph.tensors[first.outputs[0]].name}/all_steps",
+                          [steps, n], graph.tensors[first.outputs[0]].dtype)  # fmt: skip
+        batched = Op(-1, first.name, first.code, first.version,
+                     [x, *first.inputs[1:]], [out.index], dict(first.options))  # fmt: skip
+        inserted.append((first.index, batched))
+        for op, row in members:
+            index = _new_tensor(graph, f"{graph.tensors[op.outputs[0]].name}/row", [1],
+                                np.dtype(np.int32), np.array([row], np.int32))  # fmt: skip
+            op.name, op.code, op.version = "GATHER", builtin_code("GATHER"), 1
+            op.inputs = [out.index, index.index]
+            op.options = {"axis": 0, "batch_dims": 0}
+        done += len(members)
+    if inserted:
+        at = {id(op): new for i, new in inserted for op in [graph.ops[i]]}
+        ops: list[Op] = []
+        for op in graph.ops:
+            if id(op) in at:
+                ops.append(at[id(op)])
+            ops.append(op)
+        graph.ops = ops
+        for i, o in enumerate(graph.ops):
+            o.index = i
+        check_graph(graph, graph.name)
+        log.info("%d steps' input products batched into %d", done, len(inserted))
+    return done
+
+
+def _row_product(
+    op: Op, graph: Subgraph, producers: dict[int, int]
+) -> tuple[tuple[Any, ...], int] | None:
+    """For a FULLY_CONNECTED of one constant row of a tensor X (a live GATHER along axis 0)
+    by constant weights: its batching key (X, the weights, the bias, the options) and the
+    row; else None."""
+    if op.name != "FULLY_CONNECTED" or len(op.inputs) < 2 or len(op.outputs) != 1:
+        return None
+    if op.options.get("keep_num_dims") or op.inputs[0] < 0:
+        return None
+    tensors = [graph.tensors[t] for t in [*op.inputs, *op.outputs] if t >= 0]
+    if any(t.quantization is not None or t.dtype != np.float32 for t in tensors):
+        return None
+    weights = graph.tensors[op.inputs[1]]
+    bias = op.inputs[2] if len(op.inputs) > 2 else -1
+    if weights.data is None or (bias >= 0 and graph.tensors[bias].data is None):
+        return None
+    g = producers.get(op.inputs[0])
+    gather = graph.ops[g] if g is not None else None
+    if gather is None or gather.name != "GATHER" or len(gather.inputs) != 2:
+        return None
+    if gather.options.get("axis", 0) != 0 or gather.options.get("batch_dims", 0) != 0:
+        return None
+    x, index = (graph.tensors[t] for t in gather.inputs)
+    if index.data is None or index.data.size != 1 or x.data is not None or len(x.shape) < 2:
+        return None
+    k = weights.shape[-1]
+    out = graph.tensors[op.outputs[0]]
+    if math.prod(x.shape[1:]) != k or list(out.shape) != [1, weights.shape[0]]:
+        return None
+    row = int(index.data.reshape(-1)[0])
+    if not 0 <= row < x.shape[0]:
+        return None
+    options = tuple(sorted(op.options.items()))
+    return (x.index, weights.index, bias, op.version, options), row
+
+
+def _new_tensor(graph: Subgraph, name: str, shape: list[int], dtype: np.dtype,
+                data: np.ndarray | None = None) -> Tensor:  # fmt: skip
+    t = Tensor(index=len(graph.tensors), name=name, shape=tuple(shape), dtype=dtype,
+               shape_signature=tuple(shape), data=data)  # fmt: skip
+    graph.tensors.append(t)
+    return t
 
 
 def _drop_dead_ops(graph: Subgraph) -> None:
