@@ -11,7 +11,8 @@ compressed source, measured exactly as the cache will store it) within `VARIANT_
 model file's size, or `VARIANT_FLOOR` bytes where that is more. Where they cost more, it drops
 whole calls' variants, the calls that do the least work first (FLOPs, or bytes moved weighed
 as FLOPs), as few as the budget allows: those calls run in microseconds, launch-bound, where
-a tuned schedule gains least. What it dropped is counted in the compiled
+a tuned schedule gains least. Calls whose default kernel runs only a few work-groups go last:
+however little their work, their default leaves the device idle and a variant can fill it. What it dropped is counted in the compiled
 model's stats (``variants_trimmed``).
 
 No TVM here: it reads and cuts plain `GpuProgram`s.
@@ -19,11 +20,12 @@ No TVM here: it reads and cuts plain `GpuProgram`s.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from litekiln.artifact.compiled import PartitionArtifact
-from litekiln.artifact.program import FUNCTION_MARKER, GpuProgram, Variant, buffer_bytes
+from litekiln.artifact.program import FUNCTION_MARKER, GpuProgram, Launch, Variant, buffer_bytes
 from litekiln.artifact.texts import packed_texts
 
 #: The variants' compressed kernels may take this share of the model file's size...
@@ -36,6 +38,12 @@ VARIANT_FLOOR = 8 << 10
 #: 34x; dlight's and litekiln's schedules of one op print alike): a program whose variant
 #: kernels are within the budget by this ratio needs no measuring.
 _SURE_RATIO = 8
+
+#: A call whose default kernel runs fewer work-groups than this leaves most of a large GPU
+#: idle (mp_hand_recrop's late convolutions: dlight's 32x32 tiles give 1-8 groups, 15-35 us
+#: each on the H200): its variants (smaller tiles, one group per output) are what can fill
+#: it, so such calls keep their variants longest, whatever their work.
+_FEW_GROUPS = 32
 
 #: The FLOPs that take as long as moving one byte: an H100's fp32 peak (67 TFLOP/s) over its
 #: bandwidth (3.35 TB/s), rounded. Weighs a call's FLOPs against its bytes.
@@ -51,6 +59,8 @@ class _Group:
     func: str
     work: int
     kernels: set[str]
+    #: Whether a default launch of the call runs fewer than `_FEW_GROUPS` work-groups.
+    starved: bool = False
 
 
 def trim_variants(
@@ -70,7 +80,7 @@ def trim_variants(
     base = len(packed_texts([b.source for b in bare]))
     if len(packed_texts([p.source for p in programs])) - base <= budget:
         return list(partitions), 0
-    groups = sorted(_groups(programs), key=lambda g: (g.work, g.partition, g.func))
+    groups = sorted(_groups(programs), key=lambda g: (g.starved, g.work, g.partition, g.func))
 
     def dropping(n: int) -> tuple[list[GpuProgram], int]:
         """The programs without the ``n`` least-work groups' variants, and their cost."""
@@ -104,13 +114,20 @@ def _groups(programs: Sequence[GpuProgram]) -> list[_Group]:
             nbytes = buffer_bytes(own, lambda t, p=p: p.tensor(t).nbytes)  # type: ignore[misc]
             work = max(flops, _FLOPS_PER_BYTE * nbytes)
             kernels = {la.kernel for o in v.options for la in o}
+            starved = any(_work_groups(la) < _FEW_GROUPS for la in own)
             g = out.get((k, v.func))
             if g is None:
-                out[(k, v.func)] = _Group(k, v.func, work, kernels)
+                out[(k, v.func)] = _Group(k, v.func, work, kernels, starved)
             else:
                 g.work += work
                 g.kernels |= kernels
+                g.starved |= starved
     return list(out.values())
+
+
+def _work_groups(launch: Launch) -> int:
+    """How many work-groups ``launch`` runs."""
+    return math.prod(g // max(loc, 1) for g, loc in zip(launch.global_size, launch.local_size))
 
 
 def _without(program: GpuProgram, k: int, dropped: set[tuple[int, str]]) -> GpuProgram:
