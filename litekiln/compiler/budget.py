@@ -12,8 +12,8 @@ model file's size, or `VARIANT_FLOOR` bytes where that is more. Where they cost 
 whole calls' variants, the calls that do the least work first (FLOPs, or bytes moved weighed
 as FLOPs), as few as the budget allows: those calls run in microseconds, launch-bound, where
 a tuned schedule gains least. Calls whose default kernel runs only a few work-groups go last:
-however little their work, their default leaves the device idle and a variant can fill it. What it dropped is counted in the compiled
-model's stats (``variants_trimmed``).
+however little their work, their default leaves the device idle and a variant can fill it.
+What it dropped is counted in the compiled model's stats (``variants_trimmed``).
 
 No TVM here: it reads and cuts plain `GpuProgram`s.
 """
@@ -127,7 +127,9 @@ def _groups(programs: Sequence[GpuProgram]) -> list[_Group]:
 
 def _work_groups(launch: Launch) -> int:
     """How many work-groups ``launch`` runs."""
-    return math.prod(g // max(loc, 1) for g, loc in zip(launch.global_size, launch.local_size))
+    return math.prod(
+        g // max(loc, 1) for g, loc in zip(launch.global_size, launch.local_size, strict=True)
+    )
 
 
 def _without(program: GpuProgram, k: int, dropped: set[tuple[int, str]]) -> GpuProgram:
