@@ -129,3 +129,30 @@ def test_a_rule_that_asserts_declines_and_the_next_takes_the_kernel() -> None:
         assert Declining(dl.gpu.Fallback()).apply(func, target, False) is not None
     dlight = [r for r in fast_rules("gpu") if type(r).__module__.startswith("tvm.")]
     assert dlight == [], f"dlight rules not wrapped: {dlight}"
+
+
+def test_variants_whose_kernels_declare_too_much_local_memory_are_not_offered(
+    smoke_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A variant kernel declaring more local memory than a GPU gives a work-group (48 KB on
+    NVIDIA: a TinyViT attention variant once declared 392 KB and ptxas refused the whole
+    variants program) is not offered. Unbounded, some of smoke's variant kernels declare
+    ``__local`` arrays (staged matrix products); bounded at 0 bytes, none is offered."""
+    from litekiln.compiler import codegen
+
+    assert codegen._local_bytes("__local float a[8]; __local half2 b[4]; __local float c[1]") == 52
+
+    def with_local(bound: int) -> tuple[int, int]:
+        monkeypatch.setattr(codegen, "_MAX_LOCAL_BYTES", bound)
+        compiled = compile_model(
+            load_model(smoke_path), CompileOptions(schedules="fast"), warn=False
+        )
+        (program,) = [p.program for p in compiled.partitions]
+        bodies = codegen._kernel_bodies(program.source)
+        kernels = {la.kernel for v in program.variants for o in v.options for la in o}
+        return len(kernels), sum(1 for k in kernels if codegen._local_bytes(bodies[k]) > 0)
+
+    kernels, local = with_local(1 << 30)
+    assert kernels > 0 and local > 0, (kernels, local)
+    kernels, local = with_local(0)
+    assert local == 0, (kernels, local)

@@ -1323,7 +1323,28 @@ class _LaunchReader:
             # (and co.) overloads capture `max(float2, float2)` (clang: "passing
             # float2 to parameter of incompatible type half").
             return None
+        if any(_local_bytes(self.bodies.get(ln.kernel) or "") > _MAX_LOCAL_BYTES for ln in option):
+            # Local arrays over what a GPU gives a work-group (a staged copy whose region TVM
+            # could not narrow: a TinyViT attention variant declared 392 KB): NVIDIA's
+            # ptxas refuses the kernel, and with it the whole variants program.
+            return None
         return option
+
+
+#: Most bytes of local (shared) memory a variant's kernel may declare: the 48 KB an NVIDIA
+#: GPU gives a work-group's static arrays (OpenCL guarantees 32 KB; AMD and Intel GPUs give 64).
+_MAX_LOCAL_BYTES = 48 * 1024
+_LOCAL_ARRAY = re.compile(r"__local\s+(?:volatile\s+)?(\w+)\s+\w+\[(\d+)\]")
+_SCALAR_BYTES = {"char": 1, "uchar": 1, "half": 2, "short": 2, "ushort": 2, "double": 8, "long": 8}
+
+
+def _local_bytes(body: str) -> int:
+    """Bytes of the ``__local`` arrays a kernel's OpenCL C declares."""
+    total = 0
+    for kind, n in _LOCAL_ARRAY.findall(body):
+        scalar = kind.rstrip("0123456789")
+        total += _SCALAR_BYTES.get(scalar, 4) * int(kind[len(scalar) :] or 1) * int(n)
+    return total
 
 
 def _estimate_flops(func: Any) -> float | None:

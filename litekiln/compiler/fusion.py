@@ -160,6 +160,9 @@ class _Fuser:
             for p, name in pats
         )
 
+    def _is_attention(self, func: relax.Function) -> bool:
+        return any("attention" in name for _, name in self._prim_patterns(func) or [])
+
     def _operands(self, func: relax.Function) -> set[int]:
         """Indices of ``func``'s parameters that reach its matrix product's operands (not
         its epilogue's: a residual stays an input)."""
@@ -297,8 +300,12 @@ class _Fuser:
                     if prod is None or not self._is_copy(prod):
                         continue
                     math = self._has_math(prod)
-                    if k not in operands and (math or _numel(src.var) > _numel(b.var)):
-                        continue  # (an epilogue's input: a plain copy, read once per output)
+                    if k not in operands and (
+                        math or _numel(src.var) > _numel(b.var) or self._is_attention(func)
+                    ):
+                        # an epilogue's input: a plain copy, read once per output; not an
+                        # attention's keys (see `_operands`) nor its other inputs
+                        continue
                     if math and _rows(b.var) < _MATH_MIN_ROWS:
                         if math_merged or _numel(src.var) * _numel(b.var) > _MATH_MAX_EVALS:
                             continue
