@@ -1815,6 +1815,8 @@ PROFILES: dict[str, dict[str, int | bool]] = {
         # matrix products: `SharedMatmul` (on the H200 its shapes won most of the vision
         # transformers' products, dlight's Matmul 2-3x slower: docs/benchmarks.md)
         "shared_matmul": True,
+        # products of a few outputs: `FewOutputsReduction` (`_FEW_OUTPUTS`)
+        "few_outputs": True,
     },
     # CPU OpenCL (PoCL): serial reductions everywhere (long ones over few outputs too) with
     # the largest tiles, but one pixel per work-item under a kernel window; vectorised
@@ -1891,6 +1893,11 @@ def fast_rules(
             SharedMatmul(mn=4, splits=4, min_terms=512, min_taps=64, conv_min_macs=1 << 20),
             SharedMatmul(mn=4, min_taps=64, conv_min_macs=1 << 20),
         ]
+    if cfg.get("few_outputs"):
+        # a sum over a handful of outputs (a landmark model's last convolutions: 4-32
+        # outputs of 64-256 terms): one work-group per output, its threads sharing the sum,
+        # where dlight's 32x32 tiles give one group walking the terms in 16+ steps
+        rules.append(FewOutputsReduction(max_outputs=_FEW_OUTPUTS, min_terms=64))
     return rules + dlight_rules("Matmul", "GEMV", "Reduction", "GeneralReduction", "Fallback")
 
 
@@ -1923,6 +1930,10 @@ def describe_rules(
             else:
                 out[gv.name_hint] = "none"
     return out
+
+
+#: Most outputs of a product `fast_rules` gives `FewOutputsReduction` by default.
+_FEW_OUTPUTS = 256
 
 
 class FewOutputsReduction(_SingleReductionRule):
