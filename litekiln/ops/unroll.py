@@ -287,15 +287,8 @@ def _slice_of_concat(op: Op, graph: Subgraph) -> bool:
         return False
     t, a = inside[0]
     begin[axis] -= a
-    shifted = Tensor(
-        index=len(graph.tensors),
-        name=f"{begin_t.name}/shifted",
-        shape=begin_t.shape,
-        dtype=begin_t.dtype,
-        shape_signature=begin_t.shape,
-        data=np.asarray(begin, begin_t.dtype).reshape(begin_t.shape),
-    )
-    graph.tensors.append(shifted)
+    data = np.asarray(begin, begin_t.dtype).reshape(begin_t.shape)
+    shifted = _new_tensor(graph, f"{begin_t.name}/shifted", begin_t.shape, begin_t.dtype, data)
     op.inputs = [t, shifted.index, *op.inputs[2:]]
     return True
 
@@ -361,13 +354,8 @@ def batch_step_products(graph: Subgraph) -> int:
             op.options = {"axis": 0, "batch_dims": 0}
         done += len(members)
     if inserted:
-        at = {id(op): new for i, new in inserted for op in [graph.ops[i]]}
-        ops: list[Op] = []
-        for op in graph.ops:
-            if id(op) in at:
-                ops.append(at[id(op)])
-            ops.append(op)
-        graph.ops = ops
+        at = dict(inserted)  # (each before the first step's op it replaces)
+        graph.ops = [new for i, op in enumerate(graph.ops) for new in (at.get(i), op) if new is not None]
         for i, o in enumerate(graph.ops):
             o.index = i
         check_graph(graph, graph.name)
@@ -412,8 +400,9 @@ def _row_product(
     return (x.index, weights.index, bias, op.version, options), row
 
 
-def _new_tensor(graph: Subgraph, name: str, shape: list[int], dtype: np.dtype,
+def _new_tensor(graph: Subgraph, name: str, shape: Sequence[int], dtype: np.dtype,
                 data: np.ndarray | None = None) -> Tensor:  # fmt: skip
+    """A new tensor of ``graph`` (appended after its tensors): a constant where ``data``."""
     t = Tensor(index=len(graph.tensors), name=name, shape=tuple(shape), dtype=dtype,
                shape_signature=tuple(shape), data=data)  # fmt: skip
     graph.tensors.append(t)
