@@ -355,7 +355,8 @@ def batch_step_products(graph: Subgraph) -> int:
         done += len(members)
     if inserted:
         at = dict(inserted)  # (each before the first step's op it replaces)
-        graph.ops = [new for i, op in enumerate(graph.ops) for new in (at.get(i), op) if new is not None]
+        pairs = ((at.get(i), op) for i, op in enumerate(graph.ops))
+        graph.ops = [new for pair in pairs for new in pair if new is not None]
         for i, o in enumerate(graph.ops):
             o.index = i
         check_graph(graph, graph.name)
