@@ -61,6 +61,7 @@ from litekiln.artifact.program import (
 from litekiln.compiler import ptx
 from litekiln.compiler.fusion import fuse_matmul_neighbours
 from litekiln.compiler.minify import MinifyError, minify_opencl, strip_ptx
+from litekiln.compiler.schedules import RULE_REFUSALS
 
 # `tvm.tirx.build` the attribute is a function: import the module by name.
 _tir_build = importlib.import_module("tvm.tirx.build")
@@ -1187,7 +1188,7 @@ class _Repair:
             try:
                 with self.target:
                     sch = rule.apply(before, self.target, False)
-            except (RuntimeError, ValueError, TypeError):
+            except RULE_REFUSALS:
                 continue
             if sch is None:
                 continue
@@ -1589,7 +1590,7 @@ def _schedule_variants(
             try:
                 with target:
                     sch = rule.apply(func, target, False)
-            except (RuntimeError, ValueError, TypeError, AssertionError):
+            except RULE_REFUSALS:
                 sch = None
             if sch is None:
                 continue

@@ -207,6 +207,11 @@ class _GuardedRule(GPUScheduleRule):
         raise NotImplementedError
 
 
+#: What a rule raises where it cannot schedule a function: TVM's ScheduleError and tvm_ffi
+#: errors, and dlight's analyses' asserts and lookups. A rule that raises one declines.
+RULE_REFUSALS = (RuntimeError, ValueError, TypeError, AssertionError, IndexError)
+
+
 class Declining(GPUScheduleRule):
     """Another rule (dlight's) that declines where its analysis or a schedule step fails:
     dlight's `GEMV` asserts on a product whose operand is computed in its kernel (an LSTM's
@@ -219,7 +224,7 @@ class Declining(GPUScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         try:
             return self.inner.apply(func, target, tunable)
-        except (RuntimeError, ValueError, TypeError, AssertionError, IndexError):
+        except RULE_REFUSALS:
             return None
 
     def is_target_available(self, target: Target) -> bool:
