@@ -677,12 +677,54 @@ def _qconv(g: G):
     )
 
 
+def _uint8_conv_reshape_softmax(g: G):
+    x = g.x([1, 9, 9, 3], "uint8", quant=Quant(0.02, 128))
+    w = g.w([4, 3, 3, 3], "uint8", quant=Quant(0.01, 120))
+    bias_q = Quant(0.02 * 0.01, 0)
+    bias = g.w(
+        bias_q.quantize(g.rng.uniform(-0.2, 0.2, [4]).astype(np.float32), "int32"),
+        "int32",
+        quant=bias_q,
+    )
+    c = g.op(
+        "CONV_2D",
+        [x, w, bias],
+        [1, 5, 5, 4],
+        {"padding": "SAME", "stride_h": 2, "stride_w": 2, "fused_activation_function": "RELU"},
+        dtype="uint8",
+        quant=Quant(0.05, 100),
+    )
+    r = g.op("RESHAPE", [c, g.ints([1, 100])], [1, 100], dtype="uint8", quant=Quant(0.05, 100))
+    return g.op("SOFTMAX", [r], [1, 100], {"beta": 1.0}, dtype="uint8", quant=Quant(1 / 256, 0))
+
+
+def _int8_pool_concat(g: G):
+    """Copies of quantized values (a max pool, a concatenation, a pad) with their inputs'
+    parameters: no simulator after them (`Lowering._keeps_grid`), LiteRT's integers exactly."""
+    q = Quant(0.03, -7)
+    x = g.x([1, 6, 6, 4], "int8", quant=q)
+    y = g.x([1, 3, 3, 2], "int8", quant=q)
+    p = g.op(
+        "MAX_POOL_2D",
+        [x],
+        [1, 3, 3, 4],
+        {"padding": "SAME", "stride_h": 2, "stride_w": 2, "filter_height": 3, "filter_width": 3},
+        dtype="int8",
+        quant=q,
+    )
+    c = g.op("CONCATENATION", [p, y], [1, 3, 3, 6], {"axis": 3}, dtype="int8", quant=q)
+    pads = g.ints([[0, 0], [1, 1], [0, 2], [0, 0]])
+    return g.op("PAD", [c, pads], [1, 5, 5, 6], dtype="int8", quant=q)
+
+
 MISC = Batch(
     "misc",
     [
         Case("chain_conv_dw_add_pool_fc_softmax", _chain),
         Case("int8_add_v2", _qadd),
         Case("int8_conv_per_channel", _qconv),
+        Case("uint8_conv_reshape_softmax", _uint8_conv_reshape_softmax),
+        Case("int8_pool_concat_pad", _int8_pool_concat, qtol=0),
     ],
 )
 

@@ -24,9 +24,9 @@ from tvm import relax
 from litekiln.compiler.attention import find_attentions
 from litekiln.compiler.layer_norm import find_layer_norms
 from litekiln.compiler.partition import Partition
-from litekiln.errors import CompileError
+from litekiln.errors import CompileError, UnsupportedOpError
 from litekiln.model.ir import Op, Subgraph, Tensor
-from litekiln.ops.base import dequantize, is_quantized
+from litekiln.ops.base import dequantize, is_quantized, lookup
 
 Expr = Any  # relax.Expr; kept loose because TVM's Python typing is dynamic
 
@@ -35,6 +35,13 @@ Expr = Any  # relax.Expr; kept loose because TVM's Python typing is dynamic
 #: driver that builds half code without cl_khr_fp16 (NVIDIA) has no half built-ins (max,
 #: exp, ...) at all.
 ACC_DTYPE = "float32"
+
+#: Quantized partition inputs and outputs of these dtypes are program inputs and outputs of
+#: that dtype: the program dequantizes the integers it is handed and quantizes what it returns
+#: (a uint8 camera frame moves a quarter of the bytes of its float view, and the CPU makes no
+#: pass over it either way). Wider integers keep the CPU path: (q - zero_point) is no longer
+#: exact in float32.
+INTEGER_IO_DTYPES = frozenset({"int8", "uint8", "int16"})
 
 
 @dataclass
@@ -83,8 +90,10 @@ SCALED_CONV_NAME = "conv2d_scaled"
 NCHW_CONV_NAME = "conv2d_nchw_in"
 #: Name of a convolution that reads the parts of a folded channel concatenation.
 CONCAT_CONV_NAME = "conv2d_concat_in"
+#: Name of a convolution that dequantizes its 8-bit input as it loads.
+DEQUANT_CONV_NAME = "conv2d_dequant_in"
 #: Names of the convolutions `conv_folded` emits (the op-by-op fallback looks for them).
-FOLDED_CONV_NAMES = (SCALED_CONV_NAME, NCHW_CONV_NAME, CONCAT_CONV_NAME)
+FOLDED_CONV_NAMES = (SCALED_CONV_NAME, NCHW_CONV_NAME, CONCAT_CONV_NAME, DEQUANT_CONV_NAME)
 
 
 class Ctx:
@@ -169,11 +178,14 @@ class Lowering:
         self.float_storage = set(options.fp32_tensors) | set(part.inputs) | set(part.outputs)
         self.bb = relax.BlockBuilder()
         self.env: dict[int, Expr] = {}  # tensor -> its value in the storage dtype
+        #: Partition inputs taken as their integers (`INTEGER_IO_DTYPES`) -> their parameter.
+        self.raw_inputs: dict[int, Expr] = {}
         self.readers = self._readers()  # tensor -> the partition's ops that read it
         self.pad_folds = self._find_pad_folds()
         self.scale_folds = self._find_scale_folds() if options.fuse_scales else {}
         self.transpose_folds = self._find_transpose_folds() if options.fuse_scales else {}
         self.concat_folds = self._find_concat_folds() if options.fuse_scales else {}
+        self.dequant_folds = self._find_dequant_folds() if options.fuse_scales else set()
         norms = find_layer_norms(graph, part) if options.fuse_layer_norms else []
         self.layer_norms = {ln.last: ln for ln in norms}  # op writing its output -> the norm
         self.in_layer_norm = {i for ln in norms for i in ln.ops if i != ln.last}
@@ -307,6 +319,34 @@ class Lowering:
                 folds[t] = src
         return folds
 
+    def _find_dequant_folds(self) -> set[int]:
+        """8-bit partition inputs (per-tensor scale) read only as convolutions' data: an
+        int8 model's image. Emitted alone, their dequantization is a kernel writing the image
+        again in float32, four times its bytes; folded, the convolution dequantizes as it
+        loads (:func:`conv_folded`)."""
+        g = self.graph
+        if self.emulate_half:
+            return set()
+        folds: set[int] = set()
+        for t in self.part.inputs:
+            x = g.tensors[t]
+            if (
+                not is_quantized(x)
+                or x.dtype.name not in INTEGER_IO_DTYPES
+                or x.quantization is None
+                or x.quantization.per_channel
+                or len(x.shape) != 4
+                or t in self.part.outputs
+            ):
+                continue
+            users = self.readers.get(t, [])
+            if users and all(
+                u.name in ("CONV_2D", "DEPTHWISE_CONV_2D") and self._reads_as_conv_input(u, t)
+                for u in users
+            ):
+                folds.add(t)
+        return folds
+
     def _find_concat_folds(self) -> dict[int, list[int]]:
         """Concatenations along the channels read only by convolutions: concatenated tensor
         -> its parts, in order. SqueezeNet's fire modules concatenate two convolutions'
@@ -388,6 +428,10 @@ class Lowering:
         if t in self.env:
             return self.env[t]
         tensor = self.graph.tensors[t]
+        raw = self.raw_inputs.get(t)
+        if raw is not None:
+            self.env[t] = self.bb.emit(self._dequantize_input(raw, tensor))
+            return self.env[t]
         if tensor.data is None:
             raise CompileError(
                 f"tensor {t} ({tensor.name!r}) has no value in partition {self.part.index}"
@@ -415,9 +459,16 @@ class Lowering:
                     f"partition {self.part.index}: input tensor {t} ({tensor.name!r}) is "
                     f"{tensor.dtype.name}; GPU partitions take float (or bool) tensors"
                 )
-            v = relax.Var(f"t{t}", relax.TensorType(shape=tuple(tensor.shape), dtype=ACC_DTYPE))
+            # An 8- or 16-bit input travels as its integers (a quarter of the bytes) and is
+            # dequantized on the device (`_dequantize_input`), not on the CPU.
+            raw = is_quantized(tensor) and tensor.dtype.name in INTEGER_IO_DTYPES
+            dtype = tensor.dtype.name if raw else ACC_DTYPE
+            v = relax.Var(f"t{t}", relax.TensorType(shape=tuple(tensor.shape), dtype=dtype))
             params.append(v)
-            self.env[t] = v
+            if raw:
+                self.raw_inputs[t] = v  # (its float values emitted where first read: `stored`)
+            else:
+                self.env[t] = v
         with self.bb.function("main", params):
             with self.bb.dataflow():
                 for i in self.part.ops:
@@ -433,7 +484,8 @@ class Lowering:
                         tensor = self.graph.tensors[t]
                         expr = self._fix_shape(op, expr, tensor)
                         if self.options.quant_simulation and is_quantized(tensor):
-                            expr = self._fake_quant(expr, tensor)
+                            if not self._keeps_grid(op, tensor):
+                                expr = self._fake_quant(expr, tensor)
                         elif self.emulate_half and self.half_stored(t):
                             expr = self._round_to_half(expr)
                         want = (
@@ -447,7 +499,7 @@ class Lowering:
                         # and stops fusing there (a conv's bias, residual add and ReLU ended
                         # up in three kernels).
                         self.env[t] = expr if isinstance(expr, relax.Var) else self.bb.emit(expr)
-                outs = [self.env[t] for t in self.part.outputs]
+                outs = [self._output(t) for t in self.part.outputs]
                 gv = self.bb.emit_output(relax.Tuple(outs))
             self.bb.emit_func_output(gv)
         mod = self.bb.get()
@@ -520,6 +572,80 @@ class Lowering:
 
         x = self.bb.emit(expr) if not isinstance(expr, relax.Var) else expr
         return self.bb.call_te(fn, x, primfunc_name_hint="round_to_half")
+
+    def _keeps_grid(self, op: Op, out: Tensor) -> bool:
+        """Whether quantized ``out`` needs no quantization simulator after ``op``: the op
+        copies values (`OpDef.copies_values`, no fused activation) from inputs quantized
+        exactly as ``out`` is, whose float values are on that grid already (dequantized
+        constants and inputs, or simulated results). The simulator would give each value
+        back: round(((q - z) * s) / s) is q - z for |q - z| < 2**16. A reshape before an
+        int8 model's softmax was a kernel of its own for that alone."""
+        if int(op.options.get("fused_activation_function", 0) or 0):
+            return False
+        try:
+            if not lookup(op).copies_values:
+                return False
+        except UnsupportedOpError:
+            return False
+        q = out.quantization
+        assert q is not None
+        same = 0
+        for k in op.inputs:
+            if k < 0:
+                continue
+            x = self.graph.tensors[k]
+            if is_quantized(x):
+                xq = x.quantization
+                assert xq is not None
+                if not (
+                    x.dtype == out.dtype
+                    and np.array_equal(xq.scale, q.scale)
+                    and np.array_equal(xq.zero_point, q.zero_point)
+                    and xq.axis == q.axis
+                ):
+                    return False
+                same += 1
+            elif x.dtype.kind == "f":
+                return False  # a float operand's values are not on the grid
+        return same > 0
+
+    def _output(self, t: int) -> Expr:
+        """Partition output ``t`` as the program returns it: a quantized tensor of
+        `INTEGER_IO_DTYPES` as its integers, where quantization is simulated (its float
+        values then lie on its grid: no ties, so rounding half to even here gives
+        `litekiln.ops.base.quantize`'s integers, which rounds half away from zero)."""
+        x = self.env[t]
+        tensor = self.graph.tensors[t]
+        q = tensor.quantization
+        if not (
+            self.options.quant_simulation
+            and q is not None
+            and is_quantized(tensor)
+            and tensor.dtype.name in INTEGER_IO_DTYPES
+        ):
+            return x
+        if dtype_of(x) != ACC_DTYPE:
+            x = self.bb.emit(relax.op.astype(x, ACC_DTYPE))
+        info = np.iinfo(tensor.dtype)
+        shape = q.broadcast_shape(len(tensor.shape))
+        scale = relax.const(q.scale.reshape(shape).astype(np.float32), ACC_DTYPE)
+        zp = relax.const(q.zero_point.reshape(shape).astype(np.float32), ACC_DTYPE)
+        e = self.bb.emit(relax.op.add(relax.op.round(relax.op.divide(x, scale)), zp))
+        e = self.bb.emit(relax.op.clip(e, int(info.min), int(info.max)))
+        return self.bb.emit(relax.op.astype(e, tensor.dtype.name))
+
+    def _dequantize_input(self, x: Expr, tensor: Tensor) -> Expr:
+        """An integer partition input's float32 values, as `litekiln.ops.base.dequantize`
+        computes them on the CPU: (q - zero_point) is exact in float32 for 8- and 16-bit
+        integers, and the float32 product with the float32 scale is rounded once, as the
+        float64 product is there before its cast."""
+        q = tensor.quantization
+        assert q is not None
+        shape = q.broadcast_shape(len(tensor.shape))
+        scale = relax.const(q.scale.reshape(shape).astype(np.float32), ACC_DTYPE)
+        zp = relax.const(q.zero_point.reshape(shape).astype(np.float32), ACC_DTYPE)
+        f = self.bb.emit(relax.op.astype(x, ACC_DTYPE))
+        return relax.op.multiply(relax.op.subtract(f, zp), scale)
 
     def _fake_quant(self, expr: Expr, tensor: Tensor) -> Expr:
         """Quantization simulator: keep an activation on its learned grid and range."""
@@ -608,13 +734,15 @@ def conv_folded(
 ) -> Expr | None:
     """A convolution whose input is computed by a producer folded into it, as one TE call (a
     stage the schedules inline into the convolution's loads); ``None`` when operand 0 has no
-    such producer. Three producers fold (see `Lowering`; a zero PAD folds in `conv_data`):
+    such producer. Four producers fold (see `Lowering`; a zero PAD folds in `conv_data`):
 
     * a per-channel scale (``_find_scale_folds``): the convolution of ``x * g``;
     * the NCHW -> NHWC transpose of a partition input (``_find_transpose_folds``), with a
       folded PAD in between or not: the convolution reads the NCHW input where it lies;
     * a concatenation along the channels (``_find_concat_folds``), with a folded PAD in
-      between or not: each input channel is read from its part.
+      between or not: each input channel is read from its part;
+    * the dequantization of an 8-bit partition input (``_find_dequant_folds``): the
+      convolution reads the integers.
 
     The stage computes in float32 and, where the unfused program would store its result in
     half (native fp16), rounds to half as that store would: the producer's numerics, then the
@@ -650,6 +778,21 @@ def conv_folded(
                 return v.astype("float16") if half else v
 
             return te.compute((n, h, wd, c), elem, name="nchw_to_nhwc")
+
+    elif t in lw.dequant_folds and not pad:
+        q = lw.graph.tensors[t].quantization
+        assert q is not None
+        scale, zp = float(q.scale[0]), float(q.zero_point[0])
+        half = False  # (a partition input: float32 storage, as the unfused program's)
+        args, name = [lw.raw_inputs[t]], DEQUANT_CONV_NAME
+
+        def stage(x: Any) -> Any:
+            from tvm import tirx
+
+            s_, z_ = tirx.const(scale, ACC_DTYPE), tirx.const(zp, ACC_DTYPE)
+            return te.compute(
+                x.shape, lambda *i: (x(*i).astype(ACC_DTYPE) - z_) * s_, name="dequantize"
+            )
 
     elif u in lw.concat_folds:
         half = lw.storage == "float16" and lw.half_stored(t) and lw.half_stored(u)

@@ -411,6 +411,10 @@ class OpDef:
     gpu_max_version: ClassVar[int] = 1
     gpu_quant_max_version: ClassVar[int] = 1
     quant_aware: ClassVar[bool] = False
+    #: Whether every output value is one of the inputs' values, or zero: a quantized output
+    #: with its quantized inputs' parameters then stays on their grid (the compiler's float
+    #: view simulates no quantization after it: `Lowering._keeps_grid`).
+    copies_values: ClassVar[bool] = False
     #: Whether constant folding (:mod:`litekiln.ops.fold`) may evaluate the op at load when
     #: its inputs are known; False for an op with state or randomness.
     foldable: ClassVar[bool] = True

@@ -198,6 +198,7 @@ class AveragePool2D(_Pool2D):
 class MaxPool2D(_Pool2D):
     name = "MAX_POOL_2D"
     gpu = True
+    copies_values = True  # (each output is its window's largest input)
 
     @classmethod
     def pool(cls, win: np.ndarray, count: np.ndarray) -> np.ndarray:

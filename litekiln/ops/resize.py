@@ -219,6 +219,7 @@ class ResizeNearestNeighbor(_Resize):
     gpu = False
     gpu_extended = True
     quant_aware = True  # pure data movement: integer values are copied, never requantized
+    copies_values = True
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:

@@ -67,6 +67,7 @@ class _Movement(OpDef):
     (LiteRT's kernels copy them, whatever the output's parameters)."""
 
     quant_aware = True
+    copies_values = True  # (PAD/PADV2 add zeros or their quantized constant)
     #: Operands the GPU path needs as constants (shapes, axes, positions...): index -> role.
     gpu_constants: ClassVar[dict[int, str]] = {}
 
@@ -1218,6 +1219,7 @@ class BroadcastTo(_Movement):
 class Shape(_Movement):
     name = "SHAPE"
     quant_aware = True  # returns dimensions, never values
+    copies_values = False
     num_inputs = (1, 1)
 
     @classmethod

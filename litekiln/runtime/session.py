@@ -960,8 +960,7 @@ class Session:
                     t in g.inputs
                     and t not in stages
                     and t not in self.bindings
-                    and not is_quantized(tensor)
-                    and stage.dtype == tensor.dtype
+                    and stage.dtype == tensor.dtype  # (8-bit: a program taking integers)
                     and stage.shape == tuple(tensor.shape)
                 ):
                     stages[t] = stage
@@ -970,8 +969,10 @@ class Session:
     @functools.cached_property
     def _step_plan(self) -> list[tuple[Any, ...]]:
         """`compiled.steps` with what `_run` looks up for each made once: a CPU step's op; a
-        GPU step's partition, its (input position, tensor, tensor if 8-bit) and its (output
-        position, tensor, graph tensor, whether 8-bit)."""
+        GPU step's partition, its (input position, tensor, tensor if 8-bit and dequantized
+        here) and its (output position, tensor, graph tensor, whether 8-bit and quantized
+        here). A program that takes or returns an 8-bit tensor as its integers (de)quantizes
+        it itself (`_integer_io`)."""
         g = self.graph
         plan: list[tuple[Any, ...]] = []
         for kind, idx in self.compiled.steps:
@@ -979,12 +980,16 @@ class Session:
                 plan.append((kind, idx, [g.ops[idx]]))
                 continue
             part = self.compiled.partitions[idx]
+            program = part.program
+            raw_in = _integer_io(program, program.inputs)
+            raw_out = _integer_io(program, program.outputs)
             ins = tuple(
-                (i, t, g.tensors[t] if is_quantized(g.tensors[t]) else None)
+                (i, t, g.tensors[t] if is_quantized(g.tensors[t]) and i not in raw_in else None)
                 for i, t in enumerate(part.inputs)
             )
             outs = tuple(
-                (i, t, g.tensors[t], is_quantized(g.tensors[t])) for i, t in enumerate(part.outputs)
+                (i, t, g.tensors[t], is_quantized(g.tensors[t]) and i not in raw_out)
+                for i, t in enumerate(part.outputs)
             )
             plan.append((kind, idx, part, ins, outs))
         return plan
@@ -1023,7 +1028,8 @@ class Session:
                     continue  # read from its bound buffer
                 x = values[t]
                 if quantized is not None:
-                    x = dequantize(x, quantized)  # 8-bit inputs: float view, on the CPU
+                    # (a program of an older compiler takes the float view: made on the CPU)
+                    x = dequantize(x, quantized)
                 # (the executor converts to its dtype while it copies: no second copy here)
                 ex.set_input(i, x, blocking=False)
             if times is not None:
@@ -1040,7 +1046,7 @@ class Session:
                 if device_only and (idx, i) in device_only:
                     continue  # in its bound buffer, and nothing reads it on the host
                 y = ex.get_output(i, out=arrays[i])
-                if quantized:
+                if quantized:  # (a program of an older compiler returns the float view)
                     y = quantize(y.astype(np.float32), tensor)
                 elif y.dtype != tensor.dtype:
                     y = y.astype(tensor.dtype)
@@ -1420,7 +1426,7 @@ class Session:
         if b.buffer.kind != kind:
             path = "one CUDA graph" if kind == "cuda" else "OpenCL launches"
             return f"partition {part} runs as {path}, which cannot use {b.buffer.kind} memory"
-        if is_quantized(tensor):
+        if is_quantized(tensor) and np.dtype(spec.dtype) != tensor.dtype:
             return "8-bit tensors are (de)quantized on the CPU"
         if np.dtype(spec.dtype) != tensor.dtype or tuple(spec.shape) != tuple(tensor.shape):
             return f"partition {part} takes it as {spec.dtype}{list(spec.shape)}"
@@ -1454,6 +1460,14 @@ class Session:
 #: DLPack producers whose ``__dlpack__(stream=s)`` makes ``s`` wait for their current stream
 #: whichever tensor is exported (torch, cupy): one export per run orders all their tensors.
 _STREAM_WIDE = ("torch", "cupy")
+
+
+def _integer_io(program: GpuProgram, ids: Sequence[int]) -> frozenset[int]:
+    """Positions in ``ids`` (the program's inputs or outputs) of integer tensors: quantized
+    tensors the program takes as their integers and dequantizes, or quantizes and returns as
+    integers, on the device (the compiler's `INTEGER_IO_DTYPES`)."""
+    specs = {spec.id: spec for spec in program.tensors}
+    return frozenset(i for i, t in enumerate(ids) if np.dtype(specs[t].dtype).kind in "iu")
 
 
 def _stream_syncs(buffers: list[DeviceBuffer]) -> list[DeviceBuffer]:
