@@ -257,11 +257,20 @@ def test_an_output_made_on_the_cpu_is_written_to_its_buffer(model_cache):
 
 
 @pytest.mark.opencl
-def test_8bit_tensors_are_bound_through_the_host(model_cache):
-    """Quantized inputs and outputs are (de)quantized on the CPU: bound, they still work."""
+@pytest.mark.parametrize("integers", [True, False], ids=["program_integers", "older_floats"])
+def test_8bit_tensors_bound(model_cache, tmp_path, monkeypatch, integers):
+    """Quantized inputs and outputs: a program that takes and returns them as integers
+    uses the bound buffers itself; one that takes floats (an older compiler's, made here
+    with the integer I/O off) is bound through the host, where the CPU (de)quantizes."""
     import pyopencl.array as cla
 
-    it = _interpreter(SMOKE.with_name("smoke_int8.tflite"), model_cache)
+    from litekiln.compiler import lowering
+
+    cache = model_cache
+    if not integers:
+        monkeypatch.setattr(lowering, "INTEGER_IO_DTYPES", frozenset())
+        (cache := tmp_path / "floats").mkdir(mode=0o700)
+    it = _interpreter(SMOKE.with_name("smoke_int8.tflite"), str(cache))
     (inp,), outs = it.get_input_details(), it.get_output_details()
     x = it.random_inputs(0)[0]
     want = _numpy_path(it, [x])
@@ -273,8 +282,9 @@ def test_8bit_tensors_are_bound_through_the_host(model_cache):
     it.invoke()
     for y, w in zip(ys, want, strict=True):
         np.testing.assert_array_equal(y.get(), w)
+    copies = [] if integers else ["8-bit tensors are (de)quantized on the CPU"]
     for b in it.get_bindings().values():
-        assert b["host_copies"] == ["8-bit tensors are (de)quantized on the CPU"]
+        assert b["host_copies"] == copies
 
 
 # --------------------------------------------------------------------------- DLPack
