@@ -184,3 +184,31 @@ def test_an_epilogue_reading_a_row_of_a_larger_tensor_joins_the_product(cl_env: 
     res = check(cl_env, mod, [x, rows], [ref], rule=None)
     funcs = [la.func for la in res.program.launches]
     assert len(funcs) == 1 and "matmul" in funcs[0], funcs
+
+
+@pytest.mark.parametrize("schedules", ["fast", "fast-cpu"])
+def test_a_pool_takes_its_elementwise_consumer_not_a_pad(schedules: str) -> None:
+    """An average pool's fused RELU6 and a max pool's fused RELU are in the pools' kernels
+    (`_Fuser._pool_epilogue`); a channel pad after a pool (BlazeFace's blocks) stays out of
+    it (`codegen.isolate_pools`). Values: tests/test_gpu_ops.py's POOL cases."""
+    from gpu_helper import Case, G, build_model, launched_kernels
+
+    def build(g: G) -> Any:
+        opts = {"padding": "SAME", "stride_h": 2, "stride_w": 2}
+        opts.update(filter_height=2, filter_width=2)
+        relu6 = {**opts, "fused_activation_function": "RELU6"}
+        relu = {**opts, "fused_activation_function": "RELU"}
+        x = g.x([1, 8, 8, 4])
+        a = g.op("AVERAGE_POOL_2D", [x], [1, 4, 4, 4], relu6)
+        m = g.op("MAX_POOL_2D", [x], [1, 4, 4, 4], relu)
+        n = g.op("MAX_POOL_2D", [g.x([1, 8, 8, 4])], [1, 4, 4, 4], opts)
+        p = g.op("PAD", [n, g.ints([[0, 0], [0, 0], [0, 0], [0, 4]])], [1, 4, 4, 8])
+        return [a, m, p]
+
+    names = launched_kernels(build_model([Case("c", build)]).model, schedules)
+    pools = sorted(dict.fromkeys(n for n in names if "pool2d" in n))
+    assert len(pools) == 3, names
+    assert any("avg_pool2d" in n and "clip" in n for n in pools), names
+    assert any("max_pool2d" in n and "relu" in n for n in pools), names
+    assert any(n.startswith("max_pool2d") for n in pools), names  # alone: the pad stays out
+    assert not any("pad" in n for n in pools), names

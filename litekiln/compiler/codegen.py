@@ -59,7 +59,7 @@ from litekiln.artifact.program import (
     kernels_only,
 )
 from litekiln.compiler import ptx
-from litekiln.compiler.fusion import fuse_matmul_neighbours
+from litekiln.compiler.fusion import POOL_PREFIXES, fuse_matmul_neighbours
 from litekiln.compiler.minify import MinifyError, minify_opencl, strip_ptx
 from litekiln.compiler.schedules import RULE_REFUSALS
 
@@ -210,7 +210,7 @@ def build_relax_pipeline(
 
 
 #: PrimFuncs (by legalized name) that FuseOps must leave alone, see `isolate_pools`.
-_ISOLATED_PREFIXES = ("max_pool2d", "avg_pool2d")
+_ISOLATED_PREFIXES = POOL_PREFIXES
 
 
 def isolate_pools() -> tvm.transform.Pass:
@@ -221,7 +221,9 @@ def isolate_pools() -> tvm.transform.Pass:
     writes another shape than the pool, which our serial-reduction rule cannot tile, and
     dlight's cross-thread reduction takes 0.25-0.55 ms for it on the H100 (the whole model
     takes 0.7 ms). Alone, the pool is a few microseconds, and the pad fuses into the kernel
-    that reads it (the next block's residual add).
+    that reads it (the next block's residual add). (Marked out-elementwise-fusable, as
+    convolutions are, FuseOps still fused that pad.) An elementwise consumer of the pool's
+    own shape joins it after FuseOps (`fusion.fuse_matmul_neighbours`).
     """
 
     @tvm.transform.module_pass(opt_level=0, name="litekiln.IsolatePools")

@@ -36,10 +36,14 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 
-__all__ = ["fuse_matmul_neighbours"]
+__all__ = ["POOL_PREFIXES", "fuse_matmul_neighbours"]
 
 #: op_pattern of an injective PrimFunc or less (elementwise, broadcast, injective).
 _INJECTIVE = 2
+#: op_pattern of a broadcast PrimFunc or less (elementwise, broadcast): same-shape epilogues.
+_BROADCAST = 1
+#: Legalized names of the pools `codegen.isolate_pools` keeps out of FuseOps.
+POOL_PREFIXES = ("max_pool2d", "avg_pool2d")
 #: op_pattern of a reduction that takes elementwise consumers (matmul, conv2d).
 _OUT_ELEMWISE_FUSABLE = 4
 #: Most producer groups copied into one product's group (a chain of copies, or both inputs).
@@ -160,6 +164,42 @@ class _Fuser:
             for p, name in pats
         )
 
+    def _is_pool(self, func: relax.Function) -> bool:
+        """A group of one pool (`codegen.isolate_pools` kept it alone through FuseOps)."""
+        pats = self._prim_patterns(func) or []
+        return len(pats) == 1 and pats[0][1].startswith(POOL_PREFIXES)
+
+    def _pool_epilogue(
+        self, bindings: list[Any], i: int, pool: relax.Function, uses: dict[Any, int]
+    ) -> None:
+        """Merge into pool ``bindings[i]`` the group that follows it where that group is
+        elementwise (broadcast at most: no pad, no reshape) over the pool's own shape and
+        the pool's only reader: a fused activation, an int8 model's quantization simulator
+        after its average pool. The pool's schedules take it as an epilogue, as a
+        convolution's; a shape-changing consumer stays out (see `isolate_pools`)."""
+        b = bindings[i]
+        if i + 1 >= len(bindings) or uses.get(b.var, 0) != 1:
+            return
+        nxt = bindings[i + 1]
+        if not isinstance(nxt, relax.VarBinding):
+            return
+        epi = self._group(nxt.value)
+        if epi is None:
+            return
+        pats = self._prim_patterns(epi) or []
+        epi_args = self._args(nxt.value)
+        if (
+            not pats
+            or any(p > _BROADCAST for p, _ in pats)
+            or sum(1 for x in epi_args if x.same_as(b.var)) != 1
+            or _shape(nxt.var) != _shape(b.var)
+        ):
+            return
+        k = next(n for n, x in enumerate(epi_args) if x.same_as(b.var))
+        func, args = self._merge(pool, self._args(b.value), epi, epi_args, k)
+        bindings[i + 1] = relax.VarBinding(nxt.var, relax.Call(self._add(func), args))
+        bindings[i] = None
+
     def _is_attention(self, func: relax.Function) -> bool:
         return any("attention" in name for _, name in self._prim_patterns(func) or [])
 
@@ -279,6 +319,9 @@ class _Fuser:
             if not isinstance(b, relax.VarBinding):
                 continue
             func = self._group(b.value)
+            if func is not None and self._is_pool(func):
+                self._pool_epilogue(bindings, i, func, uses)
+                continue
             if func is None or not self._is_product(func):
                 continue
             args = self._args(b.value)
