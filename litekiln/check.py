@@ -35,6 +35,10 @@ MODEL_TOLERANCES: dict[str, tuple[float, str]] = {
 
 #: Models whose error is measured relative to the output range (max - min), not max|ref|.
 RANGE_RELATIVE = {"mobilenet_v1_dynamic"}
+#: Quantized (integer) outputs against LiteRT's: at most this many quantization steps apart
+#: on average, and at least this share within 2 steps (the quantized-model issue's bounds).
+INT8_MEAN_STEPS = 1.0
+INT8_WITHIN_2 = 0.95
 
 
 @dataclass
@@ -205,7 +209,7 @@ def check_model(model_path: str | Path, *, seed: int = 0, **interpreter_kwargs: 
     if all(r.dtype.kind in "iu" for r in ref):
         # Quantized outputs: judged in quantization steps (mean <= 1, >= 95% within 2).
         mean_steps, within2 = integer_step_stats(ours, ref)
-        ok = mean_steps <= 1.0 and within2 >= 0.95
+        ok = mean_steps <= INT8_MEAN_STEPS and within2 >= INT8_WITHIN_2
         outs: list[dict[str, Any]] = [{"mean_steps": mean_steps, "within_2_steps": within2}]
         return CheckResult(name, ok, err, tol, device, time.perf_counter() - t0, outs)
     outs = [

@@ -120,6 +120,9 @@ class CorpusModel:
     input_shape: tuple[int, ...] = ()
     sha256: str | None = None
     note: str = ""
+    #: ``"int8"``: full-integer quantization by the TFLite converter (int8 inputs, outputs
+    #: and activations, calibrated on seeded random inputs); ``"float"``: none.
+    quantize: str = "float"
 
     @property
     def is_torch(self) -> bool:
@@ -134,6 +137,9 @@ class CorpusModel:
             spec.update(library=self.source, layout="NCHW", weights=TORCH_WEIGHTS)
         elif self.source == "keras" and self.constructor == "Sequential":
             spec.update(weights="keras.utils.set_random_seed(seed)")
+        elif self.source == "keras" and self.quantize != "float":
+            spec.update(weights="make_zoo._init_weights(net, seed) v1", quantize=self.quantize)
+            spec.update(calibration=f"{_CALIBRATION_BATCHES} seeded uniform [-1, 1] inputs")
         elif self.source == "keras":
             spec.update(weights="keras.utils.set_random_seed(seed), batch norms calibrated v1")
         if self.sha256:
@@ -160,6 +166,30 @@ def _keras(constructor: str) -> CorpusModel:
         (1, 224, 224, 3),
         note="classifier_activation=None: logits; batch norms calibrated on a random batch",
     )
+
+
+def _keras_int8(constructor: str) -> CorpusModel:
+    """A Keras application as the TFLite converter quantizes it for integer accelerators
+    (post-training, full integer: int8 inputs, outputs and activations).
+
+    Its weights are make_zoo's well-conditioned ones (`make_zoo._init_weights`: batch-norm
+    shifts centred on 1, statistics of seeded images), not `_keras`' random ones: with
+    those, a Keras MobileNetV2 is chaotic and LiteRT's own two int8 kernel sets (XNNPACK and
+    the builtin kernels) gave outputs 5.5 quantization steps apart on average, against 0.5
+    here, so no comparison could say anything of the compiler."""
+    return CorpusModel(
+        f"keras_{constructor.lower()}_int8",
+        "keras",
+        constructor,
+        {"classifier_activation": None},
+        (1, 224, 224, 3),
+        note="full-integer int8 (post-training); well-conditioned seeded weights",
+        quantize="int8",
+    )
+
+
+#: Seeded random inputs the converter calibrates an int8 recipe's ranges on.
+_CALIBRATION_BATCHES = 8
 
 
 def _keras_rnn(name: str, layers: list[dict[str, Any]], steps: int, features: int) -> CorpusModel:
@@ -222,6 +252,10 @@ MODELS: tuple[CorpusModel, ...] = (
     _keras("EfficientNetV2B0"),
     _keras("NASNetMobile"),
     _keras("DenseNet121"),
+    # ... and quantized for integer accelerators (residual adds and pads in int8; swish,
+    # squeeze-and-excite, means)
+    _keras_int8("MobileNetV2"),
+    _keras_int8("EfficientNetB0"),
     # Keras recurrent layers: a WHILE over the time steps
     _keras_rnn("lstm", [{"layer": "LSTM", "units": 64}], 32, 16),
     _keras_rnn(
@@ -458,7 +492,7 @@ def is_built(model: CorpusModel, folder: Path, record: dict[str, Any] | None) ->
 
 def build_keras(model: CorpusModel) -> tuple[bytes, dict[str, Any]]:
     """A Keras application with seeded random weights, converted by the TFLite converter
-    (float32, no optimizations)."""
+    (float32, no optimizations; or full-integer int8, `_keras_int8`)."""
     mz = _make_zoo()
     tf = mz._tf()
     import keras
@@ -473,13 +507,29 @@ def build_keras(model: CorpusModel) -> tuple[bytes, dict[str, Any]]:
         else:
             app = getattr(keras.applications, model.constructor)
             net = app(weights=None, input_shape=model.input_shape[1:], **model.kwargs)
-            _calibrate_batch_norms(keras, net, model.input_shape)
+            if model.quantize == "float":
+                _calibrate_batch_norms(keras, net, model.input_shape)
+            else:
+                mz._init_weights(net, SEED)
         spec = tf.TensorSpec(model.input_shape, tf.float32, name="input")
         serve = tf.function(lambda x: net(x, training=False), input_signature=[spec])
         # Frozen first, as make_zoo.convert explains: handed Keras 3's variables, the
         # converter keeps them as resource variables and leaves batch norm unfolded.
         frozen = convert_variables_to_constants_v2(serve.get_concrete_function())
         converter = tf.lite.TFLiteConverter.from_concrete_functions([frozen], tf.Module())
+        if model.quantize == "int8":
+            import numpy as np
+
+            def representative() -> Any:
+                rng = np.random.default_rng(SEED)
+                for _ in range(_CALIBRATION_BATCHES):
+                    yield [rng.uniform(-1.0, 1.0, model.input_shape).astype(np.float32)]
+
+            converter.optimizations = [tf.lite.Optimize.DEFAULT]
+            converter.representative_dataset = representative
+            converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+            converter.inference_input_type = tf.int8
+            converter.inference_output_type = tf.int8
         data = bytes(converter.convert())
     return data, {
         "parameters": int(net.count_params()),
@@ -767,7 +817,7 @@ def compare(ours: list[Any], ref: list[Any]) -> dict[str, Any]:
     (relative to ``max(1, max|LiteRT|)``) beside it."""
     import numpy as np
 
-    from litekiln.check import relative_error
+    from litekiln.check import INT8_MEAN_STEPS, INT8_WITHIN_2, integer_step_stats, relative_error
 
     rel = relative_error(ours, ref)
     worst = 0.0
@@ -781,12 +831,19 @@ def compare(ours: list[Any], ref: list[Any]) -> dict[str, Any]:
         diff = float(np.abs(o.astype(np.float64) - r64).max())
         span = float(np.ptp(r64))
         worst = max(worst, diff / span if span > 0 else diff / max(1.0, float(np.abs(r64).max())))
-    return {
+    out = {
         "rel_err": rel,
         "range_err": worst,
         "max_abs_ref": max((float(np.abs(r).max()) for r in ref if r.size), default=0.0),
         "match": bool(worst <= TOLERANCE),
     }
+    if ref and all(r.dtype.kind in "iu" for r in ref):
+        # An int8 model's outputs: the quantized-model bounds (`litekiln.check`), in
+        # quantization steps of LiteRT's integers, not a float tolerance.
+        mean_steps, within2 = integer_step_stats(ours, ref)
+        out.update(mean_steps=mean_steps, within_2_steps=within2)
+        out["match"] = bool(mean_steps <= INT8_MEAN_STEPS and within2 >= INT8_WITHIN_2)
+    return out
 
 
 def measure_one_here(name: str, path: Path, progress: Path, opencl: bool = True) -> dict[str, Any]:
@@ -1014,6 +1071,8 @@ def _fmt_err(stage: dict[str, Any] | None) -> str:
     if "rel_err" not in stage:
         return "n/a"
     mark = "" if stage["match"] else " ✗"
+    if "mean_steps" in stage:  # an int8 model: LiteRT's integers, in quantization steps
+        return f"{stage['mean_steps']:.2f} steps, {100 * stage['within_2_steps']:.1f}% <= 2{mark}"
     return f"{stage['rel_err']:.1e}{mark}"
 
 
@@ -1090,7 +1149,8 @@ def _summary_lines(s: dict[str, Any]) -> list[str]:
 
     kinds = ", ".join(f"{k} {n}" for k, n in s["cpu_op_kinds"].items()) or "none"
     return [
-        f"- **load, compile and match LiteRT within 1e-4 (OpenCL): {p('load_compile_match')}**",
+        f"- **load, compile and match LiteRT within 1e-4 (int8 models: the quantized bounds, "
+        f"mean <= 1 step, 95% within 2) (OpenCL): {p('load_compile_match')}**",
         f"- load: {p('load')}; compile: {p('compile')}; numpy reference matches LiteRT: "
         f"{p('reference_match')}; OpenCL matches LiteRT: {p('opencl_match')}",
         f"- **whole on the GPU** (one partition, only ops with no GPU form on the CPU): "

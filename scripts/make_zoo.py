@@ -412,6 +412,8 @@ def _seed_weights(model: Any, seed: int) -> None:
             value = rng.normal(0.0, 0.1, shape)
         elif leaf == "bias":
             value = rng.normal(0.0, 0.05, shape)
+        elif leaf in ("mean", "variance", "count") and not var.trainable:
+            continue  # an input Normalization layer's statistics (Keras' EfficientNet)
         else:
             raise ValueError(f"no seeding rule for weight {var.path}")
         var.assign(value.astype(np.float32))

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import pytest
 
 from litekiln.errors import CompileError
@@ -61,9 +62,30 @@ def test_a_torch_recipe_holds_what_rebuilds_the_module() -> None:
 
 def test_groups_resolve_in_corpus_order() -> None:
     got = corpus.resolve(["mp_hand_recrop", "keras"])
-    assert [m.source for m in got] == ["keras"] * 9 + ["mediapipe"]
+    assert [m.source for m in got] == ["keras"] * 11 + ["mediapipe"]
     with pytest.raises(SystemExit, match="unknown"):
         corpus.resolve(["no_such_model"])
+
+
+def test_an_int8_recipe_says_how_it_was_quantized_and_seeded() -> None:
+    spec = corpus.BY_NAME["keras_mobilenetv2_int8"].spec()
+    assert spec["quantize"] == "int8" and "_init_weights" in spec["weights"]
+    assert "quantize" not in corpus.BY_NAME["keras_mobilenetv2"].spec()
+
+
+def test_int8_outputs_are_judged_in_quantization_steps() -> None:
+    """An int8 model matches within the quantized bounds (mean <= 1 step, 95% within 2),
+    not within the float tolerance: 3 steps in 1 of 100 elements is a match."""
+    ref = np.zeros((1, 100), np.int8)
+    ours = ref.copy()
+    ours[0, 0] = 3
+    got = corpus.compare([ours], [ref])
+    assert got["match"] and got["mean_steps"] == pytest.approx(0.03)
+    assert got["within_2_steps"] == pytest.approx(0.99)
+    ours[0, :10] = 3  # 10% beyond 2 steps
+    assert not corpus.compare([ours], [ref])["match"]
+    floats = corpus.compare([ours.astype(np.float32)], [ref.astype(np.float32)])
+    assert not floats["match"] and "mean_steps" not in floats
 
 
 def _raised(exc: BaseException) -> BaseException:
