@@ -1028,7 +1028,8 @@ class Session:
                     continue  # read from its bound buffer
                 x = values[t]
                 if quantized is not None:
-                    # (a program of an older compiler takes the float view: made on the CPU)
+                    # (a program that takes the float view, made here: an older compiler's,
+                    # or an integer wider than the compiler's INTEGER_IO_DTYPES)
                     x = dequantize(x, quantized)
                 # (the executor converts to its dtype while it copies: no second copy here)
                 ex.set_input(i, x, blocking=False)
@@ -1046,7 +1047,8 @@ class Session:
                 if device_only and (idx, i) in device_only:
                     continue  # in its bound buffer, and nothing reads it on the host
                 y = ex.get_output(i, out=arrays[i])
-                if quantized:  # (a program of an older compiler returns the float view)
+                if quantized:  # (a program that returns the float view: an older compiler's,
+                    # or one compiled without the quantization simulation)
                     y = quantize(y.astype(np.float32), tensor)
                 elif y.dtype != tensor.dtype:
                     y = y.astype(tensor.dtype)
