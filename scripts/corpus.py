@@ -139,7 +139,7 @@ class CorpusModel:
             spec.update(weights="keras.utils.set_random_seed(seed)")
         elif self.source == "keras" and self.quantize != "float":
             spec.update(weights="make_zoo._init_weights(net, seed) v1", quantize=self.quantize)
-            spec.update(calibration=f"{_CALIBRATION_BATCHES} seeded uniform [-1, 1] inputs")
+            spec.update(calibration="make_zoo.full_integer(converter, input_shape, seed) v1")
         elif self.source == "keras":
             spec.update(weights="keras.utils.set_random_seed(seed), batch norms calibrated v1")
         if self.sha256:
@@ -155,41 +155,30 @@ def _timm(name: str, size: int = 224, note: str = "") -> CorpusModel:
     return CorpusModel(f"timm_{name}", "timm", name, {}, (1, 3, size, size), note=note)
 
 
-def _keras(constructor: str) -> CorpusModel:
-    # Logits, not softmax probabilities: with 1000 classes the probabilities of a random
-    # network are all ~1e-3, so an error relative to max(1, max|LiteRT|) would say nothing.
+def _keras(constructor: str, quantize: str = "float") -> CorpusModel:
+    """A Keras application, giving logits, not softmax probabilities: with 1000 classes the
+    probabilities of a random network are all ~1e-3, so an error relative to
+    max(1, max|LiteRT|) would say nothing.
+
+    ``quantize="int8"``: as the TFLite converter quantizes it for integer accelerators
+    (post-training, full integer: int8 inputs, outputs and activations), with make_zoo's
+    well-conditioned weights (`make_zoo._init_weights`: batch-norm shifts centred on 1,
+    statistics of seeded images), not the float recipe's random ones. With those, a Keras
+    MobileNetV2 is chaotic and LiteRT's own two int8 kernel sets (XNNPACK and the builtin
+    kernels) gave outputs 5.5 quantization steps apart on average, against 0.5 here, so no
+    comparison could say anything of the compiler."""
+    name, note = "", "classifier_activation=None: logits; batch norms calibrated on a random batch"
+    if quantize != "float":
+        name, note = f"_{quantize}", "full integer (post-training); well-conditioned weights"
     return CorpusModel(
-        f"keras_{constructor.lower()}",
+        f"keras_{constructor.lower()}{name}",
         "keras",
         constructor,
         {"classifier_activation": None},
         (1, 224, 224, 3),
-        note="classifier_activation=None: logits; batch norms calibrated on a random batch",
+        note=note,
+        quantize=quantize,
     )
-
-
-def _keras_int8(constructor: str) -> CorpusModel:
-    """A Keras application as the TFLite converter quantizes it for integer accelerators
-    (post-training, full integer: int8 inputs, outputs and activations).
-
-    Its weights are make_zoo's well-conditioned ones (`make_zoo._init_weights`: batch-norm
-    shifts centred on 1, statistics of seeded images), not `_keras`' random ones: with
-    those, a Keras MobileNetV2 is chaotic and LiteRT's own two int8 kernel sets (XNNPACK and
-    the builtin kernels) gave outputs 5.5 quantization steps apart on average, against 0.5
-    here, so no comparison could say anything of the compiler."""
-    return CorpusModel(
-        f"keras_{constructor.lower()}_int8",
-        "keras",
-        constructor,
-        {"classifier_activation": None},
-        (1, 224, 224, 3),
-        note="full-integer int8 (post-training); well-conditioned seeded weights",
-        quantize="int8",
-    )
-
-
-#: Seeded random inputs the converter calibrates an int8 recipe's ranges on.
-_CALIBRATION_BATCHES = 8
 
 
 def _keras_rnn(name: str, layers: list[dict[str, Any]], steps: int, features: int) -> CorpusModel:
@@ -254,8 +243,8 @@ MODELS: tuple[CorpusModel, ...] = (
     _keras("DenseNet121"),
     # ... and quantized for integer accelerators (residual adds and pads in int8; swish,
     # squeeze-and-excite, means)
-    _keras_int8("MobileNetV2"),
-    _keras_int8("EfficientNetB0"),
+    _keras("MobileNetV2", "int8"),
+    _keras("EfficientNetB0", "int8"),
     # Keras recurrent layers: a WHILE over the time steps
     _keras_rnn("lstm", [{"layer": "LSTM", "units": 64}], 32, 16),
     _keras_rnn(
@@ -492,7 +481,7 @@ def is_built(model: CorpusModel, folder: Path, record: dict[str, Any] | None) ->
 
 def build_keras(model: CorpusModel) -> tuple[bytes, dict[str, Any]]:
     """A Keras application with seeded random weights, converted by the TFLite converter
-    (float32, no optimizations; or full-integer int8, `_keras_int8`)."""
+    (float32, no optimizations; or full-integer int8, `_keras`)."""
     mz = _make_zoo()
     tf = mz._tf()
     import keras
@@ -518,18 +507,7 @@ def build_keras(model: CorpusModel) -> tuple[bytes, dict[str, Any]]:
         frozen = convert_variables_to_constants_v2(serve.get_concrete_function())
         converter = tf.lite.TFLiteConverter.from_concrete_functions([frozen], tf.Module())
         if model.quantize == "int8":
-            import numpy as np
-
-            def representative() -> Any:
-                rng = np.random.default_rng(SEED)
-                for _ in range(_CALIBRATION_BATCHES):
-                    yield [rng.uniform(-1.0, 1.0, model.input_shape).astype(np.float32)]
-
-            converter.optimizations = [tf.lite.Optimize.DEFAULT]
-            converter.representative_dataset = representative
-            converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-            converter.inference_input_type = tf.int8
-            converter.inference_output_type = tf.int8
+            mz.full_integer(converter, model.input_shape, SEED)
         data = bytes(converter.convert())
     return data, {
         "parameters": int(net.count_params()),

@@ -879,7 +879,6 @@ def convert(built: Built, quantize: str = "float", seed: int = _SEED) -> bytes:
         The flatbuffer bytes.
     """
     tf = _tf()
-    import numpy as np
     from tensorflow.python.framework.convert_to_constants import (
         convert_variables_to_constants_v2,
     )
@@ -903,17 +902,7 @@ def convert(built: Built, quantize: str = "float", seed: int = _SEED) -> bytes:
     # Needed for TFLite_Detection_PostProcess; harmless elsewhere (no model has other custom ops).
     converter.allow_custom_ops = True
     if quantize == "int8":
-
-        def representative() -> Iterator[list[Any]]:
-            rng = np.random.default_rng(seed)
-            for _ in range(8):
-                yield [rng.uniform(-1.0, 1.0, built.input_shape).astype(np.float32)]
-
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]
-        converter.representative_dataset = representative
-        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-        converter.inference_input_type = tf.int8
-        converter.inference_output_type = tf.int8
+        full_integer(converter, built.input_shape, seed)
     elif quantize == "dynamic":
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
     elif quantize == "fp16":
@@ -922,6 +911,30 @@ def convert(built: Built, quantize: str = "float", seed: int = _SEED) -> bytes:
     elif quantize != "float":
         raise ValueError(f"unknown quantize mode {quantize!r}")
     return order_outputs(bytes(converter.convert()), built.output_names)
+
+
+#: Seeded uniform [-1, 1] inputs an int8 model's ranges are calibrated on.
+INT8_CALIBRATION_INPUTS = 8
+
+
+def full_integer(converter: Any, input_shape: Sequence[int], seed: int) -> None:
+    """Set a TFLite converter to full-integer int8 (post-training quantization, int8 inputs
+    and outputs), calibrated on `INT8_CALIBRATION_INPUTS` seeded uniform [-1, 1] inputs of
+    ``input_shape`` (the same on every CPU). The corpus' int8 recipes use it too."""
+    import numpy as np
+
+    tf = _tf()
+
+    def representative() -> Iterator[list[Any]]:
+        rng = np.random.default_rng(seed)
+        for _ in range(INT8_CALIBRATION_INPUTS):
+            yield [rng.uniform(-1.0, 1.0, input_shape).astype(np.float32)]
+
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = representative
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    converter.inference_input_type = tf.int8
+    converter.inference_output_type = tf.int8
 
 
 def order_outputs(data: bytes, names: Sequence[str]) -> bytes:

@@ -616,22 +616,13 @@ class Lowering:
         `litekiln.ops.base.quantize`'s integers, which rounds half away from zero)."""
         x = self.env[t]
         tensor = self.graph.tensors[t]
-        q = tensor.quantization
         if not (
             self.options.quant_simulation
-            and q is not None
             and is_quantized(tensor)
             and tensor.dtype.name in INTEGER_IO_DTYPES
         ):
             return x
-        if dtype_of(x) != ACC_DTYPE:
-            x = self.bb.emit(relax.op.astype(x, ACC_DTYPE))
-        info = np.iinfo(tensor.dtype)
-        shape = q.broadcast_shape(len(tensor.shape))
-        scale = relax.const(q.scale.reshape(shape).astype(np.float32), ACC_DTYPE)
-        zp = relax.const(q.zero_point.reshape(shape).astype(np.float32), ACC_DTYPE)
-        e = self.bb.emit(relax.op.add(relax.op.round(relax.op.divide(x, scale)), zp))
-        e = self.bb.emit(relax.op.clip(e, int(info.min), int(info.max)))
+        e, _, _ = self._to_grid(x, tensor)
         return self.bb.emit(relax.op.astype(e, tensor.dtype.name))
 
     def _dequantize_input(self, x: Expr, tensor: Tensor) -> Expr:
@@ -639,29 +630,37 @@ class Lowering:
         computes them on the CPU: (q - zero_point) is exact in float32 for 8- and 16-bit
         integers, and the float32 product with the float32 scale is rounded once, as the
         float64 product is there before its cast."""
-        q = tensor.quantization
-        assert q is not None
-        shape = q.broadcast_shape(len(tensor.shape))
-        scale = relax.const(q.scale.reshape(shape).astype(np.float32), ACC_DTYPE)
-        zp = relax.const(q.zero_point.reshape(shape).astype(np.float32), ACC_DTYPE)
+        scale, zp = self._affine(tensor)
         f = self.bb.emit(relax.op.astype(x, ACC_DTYPE))
         return relax.op.multiply(relax.op.subtract(f, zp), scale)
 
     def _fake_quant(self, expr: Expr, tensor: Tensor) -> Expr:
         """Quantization simulator: keep an activation on its learned grid and range."""
+        e, scale, zp = self._to_grid(expr, tensor)
+        return relax.op.multiply(relax.op.subtract(e, zp), scale)
+
+    def _to_grid(self, x: Expr, tensor: Tensor) -> tuple[Expr, Expr, Expr]:
+        """(the integer each value of ``x`` quantizes to with ``tensor``'s parameters, in
+        float32: round(x / scale) + zero_point, clamped to the dtype's range; scale;
+        zero point)."""
+        if dtype_of(x) != ACC_DTYPE:  # a data-movement op's half result
+            x = self.bb.emit(relax.op.astype(x, ACC_DTYPE))
+        scale, zp = self._affine(tensor)
+        info = np.iinfo(tensor.dtype)
+        lo = relax.const(np.asarray(info.min, ACC_DTYPE), ACC_DTYPE)
+        hi = relax.const(np.asarray(info.max, ACC_DTYPE), ACC_DTYPE)
+        e = self.bb.emit(relax.op.add(relax.op.round(relax.op.divide(x, scale)), zp))
+        return self.bb.emit(relax.op.minimum(relax.op.maximum(e, lo), hi)), scale, zp
+
+    def _affine(self, tensor: Tensor) -> tuple[Expr, Expr]:
+        """``tensor``'s scale and zero point as float32 constants that broadcast against it
+        (one value, or one per channel along its quantized axis)."""
         q = tensor.quantization
         assert q is not None
-        if dtype_of(expr) != self.dtype:  # a data-movement op's half result
-            expr = self.bb.emit(relax.op.astype(expr, self.dtype))
-        info = np.iinfo(tensor.dtype)
         shape = q.broadcast_shape(len(tensor.shape))
-        scale = relax.const(q.scale.reshape(shape).astype(self.dtype), self.dtype)
-        zp = relax.const(q.zero_point.reshape(shape).astype(self.dtype), self.dtype)
-        lo = relax.const(np.asarray(info.min, self.dtype), self.dtype)
-        hi = relax.const(np.asarray(info.max, self.dtype), self.dtype)
-        e = self.bb.emit(relax.op.add(relax.op.round(relax.op.divide(expr, scale)), zp))
-        e = self.bb.emit(relax.op.minimum(relax.op.maximum(e, lo), hi))
-        return relax.op.multiply(relax.op.subtract(e, zp), scale)
+        scale = relax.const(q.scale.reshape(shape).astype(np.float32), ACC_DTYPE)
+        zp = relax.const(q.zero_point.reshape(shape).astype(np.float32), ACC_DTYPE)
+        return scale, zp
 
 
 # -- helpers ----------------------------------------------------------------------------------
