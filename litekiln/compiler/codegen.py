@@ -209,12 +209,9 @@ def build_relax_pipeline(
     return tvm.transform.Sequential(passes, name="litekiln_relax_gpu")
 
 
-#: PrimFuncs (by legalized name) that FuseOps must leave alone, see `isolate_pools`.
-_ISOLATED_PREFIXES = POOL_PREFIXES
-
-
 def isolate_pools() -> tvm.transform.Pass:
-    """Mark pooling PrimFuncs opaque, so that FuseOps fuses nothing into them.
+    """Mark pooling PrimFuncs (`fusion.POOL_PREFIXES`) opaque, so that FuseOps fuses
+    nothing into them.
 
     FuseOps puts an injective consumer such as BlazeFace's channel pad (pool, then pad the
     channels to add the block's wider output) into the pool's kernel. That kernel's epilogue
@@ -229,7 +226,7 @@ def isolate_pools() -> tvm.transform.Pass:
     @tvm.transform.module_pass(opt_level=0, name="litekiln.IsolatePools")
     def _pass(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
         for gv, func in list(mod.functions.items()):
-            if isinstance(func, tirx.PrimFunc) and gv.name_hint.startswith(_ISOLATED_PREFIXES):
+            if isinstance(func, tirx.PrimFunc) and gv.name_hint.startswith(POOL_PREFIXES):
                 mod[gv] = func.with_attr("op_pattern", 8)
         return mod
 
