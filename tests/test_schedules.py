@@ -1262,6 +1262,8 @@ _SHARED_MATMUL = {
     "16x32 on 4, split across 4 groups": {"mn": 4, "splits": 4},
     "32x32 on 2, 32-term steps": {"mm": 4, "mn": 4, "lanes": 2, "step": 16},
     "16x32 on 4, split across 16 groups": {"mn": 4, "splits": 16},
+    "32x32 on 4, 64-term steps": {"mm": 4, "mn": 4, "step": 16},
+    "32x32 on 4, 128-term steps": {"mm": 4, "mn": 4, "step": 32},
 }
 
 

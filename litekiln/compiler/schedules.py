@@ -2024,9 +2024,10 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
     * `SharedMatmul` for matrix products (relax's ``matmul``, fully connected layers) and
       convolutions over channels (1x1, 3x3, patch embeddings: pixels x window taps):
       operand tiles staged in local memory, split-K across the work-group's thread planes;
-      16x16, 16x32 and 32x32 output tiles on 4 planes, 16x16 on 8, 32x32 on 2; and 16x32
-      split across 4 work-groups for reductions of 512 terms and more (a second kernel sums
-      the partials).
+      16x16, 16x32 and 32x32 output tiles on 4 planes, 16x16 on 8, 32x32 on 2; 32x32 with
+      2 and 4 times the terms staged per step on 4 planes, 4 times on 2; and 16x32 split
+      across 4 work-groups for reductions of 512 terms and more (a second kernel sums the
+      partials).
     * for the reductions that read their input whole (global pools, layer-norm statistics,
       squeeze-excite GEMVs, classifiers): `ColumnReduction` with 32 channels x 8 slices and
       8 channels x 32 slices per group; `RowReduction` with one work-item per row (serial,
@@ -2126,6 +2127,15 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
         # there). Split 16 ways across groups was tried for the deepest reductions
         # (ResNet-18's last 3x3 layers, 4608 terms) and lost to the other options.
         SharedMatmul(mm=4, mn=4, lanes=2, step=16),
+        # and deeper steps (twice and four times the terms staged between two barriers, on 4
+        # planes; four times on 2): fewer waits on global memory a tile. Chosen on the H200
+        # for most of the 1x1 and 3x3 convolutions of MobileNetV1, PoseNet and ResNet-18's
+        # early layers, 3-11% faster than the best option before (docs/benchmarks.md,
+        # eighteenth session). Loads staged in registers a step ahead (software pipelining)
+        # were tried with them and lost to these everywhere but once.
+        SharedMatmul(mm=4, mn=4, step=16),
+        SharedMatmul(mm=4, mn=4, step=32),
+        SharedMatmul(mm=4, mn=4, lanes=2, step=32),
         # Reductions read whole (global pools, layer norms, squeeze-excite GEMVs): other
         # shapes of `ColumnReduction` and `RowReduction`, and dlight's rules that had the
         # kernels before those became the defaults (`SerialReduction`'s are above).
