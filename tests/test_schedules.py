@@ -584,20 +584,28 @@ def test_window_only_tile_falls_to_fewer_channels_for_work_items(
     assert rule._tile(c, w, h * w * c, channel_reduction=False, window=True) == tile
 
 
-@pytest.mark.parametrize("tiles", [((4, 1),), ((2, 1),), ((1, 1),)])
-def test_depthwise_7x7_each_window_only_tile(cl_env: Any, tiles: Any) -> None:
+@pytest.mark.parametrize("window,stride", [(7, 1), (3, 2)])
+@pytest.mark.parametrize("tiles", [((4, 1),), ((2, 1),), ((1, 1),), ((2, 2),)])
+def test_depthwise_each_window_only_tile(
+    cl_env: Any, tiles: Any, window: int, stride: int
+) -> None:
+    """Each tile the GPU profile's default or its tuning variants give a depthwise
+    convolution (channels x pixels per work-item; the H200 chose 1 and 2 channels, and 2x2
+    on the largest maps: docs/benchmarks.md, eighteenth session), on a 7x7 window and a
+    strided 3x3 one (an odd width: the last tile's second pixel is predicated off)."""
     from tvm.s_tir import dlight as dl
 
     from litekiln.compiler.schedules import SerialReduction
 
     c = 20
-    x, w, b = _rand(1, 14, 14, c), _rand(c, 7, 7, 1), _rand(c)
-    pads = same_pads(14, 14, 7, 1)
-    ref = conv_ref(x, w, pad=pads, groups=c) + b
-    mod = _conv_module(x.shape, w, 1, pads, groups=c, bias=b)
+    x, w, b = _rand(1, 13, 13, c), _rand(c, window, window, 1), _rand(c)
+    pads = same_pads(13, 13, window, stride)
+    ref = conv_ref(x, w, stride=stride, pad=pads, groups=c) + b
+    mod = _conv_module(x.shape, w, stride, pads, groups=c, bias=b)
     rule = SerialReduction(min_work_items=0, window_only_tiles=tiles)
     res = check(cl_env, mod, [x], [ref], schedule=dl.ApplyDefaultSchedule(rule, dl.gpu.Fallback()))
-    assert f"local_ptr[{tiles[0][0]}]" in res.program.source
+    channels, pixels = tiles[0]
+    assert f"local_ptr[{channels * pixels}]" in res.program.source
 
 
 def test_depthwise_multiplier2_odd_channels(cl_env: Any, profile: str) -> None:

@@ -1999,8 +1999,9 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
     groups for a 14x14x512 layer on 132 SMs):
 
     * our serial-reduction rule over channels too, with the default tiles and with 4x1 tiles
-      (more work-items); over a window only (depthwise), 4 channels per work-item where the
-      default takes fewer (to fill the GPU);
+      (more work-items); over a window only (depthwise, pooling), 4 channels per work-item
+      where the default takes fewer (to fill the GPU), and 1 and 2 channels and 2 channels x
+      2 pixels where it takes more;
     * dlight's Matmul with its CUDA configuration (8x16 threads, 4x4 micro tiles, 16-deep K
       steps, 2-wide vectors) and with small tiles (16x16 threads, 2x2 micro tiles: 4x more
       groups);
@@ -2051,6 +2052,13 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
         # 4 channels per work-item over a window only, however few the work-items (the
         # default falls to 2 and 1 below `_ENOUGH_WORK_ITEMS`)
         SerialReduction(window_only_tiles=((4, 1),)),
+        # ... and 1 and 2 channels, and 2 channels x 2 pixels, however many the work-items:
+        # the H200 chose them for MobileNets' 3x3 depthwise layers at every size, 20-35% faster
+        # than 4 channels a work-item (1 channel mostly; 2x2 on the largest maps; 4x2 was
+        # tried and never chosen: docs/benchmarks.md, eighteenth session)
+        SerialReduction(window_only_tiles=((1, 1),), channel_reductions=False),
+        SerialReduction(window_only_tiles=((2, 1),), channel_reductions=False),
+        SerialReduction(window_only_tiles=((2, 2),), channel_reductions=False),
         ConfiguredMatmul(
             cfg(
                 block_size_x=8,
