@@ -586,9 +586,7 @@ def test_window_only_tile_falls_to_fewer_channels_for_work_items(
 
 @pytest.mark.parametrize("window,stride", [(7, 1), (3, 2)])
 @pytest.mark.parametrize("tiles", [((4, 1),), ((2, 1),), ((1, 1),), ((2, 2),)])
-def test_depthwise_each_window_only_tile(
-    cl_env: Any, tiles: Any, window: int, stride: int
-) -> None:
+def test_depthwise_each_window_only_tile(cl_env: Any, tiles: Any, window: int, stride: int) -> None:
     """Each tile the GPU profile's default or its tuning variants give a depthwise
     convolution (channels x pixels per work-item; the H200 chose 1 and 2 channels, and 2x2
     on the largest maps: docs/benchmarks.md, eighteenth session), on a 7x7 window and a
