@@ -89,7 +89,8 @@ def test_choice_is_stored_with_the_binary_and_reused(
     # (the first start ran the default kernels alone; the whole program replaced them)
     chosen = first._backend.executors[0].choices  # noqa: SLF001
     # smoke's variants: its three largest convolutions and its depthwise convolution (4
-    # channels per work-item, where the default takes 1 to launch more of them); its
+    # channels per work-item, where the default takes 1 to launch more of them, 2, and 2x2
+    # channels x pixels); its
     # global pool, 19K FLOPs over 34 KB, and its fully-connected layer, 10K FLOPs, are too
     # small to be worth tuning
     assert counted_tune == [1] and len(chosen) == 4
