@@ -137,6 +137,12 @@ def integer_step_stats(ours: list[np.ndarray], ref: list[np.ndarray]) -> tuple[f
     return float(d.mean()), float((d <= 2).mean())
 
 
+def within_integer_bounds(mean_steps: float, within2: float) -> bool:
+    """Whether `integer_step_stats`' figures meet the quantized-model bounds
+    (`INT8_MEAN_STEPS`, `INT8_WITHIN_2`)."""
+    return mean_steps <= INT8_MEAN_STEPS and within2 >= INT8_WITHIN_2
+
+
 def relative_error(ours: list[np.ndarray], ref: list[np.ndarray]) -> float:
     """max |ours - ref| / max(1, max |ref|), over all outputs together."""
     worst = 0.0
@@ -209,7 +215,7 @@ def check_model(model_path: str | Path, *, seed: int = 0, **interpreter_kwargs: 
     if all(r.dtype.kind in "iu" for r in ref):
         # Quantized outputs: judged in quantization steps (mean <= 1, >= 95% within 2).
         mean_steps, within2 = integer_step_stats(ours, ref)
-        ok = mean_steps <= INT8_MEAN_STEPS and within2 >= INT8_WITHIN_2
+        ok = within_integer_bounds(mean_steps, within2)
         outs: list[dict[str, Any]] = [{"mean_steps": mean_steps, "within_2_steps": within2}]
         return CheckResult(name, ok, err, tol, device, time.perf_counter() - t0, outs)
     outs = [

@@ -795,7 +795,7 @@ def compare(ours: list[Any], ref: list[Any]) -> dict[str, Any]:
     (relative to ``max(1, max|LiteRT|)``) beside it."""
     import numpy as np
 
-    from litekiln.check import INT8_MEAN_STEPS, INT8_WITHIN_2, integer_step_stats, relative_error
+    from litekiln.check import integer_step_stats, relative_error, within_integer_bounds
 
     rel = relative_error(ours, ref)
     worst = 0.0
@@ -820,7 +820,7 @@ def compare(ours: list[Any], ref: list[Any]) -> dict[str, Any]:
         # quantization steps of LiteRT's integers, not a float tolerance.
         mean_steps, within2 = integer_step_stats(ours, ref)
         out.update(mean_steps=mean_steps, within_2_steps=within2)
-        out["match"] = bool(mean_steps <= INT8_MEAN_STEPS and within2 >= INT8_WITHIN_2)
+        out["match"] = within_integer_bounds(mean_steps, within2)
     return out
 
 
