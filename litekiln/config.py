@@ -215,6 +215,14 @@ BUILD_THREADS: Setting[int] = Setting(
     "Threads that build device programs from source at a first start on a device (one "
     "program per partition, built at once); 0 (default): one per program, at most 8.",
 )
+COMPILE_JOBS: Setting[int] = Setting(
+    "LITEKILN_COMPILE_JOBS",
+    int,
+    0,
+    "Processes a compile spreads the tuning variants' scheduling and lowering over (forked, "
+    "one task per PrimFunc; the program is the same whatever the number); 0 (default): one "
+    "per core this process may run on, at most 16; 1: all in the compiling process.",
+)
 CPU_FIRST: Setting[bool] = Setting(
     "LITEKILN_CPU_FIRST",
     _bool,
@@ -268,6 +276,7 @@ SETTINGS: tuple[Setting, ...] = (
     EARLY_CUDA,
     PTX,
     BUILD_THREADS,
+    COMPILE_JOBS,
     CPU_FIRST,
     PROGRESS,
     LOG_LEVEL,

@@ -171,6 +171,7 @@ def _positionals(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
         (["bench", SMOKE, "--peak-gbps", "0"], "argument --peak-gbps: expected a number above 0"),
         (["compile", SMOKE, "--max-partitions", "-1"], "argument --max-partitions:"),
         (["compile", SMOKE, "--fp16-budget", "2"], "argument --fp16-budget:"),
+        (["compile", SMOKE, "--jobs", "-1"], "argument --jobs/-j: expected an integer >= 0"),
         (["inspect", SMOKE, "--bogus"], "unrecognized arguments: --bogus"),
     ],
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -55,6 +56,8 @@ def cmd_compile(a: argparse.Namespace) -> int:
         kw["half"] = a.half
     if a.schedules:
         kw["schedules"] = a.schedules
+    if a.jobs is not None:
+        os.environ["LITEKILN_COMPILE_JOBS"] = str(a.jobs)  # (read where the variants lower)
     results = []
     for path in a.models:
         info = precompile(path, force=a.force, **kw)
@@ -301,6 +304,7 @@ def add_compile_parser(sub: _Subcommands) -> None:
             "  litekiln compile models/zoo/*.tflite --precision fp16\n"
             "  litekiln compile model.tflite --schedules fast-cpu --force   # for PoCL, again\n"
             "  litekiln compile model.tflite --device cpu   # and PoCL's binary\n"
+            "  litekiln compile models/*.tflite -j 8        # 8 processes\n"
         ),
     )
     p.add_argument("models", nargs="+", metavar="MODEL", type=existing_file)
@@ -312,6 +316,15 @@ def add_compile_parser(sub: _Subcommands) -> None:
         "rounding to fp16 (devices without half arithmetic, e.g. PoCL)",
     )
     p.add_argument("--force", action="store_true", help="recompile even if cached")
+    p.add_argument(
+        "--jobs",
+        "-j",
+        type=int_at_least(0),
+        metavar="N",
+        help="processes to compile in (the tuning variants of the fast schedules, one task "
+        "per kernel function; the result is the same for any N): 0 = one per core, 1 = this "
+        "process only; default: LITEKILN_COMPILE_JOBS, else one per core",
+    )
     p.add_argument(
         "--schedules",
         choices=["fast", "fast-cpu", "default"],

@@ -841,6 +841,7 @@ def compile_relax_full(
     variant_rules: Sequence[Any] = (),
     minify: bool = False,
     dispatch: bool | None = None,
+    jobs: int | None = None,
 ) -> CompileResult:
     """Compile a Relax module (one GPU partition) to a `GpuProgram`.
 
@@ -871,6 +872,9 @@ def compile_relax_full(
         dispatch: run the kernels through dispatcher kernels (`litekiln.compiler.dispatch`:
             fewer kernels for a CPU OpenCL driver to compile at their first launch); the
             program then has no PTX. Default: on for the ``fast-cpu`` schedules.
+        jobs: processes the tuning variants are scheduled and lowered in, one task per
+            PrimFunc (`litekiln.compiler.parallel`; the program does not depend on it).
+            Default: `compile_jobs` (``LITEKILN_COMPILE_JOBS``, else one per core).
 
     Returns:
         A `CompileResult` (program, constants, per-phase timings).
@@ -893,7 +897,13 @@ def compile_relax_full(
     # 2-3. TIR lowering and OpenCL C of the PrimFuncs that main calls, and their launches.
     notes: list[str] = []
     repair = _Repair(fused, _fallback_rules(schedule), tgt, notes)
-    code = _device_code(lowered, fused, planner, variant_rules, tgt, minify=minify, repair=repair)
+    if variant_rules and jobs is None:
+        from litekiln.compiler.parallel import compile_jobs
+
+        jobs = compile_jobs()
+    code = _device_code(
+        lowered, fused, planner, variant_rules, tgt, minify=minify, repair=repair, jobs=jobs or 1
+    )
     if dispatch is None:
         from litekiln.config import SCHEDULES
 
@@ -988,6 +998,9 @@ class _LoweredFuncs:
     device_mods: list[Any]  # the device functions before OpenCL code generation
     # PrimFunc name -> names of its variants (`<name>__v<k>`), each a host function
     variants_of: dict[str, list[str]] = field(default_factory=dict)
+    # (call index, variant name) -> the variant's launches for that call (FLOPs shared out),
+    # or None where it cannot be offered (a workspace); read where the variant was lowered
+    variant_launches: dict[tuple[int, str], list[Launch] | None] = field(default_factory=dict)
 
 
 @dataclass
@@ -1015,21 +1028,24 @@ def _device_code(
     *,
     minify: bool = False,
     repair: _Repair | None = None,
+    jobs: int = 1,
 ) -> _DeviceCode:
     """Lower the called PrimFuncs (and variants) to OpenCL C and read their launches.
 
     ``repair`` reschedules the PrimFuncs whose schedule fails TIR lowering (`_Repair`);
-    without it such a failure fails the whole partition."""
+    without it such a failure fails the whole partition. ``jobs``: processes the variants
+    are scheduled and lowered in (`litekiln.compiler.parallel`)."""
     # The pipeline leaves dead PrimFuncs (e.g. a `reshape` replaced by vm.builtin.reshape).
     used = sorted({c.func for c in planner.calls})
     now = time.perf_counter()
     if not used:
         return _DeviceCode("", [], [], now, now)
     funcs = _lower_used(lowered, used, target, repair)
-    if variant_rules and fused is not None:
-        _add_schedule_variants(funcs, fused, lowered, used, variant_rules, target)
-    t_codegen = time.perf_counter()
     flops = _func_flops(fused, lowered, used)
+    if variant_rules and fused is not None:
+        state = _VariantState(fused, lowered, planner, variant_rules, target, flops)
+        _add_schedule_variants(funcs, state, used, jobs)
+    t_codegen = time.perf_counter()
     launches, variants = _LaunchReader(planner, funcs, flops).read()
     variants = [v for v in variants if _worth_tuning(v, launches, planner.tensors)]
     # Variants no option kept (equal to the default) need not be built.
@@ -1042,7 +1058,7 @@ def _device_code(
     if minify:
         code.ptx = strip_ptx(code.ptx)
         try:
-            code.source, code.minified = minify_opencl(source), "yes"
+            code.source, code.minified = minify_opencl(source, jobs), "yes"
         except MinifyError as exc:  # kept as TVM printed it: it still runs
             code.minified = f"no: {exc}"
     return code
@@ -1202,31 +1218,73 @@ class _Repair:
         return None
 
 
+@dataclass
+class _VariantState:
+    """What a variant task reads (`_variant_task`): shared with the forked processes."""
+
+    fused: tvm.IRModule
+    lowered: tvm.IRModule
+    planner: _MainPlanner
+    rules: Sequence[Any]
+    target: tvm.target.Target
+    flops: dict[str, int]
+
+
+@dataclass
+class _VariantResult:
+    """One PrimFunc's variants, as plain data (a forked task returns it)."""
+
+    names: list[str]  # `<name>__v<k>`, in rule order
+    source: str  # their OpenCL C
+    launches: dict[tuple[int, str], list[Launch] | None]  # see `_LoweredFuncs`
+
+
 def _add_schedule_variants(
-    funcs: _LoweredFuncs,
-    fused: tvm.IRModule,
-    lowered: tvm.IRModule,
-    used: Sequence[str],
-    rules: Sequence[Any],
-    target: tvm.target.Target,
+    funcs: _LoweredFuncs, state: _VariantState, used: Sequence[str], jobs: int
 ) -> None:
-    """Lower alternative schedules of the used PrimFuncs, as `<name>__v<k>`, into ``funcs``."""
-    alt = _schedule_variants(fused, lowered, used, rules, target)
+    """Schedule and lower the variants of each used PrimFunc (`_variant_task`, one task per
+    function, over ``jobs`` processes) and add them to ``funcs``, in the order of ``used``."""
+    from litekiln.compiler.parallel import fork_map
+
+    for name, result in zip(used, fork_map(_variant_task, state, used, jobs), strict=True):
+        if result is None:
+            continue
+        funcs.source = funcs.source + "\n" + result.source
+        funcs.variants_of.setdefault(name, []).extend(result.names)
+        funcs.variant_launches.update(result.launches)
+
+
+def _variant_task(state: _VariantState, name: str) -> _VariantResult | None:
+    """The variants of PrimFunc ``name`` (`_schedule_variants`), lowered to OpenCL C, and
+    their launches for each call of it; None if there are none."""
+    alt = _schedule_variants(state.fused, state.lowered, [name], state.rules, state.target)
     if not alt:
-        return
+        return None
     try:
-        lowered_alt = _lower_tir(tvm.IRModule(alt), target)
+        lowered_alt = _lower_tir(tvm.IRModule(alt), state.target)
     except Exception:  # noqa: BLE001 - a variant that does not lower is not offered
-        alt = {gv: f for gv, f in alt.items() if _lowering_error(gv, f, target) is None}
+        alt = {gv: f for gv, f in alt.items() if _lowering_error(gv, f, state.target) is None}
         if not alt:
-            return
-        lowered_alt = _lower_tir(tvm.IRModule(alt), target)
-    v_host, v_kernels, v_source, _, _ = lowered_alt
-    funcs.host_funcs.update(v_host)
-    funcs.kernel_funcs.update(v_kernels)
-    funcs.source = funcs.source + "\n" + v_source
-    for gv in alt:
-        funcs.variants_of.setdefault(gv.name_hint.rsplit("__v", 1)[0], []).append(gv.name_hint)
+            return None
+        lowered_alt = _lower_tir(tvm.IRModule(alt), state.target)
+    host, kernels, source, _, _ = lowered_alt
+    params = {k: _kernel_params(f, k) for k, f in kernels.items()}
+    names = [gv.name_hint for gv in alt]
+    launches: dict[tuple[int, str], list[Launch] | None] = {}
+    planner = state.planner
+    for ci, call in enumerate(planner.calls):
+        if call.func != name:
+            continue
+        for vname in names:
+            try:
+                option = _call_launches(call, vname, planner, host, params, workspaces=False)
+            except CodegenError:
+                launches[ci, vname] = None  # e.g. a variant that needs a workspace
+                continue
+            launches[ci, vname] = _share_flops(
+                option, state.flops.get(name, 0), lambda k: _stored_ops(kernels[k].body)
+            )
+    return _VariantResult(names, source, launches)
 
 
 class _LaunchReader:
@@ -1247,43 +1305,19 @@ class _LaunchReader:
         """The launches of all calls, in order, and each call's variants (if any)."""
         launches: list[Launch] = []
         variants: list[Variant] = []
-        for call in self.planner.calls:
+        for ci, call in enumerate(self.planner.calls):
             start = len(launches)
             launches.extend(self._launches(call, call.func))
-            options = self._options(call, self._signature(launches[start:]))
+            options = self._options(ci, call, self._signature(launches[start:]))
             if options:
                 variants.append(Variant(start, len(launches), tuple(options), call.func))
         return launches, variants
 
-    def _launches(self, call: _Call, func_name: str, *, workspaces: bool = True) -> list[Launch]:
+    def _launches(self, call: _Call, func_name: str) -> list[Launch]:
         launches = _call_launches(
-            call,
-            func_name,
-            self.planner,
-            self.funcs.host_funcs,
-            self.kernel_params,
-            workspaces=workspaces,
+            call, func_name, self.planner, self.funcs.host_funcs, self.kernel_params
         )
-        return self._with_flops(launches, self.flops.get(call.func, 0))
-
-    def _with_flops(self, launches: list[Launch], total: int) -> list[Launch]:
-        """``launches`` (one call's) with the call's FLOPs shared out between them.
-
-        One launch takes them all. Several (a convolution's padding kernel and its own, a
-        scan, a two-stage reduction) share them in proportion to each kernel's operations
-        per work-item (`_stored_ops`) times its work-items: a count of each thread's code
-        that includes padded iterations and cross-thread steps, so it weighs the kernels
-        against each other without measuring the work; where it counts nothing for any of
-        them, in proportion to the work-items.
-        """
-        if not total or not launches:
-            return launches
-        items = [float(np.prod(ln.global_size)) for ln in launches]
-        weights = [
-            self._kernel_weight(ln.kernel) * n for ln, n in zip(launches, items, strict=True)
-        ]
-        shares = _split(total, weights if any(weights) else items)
-        return [dataclasses.replace(ln, flops=f) for ln, f in zip(launches, shares, strict=True)]
+        return _share_flops(launches, self.flops.get(call.func, 0), self._kernel_weight)
 
     def _kernel_weight(self, kernel: str) -> float:
         if kernel not in self._per_item:
@@ -1297,23 +1331,22 @@ class _LaunchReader:
             (self.bodies.get(ln.kernel), ln.global_size, ln.local_size, ln.args) for ln in launches
         )
 
-    def _options(self, call: _Call, default: tuple[Any, ...]) -> list[tuple[Launch, ...]]:
+    def _options(self, ci: int, call: _Call, default: tuple[Any, ...]) -> list[tuple[Launch, ...]]:
         """The call's variants that build everywhere and run other code than the default."""
         seen = {default}
         options = []
         for vname in self.funcs.variants_of.get(call.func, []):
-            option = self._variant(call, vname)
+            option = self._variant(self.funcs.variant_launches.get((ci, vname)))
             if option is None or self._signature(option) in seen:
                 continue  # unusable here, or another rule giving the same kernel
             seen.add(self._signature(option))
             options.append(tuple(option))
         return options
 
-    def _variant(self, call: _Call, vname: str) -> list[Launch] | None:
-        """The variant's launches, or None where it cannot be offered."""
-        try:
-            option = self._launches(call, vname, workspaces=False)
-        except CodegenError:
+    def _variant(self, option: list[Launch] | None) -> list[Launch] | None:
+        """A variant's launches for a call (`_LoweredFuncs.variant_launches`), or None where
+        it cannot be offered."""
+        if option is None:
             return None  # e.g. a variant that needs a workspace: keep the default only
         if any(self.vector_check.search(self.bodies.get(ln.kernel) or "") for ln in option):
             # Vector half code (half2 loads of a vectorised matmul variant): NVIDIA's
@@ -1336,6 +1369,28 @@ class _LaunchReader:
 _MAX_LOCAL_BYTES = 48 * 1024
 _LOCAL_ARRAY = re.compile(r"__local\s+(?:volatile\s+)?(\w+)\s+\w+\[(\d+)\]")
 _SCALAR_BYTES = {"char": 1, "uchar": 1, "half": 2, "short": 2, "ushort": 2, "double": 8, "long": 8}
+
+
+def _share_flops(
+    launches: list[Launch], total: int, weight: Callable[[str], float]
+) -> list[Launch]:
+    """``launches`` (one call's) with the call's FLOPs shared out between them.
+
+    One launch takes them all. Several (a convolution's padding kernel and its own, a scan, a
+    two-stage reduction) share them in proportion to each kernel's operations per work-item
+    (``weight``: `_stored_ops` of its body) times its work-items: a count of each thread's code
+    that includes padded iterations and cross-thread steps, so it weighs the kernels against
+    each other without measuring the work; where it counts nothing for any of them, in
+    proportion to the work-items.
+    """
+    if not total or not launches:
+        return launches
+    if len(launches) == 1:
+        return [dataclasses.replace(launches[0], flops=total)]
+    items = [float(np.prod(ln.global_size)) for ln in launches]
+    weights = [weight(ln.kernel) * n for ln, n in zip(launches, items, strict=True)]
+    shares = _split(total, weights if any(weights) else items)
+    return [dataclasses.replace(ln, flops=f) for ln, f in zip(launches, shares, strict=True)]
 
 
 def _local_bytes(body: str) -> int:

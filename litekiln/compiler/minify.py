@@ -33,7 +33,7 @@ source unminified (`MinifyError`); the output is checked to lex back into the to
 nvcc's and stay: a reversible renumbering of them saved 17% of the PTX's xz but took 160 ms
 of Python to undo at every read.)
 
-Pure Python and deterministic (same source, same output).
+Pure Python and deterministic (same source, same output, whatever the number of processes).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 from litekiln.artifact.program import FUNCTION_MARKER
+from litekiln.compiler.parallel import fork_map
 
 _TOKEN = re.compile(
     r"""
@@ -114,8 +115,11 @@ def _is_id(token: str) -> bool:
     return token[0].isalpha() or token[0] == "_"
 
 
-def minify_opencl(source: str) -> str:
+def minify_opencl(source: str, jobs: int = 1) -> str:
     """``source`` (TVM's OpenCL C of a program) minified; see the module docstring.
+
+    ``jobs``: processes the kernels are minified in (`litekiln.compiler.parallel.fork_map`;
+    the text does not depend on it).
 
     Raises:
         MinifyError: the source holds what the lexer does not know, or the result would not
@@ -134,15 +138,18 @@ def minify_opencl(source: str) -> str:
     head_tokens = _code(lex(head))
     protected = {t for t in head_tokens if _is_id(t)} | set(_MACROS.values())
     out = [_join(head_tokens), *(f"#define {name} {text}\n" for text, name in macros)]
-    kernels = []
-    for chunk in chunks:
-        name, _, body = chunk.partition("\n")
-        tokens = _rename_locals(_drop_dead(_code(lex(body))), protected)
-        kernels.append((name.strip(), _join(tokens)))
+    split = [chunk.partition("\n") for chunk in chunks]  # (name line, "\n", kernel text)
+    texts = fork_map(_minify_kernel, protected, [body for _, _, body in split], jobs, chunksize=8)
+    kernels = [(name.strip(), text) for (name, _, _), text in zip(split, texts, strict=True)]
     if all(text.startswith("__kernel") for _, text in kernels):
         kernels.sort(key=_likeness)  # (helper functions, should TVM print any, stay first)
     out += [f"{FUNCTION_MARKER}{name}\n{text}" for name, text in kernels]
     return "".join(out)
+
+
+def _minify_kernel(protected: set[str], body: str) -> str:
+    """One kernel's text (after its ``// Function:`` line), minified."""
+    return _join(_rename_locals(_drop_dead(_code(lex(body))), protected))
 
 
 def _likeness(kernel: tuple[str, str]) -> str:
