@@ -897,17 +897,25 @@ def compile_relax_full(
     # 2-3. TIR lowering and OpenCL C of the PrimFuncs that main calls, and their launches.
     notes: list[str] = []
     repair = _Repair(fused, _fallback_rules(schedule), tgt, notes)
-    if variant_rules and jobs is None:
+    if jobs is None:
         from litekiln.compiler.parallel import compile_jobs
 
         jobs = compile_jobs()
-    code = _device_code(
-        lowered, fused, planner, variant_rules, tgt, minify=minify, repair=repair, jobs=jobs or 1
-    )
     if dispatch is None:
         from litekiln.config import SCHEDULES
 
         dispatch = by_name and SCHEDULES.get(schedules) == "fast-cpu"
+    code = _device_code(
+        lowered,
+        fused,
+        planner,
+        variant_rules,
+        tgt,
+        minify=minify,
+        repair=repair,
+        jobs=jobs,
+        ptx_wanted=not dispatch,  # (dispatchers are OpenCL C only: `_dispatch`)
+    )
     if dispatch:
         _dispatch(code)
     program = _program(code, build_options, planner, outputs, tgt)
@@ -1029,12 +1037,14 @@ def _device_code(
     minify: bool = False,
     repair: _Repair | None = None,
     jobs: int = 1,
+    ptx_wanted: bool = True,
 ) -> _DeviceCode:
     """Lower the called PrimFuncs (and variants) to OpenCL C and read their launches.
 
     ``repair`` reschedules the PrimFuncs whose schedule fails TIR lowering (`_Repair`);
     without it such a failure fails the whole partition. ``jobs``: processes the variants
-    are scheduled and lowered in (`litekiln.compiler.parallel`)."""
+    are scheduled and lowered in (`litekiln.compiler.parallel`). ``ptx_wanted=False``: no
+    PTX (a program whose kernels will run through dispatchers has none)."""
     # The pipeline leaves dead PrimFuncs (e.g. a `reshape` replaced by vm.builtin.reshape).
     used = sorted({c.func for c in planner.calls})
     now = time.perf_counter()
@@ -1054,7 +1064,10 @@ def _device_code(
         funcs.source, launches, variants, prune=prune, minify=minify
     )
     code = _DeviceCode(source, short, variants, funcs.t_tir, t_codegen)
-    code.ptx, code.ptx_note = _default_ptx(funcs.device_mods, launches, short)
+    if ptx_wanted:
+        code.ptx, code.ptx_note = _default_ptx(funcs.device_mods, launches, short)
+    else:
+        code.ptx_note = "no: kernels run through dispatchers (fast-cpu)"
     if minify:
         code.ptx = strip_ptx(code.ptx)
         try:
