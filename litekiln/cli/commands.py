@@ -301,10 +301,9 @@ def add_compile_parser(sub: _Subcommands) -> None:
         "directory (or `litekiln cache export`) with the app.",
         epilog=examples(
             "  litekiln compile face_detection.tflite --cache-dir build/litekiln-cache\n"
-            "  litekiln compile models/zoo/*.tflite --precision fp16\n"
+            "  litekiln compile models/zoo/*.tflite --precision fp16 -j 8   # 8 processes\n"
             "  litekiln compile model.tflite --schedules fast-cpu --force   # for PoCL, again\n"
             "  litekiln compile model.tflite --device cpu   # and PoCL's binary\n"
-            "  litekiln compile models/*.tflite -j 8        # 8 processes\n"
         ),
     )
     p.add_argument("models", nargs="+", metavar="MODEL", type=existing_file)

@@ -1607,7 +1607,9 @@ def _kernel_bodies(source: str) -> dict[str, str]:
         body = chunk[
             chunk.rfind(f"__kernel void {name}(") :
         ]  # the definition, after all declarations
-        out[name] = body.replace(name, "K")
+        # (stripped: where a kernel's chunk ends its module's text, its trailing blank lines
+        # differ from a twin's that does not)
+        out[name] = body.replace(name, "K").strip()
     return out
 
 
