@@ -1259,12 +1259,14 @@ def _add_schedule_variants(
     function, over ``jobs`` processes) and add them to ``funcs``, in the order of ``used``."""
     from litekiln.compiler.parallel import fork_map
 
+    texts = [funcs.source]
     for name, result in zip(used, fork_map(_variant_task, state, used, jobs), strict=True):
         if result is None:
             continue
-        funcs.source = funcs.source + "\n" + result.source
+        texts.append(result.source)
         funcs.variants_of.setdefault(name, []).extend(result.names)
         funcs.variant_launches.update(result.launches)
+    funcs.source = "\n".join(texts)  # (one join: the variants' text is megabytes)
 
 
 def _variant_task(state: _VariantState, name: str) -> _VariantResult | None:
