@@ -245,6 +245,11 @@ def test_read_only_commands_create_nothing(tmp_path: Path, argv: list[str]) -> N
     assert p.returncode == 0, p.stderr
     left = sorted(str(f.relative_to(tmp_path)) for f in tmp_path.rglob("*"))
     assert left == ["home", "tmp"], left
+    # Nothing is stored, so an OpenCL run waits for its build and runs on the device: no
+    # build left to the exit, where its scratch folder was gone (the build failed there).
+    assert "failed" not in p.stderr and "stays on the CPU" not in p.stderr, p.stderr
+    if argv[0] == "run" and "reference" not in argv:
+        assert "on the CPU (numpy) while" not in p.stdout, p.stdout
 
 
 # ---------------------------------------------------------------------------- pipes

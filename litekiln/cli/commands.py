@@ -85,7 +85,13 @@ def cmd_compile(a: argparse.Namespace) -> int:
 def cmd_run(a: argparse.Namespace) -> int:
     from litekiln.interpreter import Interpreter
 
-    interp = Interpreter(model_path=a.model, **interpreter_kwargs(a))
+    kw = interpreter_kwargs(a)
+    if writes_nothing(a) and "LITEKILN_CPU_FIRST" not in os.environ:
+        # Nothing is stored, so a build in the background would serve no next start: the
+        # command would print the CPU's outputs, then wait at its exit for a build whose
+        # program goes nowhere. It waits for the build and runs on the device instead.
+        kw["cpu_first"] = False
+    interp = Interpreter(model_path=a.model, **kw)
     details = interp.get_input_details()
     if a.inputs:
         try:
@@ -344,8 +350,8 @@ def add_run_parser(sub: _Subcommands) -> None:
         "inference time and a preview of each output. On a device with nothing built "
         "for it yet, the inference runs on the CPU while the device's programs build, and "
         "the command waits for that build at exit so that the next start finds it "
-        "(LITEKILN_CPU_FIRST=off: the inference waits for the build and runs on the "
-        "device).",
+        "(LITEKILN_CPU_FIRST=off, and with --no-cache: the inference waits for the build "
+        "and runs on the device).",
         epilog=examples(
             "  litekiln run face_detection.tflite                     # seeded random inputs\n"
             "  litekiln run model.tflite --inputs in.npz --save out.npz\n"

@@ -323,6 +323,11 @@ def read_only_environment() -> Iterator[None]:
     try:
         yield
     finally:
+        session = sys.modules.get("litekiln.runtime.session")
+        if session is not None:
+            # Background work (tuning, a build) may still be in the driver, which writes
+            # into the scratch folder: it ends (tuning stops at its next variant) first.
+            session.join_background()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -1547,14 +1547,24 @@ _STOPPING = threading.Event()
 _EXIT_NOTICES: dict[threading.Thread, Callable[[], None]] = {}
 
 
-@atexit.register
-def _join_upgrades() -> None:
+def join_background(*, exiting: bool = False) -> None:
+    """End the background work of every session: tuning stops at its next variant, builds
+    and stores are waited for (at most 60 s each). At exit, or before a read-only command
+    removes the scratch folder its driver writes into; sessions started after it (not at
+    exit) tune and upgrade again."""
     _STOPPING.set()
     for t in list(_UPGRADES):
         notice = _EXIT_NOTICES.get(t)
         if notice is not None and t.is_alive():
             notice()
         t.join(timeout=60)
+    if not exiting:
+        _STOPPING.clear()
+
+
+@atexit.register
+def _join_upgrades() -> None:
+    join_background(exiting=True)
 
 
 def _compare_paths(a: Any, b: Any, seed: int = 0) -> str:
