@@ -356,9 +356,12 @@ def _cache_size_script():
     return module
 
 
-#: The models CI compiles for the bound (two compiles each: minutes on PoCL). The whole zoo's
-#: table is results/cache_size/ (scripts/cache_size.py); LITEKILN_CACHE_SIZE_ALL=1 tests all.
-CI_ZOO = ("hand_landmark_lite", "mobilenet_v1_int8", "smoke_int8", "selfie_segmentation")
+#: The model CI compiles for the bound (two compiles with every tuning variant: two minutes
+#: on the 2-core build machine): the real model closest to it, whose kernels it is mostly.
+#: The weights' side of the bound (none stored, shared re-laid constants) is tested on small
+#: models above. The whole zoo's table is results/cache_size/ (scripts/cache_size.py);
+#: LITEKILN_CACHE_SIZE_ALL=1 tests every zoo model here.
+CI_ZOO = ("selfie_segmentation",)
 
 
 def _zoo_cases() -> list[object]:

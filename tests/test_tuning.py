@@ -217,12 +217,38 @@ def test_native_half_programs_have_no_half_vectors(smoke_path: Path) -> None:
     assert re.search(r"\bfloat2\b", full.source), "the fp32 program keeps the vectorised variant"
 
 
-@pytest.mark.parametrize("name", ["smoke", "face_detection_short_range", "pose_landmark_full"])
+def _guard_mixed_model() -> bytes:
+    """fp16 storage that the fp16 guard mixes with float32 (as it does in MediaPipe's
+    pose_landmark_full, minutes to compile here): ``t = x + 2**-9`` feeds a difference
+    amplified 4096x and stays float32; the convolution after it, the residual add of ``t``
+    to the convolution's half output, and the rest are half."""
+    from tests.tflite_builder import ModelBuilder
+
+    shape = [1, 8, 8, 4]
+    b = ModelBuilder()
+
+    def op(name: str, inputs: list[Any], out: str, **kw: Any) -> Any:
+        return b.op(name, inputs, outputs=[b.main.tensor(out, shape)], **kw)
+
+    x = b.input("x", shape)
+    t = op("ADD", [x, b.const("c", np.full([1], 2.0**-9, np.float32))], "t")
+    d = op("SUB", [t, x], "d")
+    y = op("MUL", [d, b.const("gain", np.full([1], 4096.0, np.float32))], "y")
+    w = np.random.default_rng(1).uniform(-1, 1, [4, 3, 3, 4]).astype(np.float32)
+    conv = {"padding": "SAME", "stride_w": 1, "stride_h": 1, "fused_activation_function": "RELU"}
+    h = op("CONV_2D", [y, b.const("w", w), b.const("b", np.zeros([4], np.float32))], "h",
+           options=conv)  # fmt: skip
+    r = op("ADD", [h, t], "r")
+    b.output(op("MUL", [r, b.const("s", np.full([1], 0.5, np.float32))], "out"))
+    return b.build()
+
+
+@pytest.mark.parametrize("name", ["smoke", "face_detection_short_range", "guard_mixed"])
 def test_native_half_program_compiles_with_clang(name: str) -> None:
     """The whole native fp16 program, variants included, as the executor hands it to a driver
     that builds half without listing cl_khr_fp16 (NVIDIA), passes clang's OpenCL front end.
     NVIDIA rejected face_detection_short_range's program over a float-input convolution
-    variant storing `convert_half2` pairs (8 errors; clang gives the same 8); pose_landmark_full
+    variant storing `convert_half2` pairs (8 errors; clang gives the same 8); guard_mixed
     mixes half and fp16-guard float32 tensors. clang-15 comes with PoCL (Debian)."""
     import shutil
     import subprocess
@@ -237,10 +263,14 @@ def test_native_half_program_compiles_with_clang(name: str) -> None:
     clang = shutil.which("clang-15") or shutil.which("clang")
     if clang is None:
         pytest.skip("no clang (Debian's PoCL brings clang-15)")
-    model = load_model(zoo_model(name).read_bytes())
+    data = _guard_mixed_model() if name == "guard_mixed" else zoo_model(name).read_bytes()
+    model = load_model(data)
     compiled = compile_model(
         model, CompileOptions(precision="fp16", half="native", op_table="extended"), warn=False
     )
+    if name == "guard_mixed":
+        dtypes = {t.dtype for p in compiled.partitions for t in p.program.tensors}
+        assert compiled.stats["fp16"]["fp32_tensors"] >= 1 and "float16" in dtypes, dtypes
     for part in compiled.partitions:
         source = part.program.source
         assert "half" in source
