@@ -76,7 +76,12 @@ def _find_devices() -> list[TestDevice]:
 
 DEVICES = _find_devices()
 HAS_OPENCL = bool(DEVICES)
+#: The device this file set for the tests that are not run per device (below), as a pytest-xdist
+#: worker inherits it from the controller: that is no pin by the caller.
+_SET_HERE = "_LITEKILN_TESTS_DEFAULT_DEVICE"
 _PINNED = os.environ.get("LITEKILN_DEVICE", "")
+if _PINNED and _PINNED == os.environ.get(_SET_HERE):
+    _PINNED = ""
 
 
 def _test_devices() -> list[Any]:
@@ -110,7 +115,7 @@ def _default_device() -> str:
 
 DEFAULT_DEVICE = _default_device()
 if DEFAULT_DEVICE:
-    os.environ["LITEKILN_DEVICE"] = DEFAULT_DEVICE
+    os.environ["LITEKILN_DEVICE"] = os.environ[_SET_HERE] = DEFAULT_DEVICE
 
 
 def pytest_configure(config: pytest.Config) -> None:
