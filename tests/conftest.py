@@ -80,7 +80,7 @@ HAS_OPENCL = bool(DEVICES)
 #: worker inherits it from the controller: that is no pin by the caller.
 _SET_HERE = "_LITEKILN_TESTS_DEFAULT_DEVICE"
 _PINNED = os.environ.get("LITEKILN_DEVICE", "")
-if _PINNED and _PINNED == os.environ.get(_SET_HERE):
+if _PINNED and os.environ.get(_SET_HERE) == _PINNED:
     _PINNED = ""
 
 
