@@ -6,8 +6,9 @@
 #
 # Per model and repeat, alternated: the earlier commit (a temporary git worktree), then this
 # tree once per JOBS value (LITEKILN_COMPILE_JOBS; the earlier tree ignores it), each a plain
-# `litekiln compile MODEL --schedules fast` (the GPU schedules with their tuning variants)
-# into a fresh cache, LITEKILN_PTX=off (no nvcc step), in a fresh process. Prints the
+# `litekiln compile MODEL --schedules fast` (the GPU schedules with their tuning variants;
+# SCHEDULES=fast-cpu: the schedules of a plain compile on a machine without a GPU) into a fresh
+# cache, LITEKILN_PTX=off (no nvcc step), in a fresh process. Prints the
 # compile's own time ("compiled in", after the imports) and the process's wall time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +29,7 @@ one() {  # label tree jobs model
   start=$(date +%s.%N)
   line=$(cd "$2" && LITEKILN_PTX=off LITEKILN_COMPILE_JOBS="$3" PYTHONPATH="$2" \
     "$HERE/.venv/bin/python" -m litekiln.cli compile "$4" --cache-dir "$WORK/cache" \
-    --schedules fast 2>/dev/null | sed -n 's/.*compiled in \([0-9.]*\) s.*/\1/p')
+    --schedules "${SCHEDULES:-fast}" 2>/dev/null | sed -n 's/.*compiled in \([0-9.]*\) s.*/\1/p')
   end=$(date +%s.%N)
   printf '%-28s %-22s compile %6s s, process %6.1f s\n' "$(basename "$4")" "$1" "$line" \
     "$(echo "$end - $start" | bc -l)"
