@@ -25,6 +25,16 @@ assert not any(type(f).__name__ == "_NoTorchForTvm" for f in sys.meta_path), sys
 print("ok")
 """
 
+#: A module of TVM imported on its own after TVM (its PyTorch frontend) gets its torch.
+CHILD_TVM_FRONTEND = r"""
+import sys
+import litekiln.compiler.codegen
+assert "torch" not in sys.modules
+import tvm.relax.frontend.torch as frontend
+assert "torch" in sys.modules and hasattr(frontend, "from_exported_program")
+print("ok")
+"""
+
 #: torch imported first keeps its place, and TVM finds it as it would without litekiln.
 CHILD_TORCH_FIRST = r"""
 import sys
@@ -38,7 +48,11 @@ print("ok")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
-@pytest.mark.parametrize("code", [CHILD, CHILD_TORCH_FIRST], ids=["tvm first", "torch first"])
+@pytest.mark.parametrize(
+    "code",
+    [CHILD, CHILD_TORCH_FIRST, CHILD_TVM_FRONTEND],
+    ids=["tvm first", "torch first", "tvm's torch frontend after"],
+)
 def test_the_compiler_imports_tvm_without_torch(code: str) -> None:
     p = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False

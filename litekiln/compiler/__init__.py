@@ -4,10 +4,10 @@ TVM imports torch where torch is installed: its FFI layer (``tvm_ffi``) first th
 ``tvm.relax`` for a DLPack exchange with torch tensors that the compiler never makes. On a
 build machine that has torch (one that converts PyTorch models with litert-torch, say) that
 import was 3.5 of the 6 s TVM took to import, in every ``litekiln compile`` and every
-compiling start. The finder below refuses torch to TVM's modules while they initialise
-(their imports of torch are optional: they catch the ImportError). torch that the process
-imported before keeps its place; torch imported later, outside TVM's initialisation, is
-torch as ever (the finder goes then).
+compiling start. The finder below refuses torch to the imports made while TVM's package
+initialises (those imports of torch are optional: they catch the ImportError). torch that
+the process imported before keeps its place; torch imported later, outside TVM's
+initialisation, is torch as ever (the finder goes then).
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from types import ModuleType
 
 
 def _tvm_initialising() -> bool:
-    """Whether a module of TVM (``tvm``, ``tvm_ffi`` or one of theirs) is being executed."""
-    for name, module in list(sys.modules.items()):
-        if (name.startswith(("tvm.", "tvm_ffi.")) or name in ("tvm", "tvm_ffi")) and getattr(
-            getattr(module, "__spec__", None), "_initializing", False
-        ):
-            return True
-    return False
+    """Whether TVM's package (``tvm`` or ``tvm_ffi``) is being imported: the imports its
+    ``__init__`` makes, ``tvm.relax`` among them. A module of TVM imported later on its own
+    (its PyTorch frontend, say) is not refused torch."""
+    return any(
+        getattr(getattr(sys.modules.get(name), "__spec__", None), "_initializing", False)
+        for name in ("tvm", "tvm_ffi")
+    )
 
 
 class _NoTorchForTvm(importlib.abc.MetaPathFinder):
