@@ -1562,9 +1562,7 @@ def join_background(*, exiting: bool = False) -> None:
         _STOPPING.clear()
 
 
-@atexit.register
-def _join_upgrades() -> None:
-    join_background(exiting=True)
+atexit.register(join_background, exiting=True)
 
 
 def _compare_paths(a: Any, b: Any, seed: int = 0) -> str:
