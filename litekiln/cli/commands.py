@@ -83,10 +83,11 @@ def cmd_compile(a: argparse.Namespace) -> int:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
+    from litekiln import config
     from litekiln.interpreter import Interpreter
 
     kw = interpreter_kwargs(a)
-    if writes_nothing(a) and "LITEKILN_CPU_FIRST" not in os.environ:
+    if writes_nothing(a) and not os.environ.get(config.CPU_FIRST.env):  # (unset or empty)
         # Nothing is stored, so a build in the background would serve no next start: the
         # command would print the CPU's outputs, then wait at its exit for a build whose
         # program goes nowhere. It waits for the build and runs on the device instead.
