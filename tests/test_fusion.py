@@ -194,8 +194,9 @@ def test_a_pool_takes_its_elementwise_consumer_not_a_pad(schedules: str) -> None
     from gpu_helper import Case, G, build_model, launched_kernels
 
     def build(g: G) -> Any:
+        # 3x3 windows: a reduction (a pool of at most 4 taps is elementwise instead, below)
         opts = {"padding": "SAME", "stride_h": 2, "stride_w": 2}
-        opts.update(filter_height=2, filter_width=2)
+        opts.update(filter_height=3, filter_width=3)
         relu6 = {**opts, "fused_activation_function": "RELU6"}
         relu = {**opts, "fused_activation_function": "RELU"}
         x = g.x([1, 8, 8, 4])
@@ -212,3 +213,79 @@ def test_a_pool_takes_its_elementwise_consumer_not_a_pad(schedules: str) -> None
     assert any("max_pool2d" in n and "relu" in n for n in pools), names
     assert any(n.startswith("max_pool2d") for n in pools), names  # alone: the pad stays out
     assert not any("pad" in n for n in pools), names
+
+
+def _blaze_block(kind: str) -> Any:
+    """BlazeFace's downsampling block: a stride-2 convolution beside a 2x2 pool of the
+    block's input, its channels padded, added (ReLU); the pool also read by a second block
+    (a kernel of its own there: two readers) in the second output."""
+    from gpu_helper import G
+
+    def build(g: G) -> Any:
+        x = g.x([1, 9, 8, 8])
+        conv = {"padding": "SAME", "stride_h": 2, "stride_w": 2}
+        c = g.op("CONV_2D", [x, g.w([16, 3, 3, 8]), g.w([16])], [1, 5, 4, 16], conv)
+        pool = {"padding": "SAME", "stride_h": 2, "stride_w": 2}
+        pool.update(filter_height=2, filter_width=2)
+        m = g.op(kind, [x], [1, 5, 4, 8], pool)
+        p = g.op("PAD", [m, g.ints([[0, 0], [0, 0], [0, 0], [0, 8]])], [1, 5, 4, 16])
+        y = g.op("ADD", [c, p], [1, 5, 4, 16], {"fused_activation_function": "RELU"})
+        x2 = g.op("RELU", [g.x([1, 9, 8, 8])], [1, 9, 8, 8])
+        one = {"padding": "SAME", "stride_h": 1, "stride_w": 1}
+        c2 = g.op("CONV_2D", [x2, g.w([8, 1, 1, 8]), g.w([8])], [1, 9, 8, 8], one)
+        m2 = g.op(kind, [c2], [1, 5, 4, 8], pool)
+        z = g.op("MUL", [m2, m2], [1, 5, 4, 8])
+        w = g.op("CONV_2D", [m2, g.w([8, 1, 1, 8]), g.w([8])], [1, 5, 4, 8], one)
+        return [y, g.op("ADD", [z, w], [1, 5, 4, 8])]
+
+    return build
+
+
+@pytest.mark.parametrize("kind", ["MAX_POOL_2D", "AVERAGE_POOL_2D"])
+@pytest.mark.parametrize("schedules", ["fast", "fast-cpu"])
+def test_a_small_pool_joins_the_convolution_whose_epilogue_reads_it(
+    kind: str, schedules: str
+) -> None:
+    """A 2x2 pool is elementwise reads of its taps (`emit_nn._small_pool`); read by a
+    convolution's residual add through a channel pad, it is computed in that convolution's
+    kernel (`_Fuser._conv_epilogue_inputs`): no kernel of its own. Read by two ops, it
+    stays one. The outputs match LiteRT and the numpy reference on PoCL (every tuning option
+    of the GPU profile too), SAME padding of an odd map included."""
+    from gpu_helper import Case, build_model, launched_kernels
+
+    import litekiln
+
+    built = build_model([Case("c", _blaze_block(kind))])
+    names = list(dict.fromkeys(launched_kernels(built.model, schedules)))  # (split-K: twice)
+    fused = [n for n in names if "pool_taps" in n and "conv2d" in n]
+    alone = [n for n in names if "pool_taps" in n and "conv2d" not in n]
+    assert len(fused) == 1 and "pad" in fused[0], names
+    assert len(alone) == 1, names  # the second block's pool: two readers
+    assert not any("pool2d" in n for n in names), names
+
+    from ai_edge_litert.interpreter import Interpreter as LiteRT
+
+    lit = LiteRT(model_content=built.model)
+    lit.allocate_tensors()
+    for d, f in zip(lit.get_input_details(), built.feeds, strict=True):
+        lit.set_tensor(d["index"], f)
+    lit.invoke()
+    want = [lit.get_tensor(d["index"]) for d in lit.get_output_details()]
+    ref = litekiln.Interpreter(model_content=built.model, device="reference").run(built.feeds)
+    for r, w in zip(ref, want, strict=True):
+        np.testing.assert_allclose(r, w, rtol=0, atol=1e-5)
+    it = litekiln.Interpreter(
+        model_content=built.model, use_cache=False, schedules=schedules, tune=False
+    )
+    it.allocate_tensors()
+    ex = it._backend.executors[0]  # noqa: SLF001 - the test drives the executor's options
+    variants = ex.program.variants
+    plans = [[0] * len(variants)] + [
+        [c if j == i else 0 for j in range(len(variants))]
+        for i, v in enumerate(variants)
+        for c in range(1, len(v.options) + 1)
+    ]
+    for plan in plans:
+        ex.select(plan)
+        for got, w in zip(it.run(built.feeds), want, strict=True):
+            np.testing.assert_allclose(got, w, rtol=0, atol=1e-5, err_msg=f"options {plan}")

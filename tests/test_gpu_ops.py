@@ -235,6 +235,22 @@ POOL = Batch(
         ),
         Case("avg_k5_on_3x3_same", _pool("AVERAGE_POOL_2D", [1, 3, 3, 2], (5, 5), (1, 1), "SAME")),
         Case("max_k5_on_3x3_same", _pool("MAX_POOL_2D", [1, 3, 3, 2], (5, 5), (2, 2), "SAME")),
+        # Pools of at most 4 taps are elementwise reads of their taps (emit_nn._small_pool):
+        # SAME padding on odd maps (the last row and column outside: a max takes the taps
+        # inside, an average counts them only), windows of one row or column, overlapping
+        # windows (stride 1), and a fused activation.
+        Case("max_k2_s2_same_odd", _pool("MAX_POOL_2D", [1, 7, 9, 3], (2, 2), (2, 2), "SAME")),
+        Case("avg_k2_s2_same_odd", _pool("AVERAGE_POOL_2D", [1, 7, 9, 3], (2, 2), (2, 2), "SAME")),
+        Case("max_k1x2_s1x2_same", _pool("MAX_POOL_2D", [1, 4, 7, 2], (1, 2), (1, 2), "SAME")),
+        Case(
+            "avg_k2x1_s1_same_relu",
+            _pool("AVERAGE_POOL_2D", [2, 5, 4, 3], (2, 1), (1, 1), "SAME", "RELU"),
+        ),
+        Case(
+            "max_k2_s1_same_relu6",
+            _pool("MAX_POOL_2D", [1, 6, 5, 4], (2, 2), (1, 1), "SAME", "RELU6"),
+        ),
+        Case("avg_k2_s1_valid", _pool("AVERAGE_POOL_2D", [1, 5, 6, 2], (2, 2), (1, 1), "VALID")),
     ],
 )
 

@@ -241,12 +241,20 @@ def _prelu(ctx: Ctx) -> list[Expr]:
     return [ctx.emit(relax.op.add(pos, relax.op.multiply(neg, alpha)))]
 
 
+#: Largest window (taps) of a pool emitted as elementwise reads of its taps (`_small_pool`).
+SMALL_POOL_TAPS = 4
+#: PrimFunc name of such a pool (`fusion` merges it into a convolution's epilogue).
+SMALL_POOL_NAME = "pool_taps"
+
+
 def _pool(kind: str) -> Emitter:
     def emit(ctx: Ctx) -> list[Expr]:
         _, h, w, _ = ctx.tensor(0).shape
         kh, kw = int(ctx.options["filter_height"]), int(ctx.options["filter_width"])
         sh, sw = int(ctx.options.get("stride_h", 1)), int(ctx.options.get("stride_w", 1))
         pads = conv_pads(ctx, h, w, kh, kw, sh, sw)
+        if 1 < kh * kw <= SMALL_POOL_TAPS:
+            return [activation(ctx, _small_pool(ctx, kind, (kh, kw), (sh, sw), pads))]
         if kind == "max":
             y = relax.op.nn.max_pool2d(
                 ctx.arg(0), pool_size=(kh, kw), strides=(sh, sw), padding=pads, layout="NHWC"
@@ -263,6 +271,69 @@ def _pool(kind: str) -> Emitter:
         return [activation(ctx, ctx.emit(y))]
 
     return emit
+
+
+def _small_pool(
+    ctx: Ctx,
+    kind: str,
+    window: tuple[int, int],
+    strides: tuple[int, int],
+    pads: tuple[int, int, int, int],
+) -> Expr:
+    """A pool of a few taps (BlazeFace's 2x2 shortcut pools) as one elementwise expression
+    of its taps' reads, not a reduction: an injective PrimFunc, which the kernel that reads
+    it takes in (`fusion`: the next block's residual add reads it, through a channel pad,
+    in a convolution's epilogue), where a reduction stays a kernel of its own
+    (`codegen.isolate_pools`). Max: the taps inside the map; average: their mean (padding
+    not counted, as TFLite's AVERAGE_POOL_2D), summed in float32."""
+    from tvm import te, tirx
+
+    kh, kw = window
+    sh, sw = strides
+    top, left = pads[0], pads[1]
+    _, h, w, _ = ctx.tensor(0).shape
+    n_, oh, ow, c_ = ctx.out().shape
+
+    def fn(data: te.Tensor) -> te.Tensor:
+        dtype = str(data.dtype)
+
+        def value(n: object, i: object, j: object, c: object) -> object:
+            acc = None
+            count = 0
+            inside = []
+            for a in range(kh):
+                for b in range(kw):
+                    y = i * sh + (a - top)  # type: ignore[operator]
+                    x = j * sw + (b - left)  # type: ignore[operator]
+                    conds = []
+                    if top > a or (oh - 1) * sh + a - top >= h:
+                        conds += [y >= 0, y < h]
+                    if left > b or (ow - 1) * sw + b - left >= w:
+                        conds += [x >= 0, x < w]
+                    v = data[n, y, x, c]
+                    if kind == "max":
+                        if conds:
+                            v = tirx.if_then_else(tirx.all(*conds), v, tirx.min_value(dtype))
+                        acc = v if acc is None else tirx.max(acc, v)
+                        continue
+                    v = v.astype("float32") if dtype != "float32" else v
+                    ok = tirx.all(*conds) if conds else None
+                    if ok is not None:
+                        v = tirx.if_then_else(ok, v, tirx.const(0.0, "float32"))
+                        inside.append(tirx.if_then_else(ok, 1.0, 0.0))
+                    else:
+                        count += 1
+                    acc = v if acc is None else acc + v
+            if kind == "max":
+                return acc
+            n_in = tirx.const(float(count), "float32")
+            for t in inside:
+                n_in = n_in + t
+            return (acc / n_in).astype(dtype)
+
+        return te.compute((n_, oh, ow, c_), value, name=SMALL_POOL_NAME)
+
+    return ctx.emit(ctx.bb.call_te(fn, ctx.arg(0), primfunc_name_hint=SMALL_POOL_NAME))
 
 
 EMITTERS["MAX_POOL_2D"] = _pool("max")

@@ -18,6 +18,11 @@ matrix product). This pass merges those groups into the product's group before F
   GELU), the product's only reader, joins the product's group as more epilogue, whatever
   the sizes of the other tensors it reads.
 
+A convolution's group takes the third kind only, into its epilogue (`_conv_epilogue_inputs`):
+BlazeFace's shortcut, a 2x2 pool of the block's input (elementwise since
+`emit_nn._small_pool`) read through a channel pad by the next convolution's residual add.
+Its operands keep their own folds (`lowering.conv_folded`).
+
 A matrix-vector product (fewer than `_MATH_MIN_ROWS` rows) computes a copied producer again
 for every column that reads it: it takes at most one producer with transcendental math, and
 only where that costs at most `_MATH_MAX_EVALS` evaluations (see there).
@@ -163,6 +168,11 @@ class _Fuser:
             p == _OUT_ELEMWISE_FUSABLE and ("matmul" in name or "attention" in name)
             for p, name in pats
         )
+
+    def _is_conv(self, func: relax.Function) -> bool:
+        """A convolution's group (its epilogue takes plain copies, `_block`)."""
+        pats = self._prim_patterns(func) or []
+        return any(p == _OUT_ELEMWISE_FUSABLE and "conv2d" in name for p, name in pats)
 
     def _is_pool(self, func: relax.Function) -> bool:
         """A group of one pool (`codegen.isolate_pools` kept it alone through FuseOps)."""
@@ -322,6 +332,9 @@ class _Fuser:
             if func is not None and self._is_pool(func):
                 self._pool_epilogue(bindings, i, func, uses)
                 continue
+            if func is not None and self._is_conv(func) and not self._is_product(func):
+                self._conv_epilogue_inputs(bindings, i, func, by_var)
+                continue
             if func is None or not self._is_product(func):
                 continue
             args = self._args(b.value)
@@ -386,6 +399,43 @@ class _Fuser:
                     self._took_math.append(gv)
                 bindings[i] = relax.VarBinding(b.var, relax.Call(gv, args))
         return relax.DataflowBlock([b for b in bindings if b is not None])
+
+    def _conv_epilogue_inputs(
+        self, bindings: list[Any], i: int, func: relax.Function, by_var: dict[Any, int]
+    ) -> None:
+        """Merge into convolution ``bindings[i]`` the groups of plain copies (injective, no
+        transcendental math, no more elements than the convolution's output) that its
+        epilogue reads: BlazeFace's shortcut, a 2x2 pool of the block's input (as
+        `emit_nn._small_pool` makes it) that the residual add reads through a channel pad.
+        Each element is read once, so the copy costs its reads and saves a launch and a
+        round trip of its output. The convolution's own operands keep their folds
+        (`lowering.conv_folded`)."""
+        b = bindings[i]
+        args = self._args(b.value)
+        operands = self._operands(func)
+        merges = 0
+        for k in range(len(args)):
+            if merges >= _MAX_MERGES:
+                break
+            a = args[k]
+            j = by_var.get(a)
+            if k in operands or j is None or j >= i or sum(1 for x in args if x.same_as(a)) != 1:
+                continue
+            src = bindings[j]
+            if src is None or not isinstance(src.var, relax.DataflowVar):
+                continue
+            prod = self._group(src.value)
+            if (
+                prod is None
+                or not self._is_copy(prod)
+                or self._has_math(prod)
+                or _numel(src.var) > _numel(b.var)
+            ):
+                continue
+            func, args = self._merge(prod, self._args(src.value), func, args, k)
+            merges += 1
+        if merges:
+            bindings[i] = relax.VarBinding(b.var, relax.Call(self._add(func), args))
 
 
 def _static_shape(var: Any) -> list[int] | None:
