@@ -217,8 +217,8 @@ def test_a_pool_takes_its_elementwise_consumer_not_a_pad(schedules: str) -> None
 
 def _blaze_block(kind: str) -> Any:
     """BlazeFace's downsampling block: a stride-2 convolution beside a 2x2 pool of the
-    block's input, its channels padded, added (ReLU); the pool also read by a second block
-    (a kernel of its own there: two readers) in the second output."""
+    block's input, its channels padded, added (ReLU); and a pool that is an output and is
+    read by a convolution (a kernel of its own: two readers)."""
     from gpu_helper import G
 
     def build(g: G) -> Any:
@@ -234,9 +234,8 @@ def _blaze_block(kind: str) -> Any:
         one = {"padding": "SAME", "stride_h": 1, "stride_w": 1}
         c2 = g.op("CONV_2D", [x2, g.w([8, 1, 1, 8]), g.w([8])], [1, 9, 8, 8], one)
         m2 = g.op(kind, [c2], [1, 5, 4, 8], pool)
-        z = g.op("MUL", [m2, m2], [1, 5, 4, 8])
         w = g.op("CONV_2D", [m2, g.w([8, 1, 1, 8]), g.w([8])], [1, 5, 4, 8], one)
-        return [y, g.op("ADD", [z, w], [1, 5, 4, 8])]
+        return [y, m2, w]
 
     return build
 
@@ -253,8 +252,6 @@ def test_a_small_pool_joins_the_convolution_whose_epilogue_reads_it(
     of the GPU profile too), SAME padding of an odd map included."""
     from gpu_helper import Case, build_model, launched_kernels
 
-    import litekiln
-
     built = build_model([Case("c", _blaze_block(kind))])
     names = list(dict.fromkeys(launched_kernels(built.model, schedules)))  # (split-K: twice)
     fused = [n for n in names if "pool_taps" in n and "conv2d" in n]
@@ -263,7 +260,15 @@ def test_a_small_pool_joins_the_convolution_whose_epilogue_reads_it(
     assert len(alone) == 1, names  # the second block's pool: two readers
     assert not any("pool2d" in n for n in names), names
 
+    _check_every_option(built, schedules)
+
+
+def _check_every_option(built: Any, schedules: str) -> None:
+    """``built``'s outputs on PoCL with ``schedules`` (tuning off; on the GPU profile every
+    option of every variant) against LiteRT's, and the numpy reference's against LiteRT's."""
     from ai_edge_litert.interpreter import Interpreter as LiteRT
+
+    import litekiln
 
     lit = LiteRT(model_content=built.model)
     lit.allocate_tensors()
@@ -289,3 +294,39 @@ def test_a_small_pool_joins_the_convolution_whose_epilogue_reads_it(
         ex.select(plan)
         for got, w in zip(it.run(built.feeds), want, strict=True):
             np.testing.assert_allclose(got, w, rtol=0, atol=1e-5, err_msg=f"options {plan}")
+
+
+def _activation_before_conv(g: Any) -> Any:
+    """A PRELU between a residual add, whose sum a 2x2 pool also reads, and a stride-2
+    convolution (mp_hand_recrop's blocks); and a RELU read by a convolution and kept as an
+    output (two readers)."""
+    x = g.x([1, 9, 8, 8])
+    s = g.op("ADD", [x, g.x([1, 9, 8, 8])], [1, 9, 8, 8])
+    p = g.op("PRELU", [s, g.w([1, 1, 8])], [1, 9, 8, 8])
+    conv = {"padding": "SAME", "stride_h": 2, "stride_w": 2}
+    c = g.op("CONV_2D", [p, g.w([16, 3, 3, 8]), g.w([16])], [1, 5, 4, 16], conv)
+    pool = {"padding": "SAME", "stride_h": 2, "stride_w": 2, "filter_height": 2, "filter_width": 2}
+    m = g.op("MAX_POOL_2D", [s], [1, 5, 4, 8], pool)
+    pad = g.op("PAD", [m, g.ints([[0, 0], [0, 0], [0, 0], [0, 8]])], [1, 5, 4, 16])
+    y = g.op("ADD", [c, pad], [1, 5, 4, 16])
+    r = g.op("RELU", [g.op("ADD", [x, x], [1, 9, 8, 8])], [1, 9, 8, 8])
+    one = {"padding": "SAME", "stride_h": 1, "stride_w": 1}
+    z = g.op("CONV_2D", [r, g.w([4, 1, 1, 8]), g.w([4])], [1, 9, 8, 4], one)
+    return [y, r, z]
+
+
+@pytest.mark.parametrize("schedules", ["fast", "fast-cpu"])
+def test_an_activation_before_a_convolution_stays_a_kernel(schedules: str) -> None:
+    """mp_hand_recrop's block: the residual sum's 2x2 pool joins the next convolution's
+    epilogue, but the PRELU standing before the stride-2 convolution, its only reader, stays
+    a kernel of its own: merged into the convolution's loads it lost as often as it won on
+    the H200 (`_Fuser._conv_epilogue_inputs`). Outputs against LiteRT on PoCL, every tuning
+    option of the GPU profile."""
+    from gpu_helper import Case, build_model, launched_kernels
+
+    built = build_model([Case("c", _activation_before_conv)])
+    names = list(dict.fromkeys(launched_kernels(built.model, schedules)))
+    prelu = [n for n in names if "minimum" in n]  # PRELU: relu(x) + min(x, 0) * alpha
+    assert len(prelu) == 1 and "conv2d" not in prelu[0], names
+    assert any("pool_taps" in n and "conv2d" in n for n in names), names
+    _check_every_option(built, schedules)

@@ -408,32 +408,40 @@ class _Fuser:
         epilogue reads: BlazeFace's shortcut, a 2x2 pool of the block's input (as
         `emit_nn._small_pool` makes it) that the residual add reads through a channel pad.
         Each element is read once, so the copy costs its reads and saves a launch and a
-        round trip of its output. The convolution's own operands keep their folds
-        (`lowering.conv_folded`)."""
+        round trip of its output.
+
+        The convolution's operands keep their own folds (`lowering.conv_folded`): merging
+        an activation that stands alone before a convolution, its only reader, into the
+        convolution's loads (computed again at every read of an element) was measured on the
+        H200 and lost as often as it won (selfie_segmentation +6%, palm_detection_lite +4%,
+        keras_densenet121 -3%: docs/benchmarks.md, twenty-first session)."""
         b = bindings[i]
         args = self._args(b.value)
-        operands = self._operands(func)
         merges = 0
-        for k in range(len(args)):
-            if merges >= _MAX_MERGES:
+        changed = True
+        while changed and merges < _MAX_MERGES:
+            changed = False
+            operands = self._operands(func)
+            for k, a in enumerate(args):
+                j = by_var.get(a)
+                if j is None or j >= i or sum(1 for x in args if x.same_as(a)) != 1:
+                    continue
+                src = bindings[j]
+                if src is None or not isinstance(src.var, relax.DataflowVar):
+                    continue
+                prod = self._group(src.value)
+                if (
+                    k in operands
+                    or prod is None
+                    or not self._is_copy(prod)
+                    or self._has_math(prod)
+                    or _numel(src.var) > _numel(b.var)
+                ):
+                    continue
+                func, args = self._merge(prod, self._args(src.value), func, args, k)
+                merges += 1
+                changed = True
                 break
-            a = args[k]
-            j = by_var.get(a)
-            if k in operands or j is None or j >= i or sum(1 for x in args if x.same_as(a)) != 1:
-                continue
-            src = bindings[j]
-            if src is None or not isinstance(src.var, relax.DataflowVar):
-                continue
-            prod = self._group(src.value)
-            if (
-                prod is None
-                or not self._is_copy(prod)
-                or self._has_math(prod)
-                or _numel(src.var) > _numel(b.var)
-            ):
-                continue
-            func, args = self._merge(prod, self._args(src.value), func, args, k)
-            merges += 1
         if merges:
             bindings[i] = relax.VarBinding(b.var, relax.Call(self._add(func), args))
 
