@@ -345,16 +345,11 @@ class _Fuser:
             while changed and merges < _MAX_MERGES:
                 changed = False
                 operands = self._operands(func)
-                for k, a in enumerate(args):
-                    j = by_var.get(a)
-                    if j is None or j >= i or sum(1 for x in args if x.same_as(a)) != 1:
+                for k in range(len(args)):
+                    found = self._copy_producer(bindings, by_var, args, i, k)
+                    if found is None:
                         continue
-                    src = bindings[j]
-                    if src is None or not isinstance(src.var, relax.DataflowVar):
-                        continue
-                    prod = self._group(src.value)
-                    if prod is None or not self._is_copy(prod):
-                        continue
+                    src, prod = found
                     math = self._has_math(prod)
                     if k not in operands and (
                         math or _numel(src.var) > _numel(b.var) or self._is_attention(func)
@@ -400,6 +395,24 @@ class _Fuser:
                 bindings[i] = relax.VarBinding(b.var, relax.Call(gv, args))
         return relax.DataflowBlock([b for b in bindings if b is not None])
 
+    def _copy_producer(
+        self, bindings: list[Any], by_var: dict[Any, int], args: list[Any], i: int, k: int
+    ) -> tuple[Any, relax.Function] | None:
+        """The binding before ``bindings[i]`` of a group of plain copies (`_is_copy`) whose
+        result is ``args[k]`` of the group there, read once by it, and that group; None
+        where there is none."""
+        a = args[k]
+        j = by_var.get(a)
+        if j is None or j >= i or sum(1 for x in args if x.same_as(a)) != 1:
+            return None
+        src = bindings[j]
+        if src is None or not isinstance(src.var, relax.DataflowVar):
+            return None
+        prod = self._group(src.value)
+        if prod is None or not self._is_copy(prod):
+            return None
+        return src, prod
+
     def _conv_epilogue_inputs(
         self, bindings: list[Any], i: int, func: relax.Function, by_var: dict[Any, int]
     ) -> None:
@@ -422,21 +435,12 @@ class _Fuser:
         while changed and merges < _MAX_MERGES:
             changed = False
             operands = self._operands(func)
-            for k, a in enumerate(args):
-                j = by_var.get(a)
-                if j is None or j >= i or sum(1 for x in args if x.same_as(a)) != 1:
+            for k in range(len(args)):
+                found = None if k in operands else self._copy_producer(bindings, by_var, args, i, k)
+                if found is None:
                     continue
-                src = bindings[j]
-                if src is None or not isinstance(src.var, relax.DataflowVar):
-                    continue
-                prod = self._group(src.value)
-                if (
-                    k in operands
-                    or prod is None
-                    or not self._is_copy(prod)
-                    or self._has_math(prod)
-                    or _numel(src.var) > _numel(b.var)
-                ):
+                src, prod = found
+                if self._has_math(prod) or _numel(src.var) > _numel(b.var):
                     continue
                 func, args = self._merge(prod, self._args(src.value), func, args, k)
                 merges += 1
