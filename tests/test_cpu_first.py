@@ -245,8 +245,10 @@ def test_an_exit_before_any_inference_stores_nothing(
 ) -> None:
     """Opened and closed with no inference: the exit waits for the build in flight (a driver
     is never torn down under it) and exits cleanly; with no device inference to store after,
-    the next start builds again."""
-    _, err, _ = _start(smoke_path, compiled_cache, 2.0, "none")
+    the next start builds again. (The build sleeps 6 s: what the start does after the build
+    began must end before it, on a loaded machine too; with 2 s, a full suite on 2 cores once
+    saw the build done before the exit.)"""
+    _, err, _ = _start(smoke_path, compiled_cache, 6.0, "none")
     assert ": finishing before the exit" in err
     out2, _, _ = _start(smoke_path, compiled_cache, 0.0, "run")
     assert out2.startswith("done the CPU (numpy) while ")
