@@ -5,6 +5,7 @@ transpose, slices): :mod:`litekiln.compiler.emit_shape`."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -243,7 +244,7 @@ def _prelu(ctx: Ctx) -> list[Expr]:
 
 #: Largest window (taps) of a pool emitted as elementwise reads of its taps (`_small_pool`).
 SMALL_POOL_TAPS = 4
-#: PrimFunc name of such a pool (`fusion` merges it into a convolution's epilogue).
+#: PrimFunc name of such a pool (its kernels' names show where it went).
 SMALL_POOL_NAME = "pool_taps"
 
 
@@ -298,9 +299,7 @@ def _small_pool(
         dtype = str(data.dtype)
 
         def value(n: object, i: object, j: object, c: object) -> object:
-            acc = None
-            count = 0
-            inside = []
+            taps = []  # (the tap's read, the condition that it lies inside the map or None)
             for a in range(kh):
                 for b in range(kw):
                     y = i * sh + (a - top)  # type: ignore[operator]
@@ -310,26 +309,18 @@ def _small_pool(
                         conds += [y >= 0, y < h]
                     if left > b or (ow - 1) * sw + b - left >= w:
                         conds += [x >= 0, x < w]
-                    v = data[n, y, x, c]
-                    if kind == "max":
-                        if conds:
-                            v = tirx.if_then_else(tirx.all(*conds), v, tirx.min_value(dtype))
-                        acc = v if acc is None else tirx.max(acc, v)
-                        continue
-                    v = v.astype("float32") if dtype != "float32" else v
-                    ok = tirx.all(*conds) if conds else None
-                    if ok is not None:
-                        v = tirx.if_then_else(ok, v, tirx.const(0.0, "float32"))
-                        inside.append(tirx.if_then_else(ok, 1.0, 0.0))
-                    else:
-                        count += 1
-                    acc = v if acc is None else acc + v
+                    taps.append((data[n, y, x, c], tirx.all(*conds) if conds else None))
             if kind == "max":
-                return acc
-            n_in = tirx.const(float(count), "float32")
-            for t in inside:
-                n_in = n_in + t
-            return (acc / n_in).astype(dtype)
+                low = tirx.min_value(dtype)
+                reads = [v if ok is None else tirx.if_then_else(ok, v, low) for v, ok in taps]
+                return functools.reduce(tirx.max, reads)
+            zero, one = tirx.const(0.0, "float32"), tirx.const(1.0, "float32")
+            total, count = zero, zero
+            for v, ok in taps:
+                v = v.astype("float32")
+                total = total + (v if ok is None else tirx.if_then_else(ok, v, zero))
+                count = count + (one if ok is None else tirx.if_then_else(ok, one, zero))
+            return (total / count).astype(dtype)
 
         return te.compute((n_, oh, ow, c_), value, name=SMALL_POOL_NAME)
 
