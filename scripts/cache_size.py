@@ -60,9 +60,9 @@ def entry_sizes(cache: Path) -> dict[str, Any]:
             out[r.options["precision"]] = {
                 "entry": r.size,
                 "shared": r.shared_size,
-                "manifest": size.get("artifact.json.xz", 0),
-                "opencl_part": size.get("source.json.xz", 0),
-                "ptx_part": size.get("ptx.json.xz", 0),
+                "manifest": size.get("artifact.json.lzma", 0),
+                "opencl_part": size.get("source.json.lzma", 0),
+                "ptx_part": size.get("ptx.json.lzma", 0),
                 "packed_constants": size.get("constants.bin", 0),
                 "model_bytes": r.model_bytes,
                 "share": r.model_share,
@@ -73,7 +73,7 @@ def entry_sizes(cache: Path) -> dict[str, Any]:
 
 def _kernel_text(store: CacheStore, key: str) -> dict[str, int]:
     """Characters of OpenCL C and of PTX in a compiled model's entry (uncompressed): in its
-    parts of their own (source.json.xz, ptx.json.xz), or inline in an older manifest."""
+    parts of their own (source.json.lzma, ptx.json.lzma), or inline in an older manifest."""
     entry = store.get(key, kind="model")
     if entry is None:
         return {}
@@ -81,12 +81,12 @@ def _kernel_text(store: CacheStore, key: str) -> dict[str, int]:
     def texts(part: str, field: str) -> list[str]:
         if part in entry.part_names:
             return list(json.loads(lzma.decompress(entry.part(part))))
-        doc = json.loads(lzma.decompress(entry.part("artifact.json.xz")))
+        doc = json.loads(lzma.decompress(entry.part("artifact.json.lzma")))
         return [p["program"].get(field, "") for p in doc["compiled"]["partitions"]]
 
     return {
-        "opencl_chars": sum(map(len, texts("source.json.xz", "source"))),
-        "ptx_chars": sum(map(len, texts("ptx.json.xz", "ptx"))),
+        "opencl_chars": sum(map(len, texts("source.json.lzma", "source"))),
+        "ptx_chars": sum(map(len, texts("ptx.json.lzma", "ptx"))),
     }
 
 

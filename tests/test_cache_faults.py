@@ -53,6 +53,7 @@ from cache_fault_helpers import (
 import litekiln.loading as loading
 from litekiln.cache import CacheError, CacheStore, CacheWarning, make_key
 from litekiln.cache.backend import DiskcacheBackend
+from litekiln.cache.manifest import manifest_body, pack_body
 from litekiln.cache.models import ModelCache
 from litekiln.errors import DeviceError
 from litekiln.model import load_model
@@ -520,12 +521,12 @@ def _changed_with_checksums(change):
         new = bytes(rewrite_read(directory, store_key))
 
         def manifest_change(raw: bytes) -> bytes:
-            body = json.loads(raw[70:])
+            body = json.loads(manifest_body(raw))
             for rec in body["parts"]:
                 if rec["store"] == store_key:
                     rec["size"], rec["sha256"] = len(new), hashlib.sha256(new).hexdigest()
             text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-            data = text.encode()
+            data = pack_body(text.encode())
             return raw[:5] + hashlib.sha256(data).hexdigest().encode() + b"\n" + data
 
         rewrite(directory, f"manifest:{key}", manifest_change)
@@ -540,7 +541,7 @@ def rewrite_read(directory: Path, storage_key: str) -> bytes:
 
 
 def _in_artifact(edit):
-    """A change to the compiled model's manifest (an xz-compressed JSON part)."""
+    """A change to the compiled model's manifest (an LZMA-compressed JSON part)."""
 
     def change(data: bytes) -> bytes:
         doc = json.loads(lzma.decompress(data))

@@ -33,7 +33,7 @@ import litekiln.cache.usage as usage_mod
 import litekiln.cache.writer as writer_mod
 from litekiln.cache import CacheError, CacheStore, CacheWarning, make_key
 from litekiln.cache.backend import DiskcacheBackend, SafeDisk
-from litekiln.cache.manifest import SCHEMA_VERSION
+from litekiln.cache.manifest import MAX_BODY_BYTES, SCHEMA_VERSION, manifest_body, pack_body
 
 _FORK = multiprocessing.get_context("fork")
 DATA = f"v{SCHEMA_VERSION}"  # the schema folder inside a cache directory
@@ -114,7 +114,7 @@ def _row(store: CacheStore, storage_key: str) -> tuple[int, str | None, bytes | 
 
 def _manifest(store: CacheStore, key: str) -> dict:
     _, _, raw = _row(store, f"manifest:{key}")
-    return json.loads(raw.split(b"\n", 1)[1])
+    return json.loads(manifest_body(raw))
 
 
 def _part_key(store: CacheStore, key: str, name: str) -> str:
@@ -198,6 +198,32 @@ def test_round_trip_survives_reopening(store: CacheStore, tmp_path: Path) -> Non
         info = again.info(key[:8])
         assert [p["name"] for p in info["parts"]] == ["source", "weights", "bias"]
         assert info["parts"][2]["dtype"] == "<i2" and info["parts"][2]["shape"] == [2, 3]
+
+
+def test_manifest_is_stored_deflated_and_the_plain_form_still_reads(store: CacheStore) -> None:
+    key, parts = _put(store)
+    _, _, raw = _row(store, f"manifest:{key}")
+    body = manifest_body(raw)
+    assert raw.startswith(b"LKZ2 ") and json.loads(body)["key"] == key
+    # Deflated against the dictionary of what every manifest repeats: under half its JSON.
+    assert len(raw) - 70 < len(body) / 2, (len(raw), len(body))
+    # A manifest as litekiln stored it before (plain JSON, signed as it is) is still read.
+    plain = b"LKM2 " + store._backend.seal.sign(body) + b"\n" + body
+    _rewrite(store, f"manifest:{key}", lambda _: plain)
+    _assert_entry(store.get(key), parts, 0)
+
+
+def test_manifest_that_inflates_past_its_bound_is_corrupt(store: CacheStore) -> None:
+    key, _ = _put(store)
+    _, _, raw = _row(store, f"manifest:{key}")
+    # Signed with the cache's own secret, so only the inflation bound can refuse it.
+    bomb = pack_body(manifest_body(raw)[:-1] + b" " * MAX_BODY_BYTES + b"}")
+    assert len(bomb) < 4 * 1024
+    signed = b"LKZ2 " + store._backend.seal.sign(bomb) + b"\n" + bomb
+    _rewrite(store, f"manifest:{key}", lambda _: signed)
+    with pytest.warns(CacheWarning, match="deflate stream of at most"):
+        assert store.get(key) is None
+    assert not any(k.startswith(f"manifest:{key}") for k in _storage_keys(store))
 
 
 def test_program_entry_and_replacement(store: CacheStore) -> None:
@@ -287,7 +313,11 @@ def test_delete_is_safe_on_the_inference_path(store: CacheStore) -> None:
 
 
 def _manifest_body_flip(data: bytes) -> bytes:
-    # Inside the model name: the JSON stays valid, only the checksum can tell.
+    # Inside the model name: the JSON stays valid, only the checksum can tell. A stored
+    # manifest's body is deflated: changed, then deflated again under its old signature.
+    if data.startswith(b"LKZ2 "):
+        head = data[: data.index(b"\n") + 1]
+        return head + pack_body(_manifest_body_flip(manifest_body(data)))
     return _flip(data, data.index(b'"model_name":"') + 15)
 
 

@@ -242,8 +242,8 @@ def test_compiled_entry_holds_no_weights(tmp_path: Path, compiles: list[str]) ->
         (entry,) = [r for r in store.ls() if r.kind == "model"]
         info = store.info(entry.key)
     # The manifest and the kernels' texts: every constant is traced to the model file.
-    names = [p["name"] for p in info["parts"] if p["name"] != "ptx.json.xz"]
-    assert names == ["artifact.json.xz", "source.json.xz"]
+    names = [p["name"] for p in info["parts"] if p["name"] != "ptx.json.lzma"]
+    assert names == ["artifact.json.lzma", "source.json.lzma"]
     assert info["meta"]["model_bytes"] == SMOKE.stat().st_size
     assert entry.model_share is not None and entry.size < SMOKE.stat().st_size / 2
     with warnings.catch_warnings():

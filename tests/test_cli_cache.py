@@ -113,8 +113,8 @@ def test_info_by_prefix(capsys, cache: Path) -> None:
     assert info["key"] == key and info["kind"] == "model"
     # The manifest and the kernels' texts (OpenCL C; PTX where nvcc made some): every
     # constant of the smoke model is rebuilt from the model file.
-    names = [p["name"] for p in info["parts"] if p["name"] != "ptx.json.xz"]
-    assert names == ["artifact.json.xz", "source.json.xz"]
+    names = [p["name"] for p in info["parts"] if p["name"] != "ptx.json.lzma"]
+    assert names == ["artifact.json.lzma", "source.json.lzma"]
     assert all(len(p["sha256"]) == 64 for p in info["parts"])
     assert info["model_bytes"] == SMOKE.stat().st_size
     assert info["model_share"] == pytest.approx(info["size"] / SMOKE.stat().st_size)

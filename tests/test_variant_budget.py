@@ -147,7 +147,7 @@ def test_the_stored_entry_holds_the_trimmed_program_and_every_option_runs(
         info = store.info(row.key)
     assert info["meta"]["stats"]["variants_trimmed"] == 4 - len(variants)
     # the compiler measured what the cache stores
-    part = {p["name"]: p["size"] for p in info["parts"]}["source.json.xz"]
+    part = {p["name"]: p["size"] for p in info["parts"]}["source.json.lzma"]
     assert part == len(packed_texts([ex.program.source]))
     bare = ex.program.with_variants([])
     assert bare is not None

@@ -1,7 +1,8 @@
 """The entry manifest: JSON that lists an entry's parts with their sizes and sha256.
 
-Stored form: ``b"LKM2 " + HMAC-SHA256(cache secret, body) hex + b"\\n" + body``, body being
-canonical JSON of::
+Stored form: ``b"LKZ2 " + HMAC-SHA256(cache secret, packed) hex + b"\\n" + packed``, packed
+being the body deflated (raw deflate, level 9) against the preset dictionary `_ZDICT`, and the
+body canonical JSON of::
 
     {"schema": 2, "key": <64 hex>, "kind": "model" | "program" | "weights", "fields": {...},
      "meta": {...}, "created": <unix time>,
@@ -12,14 +13,20 @@ The manifest is signed with the cache's own secret (``seal.py``), and lists each
 sha256, so a flipped byte anywhere (even one that keeps the JSON valid), or an entry changed
 outside litekiln with its checksums recomputed, is caught. Its key must equal
 `make_key(fields)`, so an entry cannot pretend to be another one. Parts with
-``dtype``/``shape`` are raw little-endian arrays. An export carries the bodies alone
+``dtype``/``shape`` are raw little-endian arrays. An export carries the bodies alone, plain
 (``archive.py``): another cache has another secret.
+
+The body is deflated because a small model's entry is mostly its manifest: smoke's (31 KB
+model) was 1434 of the entry's 5182 bytes as plain JSON, 345 deflated against the dictionary
+(the field names and the values every entry repeats; 745 without it). Manifests stored plain,
+``b"LKM2 "`` + HMAC(body) + ``b"\\n"`` + body, as litekiln wrote them until then, are still read.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import zlib
 from typing import Any
 
 import numpy as np
@@ -37,8 +44,36 @@ SCHEMA_VERSION = 2
 #: entry corrupt, which is a miss, never a crash.
 KINDS = ("model", "program", "weights", "device")
 
-_MAGIC = b"LKM2 "
+_MAGIC = b"LKZ2 "  # a deflated body (written)
+_PLAIN_MAGIC = b"LKM2 "  # a plain body (read only)
 _HEADER_LEN = len(_MAGIC) + 64 + 1
+#: The largest body a stored manifest may inflate to (a manifest lists a few parts: ~2 KB).
+MAX_BODY_BYTES = 1 << 20
+#: The deflate dictionary of manifest bodies: what every body repeats. Never edit it: the
+#: manifests written with it are read with it. Another dictionary needs another magic.
+_ZDICT = (
+    b'{"created":1800000000.0,"fields":{"build_options":[],"driver":"","kind":"binary",'
+    b'"litekiln":"0.1.0","name":"","platform":"NVIDIA CUDA","platform_version":"OpenCL 3.0 '
+    b'CUDA","source":"","vendor":"NVIDIA Corporation","version":"OpenCL 3.0 CUDA"},"key":"",'
+    b'"kind":"program","meta":{"device":{"driver":"","name":"","platform":"","vendor":""},'
+    b'"model_name":"","model_token":""},"parts":[{"name":"binary","sha256":"","size":0,'
+    b'"store":"part:"},{"name":"tuning","sha256":"","size":0,"store":"part:"}],"schema":2}'
+    b'{"created":1800000000.0,"fields":{"digest":"","dtype":"<f4","kind":"weights",'
+    b'"shape":[]},"key":"","kind":"weights","meta":{"dtype":"float32","shape":[]},"parts":[{'
+    b'"dtype":"<f4","name":"data","sha256":"","shape":[],"size":0,"store":"part:"}],'
+    b'"schema":2}{"created":1800000000.0,"fields":{"compiler":"","kind":"model",'
+    b'"litekiln":"0.1.0","options":{"allow_quantized":true,"fp16_budget":0.0025,"half":'
+    b'"native","max_partitions":0,"min_partition_ops":0,"op_table":"extended","precision":'
+    b'"fp32","preserve_all_tensors":false,"quant_simulation":true,"schedules":"fast","target":'
+    b'"opencl","tuning":true},"target":"opencl","token":""},"key":"","kind":"model","meta":{'
+    b'"model_bytes":0,"model_name":"","needs":[],"shared_bytes":0,"stats":{"cpu_ops":0,'
+    b'"gpu_ops":0,"kernels":0,"timings_s":{"lower":0.0,"opencl_codegen":0.0,"partition":0.0,'
+    b'"relax":0.0,"tir":0.0,"total":0.0,"variant_budget":0.0,"weights":0.0},"variants":0,'
+    b'"variants_trimmed":0},"versions":{"compiler":"","litekiln":"0.1.0","tvm":"0.27.0.post1"'
+    b'}},"parts":[{"name":"artifact.json.lzma","sha256":"","size":0,"store":"part:"},{"name":'
+    b'"source.json.lzma","sha256":"","size":0,"store":"part:"},{"name":"constants.bin",'
+    b'"sha256":"","size":0,"store":"part:"}],"schema":2}'
+)
 # Array parts hold plain numbers only: bool, ints, floats, complex (never objects).
 ARRAY_KINDS = "biufc"
 
@@ -48,18 +83,60 @@ class CorruptError(Exception):
 
 
 def encode_manifest(manifest: dict[str, Any], seal: Seal) -> bytes:
-    """Serialize `manifest` with its signature header.
+    """Serialize `manifest`: its body deflated, with its signature header.
 
     Raises:
         OSError: `seal` has no secret.
     """
-    body = canonical_json(manifest)
-    return _MAGIC + seal.sign(body) + b"\n" + body
+    packed = pack_body(canonical_json(manifest))
+    return _MAGIC + seal.sign(packed) + b"\n" + packed
+
+
+def pack_body(body: bytes) -> bytes:
+    """A manifest body as stored: deflated against `_ZDICT` (what the signature covers)."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, -15, 9, zdict=_ZDICT)
+    return packer.compress(body) + packer.flush()
 
 
 def manifest_body(raw: bytes) -> bytes:
-    """The body (canonical JSON) of a stored manifest, without its signature header."""
-    return raw[_HEADER_LEN:]
+    """The body (canonical JSON) of a stored manifest, without its signature header; its
+    signature is not checked.
+
+    Raises:
+        CorruptError: the header is damaged, or the body does not inflate.
+    """
+    magic, _, stored = _split(raw)
+    return _inflate(stored) if magic == _MAGIC else stored
+
+
+def _split(raw: bytes) -> tuple[bytes, bytes, bytes]:
+    """(magic, signature, stored body) of a stored manifest.
+
+    Raises:
+        CorruptError: the header is damaged.
+    """
+    magic = raw[: len(_MAGIC)]
+    if len(raw) < _HEADER_LEN or magic not in (_MAGIC, _PLAIN_MAGIC) or raw[_HEADER_LEN - 1] != 0x0A:
+        raise CorruptError("manifest header is damaged")
+    return magic, raw[len(_MAGIC) : _HEADER_LEN - 1], raw[_HEADER_LEN:]
+
+
+def _inflate(packed: bytes) -> bytes:
+    """The body a deflated manifest holds, at most `MAX_BODY_BYTES`.
+
+    Raises:
+        CorruptError: the data is not one complete deflate stream of at most that size.
+    """
+    unpacker = zlib.decompressobj(-15, zdict=_ZDICT)
+    try:
+        body = unpacker.decompress(packed, MAX_BODY_BYTES)
+    except zlib.error as e:
+        raise CorruptError(f"manifest body does not inflate ({e})") from None
+    if unpacker.unconsumed_tail or not unpacker.eof or unpacker.unused_data:
+        raise CorruptError(
+            f"manifest body is not one deflate stream of at most {MAX_BODY_BYTES} bytes"
+        )
+    return body
 
 
 def part_store_prefix(key: str) -> str:
@@ -82,16 +159,15 @@ def decode_manifest(raw: bytes, key: str, seal: Seal) -> dict[str, Any]:
         CorruptError: bad header or signature, bad JSON, other schema, wrong key, or a
             malformed field; the message names the problem.
     """
-    if len(raw) < _HEADER_LEN or not raw.startswith(_MAGIC) or raw[_HEADER_LEN - 1] != 0x0A:
-        raise CorruptError("manifest header is damaged")
-    mac, body = raw[len(_MAGIC) : _HEADER_LEN - 1], raw[_HEADER_LEN:]
-    if not seal.check(body, mac):
+    magic, mac, stored = _split(raw)
+    if not seal.check(stored, mac):
         raise CorruptError(
             "manifest fails its signature check (damaged, changed outside litekiln, or "
             "signed with another cache's secret)"
             if seal.usable
             else "manifest cannot be checked: the cache has no secret"
         )
+    body = _inflate(stored) if magic == _MAGIC else stored
     return decode_body(body, key)
 
 

@@ -11,8 +11,8 @@
 (c) device programs (`load_program`/`save_program`): the driver's binary of one partition's
     program and the tuning choices made with it on that device.
 
-A compiled model's entry has these parts: ``artifact.json.xz`` (the manifest, LZMA), its
-programs' texts apart (``source.json.xz``: the OpenCL C, ~100x compressed; ``ptx.json.xz``
+A compiled model's entry has these parts: ``artifact.json.lzma`` (the manifest, LZMA), its
+programs' texts apart (``source.json.lzma``: the OpenCL C, ~100x compressed; ``ptx.json.lzma``
 where the compiler made PTX), read only when a program is built from source (`_Texts`: a
 warm start keys its device binary by the source's digest), and ``constants.bin`` (the small
 constants without a recipe, packed; absent when there are none). Its meta records the model
@@ -51,12 +51,12 @@ from litekiln.cache.problems import log
 from litekiln.cache.store import CacheStore
 from litekiln.model.ir import Model
 
-_ARTIFACT_PART = "artifact.json.xz"
+_ARTIFACT_PART = "artifact.json.lzma"
 #: Each partition's OpenCL C, and its PTX where the compiler made some (JSON lists, LZMA),
 #: apart from the manifest: a warm start runs the stored device binary and never
 #: decompresses them (`_Texts`).
-_SOURCE_PART = "source.json.xz"
-_PTX_PART = "ptx.json.xz"
+_SOURCE_PART = "source.json.lzma"
+_PTX_PART = "ptx.json.lzma"
 _PACKED_PART = "constants.bin"
 _SHARED_PART = "data"
 _GRAPH_PART = "cuda_graph.json"  # a program verified as a CUDA graph: on which GPU
@@ -179,6 +179,7 @@ class ModelCache:
             packed[name] = [len(blob), arr.dtype.str, list(arr.shape)]
             blob.extend(arr.tobytes())
         manifest = compiled.manifest()
+        stats = manifest["stats"] = _stored_stats(compiled.stats)
         sources, ptx = [], []
         for p, part in zip(manifest["partitions"], compiled.partitions, strict=True):
             sources.append(p["program"].pop("source"))
@@ -186,7 +187,7 @@ class ModelCache:
             p["program"]["texts"] = part.program.text_facts()
         doc = {"compiled": manifest, "packed": packed, "shared": shared}
         parts: dict[str, Any] = {
-            _ARTIFACT_PART: compress(json.dumps(doc).encode()),
+            _ARTIFACT_PART: compress(json.dumps(doc, separators=(",", ":")).encode()),
             _SOURCE_PART: packed_texts(sources),
         }
         if any(ptx):
@@ -196,7 +197,7 @@ class ModelCache:
         meta = {
             "model_name": compiled.model_name,
             "versions": compiled.versions,
-            "stats": compiled.stats,
+            "stats": stats,
             "model_bytes": compiled.model_bytes,
             "needs": sorted(set(shared.values())),
             "shared_bytes": shared_bytes,
@@ -328,6 +329,18 @@ class ModelCache:
     def save_gpu(self, choice: str, record: Mapping[str, Any]) -> bool:
         """`litekiln.cache.gpu.save_gpu` on this cache."""
         return gpu.save_gpu(self.store, choice, record)
+
+
+def _stored_stats(stats: Mapping[str, Any]) -> dict[str, Any]:
+    """A compiled model's stats as its entry keeps them: the compile's total time only, to the
+    hundredth of a second, not each phase's: those digits were 5% of a small model's entry
+    (smoke's), and nothing that reads the cache used them (the compiler's own
+    `CompiledModel.stats` keeps them)."""
+    out = dict(stats)
+    timings = out.get("timings_s")
+    if isinstance(timings, Mapping) and isinstance(timings.get("total"), (int, float)):
+        out["timings_s"] = {"total": round(float(timings["total"]), 2)}
+    return out
 
 
 def _defer_texts(manifest: dict[str, Any]) -> list[dict[str, Any]]:
