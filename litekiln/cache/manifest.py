@@ -116,7 +116,11 @@ def _split(raw: bytes) -> tuple[bytes, bytes, bytes]:
         CorruptError: the header is damaged.
     """
     magic = raw[: len(_MAGIC)]
-    if len(raw) < _HEADER_LEN or magic not in (_MAGIC, _PLAIN_MAGIC) or raw[_HEADER_LEN - 1] != 0x0A:
+    if (
+        len(raw) < _HEADER_LEN
+        or magic not in (_MAGIC, _PLAIN_MAGIC)
+        or raw[_HEADER_LEN - 1] != 0x0A
+    ):
         raise CorruptError("manifest header is damaged")
     return magic, raw[len(_MAGIC) : _HEADER_LEN - 1], raw[_HEADER_LEN:]
 
