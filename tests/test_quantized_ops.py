@@ -462,6 +462,39 @@ def test_smoke_int8_model(smoke_int8_path) -> None:  # type: ignore[no-untyped-d
     assert integer_step_stats(ours, _litert_builtin(str(smoke_int8_path), inputs)) == (0.0, 1.0)
 
 
+@pytest.mark.opencl
+def test_float_view_drift_is_no_divergence() -> None:
+    """The device's float view drifts a few steps from the integer reference along the zoo's
+    smoke_int8 (12 ops, softmax last): validate mode, which the first start after a build
+    runs too, must not call that a divergence. It did (one step allowed) on 3 of these 6
+    seeds, and every int8 model of the zoo and the corpus tripped it on some seed."""
+    from litekiln.interpreter import Interpreter
+    from litekiln.reference import FLOAT_VIEW_RANGE_SHARE
+    from litekiln.zoo import ZooModelMissing, zoo_path
+
+    try:  # the zoo's build (tests/data holds another, whose drift stays within a step)
+        path = str(zoo_path("smoke_int8"))
+    except ZooModelMissing as exc:
+        pytest.skip(str(exc))
+    it = Interpreter(model_path=path, use_cache=False, validate=True, cpu_first=False)
+    it.allocate_tensors()
+    drift = []
+    for seed in range(6):
+        inputs = it.random_inputs(seed)
+        ours = it.run(inputs)
+        _, ref = _reference_run(path, seed)
+        drift.append(
+            max(
+                int(np.abs(o.astype(int) - r.astype(int)).max())
+                for o, r in zip(ours, ref, strict=True)
+            )
+        )
+        report = it._backend.last_report  # noqa: SLF001
+        assert report is not None and report.ok, (seed, str(report))
+    # Drift there is (otherwise this checks nothing), within the share of the int8 range.
+    assert max(drift) > 1 and max(drift) <= FLOAT_VIEW_RANGE_SHARE * 255, drift
+
+
 def test_mobilenet_v1_int8() -> None:
     path = zoo_model("mobilenet_v1_int8")
     result = check_model(path, device="reference")
