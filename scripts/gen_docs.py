@@ -47,6 +47,8 @@ def ops_md() -> str:
         gpu = "documented" if cls.gpu else ("litekiln" if cls.gpu_extended else "CPU only")
         if cls.rewritten_at_load:
             gpu += f"; {cls.rewritten_at_load}"
+        if cls.gpu_limits:
+            gpu += f" ({cls.gpu_limits})"
         lo_hi = cls.versions
         vers = "custom op" if lo_hi is None else f"{lo_hi[0]}-{lo_hi[1]}"
         limits = f"{cls.gpu_max_version} / {cls.gpu_quant_max_version}" if cls.gpu else ""

@@ -524,6 +524,67 @@ def _tconv_bias(shape, cout, k, stride, padding):
     return build
 
 
+def _landmarks_matrix(n, subset, left, right, out_hw=(16, 16), scale=1.5, target=0.0):
+    # MediaPipe's Landmarks2TransformMatrix (v2): landmarks [1, n, 3] in a 48-pixel frame.
+    def build(g: G):
+        opts = {
+            "left_rotation_idx": left,
+            "right_rotation_idx": right,
+            "subset_idxs": list(subset),
+            "target_rotation_radians": target,
+            "output_height": out_hw[0],
+            "output_width": out_hw[1],
+            "scale_x": scale,
+            "scale_y": scale,
+        }
+        lm = g.x([1, n, 3], low=4.0, high=44.0)
+        return g.b.custom_op(
+            "Landmarks2TransformMatrix", [lm], out_shape=[1, 4, 4], custom_options=opts, version=2
+        )
+
+    return build
+
+
+def _crop(shape, out_hw, version=2, computed=False):
+    # MediaPipe's TransformTensorBilinear: the map sampled through a matrix given as an input
+    # (scale ~0.2-1.2, shifts up to the map's size: inside, across the edges, outside) or, with
+    # ``computed``, estimated on the device from landmarks (the attention model's chain).
+    n, h, w, c = shape
+
+    def build(g: G):
+        if computed:
+            m = _landmarks_matrix(20, range(2, 20), 0, 1, out_hw)(g)
+        else:
+            m = g.x([1, 4, 4], low=-0.4, high=1.2)
+        opts = {"output_height": out_hw[0], "output_width": out_hw[1]}
+        x = g.x(shape)
+        return g.b.custom_op(
+            "TransformTensorBilinear",
+            [x, m],
+            out_shape=[1, *out_hw, c],
+            custom_options=opts,
+            version=version,
+        )
+
+    return build
+
+
+def _move_landmarks(shape, version=2, dims=2, scale=1.0, computed=False):
+    # MediaPipe's TransformLandmarks: v2 landmarks [1, N, D]; v1 rank 4 with options.
+    def build(g: G):
+        m = _landmarks_matrix(20, range(2, 20), 0, 1)(g) if computed else g.x([1, 4, 4])
+        opts = {} if version >= 2 else {"dimensions": dims, "scale": scale}
+        return g.b.custom_op(
+            "TransformLandmarks",
+            [g.x(shape, low=-2.0, high=2.0), m],
+            out_shape=list(shape),
+            custom_options=opts,
+            version=version,
+        )
+
+    return build
+
+
 EXTENDED = Batch(
     "extended",
     [
@@ -532,6 +593,19 @@ EXTENDED = Batch(
         Case("tconv_bias_k3_s2_valid", _tconv_bias([2, 4, 3, 2], 3, 3, 2, 2), litert=False),
         Case("tconv_bias_k4_s3_same", _tconv_bias([1, 4, 5, 2], 2, 4, 3, 1), litert=False),
         Case("tconv_bias_k3_s1_same", _tconv_bias([1, 6, 6, 4], 5, 3, 1, 1), litert=False),
+        Case("landmarks_matrix", _landmarks_matrix(30, [3, 7, 11, 2, 29], 5, 17), litert=False),
+        Case(
+            "landmarks_matrix_rotated",
+            _landmarks_matrix(12, range(12), 0, 6, (8, 12), 1.25, 0.3),
+            litert=False,
+        ),
+        Case("crop_v2", _crop([1, 12, 10, 3], (6, 7)), litert=False),
+        Case("crop_v1", _crop([1, 9, 11, 2], (5, 4), version=1), litert=False),
+        Case("crop_of_landmarks", _crop([1, 48, 48, 4], (16, 16), computed=True), litert=False),
+        Case("move_landmarks_2d", _move_landmarks([1, 7, 2]), litert=False),
+        Case("move_landmarks_3d", _move_landmarks([1, 5, 3]), litert=False),
+        Case("move_landmarks_v1", _move_landmarks([1, 1, 1, 12], 1, 3, 0.5), litert=False),
+        Case("move_landmarks_computed", _move_landmarks([1, 9, 2], computed=True), litert=False),
         Case("mean_hw_keep", _mean([1, 5, 6, 4], [1, 2], True)),
         Case("mean_hw_nokeep", _mean([2, 5, 6, 4], [1, 2], False)),
         Case("mean_last", _mean([2, 3, 7], [-1], False)),

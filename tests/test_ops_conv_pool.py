@@ -752,6 +752,57 @@ def test_gpu_support_reasons() -> None:
         _graph(bad)  # refused at load now, naming the rule
 
 
+def test_mediapipe_geometry_gpu_support() -> None:
+    """The three geometric ops have GPU forms (extended table); Landmarks2TransformMatrix
+    version 1 stays on the CPU, and options the GPU form cannot read say why."""
+    opts = {
+        "left_rotation_idx": 0,
+        "right_rotation_idx": 1,
+        "subset_idxs": [0, 1, 2],
+        "output_height": 8,
+        "output_width": 8,
+        "scale_x": 1.5,
+        "scale_y": 1.5,
+    }
+
+    def matrix_op(version: int, options: dict):  # type: ignore[no-untyped-def]
+        model = single_op_model(
+            "CUSTOM:Landmarks2TransformMatrix",
+            [Spec([1, 4, 3])],
+            outputs=[Spec([1, 4, 4])],
+            custom_options=options,
+            version=version,
+        )
+        return _graph(model)
+
+    g, op = matrix_op(2, opts)
+    assert lookup(op).gpu_support(op, g) is None
+    assert gpu_reason(op, g) is None
+    assert "not in the documented GPU op table" in (gpu_reason(op, g, extended_table=False) or "")
+    g, op = matrix_op(1, opts)
+    assert "version 1" in (lookup(op).gpu_support(op, g) or "")
+    g, op = matrix_op(2, {**opts, "subset_idxs": [0, 9]})
+    assert "landmark index 9 out of range for 4 landmarks" in (lookup(op).gpu_support(op, g) or "")
+    crop = single_op_model(
+        "CUSTOM:TransformTensorBilinear",
+        [Spec([1, 6, 6, 2]), Spec([1, 4, 4])],
+        outputs=[Spec([1, 3, 3, 2])],
+        custom_options={"output_height": 3, "output_width": 3},
+        version=2,
+    )
+    g, op = _graph(crop)
+    assert gpu_reason(op, g) is None
+    move = single_op_model(
+        "CUSTOM:TransformLandmarks",
+        [Spec([1, 5, 2]), Spec([1, 4, 4])],
+        outputs=[Spec([1, 5, 2])],
+        custom_options=b"",
+        version=2,
+    )
+    g, op = _graph(move)
+    assert gpu_reason(op, g) is None
+
+
 # -- whole MediaPipe models -------------------------------------------------------------------
 
 

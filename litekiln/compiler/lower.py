@@ -11,6 +11,7 @@ import tvm
 from litekiln.compiler import (  # noqa: F401  (each registers its emitters)
     emit_lstm,
     emit_math,
+    emit_mediapipe,
     emit_nn,
     emit_shape,
 )

@@ -422,6 +422,9 @@ class OpDef:
     #: How the loader replaces the op by ops the GPU path runs, when it can ("unrolled at
     #: load" for WHILE); shown in the op table (docs/ops.md).
     rewritten_at_load: ClassVar[str] = ""
+    #: What of the op the GPU form leaves to the CPU, where that is a whole version or mode
+    #: ("version 1 on the CPU"); shown in the op table (docs/ops.md).
+    gpu_limits: ClassVar[str] = ""
     num_inputs: ClassVar[tuple[int, int] | None] = None
     num_outputs: ClassVar[tuple[int, int] | None] = (1, 1)
 

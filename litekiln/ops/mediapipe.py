@@ -8,15 +8,23 @@ of each op differ (input ranks, a half-pixel correction); both are implemented.
 
 The C++ kernels compute in float32 (with a few double intermediates where C++ promotes);
 the references do the same arithmetic in float64 and round to float32 at the points where
-the C++ stores floats. None of these ops is in the GPU op table.
+the C++ stores floats. None of these ops is in the documented GPU op table; LiteRT's GPU
+delegate runs all three (MediaPipe registers their GPU kernels), and so does the extended
+table (`litekiln.compiler.emit_mediapipe`, in float32 throughout as the delegate's kernels):
+``Landmarks2TransformMatrix`` version 2 only (version 1, of older graphs, stays on the CPU).
+The options are read here, once, for both (`TransformLandmarks.geometry`,
+`TransformTensorBilinear.geometry`, `Landmarks2TransformMatrix.crop`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from litekiln.errors import ModelError
+from litekiln.model.ir import Op, Subgraph
 from litekiln.ops.base import OpContext, OpDef, register, required
 
 _F = np.float32
@@ -67,31 +75,55 @@ class TransformLandmarks(OpDef):
     """
 
     name = "TransformLandmarks"
+    gpu_extended = True
     versions = None
     num_inputs = (2, 2)
+
+    @classmethod
+    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
+        reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
+        if reason is None:
+            try:
+                cls.geometry(OpContext(op, graph))
+            except (ModelError, KeyError, TypeError, ValueError) as exc:
+                return f"its options or shapes do not fit: {exc}"
+        return reason
+
+    @staticmethod
+    def geometry(ctx: OpContext) -> tuple[int, float]:
+        """(dimensions of a landmark, scale of the translation column), checked.
+
+        Raises:
+            ModelError: landmarks of another rank than the version takes, a dimension other
+                than 2 or 3, or a zero scale.
+        """
+        lm = ctx.input_tensor(0)
+        shape = tuple(lm.shape) if lm is not None else ()
+        scale = 1.0
+        if ctx.op.version >= 2:
+            if len(shape) != 3:
+                raise ctx.fail(f"v2 expects landmarks [1, N, D], got {shape}")
+            dims = shape[2]
+        else:
+            if len(shape) != 4:
+                raise ctx.fail(f"v1 expects rank-4 landmarks, got {shape}")
+            opts = flex_options(ctx)
+            dims = int(opts.get("dimensions", 0))
+            scale = float(_F(opts.get("scale", 0.0)))
+            if scale == 0:
+                raise ctx.fail("scale must not be 0")
+        if dims not in (2, 3) or shape[-1] % dims:
+            raise ctx.fail(f"landmarks of {dims} dimensions (2 or 3 supported), shape {shape}")
+        return dims, scale
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
         lm = np.asarray(required(ctx, inputs, 0), _F)
         m = _matrix(ctx, required(ctx, inputs, 1))
-        scale = _F(1.0)
-        if ctx.op.version >= 2:
-            if lm.ndim != 3:
-                raise ctx.fail(f"v2 expects landmarks [1, N, D], got {lm.shape}")
-            dims = lm.shape[2]
-        else:
-            if lm.ndim != 4:
-                raise ctx.fail(f"v1 expects rank-4 landmarks, got {lm.shape}")
-            opts = flex_options(ctx)
-            dims = int(opts.get("dimensions", 0))
-            scale = _F(opts.get("scale", 0.0))
-            if scale == 0:
-                raise ctx.fail("scale must not be 0")
-        if dims not in (2, 3) or lm.shape[-1] % dims:
-            raise ctx.fail(f"landmarks of {dims} dimensions (2 or 3 supported), shape {lm.shape}")
+        dims, scale = cls.geometry(ctx)
         pts = lm.reshape(-1, dims)
-        xr = np.array([m[0], m[1], m[2], m[3] * scale], _F)
-        yr = np.array([m[4], m[5], m[6], m[7] * scale], _F)
+        xr = np.array([m[0], m[1], m[2], m[3] * _F(scale)], _F)
+        yr = np.array([m[4], m[5], m[6], m[7] * _F(scale)], _F)
         x, y = pts[:, 0], pts[:, 1]
         zero, one = _F(0.0), _F(1.0)
         out = pts.copy()
@@ -112,27 +144,51 @@ class TransformTensorBilinear(OpDef):
     """
 
     name = "TransformTensorBilinear"
+    gpu_extended = True
     versions = None
     num_inputs = (2, 2)
+
+    @classmethod
+    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
+        reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
+        if reason is None:
+            try:
+                cls.geometry(OpContext(op, graph))
+            except (ModelError, KeyError, TypeError, ValueError) as exc:
+                return f"its options or shapes do not fit: {exc}"
+        return reason
+
+    @staticmethod
+    def geometry(ctx: OpContext) -> tuple[int, int, bool]:
+        """(output height, output width, whether the matrix is corrected for pixel centers
+        (version 2)), checked against the input.
+
+        Raises:
+            ModelError: an input of another rank than 4, or other output channels.
+        """
+        x = ctx.input_tensor(0)
+        shape = tuple(x.shape) if x is not None else ()
+        if len(shape) != 4:
+            raise ctx.fail(f"expects an NHWC input, got {shape}")
+        out_shape = tuple(ctx.output_tensor().shape)
+        if len(out_shape) == 4:
+            oh, ow, oc = out_shape[1], out_shape[2], out_shape[3]
+        else:
+            opts = flex_options(ctx)
+            oh, ow, oc = int(opts["output_height"]), int(opts["output_width"]), shape[3]
+        if oc != shape[3]:
+            raise ctx.fail(f"output has {oc} channels, input {shape[3]}")
+        return oh, ow, ctx.op.version >= 2
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
         x = np.asarray(required(ctx, inputs, 0), _F)
         m = _matrix(ctx, required(ctx, inputs, 1))
-        if x.ndim != 4:
-            raise ctx.fail(f"expects an NHWC input, got {x.shape}")
-        out_t = ctx.output_tensor()
-        if len(out_t.shape) == 4:
-            oh, ow, oc = out_t.shape[1], out_t.shape[2], out_t.shape[3]
-        else:
-            opts = flex_options(ctx)
-            oh, ow, oc = int(opts["output_height"]), int(opts["output_width"]), x.shape[3]
+        oh, ow, centered = cls.geometry(ctx)
         _, h, w, c = x.shape
-        if oc != c:
-            raise ctx.fail(f"output has {oc} channels, input {c}")
         xt = m[0:4].astype(_F).copy()
         yt = m[4:8].astype(_F).copy()
-        if ctx.op.version >= 2:
+        if centered:
             # float += double expression: evaluated in double, stored as float.
             xt[3] = _F(float(xt[3]) + float(xt[0]) * 0.5 + float(xt[1]) * 0.5 - 0.5)
             yt[3] = _F(float(yt[3]) + float(yt[0]) * 0.5 + float(yt[1]) * 0.5 - 0.5)
@@ -162,6 +218,22 @@ class TransformTensorBilinear(OpDef):
         return [out[None]]
 
 
+@dataclass(frozen=True)
+class Crop:
+    """The options of a version-2 ``Landmarks2TransformMatrix``, checked against its
+    landmarks: the two landmarks whose direction sets the rotation, the subset whose rotated
+    bounding box sets the crop, the target rotation, the output size and the scales."""
+
+    left: int
+    right: int
+    subset: tuple[int, ...]
+    target: float
+    out_h: int
+    out_w: int
+    scale_x: float
+    scale_y: float
+
+
 def _mat3(*v: float) -> np.ndarray:
     return np.array(v, np.float64).reshape(3, 3)
 
@@ -181,8 +253,22 @@ class Landmarks2TransformMatrix(OpDef):
     """
 
     name = "Landmarks2TransformMatrix"
+    gpu_extended = True
+    gpu_limits = "version 1 on the CPU"
     versions = None
     num_inputs = (1, 1)
+
+    @classmethod
+    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
+        reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
+        if reason is None:
+            if op.version < 2:
+                return "version 1 (the older graphs' inverse transform) has no GPU form"
+            try:
+                cls.crop(OpContext(op, graph))
+            except (ModelError, TypeError, ValueError) as exc:
+                return f"its options do not fit: {exc}"
+        return reason
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -191,7 +277,7 @@ class Landmarks2TransformMatrix(OpDef):
         if lm.size % 3:
             raise ctx.fail(f"landmarks of {lm.size} values are not (x, y, z) triples")
         pts = lm.reshape(-1, 3).astype(np.float64)
-        out = cls._v2(ctx, pts, opts) if ctx.op.version >= 2 else cls._v1(ctx, pts, opts)
+        out = cls._v2(ctx, pts) if ctx.op.version >= 2 else cls._v1(ctx, pts, opts)
         return [out.astype(_F).reshape(1, 4, 4)]
 
     @staticmethod
@@ -200,22 +286,49 @@ class Landmarks2TransformMatrix(OpDef):
             raise ctx.fail(f"landmark index {i} out of range for {len(pts)} landmarks")
         return pts[i]
 
-    @classmethod
-    def _v2(cls, ctx: OpContext, pts: np.ndarray, opts: dict[str, Any]) -> np.ndarray:
+    @staticmethod
+    def crop(ctx: OpContext) -> Crop:
+        """The version-2 options, checked against the number of landmarks.
+
+        Raises:
+            ModelError: an option missing, an index out of range, a size or scale not
+                positive, an empty subset, landmarks that are not (x, y, z) triples.
+        """
+        lm = ctx.input_tensor(0)
+        size = int(np.prod(lm.shape)) if lm is not None else 0
+        if size % 3:
+            raise ctx.fail(f"landmarks of {size} values are not (x, y, z) triples")
+        opts = flex_options(ctx)
         try:
-            left = cls._index(ctx, pts, int(opts["left_rotation_idx"]))
-            right = cls._index(ctx, pts, int(opts["right_rotation_idx"]))
-            subset = [int(i) for i in opts["subset_idxs"]]
-            target = float(opts.get("target_rotation_radians", 0.0))
-            out_h, out_w = int(opts["output_height"]), int(opts["output_width"])
-            scale_x, scale_y = float(opts["scale_x"]), float(opts["scale_y"])
+            crop = Crop(
+                left=int(opts["left_rotation_idx"]),
+                right=int(opts["right_rotation_idx"]),
+                subset=tuple(int(i) for i in opts["subset_idxs"]),
+                target=float(opts.get("target_rotation_radians", 0.0)),
+                out_h=int(opts["output_height"]),
+                out_w=int(opts["output_width"]),
+                scale_x=float(opts["scale_x"]),
+                scale_y=float(opts["scale_y"]),
+            )
         except KeyError as exc:
             raise ctx.fail(f"custom options lack {exc}") from None
-        if out_h <= 0 or out_w <= 0 or scale_x <= 0 or scale_y <= 0 or not subset:
+        if crop.out_h <= 0 or crop.out_w <= 0 or crop.scale_x <= 0 or crop.scale_y <= 0:
             raise ctx.fail("output size and scales must be positive, subset non-empty")
+        if not crop.subset:
+            raise ctx.fail("output size and scales must be positive, subset non-empty")
+        for i in (crop.left, crop.right, *crop.subset):
+            if not 0 <= i < size // 3:
+                raise ctx.fail(f"landmark index {i} out of range for {size // 3} landmarks")
+        return crop
+
+    @classmethod
+    def _v2(cls, ctx: OpContext, pts: np.ndarray) -> np.ndarray:
+        crop = cls.crop(ctx)
+        left, right = pts[crop.left], pts[crop.right]
+        out_h, out_w, scale_x, scale_y = crop.out_h, crop.out_w, crop.scale_x, crop.scale_y
         angle = np.float32(np.arctan2(right[1] - left[1], right[0] - left[0]))
-        r = float(np.float32(target - angle))
-        sub = np.stack([cls._index(ctx, pts, i) for i in subset])
+        r = float(np.float32(crop.target - angle))
+        sub = pts[list(crop.subset)]
         xy1 = np.concatenate([sub[:, :2], np.ones((len(sub), 1))], axis=1)
         rot = _mat3(np.cos(r), -np.sin(r), 0, np.sin(r), np.cos(r), 0, 0, 0, 1)
         rot_inv = _mat3(np.cos(-r), -np.sin(-r), 0, np.sin(-r), np.cos(-r), 0, 0, 0, 1)
