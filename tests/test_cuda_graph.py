@@ -810,6 +810,37 @@ def test_preloaded_ptx_is_handed_to_the_executor_once(fake, monkeypatch):
     assert len(loads) == 2
 
 
+def test_preload_survives_a_module_taken_while_it_loads_the_next(fake, monkeypatch):
+    """Two programs' PTX (a model of two partitions): the first executor takes its module
+    while the preload thread still loads the second. The thread then ends cleanly; it used to
+    look the taken text up again and die with a KeyError printed on the app's stderr (seen on
+    the H200, results/h200/session22b/log.txt)."""
+    import threading
+
+    monkeypatch.setattr(cuda, "_PRELOADED", {})
+    monkeypatch.setattr(cuda, "_PRELOADING", {})
+    real = fake.lib.cuModuleLoadData
+    gate, calls = threading.Event(), []
+
+    def second_waits(p, data):
+        calls.append(1)
+        if len(calls) == 2:
+            assert gate.wait(10)
+        return real(p, data)
+
+    fake.lib.cuModuleLoadData = second_waits
+    monkeypatch.setattr(cuda, "_DRIVER", cuda._Driver(lib=fake.lib))
+    died: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda a: died.append(a.exc_value))
+    other = _PTX + "\n// the second partition\n"
+    thread = cuda.preload_ptx([_PTX, other])
+    assert cuda._take_preloaded(0, _PTX) is not None  # noqa: SLF001  (waits for the first)
+    gate.set()
+    thread.join(10)
+    assert not thread.is_alive() and died == []
+    assert cuda._take_preloaded(0, other) is not None  # noqa: SLF001
+
+
 def _first_start_on_nvidia(fake, monkeypatch, tmp_path):
     """A first start on "NVIDIA" (PoCL dressed up by `_ptx_like_nvidia`, the fake CUDA
     driver), with the cache working: its graph path verified (the fake computes nothing, so

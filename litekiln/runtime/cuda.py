@@ -444,31 +444,33 @@ def preload_ptx(texts: list[str], ordinal: int = 0) -> threading.Thread:
     """Start loading each PTX text (as `ptx_for_cuda` makes it) on CUDA device ``ordinal``,
     in a daemon thread. Failures are only logged: the executor then loads (and reports) it
     itself."""
-    keys = []
+    # Each text's event is held here: the executor that takes a module drops its key from
+    # `_PRELOADING` (`_take_preloaded`), possibly before this thread is done with the others.
+    keys: list[tuple[tuple[int, str], str, threading.Event]] = []
     with _LOCK:
         for t in texts:
             key = _ptx_key(ordinal, ptx_for_cuda(t))
             if key not in _PRELOADING:
-                _PRELOADING[key] = threading.Event()
-                keys.append((key, t))
+                _PRELOADING[key] = event = threading.Event()
+                keys.append((key, t, event))
 
     def work() -> None:
         try:
             device = _device(ordinal)
             drv = driver()
             device.make_current()
-            for key, t in keys:
+            for key, t, event in keys:
                 module = ctypes.c_void_p()
                 text = ptx_for_cuda(t).encode("latin-1") + b"\0"
                 err = drv.cuModuleLoadData(ctypes.byref(module), text)
                 with _LOCK:
                     _PRELOADED[key] = module if err == 0 else None
-                _PRELOADING[key].set()
+                event.set()
         except Exception as exc:  # noqa: BLE001 - a preload is an optimisation only
             log.debug("PTX preload stopped: %s: %s", type(exc).__name__, exc)
         finally:
-            for key, _ in keys:
-                _PRELOADING[key].set()
+            for _, _, event in keys:
+                event.set()
 
     thread = threading.Thread(target=work, daemon=True, name="litekiln-ptx-preload")
     thread.start()
