@@ -3,8 +3,8 @@
 face_landmark_with_attention estimates a 4x4 crop matrix from landmarks
 (``Landmarks2TransformMatrix``), samples feature maps through it (``TransformTensorBilinear``)
 and maps refined landmarks back (``TransformLandmarks``). On the CPU they split the model into
-three GPU partitions, with a CPU/GPU round trip between each. Here each is one TE function in
-float32, as LiteRT's GPU delegate computes them; the matrix stays on the device.
+two GPU partitions with CPU work between. Here each is one TE function in float32, as LiteRT's
+GPU delegate computes them; the matrix stays on the device.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def _landmarks_to_transform_matrix(ctx: Ctx) -> list[Expr]:
                 return tirx.cos(r) * x - tirx.sin(r) * y
             return tirx.sin(r) * x + tirx.cos(r) * y
 
-        # [min x, min y, max x, max y] of the subset rotated by r.
+        # The subset rotated by r: [min x, min y] and [max x, max y].
         low = te.compute(
             (2,),
             lambda a: te.min(tirx.Select(a == 0, rotated(0, k), rotated(1, k)), axis=k),
