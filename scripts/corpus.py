@@ -1125,6 +1125,8 @@ def markdown(results: dict[str, Any]) -> str:
     lines += _failure_lines(results["models"])
     lines += ["", "### Why ops stay on the CPU (most common first)", ""]
     lines += ["| op: reason | models | ops |", "| --- | ---: | ---: |"]
+    if not s["cpu_reasons"]:
+        lines.append("| none: every op of every model runs on the GPU | | |")
     for r in s["cpu_reasons"][:25]:
         lines.append(f"| {r['reason'].replace('|', '/')} | {r['models']} | {r['ops']} |")
     if len(s["cpu_reasons"]) > 25:
