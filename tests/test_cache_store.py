@@ -799,7 +799,13 @@ def test_orphans_are_collected_on_open_a_bounded_slice_at_a_time(
 ) -> None:
     directory = tmp_path / "cache"
     with CacheStore.open(directory) as s:
-        key, parts = _put(s)
+        # The good entry is as old as the orphans, so that the scan weighs its parts too: its
+        # manifest is stored deflated, and a scan of the stored bytes for the parts' nonce
+        # once took every part of every entry older than the grace period for an orphan.
+        old_nonce = f"{time.time_ns() - int(7200 * 1e9):016x}abcdef01"
+        with monkeypatch.context() as m:
+            m.setattr(writer_mod, "new_nonce", lambda: old_nonce)
+            key, parts = _put(s)
         orphans = _crashed_writer_parts(s, 5)
         young = _crashed_writer_parts(s, 1, age_s=1.0)  # a writer at work: kept
         assert s.verify().orphan_parts == 6

@@ -25,6 +25,7 @@ from litekiln.cache.index import (
     parts_of,
     stored_manifest,
 )
+from litekiln.cache.manifest import CorruptError, manifest_body
 
 #: Parts that no manifest references and that are older than this are garbage (a writer that
 #: crashed between its parts and its manifest). Younger ones may belong to a writer at work.
@@ -146,8 +147,9 @@ def collect_orphans(backend: Backend, grace_s: float, max_parts: int, budget_s: 
     `budget_s` seconds at most; the next call goes on where this one stopped.
 
     A part is an orphan when the manifest of its entry is gone or names another write (its
-    nonce is not in the manifest's bytes; a damaged manifest that still names it keeps it
-    until `verify(fix=True)` judges the entry).
+    nonce is not in the manifest's body, inflated but not checked: a damaged manifest that
+    still names it, or one that no longer inflates, keeps it until `verify(fix=True)` judges
+    the entry).
 
     Returns:
         How many orphan parts were deleted.
@@ -161,7 +163,8 @@ def collect_orphans(backend: Backend, grace_s: float, max_parts: int, budget_s: 
     store_keys = backend.keys_after(PART, after, max_parts)
     cutoff = time.time_ns() - int(grace_s * 1e9)
     orphans: list[str] = []
-    manifests: dict[str, bytes | None] = {}
+    bodies: dict[str, bytes | None] = {}
+    unreadable: set[str] = set()
     last = after
     for looked, store_key in enumerate(store_keys):
         if looked >= _AT_LEAST and time.monotonic() > deadline:
@@ -171,10 +174,18 @@ def collect_orphans(backend: Backend, grace_s: float, max_parts: int, budget_s: 
         if len(fields) != 4 or nonce_time_ns(store_key) >= cutoff:
             continue  # young: may belong to a writer at work
         key, nonce = fields[1], fields[2]
-        if key not in manifests:
-            manifests[key] = stored_manifest(backend, key)
-        raw = manifests[key]
-        if raw is None or nonce.encode("ascii") not in raw:
+        if key not in bodies:
+            # The body, not the stored bytes: those are deflated, the part keys not in them.
+            raw = stored_manifest(backend, key)
+            try:
+                bodies[key] = None if raw is None else manifest_body(raw)
+            except CorruptError:
+                unreadable.add(key)  # judged by verify(fix=True), with all its parts
+                bodies[key] = None
+        if key in unreadable:
+            continue
+        body = bodies[key]
+        if body is None or nonce.encode("ascii") not in body:
             orphans.append(store_key)
     discard(backend, orphans)
     finished = len(store_keys) < max_parts and last == (store_keys[-1] if store_keys else after)
