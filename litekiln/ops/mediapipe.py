@@ -65,8 +65,31 @@ def _matrix(ctx: OpContext, m: np.ndarray) -> np.ndarray:
     return m
 
 
+class _Geometric(OpDef):
+    """What the three ops share: a GPU form (extended table) that reads their options and
+    shapes at compile time, which must parse (`read_options`) for the op to go to the GPU."""
+
+    gpu_extended = True
+    versions = None
+
+    @classmethod
+    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
+        reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
+        if reason is None:
+            try:
+                cls.read_options(OpContext(op, graph))
+            except (ModelError, KeyError, TypeError, ValueError) as exc:
+                return f"its options or shapes do not fit: {exc}"
+        return reason
+
+    @classmethod
+    def read_options(cls, ctx: OpContext) -> object:
+        """The options and shapes the GPU form reads, checked (raises as `gpu_support` says)."""
+        raise NotImplementedError
+
+
 @register
-class TransformLandmarks(OpDef):
+class TransformLandmarks(_Geometric):
     """Apply the top two rows of a 4x4 matrix to 2-D/3-D landmarks (z passes through).
 
     v2: landmarks ``[1, N, D]`` (D = 2 or 3 from the shape), matrix ``[1, 4, 4]``, no options.
@@ -75,19 +98,11 @@ class TransformLandmarks(OpDef):
     """
 
     name = "TransformLandmarks"
-    gpu_extended = True
-    versions = None
     num_inputs = (2, 2)
 
     @classmethod
-    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
-        reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
-        if reason is None:
-            try:
-                cls.geometry(OpContext(op, graph))
-            except (ModelError, KeyError, TypeError, ValueError) as exc:
-                return f"its options or shapes do not fit: {exc}"
-        return reason
+    def read_options(cls, ctx: OpContext) -> object:
+        return cls.geometry(ctx)
 
     @staticmethod
     def geometry(ctx: OpContext) -> tuple[int, float]:
@@ -134,7 +149,7 @@ class TransformLandmarks(OpDef):
 
 
 @register
-class TransformTensorBilinear(OpDef):
+class TransformTensorBilinear(_Geometric):
     """Sample ``input[1, H, W, C]`` at ``M @ (x, y, 0, 1)`` for every output pixel, bilinearly.
 
     Output size comes from the output tensor (options ``output_height``/``output_width``
@@ -144,19 +159,11 @@ class TransformTensorBilinear(OpDef):
     """
 
     name = "TransformTensorBilinear"
-    gpu_extended = True
-    versions = None
     num_inputs = (2, 2)
 
     @classmethod
-    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
-        reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
-        if reason is None:
-            try:
-                cls.geometry(OpContext(op, graph))
-            except (ModelError, KeyError, TypeError, ValueError) as exc:
-                return f"its options or shapes do not fit: {exc}"
-        return reason
+    def read_options(cls, ctx: OpContext) -> object:
+        return cls.geometry(ctx)
 
     @staticmethod
     def geometry(ctx: OpContext) -> tuple[int, int, bool]:
@@ -239,7 +246,7 @@ def _mat3(*v: float) -> np.ndarray:
 
 
 @register
-class Landmarks2TransformMatrix(OpDef):
+class Landmarks2TransformMatrix(_Geometric):
     """Estimate the crop matrix of a landmark subset (MediaPipe landmarks_to_transform_matrix.cc).
 
     v2: landmarks ``[1, N, 3]``; options ``subset_idxs``, ``left_rotation_idx``,
@@ -253,22 +260,18 @@ class Landmarks2TransformMatrix(OpDef):
     """
 
     name = "Landmarks2TransformMatrix"
-    gpu_extended = True
     gpu_limits = "version 1 on the CPU"
-    versions = None
     num_inputs = (1, 1)
 
     @classmethod
     def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
-        reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
-        if reason is None:
-            if op.version < 2:
-                return "version 1 (the older graphs' inverse transform) has no GPU form"
-            try:
-                cls.crop(OpContext(op, graph))
-            except (ModelError, TypeError, ValueError) as exc:
-                return f"its options do not fit: {exc}"
-        return reason
+        if op.version < 2:
+            return "version 1 (the older graphs' inverse transform) has no GPU form"
+        return super().gpu_support(op, graph, allow_quantized=allow_quantized)
+
+    @classmethod
+    def read_options(cls, ctx: OpContext) -> object:
+        return cls.crop(ctx)
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
