@@ -823,6 +823,27 @@ def test_orphans_are_collected_on_open_a_bounded_slice_at_a_time(
         assert s.verify().orphan_parts == 1
 
 
+def test_parts_of_a_manifest_that_does_not_inflate_wait_for_verify(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The open's orphan scan cannot read which parts a manifest names when its body does
+    not inflate: it leaves them, however old, and `verify(fix=True)` drops the entry whole."""
+    directory = tmp_path / "cache"
+    with CacheStore.open(directory) as s:
+        old_nonce = f"{time.time_ns() - int(7200 * 1e9):016x}abcdef02"
+        with monkeypatch.context() as m:
+            m.setattr(writer_mod, "new_nonce", lambda: old_nonce)
+            key, _ = _put(s)
+        _rewrite(s, f"manifest:{key}", lambda raw: raw[: raw.index(b"\n") + 1] + b"\xff" * 16)
+        parts = [k for k in _storage_keys(s) if k.startswith(f"part:{key}:")]
+        assert len(parts) == 3
+    with CacheStore.open(directory) as s:  # (the open scans for orphans)
+        assert [k for k in _storage_keys(s) if k.startswith(f"part:{key}:")] == parts
+        report = s.verify(fix=True)
+        assert key in report.bad
+        assert not [k for k in _storage_keys(s) if k.startswith(f"part:{key}:")]
+
+
 def test_opening_spends_little_on_orphans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     directory = tmp_path / "cache"
     with CacheStore.open(directory) as s:
