@@ -794,6 +794,17 @@ def _crashed_writer_parts(store: CacheStore, n: int, age_s: float = 3600.0) -> l
     return keys
 
 
+def _put_long_ago(
+    store: CacheStore, monkeypatch: pytest.MonkeyPatch, age_s: float = 7200.0
+) -> tuple[str, dict]:
+    """`_put`, its parts written under the nonce of a writer `age_s` ago (older than the
+    orphan scan's grace, so that the scan weighs them)."""
+    nonce = f"{time.time_ns() - int(age_s * 1e9):016x}abcdef01"
+    with monkeypatch.context() as m:
+        m.setattr(writer_mod, "new_nonce", lambda: nonce)
+        return _put(store)
+
+
 def test_orphans_are_collected_on_open_a_bounded_slice_at_a_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -802,10 +813,7 @@ def test_orphans_are_collected_on_open_a_bounded_slice_at_a_time(
         # The good entry is as old as the orphans, so that the scan weighs its parts too: its
         # manifest is stored deflated, and a scan of the stored bytes for the parts' nonce
         # once took every part of every entry older than the grace period for an orphan.
-        old_nonce = f"{time.time_ns() - int(7200 * 1e9):016x}abcdef01"
-        with monkeypatch.context() as m:
-            m.setattr(writer_mod, "new_nonce", lambda: old_nonce)
-            key, parts = _put(s)
+        key, parts = _put_long_ago(s, monkeypatch)
         orphans = _crashed_writer_parts(s, 5)
         young = _crashed_writer_parts(s, 1, age_s=1.0)  # a writer at work: kept
         assert s.verify().orphan_parts == 6
@@ -830,10 +838,7 @@ def test_parts_of_a_manifest_that_does_not_inflate_wait_for_verify(
     not inflate: it leaves them, however old, and `verify(fix=True)` drops the entry whole."""
     directory = tmp_path / "cache"
     with CacheStore.open(directory) as s:
-        old_nonce = f"{time.time_ns() - int(7200 * 1e9):016x}abcdef02"
-        with monkeypatch.context() as m:
-            m.setattr(writer_mod, "new_nonce", lambda: old_nonce)
-            key, _ = _put(s)
+        key, _ = _put_long_ago(s, monkeypatch)
         _rewrite(s, f"manifest:{key}", lambda raw: raw[: raw.index(b"\n") + 1] + b"\xff" * 16)
         parts = [k for k in _storage_keys(s) if k.startswith(f"part:{key}:")]
         assert len(parts) == 3
