@@ -19,6 +19,7 @@ Needs an OpenCL device (PoCL in CI); skipped when pyopencl finds none.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -56,8 +57,11 @@ def build_module(inputs: Sequence[tuple[str, Sequence[int]]], body: Callable[...
     return bb.get()
 
 
-def rules_used(mod: Any, profile: str = "cpu") -> dict[str, str]:
-    """PrimFunc name -> the rule of `fast_schedule(profile)` that schedules it (after FuseTIR)."""
+def rules_used(mod: Any, profile: str = "cpu", neighbours: bool = False) -> dict[str, str]:
+    """PrimFunc name -> the rule of `fast_schedule(profile)` that schedules it (after FuseTIR;
+    with ``neighbours``, after litekiln's `fuse_matmul_neighbours` too, as the compiler does)."""
+    from litekiln.compiler.fusion import fuse_matmul_neighbours
+
     target = tvm.target.Target("opencl", host="llvm")
     seq = tvm.transform.Sequential(
         [
@@ -65,6 +69,7 @@ def rules_used(mod: Any, profile: str = "cpu") -> dict[str, str]:
             relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),
+            *([fuse_matmul_neighbours()] if neighbours else []),
             relax.transform.FuseTIR(),
         ]
     )
@@ -1219,6 +1224,66 @@ def _projection_module(m: int, k: int, n: int) -> tuple[Any, list[np.ndarray], n
     return build_module([("x", (m, k)), ("r", (1, m, n))], body), [x, r], ref
 
 
+def _mixer_module(kind: str, tokens: int, channels: int, hidden: int = 0) -> Any:
+    """ResMLP's two products with their neighbours fused in (timm's resmlp_12_224 as litekiln
+    lowers litert-torch's export), with the numpy reference:
+
+    * ``"tokens"``: the token mixing, ``(affine(x)^T @ w + b)``: the operand is an affine
+      map of the activations (per channel: ``x * alpha + beta``), transposed, computed in
+      the kernel;
+    * ``"mlp"``: ``gelu(affine(r + s * y) @ w + b)``: the residual update and the affine
+      map before the product, the exact GELU after it.
+    """
+    x = _rand(1, tokens, channels)
+    alpha, beta = _rand(1, 1, channels), _rand(1, 1, channels)
+    if kind == "tokens":
+        w, b = _rand(tokens, tokens) * 0.1, _rand(tokens)
+
+        def body(bb: Any, xv: Any) -> Any:
+            a = bb.emit(relax.op.add(relax.op.multiply(xv, relax.const(alpha)), relax.const(beta)))
+            a = bb.emit(relax.op.reshape(relax.op.permute_dims(a, [0, 2, 1]), (channels, tokens)))
+            y = bb.emit(relax.op.matmul(a, relax.const(w)))
+            return bb.emit(relax.op.add(y, relax.const(b)))
+
+        a = (x * alpha + beta)[0].T.astype(np.float64)
+        return build_module([("x", x.shape)], body), [x], (a @ w + b).astype(np.float32)
+    y, scale = _rand(1, channels, tokens), _rand(1, channels, 1)
+    w, b = _rand(channels, hidden) * 0.1, _rand(hidden)
+
+    def mlp(bb: Any, xv: Any, yv: Any) -> Any:
+        s = bb.emit(relax.op.permute_dims(relax.op.multiply(yv, relax.const(scale)), [0, 2, 1]))
+        a = bb.emit(relax.op.add(xv, s))
+        a = bb.emit(relax.op.add(relax.op.multiply(a, relax.const(alpha)), relax.const(beta)))
+        h = bb.emit(relax.op.matmul(relax.op.reshape(a, (tokens, channels)), relax.const(w)))
+        return bb.emit(relax.op.nn.gelu(relax.op.add(h, relax.const(b))))
+
+    a = ((x + np.transpose(y * scale, (0, 2, 1))) * alpha + beta)[0].astype(np.float64)
+    h = a @ w + b
+    ref = 0.5 * h * (1.0 + np.vectorize(math.erf)(h / math.sqrt(2.0)))
+    return build_module([("x", x.shape), ("y", y.shape)], mlp), [x, y], ref.astype(np.float32)
+
+
+@pytest.mark.parametrize("case", ["tokens", "mlp"])
+def test_shared_matmul_fetches_an_operand_computed_in_the_kernel(cl_env: Any, case: str) -> None:
+    """A product whose operand is computed by the kernel's own elementwise blocks (an affine
+    map, a transpose, a residual update: ResMLP's token mixing and MLP) is `SharedMatmul`'s:
+    those blocks are inlined into the fetch of the operand's tiles, as a convolution's
+    padding is; the GELU after the product is its epilogue. Before, the GPU profile gave
+    them a thread per output (the token mixing, 22 us on the H200 for 30M multiply-adds)
+    or dlight's Matmul (the MLP's fc1, 45 us at 5 TFLOP/s: 0.95x torch's CUDA graph)."""
+    from litekiln.compiler.schedules import SharedMatmul
+
+    # (over the GPU profile's 1M multiply-adds: 1.4M and 1.2M)
+    mod, args, ref = (
+        _mixer_module(case, 120, 96) if case == "tokens" else _mixer_module(case, 50, 64, 384)
+    )
+    used = rules_used(mod, "gpu", neighbours=True)
+    assert list(used.values()) == ["SharedMatmul"], used
+    for rule in (SharedMatmul(mn=4, min_macs=0), SharedMatmul(mn=4, splits=4, min_macs=0)):
+        res = _check_rule(cl_env, mod, args, ref, rule)
+        assert len(res.program.launches) == (2 if rule.splits > 1 else 1)
+
+
 @pytest.mark.parametrize(
     "rule",
     ["lanes 8", "tiles 4x4 on 8", "tiles 4x8 on 8", "tiles 2x4 on 8"],
@@ -1270,6 +1335,9 @@ _SHARED_MATMUL = {
     "16x32 on 4, split across 16 groups": {"mn": 4, "splits": 16},
     "32x32 on 4, 64-term steps": {"mm": 4, "mn": 4, "step": 16},
     "32x32 on 4, 128-term steps": {"mm": 4, "mn": 4, "step": 32},
+    "64x64 on 2": {"mm": 8, "mn": 8, "lanes": 2},
+    "32x64 on 2, 32-term steps": {"mn": 8, "mm": 4, "lanes": 2, "step": 16},
+    "64x64 on 1, 16-term steps": {"mm": 8, "mn": 8, "lanes": 1, "step": 16},
 }
 
 

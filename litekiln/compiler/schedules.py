@@ -1172,7 +1172,7 @@ class SharedMatmul(_SingleReductionRule):
             return None  # a matrix-vector product: a tile's rows would be padding
         # A convolution's input keeps the blocks that make it (its padding, a concatenation
         # fused in: two reads) until they are inlined into the fetch of its tiles below.
-        chain = set() if "matmul" in red_info.name else _input_chain(sch, red_info.block_rv)
+        chain = _input_chain(sch, red_info.block_rv)
         found = _single_epilogue(sch, [b for b in infos if b.name not in chain], red_info.name)
         if found is None:
             return None
@@ -1213,10 +1213,12 @@ class SharedMatmul(_SingleReductionRule):
         # below coalesce; the copies are inlined into the fetches again.
         k_var = block.iter_vars[n_s].var
         terms_inner = {}
+        # an operand computed in the kernel: laid out as the memory it is computed from
+        computed = _source_terms_inner(sch, red, n_s) if "matmul" in red_info.name else {}
         for idx in operands:
             last = block.reads[idx].region[-1].min
             copy = sch.reindex(red, ("read", idx))
-            terms_inner[idx] = _uses_var(last, k_var)
+            terms_inner[idx] = computed.get(idx, _uses_var(last, k_var))
             if not terms_inner[idx]:
                 sch.transform_layout(copy, ("write", 0), lambda *ax: (*ax[:-2], ax[-1], ax[-2]))
         if "matmul" not in red_info.name:
@@ -1331,6 +1333,47 @@ class SharedMatmul(_SingleReductionRule):
         return by_channel.count(False) == 1  # the input; the weights are read by channel
 
 
+def _source_terms_inner(sch: s_tir.Schedule, red: Any, n_s: int) -> dict[int, bool]:
+    """For the one operand of a product computed in the kernel (`fusion`'s neighbours: an
+    affine map, a residual update, a transpose), whether the terms are the innermost axis
+    of the memory it is computed from: ``{read index: bool}``, empty where no single
+    operand is computed or its sources disagree.
+
+    `SharedMatmul` lays each operand's tile out with its contiguous axis innermost, so that
+    its fetch coalesces; for a computed operand, the intermediate's own layout says nothing
+    of the memory the fetch reads once the blocks are inlined into it (ResMLP's token
+    mixing computes its [channels, tokens] operand from [tokens, channels] activations: a
+    warp's fetch read 32 rows a word each). Found on a copy of the schedule with the
+    blocks inlined into the product: the largest of the buffers read there that the product
+    did not read before decide."""
+    block = sch.get(red)
+    made = {w.source.name for p in sch.get_producers(red) for w in sch.get(p).writes}
+
+    def size(region: Any) -> int:
+        return math.prod(int(x) for x in region.source.shape)
+
+    computed = [idx for idx, r in enumerate(block.reads) if r.source.name in made and size(r) > 1]
+    if len(computed) != 1:
+        return {}
+    probe = sch.copy()
+    probe_red = probe.get_sblock(block.name_hint)
+    try:
+        while producers := probe.get_producers(probe_red):
+            for producer in producers:
+                probe.compute_inline(producer)
+    except (RuntimeError, ValueError):  # a producer that does not inline
+        return {}
+    inlined = probe.get(probe_red)
+    k_var = inlined.iter_vars[n_s].var
+    before = {r.source.name for r in block.reads}
+    sources = [r for r in inlined.reads if r.source.name not in before and size(r) > 1]
+    if not sources:
+        return {}
+    largest = max(size(r) for r in sources)
+    votes = {_uses_var(r.region[-1].min, k_var) for r in sources if size(r) == largest}
+    return {computed[0]: votes.pop()} if len(votes) == 1 else {}
+
+
 def _input_chain(sch: s_tir.Schedule, red: Any) -> set[str]:
     """Names of the blocks that compute a convolution's input (the producers of its reads
     that are not a parameter, transitively): its padding, a concatenation fused in."""
@@ -1344,6 +1387,12 @@ def _input_chain(sch: s_tir.Schedule, red: Any) -> set[str]:
             todo += sch.get_producers(block)
     return names
 
+
+#: Fewest multiply-adds of a product offered `SharedMatmul`'s largest tiles.
+_LARGE_PRODUCT = 1 << 23
+
+#: `SharedMatmul`'s ``conv_min_macs`` for matrix products only.
+_NO_CONVOLUTIONS = 1 << 62
 
 #: Fewest rows `SharedMatmul` takes (fewer: mostly padding in its 16- and 32-row tiles).
 _GEMM_MIN_ROWS = 16
@@ -1876,6 +1925,15 @@ def fast_rules(
         rules.append(WindowReduction())
     if cfg.get("coalesced_reductions"):
         rules += [ColumnReduction(), RowReduction(), RowNormalization()]
+    if cfg.get("shared_matmul"):
+        # Matrix products whose first operand is read along its rows (the terms not its
+        # innermost axis: ResMLP's token mixing, its activations transposed in the kernel)
+        # look like a window reduction to `SerialReduction`, which gave them a thread per
+        # output (22 us on the H200 for 30M multiply-adds): products are these rules' first.
+        rules += [
+            SharedMatmul(mn=4, splits=4, min_terms=512, conv_min_macs=_NO_CONVOLUTIONS),
+            SharedMatmul(mn=4, conv_min_macs=_NO_CONVOLUTIONS),
+        ]
     rules.append(
         SerialReduction(
             min_work_items=int(cfg["min_work_items"]),
@@ -2026,9 +2084,10 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
       convolutions over channels (1x1, 3x3, patch embeddings: pixels x window taps):
       operand tiles staged in local memory, split-K across the work-group's thread planes;
       16x16, 16x32 and 32x32 output tiles on 4 planes, 16x16 on 8, 32x32 on 2; 32x32 with
-      2 and 4 times the terms staged per step on 4 planes, 4 times on 2; and 16x32 split
+      2 and 4 times the terms staged per step on 4 planes, 4 times on 2; 16x32 split
       across 4 work-groups for reductions of 512 terms and more (a second kernel sums the
-      partials).
+      partials); and for matrix products of 8M multiply-adds and more, 64x64 tiles of 8x8
+      per thread on 2 planes and on 1, and 32x64 of 4x8 on 2.
     * for the reductions that read their input whole (global pools, layer-norm statistics,
       squeeze-excite GEMVs, classifiers): `ColumnReduction` with 32 channels x 8 slices and
       8 channels x 32 slices per group; `RowReduction` with one work-item per row (serial,
@@ -2144,6 +2203,17 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
         SharedMatmul(mm=4, mn=4, step=16),
         SharedMatmul(mm=4, mn=4, step=32),
         SharedMatmul(mm=4, mn=4, lanes=2, step=32),
+        # Larger tiles for the larger products (8M multiply-adds and more; not convolutions,
+        # whose variants above are enough to compile): 64x64 of 8x8 per thread on 2 and on
+        # 1 planes, 32x64 of 4x8 on 2: fewer local-memory reads per multiply-add than 4x4
+        # (ResMLP's fc1, 196 x 384 x 1536, ran at 5 TFLOP/s on the H200 in 16x32 tiles).
+        SharedMatmul(mm=8, mn=8, lanes=2, min_macs=_LARGE_PRODUCT, conv_min_macs=_NO_CONVOLUTIONS),
+        SharedMatmul(
+            mm=8, mn=8, lanes=1, step=16, min_macs=_LARGE_PRODUCT, conv_min_macs=_NO_CONVOLUTIONS
+        ),
+        SharedMatmul(
+            mm=4, mn=8, lanes=2, step=16, min_macs=_LARGE_PRODUCT, conv_min_macs=_NO_CONVOLUTIONS
+        ),
         # Reductions read whole (global pools, layer norms, squeeze-excite GEMVs): other
         # shapes of `ColumnReduction` and `RowReduction`, and dlight's rules that had the
         # kernels before those became the defaults (`SerialReduction`'s are above).
