@@ -128,6 +128,31 @@ def _fc(shape, units, keep=False, bias=True, act="NONE", computed_weights=False)
     return build
 
 
+def _fc_transposed(tokens, channels, units, keep=False, act="NONE", computed=True, back=True):
+    """An MLP mixer's token mixing as litert-torch writes it (ResMLP): ``[1, tokens, channels]``
+    transposed to ``[1, channels, tokens]``, a FULLY_CONNECTED over the tokens, a per-channel
+    scale and the transpose back (``back``) added to the residual. Emitted as ``w @ x``
+    (`emit_nn._fully_connected_by_columns`)."""
+
+    def build(g: G):
+        x = g.x([1, tokens, channels])
+        if computed:  # the mixer's affine map before it: the transpose's source is computed
+            x = g.op("ADD", [x, g.w([1, 1, channels])], [1, tokens, channels])
+        t = g.op("TRANSPOSE", [x, g.ints([0, 2, 1])], [1, channels, tokens])
+        out = [1, channels, units] if keep else [channels, units]
+        ins = [t, g.w([units, tokens]), g.w([units])]
+        y = g.op(
+            "FULLY_CONNECTED", ins, out, {"keep_num_dims": keep, "fused_activation_function": act}
+        )
+        if not back:
+            return y
+        y = g.op("MUL", [y, g.w([1, channels, 1])], [1, channels, units])
+        y = g.op("TRANSPOSE", [y, g.ints([0, 2, 1])], [1, units, channels])
+        return g.op("ADD", [x, y], [1, tokens, channels]) if units == tokens else y
+
+    return build
+
+
 CONV = Batch(
     "conv",
     [
@@ -177,6 +202,9 @@ CONV = Batch(
         Case("fc_rows_flattened", _fc([1, 4, 4, 2], 3)),
         Case("fc_5d_keep_dims", _fc([1, 2, 2, 3, 8], 5, keep=True)),
         Case("fc_computed_weights_keep", _fc([1, 7, 16], 7, keep=True, computed_weights=True)),
+        Case("fc_token_mixing", _fc_transposed(49, 12, 49)),
+        Case("fc_token_mixing_keep_relu", _fc_transposed(20, 12, 7, keep=True, act="RELU")),
+        Case("fc_transposed_input", _fc_transposed(6, 10, 5, computed=False, back=False)),
     ],
 )
 

@@ -1357,9 +1357,19 @@ _SHARED_CONVS: dict[str, tuple[Any, ...]] = {
 }
 
 
-@pytest.mark.parametrize("config", list(_SHARED_MATMUL))
+#: The configurations `variant_rules` offers matrix products only (not convolutions).
+_PRODUCTS_ONLY = ("64x64 on 2", "32x64 on 2, 32-term steps", "64x64 on 1, 16-term steps")
+_PRODUCTS = ("projection", "attention values", "attention scores")
+
+
 @pytest.mark.parametrize(
-    "case", ["projection", "attention values", "attention scores", *_SHARED_CONVS]
+    ("config", "case"),
+    [
+        (config, case)
+        for config in _SHARED_MATMUL
+        for case in (*_PRODUCTS, *_SHARED_CONVS)
+        if config not in _PRODUCTS_ONLY or case in _PRODUCTS
+    ],
 )
 def test_shared_matmul(cl_env: Any, config: str, case: str) -> None:
     """Tiles staged in local memory with split-K across the group: a projection over 197

@@ -27,6 +27,7 @@ from litekiln.compiler.lowering import (
     epilogue,
     patch_embedding,
 )
+from litekiln.ops.base import is_quantized
 from litekiln.ops.conv import C_PADDING_SAME, Convolution2DTransposeBias
 
 
@@ -171,11 +172,60 @@ def _fully_connected(ctx: Ctx) -> list[Expr]:
         return _fully_connected_computed_weights(ctx)
     w = ctx.const(1)  # out, in
     n_in = w.shape[1]
+    src = _swapped_source(ctx, n_in)
+    if src is not None:
+        return _fully_connected_by_columns(ctx, w, src)
     rows = ctx.tensor(0).size // n_in
     x, wt = data_and_weights(ctx, 0, np.ascontiguousarray(w.T))
     x2 = ctx.emit(relax.op.reshape(x, (rows, n_in)))
     y = ctx.emit(relax.op.matmul(x2, wt, out_dtype=ACC_DTYPE))
     return epilogue(ctx, y, 2)
+
+
+def _swapped_source(ctx: Ctx, n_in: int) -> int | None:
+    """The source of operand 0 where operand 0 is a TRANSPOSE of the partition swapping the
+    last two axes of a 3-D float tensor ``[b, n_in, c]``: an MLP mixer's token mixing
+    (ResMLP, MLP-Mixer: ``transpose(x) @ w.T``, its result transposed back). Else None."""
+    lw, t = ctx.lw, ctx.op.inputs[0]
+    g = lw.graph
+    producer = next((g.ops[i] for i in lw.part.ops if t in g.ops[i].outputs), None)
+    if producer is None or producer.name != "TRANSPOSE" or len(producer.inputs) != 2:
+        return None
+    perm_t = producer.inputs[1]
+    perm = g.tensors[perm_t].data if perm_t >= 0 else None
+    if perm is None or [int(v) for v in np.asarray(perm).reshape(-1)] != [0, 2, 1]:
+        return None
+    src = producer.inputs[0]
+    x = g.tensors[src]
+    if (
+        x.data is not None
+        or len(x.shape) != 3
+        or x.shape[1] != n_in
+        or x.dtype != np.float32
+        or any(is_quantized(v) for v in (x, ctx.tensor(0), ctx.tensor(1), ctx.out()))
+    ):
+        return None
+    return src
+
+
+def _fully_connected_by_columns(ctx: Ctx, w: np.ndarray, src: int) -> list[Expr]:
+    """FULLY_CONNECTED of ``transpose(x)`` (``x: [b, n_in, c]``, `_swapped_source`) as
+    ``w @ x``, ``[b, out, c]``, transposed after its bias and activation: the product reads
+    ``x`` where it lies and writes its rows along ``x``'s contiguous axis, and the transposes
+    on either side meet in the readers' index arithmetic. Written as TFLite has it, ResMLP's
+    token mixing read its operand across the rows of the activations and its readers read
+    its result so again (issue 15)."""
+    lw, t = ctx.lw, ctx.op.inputs[0]
+    if lw.half_stored(t) and lw.half_stored(src):
+        x, wc = lw.stored(src), ctx.wconst(w)
+    else:  # float32, as `data_and_weights` has it for a float32 operand
+        x, wc = lw.value(src), ctx.fconst(w)
+    y = ctx.emit(relax.op.matmul(wc, x, out_dtype=ACC_DTYPE))
+    if ctx.has(2):
+        y = ctx.emit(relax.op.add(y, ctx.fconst(ctx.const(2).reshape(-1, 1))))
+    y = activation(ctx, y)
+    y = ctx.emit(relax.op.permute_dims(y, [0, 2, 1]))
+    return [ctx.emit(relax.op.reshape(y, ctx.out().shape))]
 
 
 def _fully_connected_computed_weights(ctx: Ctx) -> list[Expr]:
