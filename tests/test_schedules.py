@@ -1282,6 +1282,12 @@ def test_shared_matmul_fetches_an_operand_computed_in_the_kernel(cl_env: Any, ca
     for rule in (SharedMatmul(mn=4, min_macs=0), SharedMatmul(mn=4, splits=4, min_macs=0)):
         res = _check_rule(cl_env, mod, args, ref, rule)
         assert len(res.program.launches) == (2 if rule.splits > 1 else 1)
+        if case == "tokens":
+            # The operand, [channels, tokens], is computed from [tokens, channels]
+            # activations: its tile is fetched along the channels, adjacent threads reading
+            # adjacent words (laid out as the intermediate, they read a row apart).
+            fetch = r"a0_ptr\[[^\]]*\+ \(convert_int\(get_local_id\(0\)\)\)\)\]"
+            assert re.search(fetch, res.program.source), res.program.source
 
 
 @pytest.mark.parametrize(
