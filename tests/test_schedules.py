@@ -1341,9 +1341,6 @@ _SHARED_MATMUL = {
     "16x32 on 4, split across 16 groups": {"mn": 4, "splits": 16},
     "32x32 on 4, 64-term steps": {"mm": 4, "mn": 4, "step": 16},
     "32x32 on 4, 128-term steps": {"mm": 4, "mn": 4, "step": 32},
-    "64x64 on 2": {"mm": 8, "mn": 8, "lanes": 2},
-    "32x64 on 2, 32-term steps": {"mn": 8, "mm": 4, "lanes": 2, "step": 16},
-    "64x64 on 1, 16-term steps": {"mm": 8, "mn": 8, "lanes": 1, "step": 16},
 }
 
 
@@ -1363,19 +1360,9 @@ _SHARED_CONVS: dict[str, tuple[Any, ...]] = {
 }
 
 
-#: The configurations `variant_rules` offers matrix products only (not convolutions).
-_PRODUCTS_ONLY = ("64x64 on 2", "32x64 on 2, 32-term steps", "64x64 on 1, 16-term steps")
-_PRODUCTS = ("projection", "attention values", "attention scores")
-
-
+@pytest.mark.parametrize("config", list(_SHARED_MATMUL))
 @pytest.mark.parametrize(
-    ("config", "case"),
-    [
-        (config, case)
-        for config in _SHARED_MATMUL
-        for case in (*_PRODUCTS, *_SHARED_CONVS)
-        if config not in _PRODUCTS_ONLY or case in _PRODUCTS
-    ],
+    "case", ["projection", "attention values", "attention scores", *_SHARED_CONVS]
 )
 def test_shared_matmul(cl_env: Any, config: str, case: str) -> None:
     """Tiles staged in local memory with split-K across the group: a projection over 197

@@ -1388,9 +1388,6 @@ def _input_chain(sch: s_tir.Schedule, red: Any) -> set[str]:
     return names
 
 
-#: Fewest multiply-adds of a product offered `SharedMatmul`'s largest tiles.
-_LARGE_PRODUCT = 1 << 23
-
 #: `SharedMatmul`'s ``conv_min_macs`` for matrix products only.
 _NO_CONVOLUTIONS = 1 << 62
 
@@ -2084,10 +2081,12 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
       convolutions over channels (1x1, 3x3, patch embeddings: pixels x window taps):
       operand tiles staged in local memory, split-K across the work-group's thread planes;
       16x16, 16x32 and 32x32 output tiles on 4 planes, 16x16 on 8, 32x32 on 2; 32x32 with
-      2 and 4 times the terms staged per step on 4 planes, 4 times on 2; 16x32 split
+      2 and 4 times the terms staged per step on 4 planes, 4 times on 2; and 16x32 split
       across 4 work-groups for reductions of 512 terms and more (a second kernel sums the
-      partials); and for matrix products of 8M multiply-adds and more, 64x64 tiles of 8x8
-      per thread on 2 planes and on 1, and 32x64 of 4x8 on 2.
+      partials). Larger tiles (64x64 of 8x8 per thread on 2 planes and on 1, 32x64 of 4x8
+      on 2) were timed on the H200 on the products of ResMLP, DeiT, TinyViT and CoaT and
+      chosen for none: one or two groups per SM hide the loads worse (docs/benchmarks.md,
+      twenty-third session).
     * for the reductions that read their input whole (global pools, layer-norm statistics,
       squeeze-excite GEMVs, classifiers): `ColumnReduction` with 32 channels x 8 slices and
       8 channels x 32 slices per group; `RowReduction` with one work-item per row (serial,
@@ -2203,17 +2202,6 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
         SharedMatmul(mm=4, mn=4, step=16),
         SharedMatmul(mm=4, mn=4, step=32),
         SharedMatmul(mm=4, mn=4, lanes=2, step=32),
-        # Larger tiles for the larger products (8M multiply-adds and more; not convolutions,
-        # whose variants above are enough to compile): 64x64 of 8x8 per thread on 2 and on
-        # 1 planes, 32x64 of 4x8 on 2: fewer local-memory reads per multiply-add than 4x4
-        # (ResMLP's fc1, 196 x 384 x 1536, ran at 5 TFLOP/s on the H200 in 16x32 tiles).
-        SharedMatmul(mm=8, mn=8, lanes=2, min_macs=_LARGE_PRODUCT, conv_min_macs=_NO_CONVOLUTIONS),
-        SharedMatmul(
-            mm=8, mn=8, lanes=1, step=16, min_macs=_LARGE_PRODUCT, conv_min_macs=_NO_CONVOLUTIONS
-        ),
-        SharedMatmul(
-            mm=4, mn=8, lanes=2, step=16, min_macs=_LARGE_PRODUCT, conv_min_macs=_NO_CONVOLUTIONS
-        ),
         # Reductions read whole (global pools, layer norms, squeeze-excite GEMVs): other
         # shapes of `ColumnReduction` and `RowReduction`, and dlight's rules that had the
         # kernels before those became the defaults (`SerialReduction`'s are above).
