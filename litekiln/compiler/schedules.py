@@ -1947,7 +1947,8 @@ def fast_rules(
     if cfg.get("serial_rows"):
         rules.append(SerialRows())
     if cfg.get("shared_matmul"):
-        # matrix products (and patch embeddings): long reductions split across work-groups,
+        # patch embeddings (64 taps and more; the matrix products, the same two rules, are
+        # taken before `SerialReduction` above): long reductions split across work-groups,
         # the others 16x32 tiles (the tuning offers the other shapes and dlight's)
         rules += [
             SharedMatmul(mn=4, splits=4, min_terms=512, min_taps=64, conv_min_macs=1 << 20),
