@@ -1269,7 +1269,7 @@ def test_shared_matmul_fetches_an_operand_computed_in_the_kernel(cl_env: Any, ca
     map, a transpose, a residual update: ResMLP's token mixing and MLP) is `SharedMatmul`'s:
     those blocks are inlined into the fetch of the operand's tiles, as a convolution's
     padding is; the GELU after the product is its epilogue. Before, the GPU profile gave
-    them a thread per output (the token mixing, 22 us on the H200 for 30M multiply-adds)
+    them a thread per output (the token mixing, 22 us on the H200 for 15M multiply-adds)
     or dlight's Matmul (the MLP's fc1, 45 us at 5 TFLOP/s: 0.95x torch's CUDA graph)."""
     from litekiln.compiler.schedules import SharedMatmul
 
