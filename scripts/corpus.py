@@ -1223,9 +1223,36 @@ def cmd_measure(args: argparse.Namespace) -> int:
     manifest = load_manifest(folder)
     started = _dt.datetime.now(_dt.timezone.utc)
     t0 = time.perf_counter()
-    models = []
-    skipped = []
-    for model in resolve(args.only):
+    models: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
+    date = started.date().isoformat()
+    out = Path(args.json) if args.json else RESULTS_DIR / f"{date}.json"
+    environment = _environment()
+    todo = list(resolve(args.only))
+
+    def snapshot(left: list[str]) -> dict[str, Any]:
+        """The results so far; ``models_left``: the requested models not measured yet (the
+        file is rewritten after each model, so a run stopped early keeps what it measured)."""
+        return {
+            "schema": 1,
+            "date": date,
+            "started": started.isoformat(timespec="seconds"),
+            "command": " ".join(["python scripts/corpus.py", *args.argv]),
+            "json_path": _rel(out),
+            "tolerance": TOLERANCE,
+            "metric": "max|ours - LiteRT| / max(1, max|LiteRT|) over all outputs",
+            "input_seed": INPUT_SEED,
+            "defaults": "litekiln.Interpreter(model_path=...) with no LITEKILN_* variables set",
+            "git": _git_state(),
+            **environment,
+            "seconds": round(time.perf_counter() - t0, 1),
+            "summary": summarize(models),
+            "not_built": skipped,
+            **({"models_left": left} if left else {}),
+            "models": models,
+        }
+
+    for k, model in enumerate(todo):
         problem = is_built(model, folder, manifest["models"].get(model.name))
         if problem is not None:
             error = manifest["models"].get(model.name, {}).get("error")
@@ -1239,25 +1266,10 @@ def cmd_measure(args: argparse.Namespace) -> int:
         ref, ocl = (_fmt_err(m["stages"].get(s)) for s in ("reference", "opencl"))
         log(f"  {_result_word(x)}  reference {ref}  OpenCL {ocl}  {m['seconds']} s")
         models.append(m)
-    date = started.date().isoformat()
-    out = Path(args.json) if args.json else RESULTS_DIR / f"{date}.json"
-    results: dict[str, Any] = {
-        "schema": 1,
-        "date": date,
-        "started": started.isoformat(timespec="seconds"),
-        "command": " ".join(["python scripts/corpus.py", *args.argv]),
-        "json_path": _rel(out),
-        "tolerance": TOLERANCE,
-        "metric": "max|ours - LiteRT| / max(1, max|LiteRT|) over all outputs",
-        "input_seed": INPUT_SEED,
-        "defaults": "litekiln.Interpreter(model_path=...) with no LITEKILN_* variables set",
-        "git": _git_state(),
-        **_environment(),
-        "seconds": round(time.perf_counter() - t0, 1),
-        "summary": summarize(models),
-        "not_built": skipped,
-        "models": models,
-    }
+        left = [later.name for later in todo[k + 1 :]]
+        if left:
+            write_atomic(out, (json.dumps(snapshot(left), indent=1, default=float) + "\n").encode())
+    results = snapshot([])
     write_atomic(out, (json.dumps(results, indent=1, default=float) + "\n").encode())
     log(f"results: {out}")
     text = markdown(results)
