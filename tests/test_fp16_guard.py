@@ -161,3 +161,52 @@ def test_cli_fp16_budget(tmp_path, capsys) -> None:
         main([*base, "--fp16-budget", "1.5"])
     assert exc.value.code == 2
     assert "expected a number in (0, 1) or 'off'" in capsys.readouterr().err
+
+
+def _token_mixing_model() -> bytes:
+    """ResMLP's token mixing: x + s * transpose(fc(transpose(x * a + c))), [1, 49, 16]."""
+    rng = np.random.default_rng(5)
+    tokens, channels = 49, 16
+    b = ModelBuilder()
+
+    def t(name: str, shape: list[int]) -> object:
+        return b.main.tensor(name, shape)
+
+    def const(name: str, shape: list[int], scale: float = 1.0) -> object:
+        return b.const(name, (rng.uniform(-1, 1, shape) * scale).astype(np.float32))
+
+    x = b.input("x", [1, tokens, channels])
+    a = b.op("MUL", [x, const("a", [1, 1, channels])], outputs=[t("xa", [1, tokens, channels])])
+    a = b.op("ADD", [a, const("c", [1, 1, channels])], outputs=[t("xc", [1, tokens, channels])])
+    perm = b.const("perm", np.array([0, 2, 1], np.int32))
+    tr = b.op("TRANSPOSE", [a, perm], outputs=[t("tr", [1, channels, tokens])])
+    fc = b.op(
+        "FULLY_CONNECTED",
+        [tr, const("w", [tokens, tokens], 0.2), const("bias", [tokens])],
+        outputs=[t("fc", [channels, tokens])],
+        options={"keep_num_dims": False},
+    )
+    s = b.op("MUL", [fc, const("s", [1, channels, 1])], outputs=[t("s", [1, channels, tokens])])
+    back = b.op("TRANSPOSE", [s, perm], outputs=[t("back", [1, tokens, channels])])
+    y = b.op("ADD", [x, back], outputs=[t("y", [1, tokens, channels])])
+    b.output(y)
+    return b.build()
+
+
+@pytest.mark.parametrize("half", ["native", "emulated"])
+def test_token_mixing_in_half(half: str, tmp_path) -> None:
+    """The token mixing emitted as ``w @ x`` (`emit_nn._fully_connected_by_columns`) reads
+    its source in half where it is stored so: within fp16's 1e-2 of the numpy reference,
+    natively stored and emulated."""
+    pytest.importorskip("tvm")
+    import litekiln
+
+    data = _token_mixing_model()
+    x = np.random.default_rng(6).uniform(-1, 1, [1, 49, 16]).astype(np.float32)
+    want = litekiln.Interpreter(model_content=data, device="reference").run([x])[0]
+    interp = litekiln.Interpreter(
+        model_content=data, precision="fp16", half=half, cache_dir=tmp_path, fp16_budget=None
+    )
+    got = interp.run([x])[0]
+    err = float(np.abs(got - want).max()) / max(1.0, float(np.abs(want).max()))
+    assert err <= 1e-2, err
