@@ -1227,7 +1227,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
     skipped: list[dict[str, Any]] = []
     date = started.date().isoformat()
     out = Path(args.json) if args.json else RESULTS_DIR / f"{date}.json"
-    environment = _environment()
+    environment, git = _environment(), _git_state()
     todo = list(resolve(args.only))
 
     def snapshot(left: list[str]) -> dict[str, Any]:
@@ -1243,7 +1243,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
             "metric": "max|ours - LiteRT| / max(1, max|LiteRT|) over all outputs",
             "input_seed": INPUT_SEED,
             "defaults": "litekiln.Interpreter(model_path=...) with no LITEKILN_* variables set",
-            "git": _git_state(),
+            "git": git,
             **environment,
             "seconds": round(time.perf_counter() - t0, 1),
             "summary": summarize(models),

@@ -26,6 +26,8 @@ from litekiln.compiler.lowering import (
     emitter,
     epilogue,
     patch_embedding,
+    source_and_weights,
+    transpose_perm,
 )
 from litekiln.ops.base import is_quantized
 from litekiln.ops.conv import C_PADDING_SAME, Convolution2DTransposeBias
@@ -189,11 +191,7 @@ def _swapped_source(ctx: Ctx, n_in: int) -> int | None:
     lw, t = ctx.lw, ctx.op.inputs[0]
     g = lw.graph
     producer = next((g.ops[i] for i in lw.part.ops if t in g.ops[i].outputs), None)
-    if producer is None or producer.name != "TRANSPOSE" or len(producer.inputs) != 2:
-        return None
-    perm_t = producer.inputs[1]
-    perm = g.tensors[perm_t].data if perm_t >= 0 else None
-    if perm is None or [int(v) for v in np.asarray(perm).reshape(-1)] != [0, 2, 1]:
+    if producer is None or producer.name != "TRANSPOSE" or transpose_perm(g, producer) != [0, 2, 1]:
         return None
     src = producer.inputs[0]
     x = g.tensors[src]
@@ -215,11 +213,7 @@ def _fully_connected_by_columns(ctx: Ctx, w: np.ndarray, src: int) -> list[Expr]
     on either side meet in the readers' index arithmetic. Written as TFLite has it, ResMLP's
     token mixing read its operand across the rows of the activations and its readers read
     its result so again (issue 15)."""
-    lw, t = ctx.lw, ctx.op.inputs[0]
-    if lw.half_stored(t) and lw.half_stored(src):
-        x, wc = lw.stored(src), ctx.wconst(w)
-    else:  # float32, as `data_and_weights` has it for a float32 operand
-        x, wc = lw.value(src), ctx.fconst(w)
+    x, wc = source_and_weights(ctx, src, w)
     y = ctx.emit(relax.op.matmul(wc, x, out_dtype=ACC_DTYPE))
     if ctx.has(2):
         y = ctx.emit(relax.op.add(y, ctx.fconst(ctx.const(2).reshape(-1, 1))))

@@ -300,12 +300,10 @@ class Lowering:
             op = g.ops[i]
             if op.name != "TRANSPOSE" or len(op.inputs) != 2 or len(op.outputs) != 1:
                 continue
-            src, perm_t, t = op.inputs[0], op.inputs[1], op.outputs[0]
+            src, t = op.inputs[0], op.outputs[0]
             x, out = g.tensors[src], g.tensors[t]
-            perm = g.tensors[perm_t].data if perm_t >= 0 else None
             if (
-                perm is None
-                or [int(v) for v in np.asarray(perm).reshape(-1)] != [0, 2, 3, 1]
+                transpose_perm(g, op) != [0, 2, 3, 1]
                 or src not in self.part.inputs
                 or t in self.part.outputs
                 or x.data is not None
@@ -908,12 +906,23 @@ def conv_data(
         return (*data_and_weights(ctx, 0, w), pads)
     src, extra = fold
     top, left, bottom, right = (a + b for a, b in zip(pads, extra, strict=True))
-    total = (top, left, bottom, right)
-    lw = ctx.lw
-    if not (lw.half_stored(t) and lw.half_stored(src)):
-        # A float32 padded tensor, or a float32 source (a partition input): float32 data and
-        # weights, as `data_and_weights` does for float32 operands (rounding the source
-        # here would cost a cast kernel per convolution).
-        return lw.value(src), ctx.fconst(w), total
-    x = lw.stored(src)
-    return x, ctx.wconst(w), total
+    return (*source_and_weights(ctx, src, w), (top, left, bottom, right))
+
+
+def source_and_weights(ctx: Ctx, src: int, w: np.ndarray) -> tuple[Expr, Expr]:
+    """Tensor ``src``, read in place of operand 0 (a PAD folded into its convolution, a
+    TRANSPOSE into its FULLY_CONNECTED), and the weights: both as stored where operand 0
+    and ``src`` are both stored in half, else float32, as `data_and_weights` does for
+    float32 operands (rounding the source here would cost a cast kernel per reader)."""
+    lw, t = ctx.lw, ctx.op.inputs[0]
+    if lw.half_stored(t) and lw.half_stored(src):
+        return lw.stored(src), ctx.wconst(w)
+    return lw.value(src), ctx.fconst(w)
+
+
+def transpose_perm(g: Subgraph, op: Op) -> list[int] | None:
+    """A TRANSPOSE's permutation, where it is a constant (else None)."""
+    if len(op.inputs) != 2 or op.inputs[1] < 0:
+        return None
+    perm = g.tensors[op.inputs[1]].data
+    return None if perm is None else [int(v) for v in np.asarray(perm).reshape(-1)]
