@@ -462,6 +462,122 @@ class Conv2D(_ConvLike):
         return None
 
 
+def conv3d_ndhwc(
+    x: np.ndarray,
+    w: np.ndarray,
+    strides: tuple[int, int, int],
+    dilations: tuple[int, int, int],
+    padding: int,
+) -> np.ndarray:
+    """Conv of NDHWC ``x`` with a ``[KD, KH, KW, I, O]`` filter (CONV_3D's layout), float32,
+    no bias; the paddings per axis as LiteRT's ``ComputePadding3DValues`` (the odd one after).
+    """
+    x, w = _f32(x), _f32(w)
+    kd, kh, kw, ci, co = w.shape
+    n = x.shape[0]
+    sizes = [
+        out_size(x.shape[1 + a], (kd, kh, kw)[a], strides[a], dilations[a], padding)
+        for a in range(3)
+    ]
+    if min(sizes) < 0:
+        raise ValueError(f"a {kd}x{kh}x{kw} window does not fit input {list(x.shape[1:4])}")
+    out = np.zeros((n, *sizes, co), np.float32)
+    if min(sizes) == 0:
+        return out
+    pads, need = [], []
+    for a, k in enumerate((kd, kh, kw)):
+        before, _ = pad_amounts(x.shape[1 + a], k, strides[a], dilations[a], sizes[a])
+        span = (sizes[a] - 1) * strides[a] + (k - 1) * dilations[a] + 1
+        pads.append((before, max(span - x.shape[1 + a] - before, 0)))
+        need.append(span)
+    xp = np.pad(x, ((0, 0), *pads, (0, 0)))
+    acc = np.zeros((n * sizes[0] * sizes[1] * sizes[2], co), np.float64)
+    for fz in range(kd):
+        for fy in range(kh):
+            for fx in range(kw):
+                z0, y0, x0 = fz * dilations[0], fy * dilations[1], fx * dilations[2]
+                tap = xp[
+                    :,
+                    z0 : z0 + (sizes[0] - 1) * strides[0] + 1 : strides[0],
+                    y0 : y0 + (sizes[1] - 1) * strides[1] + 1 : strides[1],
+                    x0 : x0 + (sizes[2] - 1) * strides[2] + 1 : strides[2],
+                    :,
+                ]
+                acc += tap.reshape(-1, ci).astype(np.float64) @ w[fz, fy, fx].astype(np.float64)
+    return acc.astype(np.float32).reshape(out.shape)
+
+
+@register
+class Conv3D(OpDef):
+    """CONV_3D (conv3d.cc): float32 NDHWC input, ``[KD, KH, KW, I, O]`` filter, optional bias,
+    strides and dilations per axis, SAME or VALID padding, a fused activation. Timm's lambda
+    layers (``nn.Conv3d`` of their relative positions) convert to it.
+
+    CPU only: LiteRT's GPU delegate has no form of it, nor does the GPU path's rank-4 NHWC
+    lowering.
+    """
+
+    name = "CONV_3D"
+    versions = (1, 1)
+    num_inputs = (2, 3)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """Prepare's rules: rank-5 input and filter, the filter's input channels those of the
+        input, float32 throughout, a bias of one value per output channel, a window that fits
+        (padding, strides and dilations positive)."""
+        super().validate(c)
+        x, w = c.input(0), c.input(1)
+        bias = c.optional(2)
+        c.rank(x, 5, 5, "input")
+        c.rank(w, 5, 5, "filter")
+        for t, role in ((x, "input"), (w, "filter")):
+            c.dtype(t, FLOAT32, role)
+        c.output_dtype(np.dtype(np.float32))
+        if x.shape[4] != w.shape[3]:
+            raise c.fail(
+                "filter-channels",
+                f"input has {x.shape[4]} channels, the filter {list(w.shape)} takes {w.shape[3]}",
+            )
+        if bias is not None:
+            c.dtype(bias, FLOAT32, "bias")
+            if bias.size != w.shape[4]:
+                raise c.fail(
+                    "bias-size",
+                    f"bias {bias.name!r} has {bias.size} values for {w.shape[4]} output channels",
+                )
+        o = c.op.options
+        padding = int(o.get("padding", SAME))
+        sizes = []
+        for a, axis in enumerate(("depth", "height", "width")):
+            key = axis[0]
+            sizes.append(
+                checked_out_size(
+                    c,
+                    padding,
+                    x.shape[1 + a],
+                    w.shape[a],
+                    int(o.get(f"stride_{key}", 0)),
+                    int(o.get(f"dilation_{key}_factor", 1)),
+                    axis,
+                )
+            )
+        c.output_shape((x.shape[0], *sizes, w.shape[4]))
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        o = ctx.options
+        x, w = required(ctx, inputs, 0), required(ctx, inputs, 1)
+        y = conv3d_ndhwc(
+            x,
+            w,
+            tuple(int(o.get(f"stride_{k}", 1)) for k in "dhw"),  # type: ignore[arg-type]
+            tuple(int(o.get(f"dilation_{k}_factor", 1) or 1) for k in "dhw"),  # type: ignore[arg-type]
+            int(o.get("padding", SAME)),
+        )
+        return _finish(ctx, y, _optional(inputs, 2))
+
+
 @register
 class DepthwiseConv2D(_ConvLike):
     """DEPTHWISE_CONV_2D: filter 1HW(C*M); output channel ``c*M + m`` reads input channel c."""

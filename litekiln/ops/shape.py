@@ -921,6 +921,103 @@ class Gather(_Movement):
         return [rows.take(params)]
 
 
+@register
+class EmbeddingLookup(OpDef):
+    """EMBEDDING_LOOKUP (embedding_lookup.cc): rows of a table at run-time ids -- the word or
+    token embedding of text models (PyTorch's ``nn.Embedding`` through litert-torch).
+
+    Inputs: the ids (int32, rank 1) and the table (rank >= 2, rows along axis 0); the output is
+    ``[len(ids), *table.shape[1:]]``. A float32 table, or an 8-bit one with an output of its
+    own type, is copied row by row. An 8-bit (or int4) table with a float32 output is LiteRT's
+    hybrid kernel: each stored integer, read as *signed* 8-bit (uint8 bytes too, as LiteRT
+    reads them), times the table's scale -- its row's where the scales are per row -- and the
+    zero point is not used. An id outside the table is an error at run time, as in LiteRT.
+
+    CPU only: the ids are integers computed at run time (the GPU path computes float tensors),
+    as in LiteRT's GPU delegate, which has no form of the op either.
+    """
+
+    name = "EMBEDDING_LOOKUP"
+    quant_aware = True  # the stored integers, scaled as LiteRT's hybrid kernel does
+    versions = (1, 4)  # v2 int8 (hybrid), v3 per-channel scales, v4 int4
+    num_inputs = (2, 2)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """Prepare's rules (int32 ids of rank 1, a table of rank 2 or more, the output's
+        shape), and Eval's types, checked here so that a file LiteRT cannot run is refused at
+        load: float32 tables, and 8-bit or int4 tables with a float32 output or one of their
+        own type."""
+        super().validate(c)
+        ids, table, y = c.input(0), c.input(1), c.output()
+        c.rank(ids, 1, 1, "ids")
+        c.dtype(ids, frozenset({"int32"}), "ids")
+        c.rank(table, 2, 8, "table")
+        q = table.quantization
+        if table.type_name not in ("float32", "int8", "uint8", "int4"):
+            raise c.fail(
+                "table-type",
+                f"table {table.name!r} is {table.type_name}; LiteRT looks up float32, int8, "
+                "uint8 and int4 tables",
+            )
+        hybrid = table.type_name != "float32" and y.type_name == "float32"
+        if not hybrid and y.type_name != table.type_name:
+            # LiteRT's Prepare leaves the declared type; its Eval would copy the bytes.
+            raise c.fail(
+                "output-type",
+                f"output {y.name!r} is {y.type_name}; a {table.type_name} table gives "
+                + (
+                    "float32 rows"
+                    if table.type_name == "float32"
+                    else f"float32 (dequantized) or {table.type_name} rows"
+                ),
+            )
+        if hybrid and (q is None or int(q.zero_point.reshape(-1)[0]) != 0):
+            raise c.fail(
+                "table-zero-point",
+                f"a {table.type_name} table read as float32 must be symmetric (zero point 0), "
+                f"got {None if q is None else int(q.zero_point.reshape(-1)[0])}",
+            )
+        if (
+            q is not None
+            and q.scale.size > 1
+            and (not hybrid or q.axis != 0 or q.scale.size != table.shape[0])
+        ):
+            raise c.fail(
+                "table-scale",
+                f"{q.scale.size} scales along axis {q.axis}: per-axis scales are one a row "
+                f"({table.shape[0]}, axis 0), for a table read as float32",
+            )
+        if ids.data is not None:
+            data = np.asarray(ids.data)
+            if data.size and (data.min() < 0 or data.max() >= table.shape[0]):
+                raise c.fail("ids", f"ids outside [0, {table.shape[0]})")
+        c.output_shape((ids.shape[0], *table.shape[1:]))
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        ids = int_input(ctx, inputs, 0).reshape(-1)
+        table = required(ctx, inputs, 1)
+        n = table.shape[0]
+        if ids.size and (ids.min() < 0 or ids.max() >= n):
+            bad = int(ids[(ids < 0) | (ids >= n)][0])
+            raise ctx.fail(f"id {bad} is outside the table's rows [0, {n - 1}]")
+        rows = table[ids]
+        out = ctx.output_tensor()
+        if out.type_name != "float32" or table.dtype == np.float32:
+            return [rows]
+        # LiteRT's hybrid kernel: the bytes as int8, times the (row's) scale, in float.
+        tensor = ctx.input_tensor(1)
+        q = tensor.quantization if tensor is not None else None
+        if q is None:
+            raise ctx.fail("an 8-bit table read as float32 has no scale")
+        scale = q.scale.reshape(-1).astype(np.float64)
+        row_scale = scale[ids] if scale.size > 1 else np.full(ids.size, scale[0])
+        signed = rows.view(np.int8) if rows.dtype == np.uint8 else rows.astype(np.int8)
+        shape = (ids.size,) + (1,) * (rows.ndim - 1)
+        return [(signed.astype(np.float64) * row_scale.reshape(shape)).astype(np.float32)]
+
+
 @dataclass(frozen=True)
 class GatherRows:
     """A gather at known positions as one take of whole rows: the data viewed as
