@@ -7,18 +7,23 @@ against LiteRT's own kernels (``oplib.check_op``): the float copy, LiteRT's hybr
 (8-bit bytes read as signed, times the table's scale, per row where there are several, the
 zero point unused), the 8-bit copy, and 3-D windows of every option. A text model whose ids
 feed the lookup runs with its transformer on the GPU path (PoCL) and its lookup on the CPU,
-against LiteRT, on the inputs ``random_inputs`` draws for it (ids within the table).
+against LiteRT, on the inputs ``random_inputs`` draws for it (ids within the table). A
+CONV_3D whose window is one cell along an axis becomes a CONV_2D at load
+(`litekiln.ops.conv3d_as_2d`): those run whole on the GPU path, against LiteRT, on every test
+device.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from gpu_helper import Batch, Case, G
 from oplib import Quant, Spec, check_op, run_litert
-from tflite_builder import ModelBuilder
+from tflite_builder import ModelBuilder, TensorRef
 
 from litekiln.errors import ModelError, ModelValidationError
 from litekiln.model import load_model
+from litekiln.ops.conv import out_size
 
 opencl = pytest.mark.opencl
 
@@ -206,3 +211,62 @@ def test_embedding_lookup_hybrid_tables_litert_refuses(quant: Quant, match: str)
     b.output(y)
     with pytest.raises(ModelValidationError, match=match):
         load_model(b.build())
+
+
+def _conv3d(x: list[int], w: list[int], bias: bool = True, **options: object):
+    opts = {"padding": "SAME", "stride_d": 1, "stride_h": 1, "stride_w": 1, **options}
+    code = 0 if opts["padding"] == "SAME" else 1
+    dims = [
+        out_size(
+            x[1 + a],
+            w[a],
+            int(opts[f"stride_{k}"]),  # type: ignore[call-overload]
+            int(opts.get(f"dilation_{k}_factor", 1)),  # type: ignore[call-overload]
+            code,
+        )
+        for a, k in enumerate("dhw")
+    ]
+
+    def build(g: G) -> TensorRef:
+        ins = [g.x(x), g.w(w)]
+        if bias:
+            ins.append(g.w([w[4]]))
+        return g.op("CONV_3D", ins, [x[0], *dims, w[4]], opts)
+
+    return build
+
+
+CONV3D_GPU = Batch(
+    "conv3d_as_2d",
+    [
+        Case("lambda_w1", _conv3d([1, 6, 6, 5, 1], [5, 5, 1, 1, 4], bias=False)),
+        Case("frames_d1", _conv3d([2, 3, 7, 6, 3], [1, 3, 3, 3, 5], stride_h=2, padding="VALID")),
+        Case("h1_dilated", _conv3d([1, 7, 4, 8, 2], [3, 1, 3, 2, 3], dilation_d_factor=2)),
+        Case(
+            "w1_strided_relu",
+            _conv3d([1, 8, 9, 3, 2], [3, 3, 1, 2, 4], stride_d=2, fused_activation_function="RELU"),
+        ),
+    ],
+)
+
+
+@opencl
+@pytest.mark.parametrize("case", CONV3D_GPU.ids())
+def test_conv3d_with_a_unit_axis_runs_on_the_gpu(case: str) -> None:
+    CONV3D_GPU.check(case)
+
+
+def test_conv3d_without_a_unit_axis_stays_one_op() -> None:
+    from litekiln.compiler.partition import partition
+
+    b = ModelBuilder()
+    y = b.op(
+        "CONV_3D",
+        [b.input("x", [1, 4, 4, 4, 2]), b.const("w", np.ones([2, 2, 2, 2, 3], np.float32))],
+        out_shape=[1, 4, 4, 4, 3],
+        options={"padding": "SAME", "stride_d": 1, "stride_h": 1, "stride_w": 1},
+    )
+    b.output(y)
+    graph = load_model(b.build()).main
+    assert [op.name for op in graph.ops] == ["CONV_3D"]
+    assert partition(graph).cpu_reasons == {0: "no GPU form in litekiln"}

@@ -513,11 +513,15 @@ class Conv3D(OpDef):
     strides and dilations per axis, SAME or VALID padding, a fused activation. Timm's lambda
     layers (``nn.Conv3d`` of their relative positions) convert to it.
 
-    CPU only: LiteRT's GPU delegate has no form of it, nor does the GPU path's rank-4 NHWC
-    lowering.
+    One whose window is one cell along an axis (stride one there) becomes a CONV_2D over
+    the two other axes at load (:mod:`litekiln.ops.conv3d_as_2d`), which the GPU path runs;
+    any other stays on the CPU (LiteRT's GPU delegate has no form of it, nor the GPU path's
+    rank-4 NHWC lowering).
     """
 
     name = "CONV_3D"
+    rewritten_at_load = "a CONV_2D at load when its window is one cell along an axis"
+    gpu_limits = "windows of more than one cell along every axis on the CPU"
     versions = (1, 1)
     num_inputs = (2, 3)
 

@@ -39,6 +39,7 @@ from litekiln.model.loader import check_graph
 from litekiln.model.schema import builtin_code
 from litekiln.ops.base import validate_model
 from litekiln.ops.control import callees, unroll_plan
+from litekiln.ops.conv3d_as_2d import conv3d_as_2d
 from litekiln.ops.fold import fold_op
 from litekiln.ops.unroll_lstm import expand_sequence_lstm
 
@@ -50,7 +51,8 @@ def check_and_rewrite(model: Model) -> None:
     unrolled or (any other op) folded if its inputs are known, in op order, so that each op
     is checked against the constants and the unrolled steps before it. A float
     UNIDIRECTIONAL_SEQUENCE_LSTM is expanded into its steps the same way
-    (:mod:`litekiln.ops.unroll_lstm`). Once a loop is
+    (:mod:`litekiln.ops.unroll_lstm`), and a CONV_3D with a window of one along an axis
+    becomes a CONV_2D (:mod:`litekiln.ops.conv3d_as_2d`). Once a loop is
     unrolled, the ops after it are also simplified (:func:`simplify_op`) before they fold,
     and the ops nothing reads any more are dropped at the end."""
     unrolled = False
@@ -62,6 +64,8 @@ def check_and_rewrite(model: Model) -> None:
             return
         if op.name == "UNIDIRECTIONAL_SEQUENCE_LSTM" and expand_sequence_lstm(op, graph):
             return  # (its steps are checked next)
+        if op.name == "CONV_3D" and conv3d_as_2d(op, graph):
+            return  # (the CONV_2D and its reshapes are checked next)
         if unrolled:
             simplify_op(op, graph)
         fold_op(op, graph)
