@@ -245,6 +245,14 @@ MODELS: tuple[CorpusModel, ...] = (
     _timm("coat_lite_tiny"),
     _timm("resmlp_12_224"),
     _timm("dla34"),
+    # the twenty-fourth session's: lambda layers (a CONV_3D), split attention, cross-covariance
+    # attention, rotary embeddings, and a mobile hybrid with attention
+    _timm("lambda_resnet26t", 256, _NATIVE),
+    _timm("resnest14d"),
+    _timm("xcit_nano_12_p16_224"),
+    _timm("eva02_tiny_patch14_224"),
+    _timm("hgnetv2_b0"),
+    _timm("mobilenetv4_hybrid_medium"),
     # Keras applications, weights=None
     _keras("MobileNetV2"),
     _keras("MobileNetV3Small"),
