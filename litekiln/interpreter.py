@@ -36,7 +36,7 @@ from litekiln.runtime.threads import cpu_thread_limit
 
 if TYPE_CHECKING:
     from litekiln.model import Model, Tensor
-    from litekiln.model.ir import Op, Subgraph
+    from litekiln.model.ir import Subgraph
     from litekiln.runtime.device import DeviceHandle
 
 # The rest of litekiln (the flatbuffer readers, the op registry the parser checks every op
@@ -1022,11 +1022,7 @@ def index_bounds(graph: Subgraph) -> dict[int, int]:
     EMBEDDING_LOOKUP or the positions of a GATHER (along its axis), reached directly or
     through reshapes and casts. A random input must stay in ``[0, rows)`` there, or the
     lookup fails (in LiteRT too): a text model's token ids."""
-    readers: dict[int, list[Op]] = {}
-    for op in graph.ops:
-        for t in op.inputs:
-            if t >= 0:
-                readers.setdefault(t, []).append(op)
+    readers = graph.readers()
     bounds: dict[int, int] = {}
     for start in graph.inputs:
         if graph.tensors[start].dtype.kind not in "iu":

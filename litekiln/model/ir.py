@@ -232,6 +232,15 @@ class Subgraph:
                     out[t] = op.index
         return out
 
+    def readers(self) -> dict[int, list[Op]]:
+        """Map tensor index -> the (live) ops that read it, in op order."""
+        out: dict[int, list[Op]] = {}
+        for op in self.live_ops():
+            for t in dict.fromkeys(op.inputs):
+                if t >= 0:
+                    out.setdefault(t, []).append(op)
+        return out
+
 
 @dataclass
 class SignatureDef:

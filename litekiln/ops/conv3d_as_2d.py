@@ -26,7 +26,7 @@ import numpy as np
 
 from litekiln.model.ir import Op, Subgraph
 from litekiln.model.loader import check_graph
-from litekiln.ops.unroll_lstm import _Builder
+from litekiln.ops.unroll_lstm import OpBuilder
 
 log = logging.getLogger("litekiln")
 
@@ -64,7 +64,7 @@ def conv3d_as_2d(op: Op, graph: Subgraph) -> bool:
     n = x.shape[0]
     rest = [a for a, _ in _AXES if a != axis]  # the two axes the CONV_2D runs over
     keys = {a: k for a, k in _AXES}
-    b = _Builder(graph, y.name)
+    b = OpBuilder(graph, y.name)
     # x -> [N, U, A, B, C] -> [N*U, A, B, C]
     perm = [0, axis, *rest, 4]
     moved = x_t

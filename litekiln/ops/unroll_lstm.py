@@ -66,13 +66,13 @@ def expand_sequence_lstm(op: Op, graph: Subgraph) -> bool:
         log.warning("%s stays whole on the CPU: %s", op.describe(), why)
         if len(op.outputs) == 1:
             out = graph.tensors[op.outputs[0]]
-            b = _Builder(graph, out.name)
+            b = OpBuilder(graph, out.name)
             h = b.tensor("final_output_state", graph.tensors[h_var].shape)
             c = b.tensor("final_cell_state", graph.tensors[c_var].shape)
             op.outputs = [*op.outputs, h, c]
         graph.variable_updates[h_var], graph.variable_updates[c_var] = op.outputs[1:3]
         return False
-    b = _Builder(graph, graph.tensors[op.outputs[0]].name)
+    b = OpBuilder(graph, graph.tensors[op.outputs[0]].name)
     h, c = _expand(op, graph, b, LstmShape.of(op, graph))
     graph.variable_updates[h_var], graph.variable_updates[c_var] = h, c
     graph.ops = [*graph.ops[: op.index], *b.ops, *graph.ops[op.index + 1 :]]
@@ -84,8 +84,9 @@ def expand_sequence_lstm(op: Op, graph: Subgraph) -> bool:
     return True
 
 
-class _Builder:
-    """New tensors and ops for one expanded op."""
+class OpBuilder:
+    """New tensors and ops that replace one op of a graph (an expanded sequence LSTM, a
+    CONV_3D made a CONV_2D: `litekiln.ops.conv3d_as_2d`)."""
 
     def __init__(self, graph: Subgraph, prefix: str) -> None:
         self.graph = graph
@@ -144,7 +145,7 @@ def _weights(op: Op, graph: Subgraph, s: LstmShape) -> tuple[np.ndarray, np.ndar
     return w, bias
 
 
-def _expand(op: Op, graph: Subgraph, b: _Builder, s: LstmShape) -> tuple[int, int]:
+def _expand(op: Op, graph: Subgraph, b: OpBuilder, s: LstmShape) -> tuple[int, int]:
     """Emit the steps into ``b``; returns the final (h, c) tensors, shaped as the variables."""
     batch, cells, n_out = s.batch, s.n_cell, s.n_output
     consts: dict[str, int] = {}
@@ -262,7 +263,7 @@ def _expand(op: Op, graph: Subgraph, b: _Builder, s: LstmShape) -> tuple[int, in
     )
 
 
-def _reshaped(b: _Builder, t: int, shape: tuple[int, ...], name: str) -> int:
+def _reshaped(b: OpBuilder, t: int, shape: tuple[int, ...], name: str) -> int:
     """``t`` as ``shape`` (itself when it has it already; else a RESHAPE)."""
     if b.graph.tensors[t].shape == tuple(shape):
         return t
