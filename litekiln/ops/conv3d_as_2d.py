@@ -25,7 +25,6 @@ import logging
 import numpy as np
 
 from litekiln.model.ir import Op, Subgraph
-from litekiln.model.loader import check_graph
 from litekiln.ops.unroll_lstm import OpBuilder
 
 log = logging.getLogger("litekiln")
@@ -63,7 +62,7 @@ def conv3d_as_2d(op: Op, graph: Subgraph) -> bool:
     x, w, y = graph.tensors[x_t], graph.tensors[w_t], graph.tensors[y_t]
     n = x.shape[0]
     rest = [a for a, _ in _AXES if a != axis]  # the two axes the CONV_2D runs over
-    keys = {a: k for a, k in _AXES}
+    keys = dict(_AXES)
     b = OpBuilder(graph, y.name)
     # x -> [N, U, A, B, C] -> [N*U, A, B, C]
     perm = [0, axis, *rest, 4]
@@ -105,10 +104,7 @@ def conv3d_as_2d(op: Op, graph: Subgraph) -> bool:
              [unflat])  # fmt: skip
         inverse = [perm.index(i) for i in range(5)]
         b.op("TRANSPOSE", [unflat, b.const("out_perm", inverse, np.int32)], [y_t])
-    graph.ops = [*graph.ops[: op.index], *b.ops, *graph.ops[op.index + 1 :]]
-    for i, new in enumerate(graph.ops):
-        new.index = i
-    check_graph(graph, graph.name)
+    b.replace(op)
     log.info("%s: a 2-D convolution for each of its %d positions along axis %d (%d ops)",
              op.describe(), x.shape[axis], axis, len(b.ops))  # fmt: skip
     return True

@@ -75,11 +75,7 @@ def expand_sequence_lstm(op: Op, graph: Subgraph) -> bool:
     b = OpBuilder(graph, graph.tensors[op.outputs[0]].name)
     h, c = _expand(op, graph, b, LstmShape.of(op, graph))
     graph.variable_updates[h_var], graph.variable_updates[c_var] = h, c
-    graph.ops = [*graph.ops[: op.index], *b.ops, *graph.ops[op.index + 1 :]]
-    for i, o in enumerate(graph.ops):
-        o.index = i
-    graph.__dict__.pop("is_quantized", None)  # (a cached property)
-    check_graph(graph, graph.name)
+    b.replace(op)
     log.info("%s expanded: %d steps, %d ops", op.describe(), b.steps, len(b.ops))
     return True
 
@@ -107,6 +103,16 @@ class OpBuilder:
         )
         tensors.append(t)
         return t.index
+
+    def replace(self, op: Op) -> None:
+        """Put the ops built so far in ``op``'s place in the graph, renumber the graph's ops
+        and check it (the loader checks the new ops next, in order)."""
+        graph = self.graph
+        graph.ops = [*graph.ops[: op.index], *self.ops, *graph.ops[op.index + 1 :]]
+        for i, o in enumerate(graph.ops):
+            o.index = i
+        graph.__dict__.pop("is_quantized", None)  # (a cached property)
+        check_graph(graph, graph.name)
 
     def const(self, name: str, value: Any, dtype: Any = np.float32) -> int:
         data = np.ascontiguousarray(np.asarray(value, dtype))
