@@ -290,6 +290,26 @@ def _reduce(name, shape, axes, keep, low=-1.0, high=1.0):
     )
 
 
+def _split_attention(g, radix=2, channels=8, hw=5):
+    """ResNeSt's split attention as litert-torch writes it: a softmax over the radix
+    (REDUCE_MAX, SUB, EXP, SUM, DIV), the branches weighted by it and summed (MUL, SUM).
+    The reductions over the radix are written term by term (`emit_math._few_terms`):
+    injective, they fuse with the arithmetic between them."""
+    none = {"fused_activation_function": "NONE"}
+    logits = [1, radix, 1, channels]
+    stat = [1, 1, channels]
+    x = g.x(logits, low=-3.0, high=3.0)
+    axis = g.ints([1])
+    m = g.op("REDUCE_MAX", [x, axis], stat, {"keep_dims": False})
+    e = g.op("EXP", [g.op("SUB", [x, m], logits, none)], logits)
+    p = g.op("DIV", [e, g.op("SUM", [e, axis], stat, {"keep_dims": False})], logits, none)
+    weights = [1, radix, channels, 1, 1]
+    p = g.op("RESHAPE", [p, g.ints(weights)], weights)
+    branches = [1, radix, channels, hw, hw]
+    y = g.op("MUL", [g.x(branches), p], branches, none)
+    return g.op("SUM", [y, axis], [1, channels, hw, hw], {"keep_dims": False})
+
+
 def _softmax(name, shape, beta=1.0, low=-1.0, high=1.0):
     opts = {"beta": beta} if name == "SOFTMAX" else None
     return lambda g: g.op(name, [g.x(shape, low=low, high=high)], shape, opts)
@@ -326,6 +346,13 @@ REDUCE = Batch(
         Case("sum_rank1_all", _reduce("SUM", [37], [0], False)),
         Case("mean_rank5_group_norm", _reduce("MEAN", [2, 4, 3, 5, 6], [2, 3, 4], True)),
         Case("max_rank6", _reduce("REDUCE_MAX", [2, 1, 3, 2, 4, 3], [0, -1, 3], False)),
+        # few terms (at most `emit_math._FEW_TERMS`): written term by term
+        Case("sum_few_two_axes_keep", _reduce("SUM", [2, 2, 3, 2], [1, 3], True)),
+        Case("min_few_two_axes", _reduce("REDUCE_MIN", [3, 2, 5, 2], [-1, 1], False)),
+        Case("mean_few_first", _reduce("MEAN", [3, 4, 5], [0], False)),
+        Case("prod_few_middle_keep", _reduce("REDUCE_PROD", [2, 4, 3], [1], True, 0.5, 1.5)),
+        Case("split_attention_radix2", _split_attention),
+        Case("split_attention_radix4", lambda g: _split_attention(g, 4, 16, 3)),
         Case("softmax_rank5", _softmax("SOFTMAX", [2, 1, 3, 2, 5], 1.0)),
         Case("log_softmax_rank5", _softmax("LOG_SOFTMAX", [2, 1, 3, 2, 5])),
         Case(

@@ -172,6 +172,14 @@ CONV = Batch(
         Case("conv_k2x4_s1x3_same_even", _conv([1, 8, 10, 2], 3, (2, 4), (1, 3))),
         Case("conv_1x1_pointwise", _conv([1, 6, 6, 8], 16, (1, 1), padding="VALID")),
         Case("conv_grouped_2", _conv([1, 8, 8, 6], 4, (3, 3), cin=3)),
+        # 2-4 wide groups: a convolution per group, side by side (emit_nn `_split_groups`):
+        # ResNeSt's radix-2 3x3, a strided 4-group one, a dilated 1x1-wide one
+        Case("conv_split_groups_2", _conv([1, 10, 10, 32], 64, (3, 3), cin=16, act="RELU")),
+        Case(
+            "conv_split_groups_4_s2_valid",
+            _conv([1, 11, 11, 64], 128, (3, 3), (2, 2), padding="VALID", cin=16, act="RELU6"),
+        ),
+        Case("conv_split_groups_3_d2", _conv([1, 9, 9, 48], 96, (3, 3), d=(2, 2), cin=16)),
         Case("conv_k2_s3_stride_gt_kernel", _conv([1, 10, 10, 2], 3, (2, 2), (3, 3))),
         Case("conv_k3_same_on_2x2", _conv([1, 2, 2, 3], 2, (3, 3), (2, 2))),
         Case("dw_k3_s1_same", _dw([1, 9, 9, 4], 1, (3, 3))),

@@ -219,28 +219,86 @@ def _select(ctx: Ctx) -> list[Expr]:
 # -- reductions and normalisations ------------------------------------------------------------
 
 
-def _reduce(fn: Callable[..., Expr]) -> Callable[[Ctx], list[Expr]]:
+#: `_reduce`: a reduction over at most this many terms per output is written out term by
+#: term (`_few_terms`), an injective kernel that fuses with its neighbours: ResNeSt's split
+#: attention sums and softmaxes over its radix of 2 (litert-torch writes the softmax as
+#: REDUCE_MAX, SUB, EXP, SUM and DIV), six launches a stage that did a few hundred bytes
+#: of work each.
+_FEW_TERMS = 4
+
+
+def _reduce(
+    fn: Callable[..., Expr], combine: Callable[[Scalar, Scalar], Scalar], mean: bool = False
+) -> Callable[[Ctx], list[Expr]]:
     def emit(ctx: Ctx) -> list[Expr]:
-        rank = len(ctx.tensor(0).shape)
+        shape = [int(d) for d in ctx.tensor(0).shape]
+        rank = len(shape)
         axes = sorted({int(a) % rank for a in ctx.const(1).reshape(-1)})
         keep = bool(ctx.options.get("keep_dims", False))
         if len(axes) == rank:
             # A rank-0 reduction fails TVM's scheduling (block_realize check): reduce keeping
             # the dims; the lowering reshapes to the declared scalar shape.
             keep = True
+        terms = math.prod(shape[a] for a in axes)
+        if axes and 1 < terms <= _FEW_TERMS and len(axes) < rank:
+            name = ctx.op.name.lower()
+            return [
+                ctx.emit(
+                    ctx.bb.call_te(
+                        lambda x: _few_terms(x, axes, keep, combine, mean, name),
+                        _arg(ctx, 0),
+                        primfunc_name_hint=name,
+                    )
+                )
+            ]
         return [ctx.emit(fn(_arg(ctx, 0), axis=axes, keepdims=keep))]
 
     return emit
 
 
-for _name, _fn in [
-    ("MEAN", relax.op.mean),
-    ("SUM", relax.op.sum),
-    ("REDUCE_PROD", relax.op.prod),
-    ("REDUCE_MAX", relax.op.max),
-    ("REDUCE_MIN", relax.op.min),
+def _few_terms(
+    x: te.Tensor,
+    axes: Sequence[int],
+    keep: bool,
+    combine: Callable[[Scalar, Scalar], Scalar],
+    mean: bool,
+    name: str,
+) -> te.Tensor:
+    """The reduction of ``x`` over ``axes`` with every term read by index, combined in order
+    (as a serial reduction would), the mean divided by the count: no reduction axis."""
+    shape = [int(d) for d in x.shape]
+    kept = [i for i in range(len(shape)) if i not in axes]
+    out = (
+        [1 if i in axes else shape[i] for i in range(len(shape))]
+        if keep
+        else [shape[i] for i in kept]
+    )
+    count = math.prod(shape[a] for a in axes)
+
+    def element(*idx: Scalar) -> Scalar:
+        at = (
+            dict(zip(range(len(shape)), idx, strict=True))
+            if keep
+            else dict(zip(kept, idx, strict=True))
+        )
+        acc = None
+        for term in np.ndindex(*(shape[a] for a in axes)):
+            full = {**at, **dict(zip(axes, term, strict=True))}
+            v = x[tuple(full[i] for i in range(len(shape)))]
+            acc = v if acc is None else combine(acc, v)
+        return acc / _f32(float(count)) if mean else acc
+
+    return te.compute(out, element, name=name)
+
+
+for _name, _fn, _combine in [
+    ("MEAN", relax.op.mean, lambda a, b: a + b),
+    ("SUM", relax.op.sum, lambda a, b: a + b),
+    ("REDUCE_PROD", relax.op.prod, lambda a, b: a * b),
+    ("REDUCE_MAX", relax.op.max, tirx.max),
+    ("REDUCE_MIN", relax.op.min, tirx.min),
 ]:
-    EMITTERS[_name] = _reduce(_fn)
+    EMITTERS[_name] = _reduce(_fn, _combine, mean=_name == "MEAN")
 
 
 @emitter("SOFTMAX")

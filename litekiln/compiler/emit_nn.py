@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
-from tvm import relax
+from tvm import relax, te, topi
 
 from litekiln.compiler.lowering import (
     ACC_DTYPE,
@@ -55,6 +56,25 @@ def _conv2d(ctx: Ctx) -> list[Expr]:
     if folded is not None:  # its input's producer computed as it loads (a scale, a transpose)
         return epilogue(ctx, folded, 2)
     x, wc, pads = conv_data(ctx, w, pads)
+    groups = cin // wi
+    if _split_groups(groups, wi, o):
+        # each group a convolution of its own over its channels, then side by side: a
+        # matrix product per group that `schedules.SharedMatmul` tiles
+        parts = [
+            ctx.emit(
+                ctx.bb.call_te(
+                    functools.partial(
+                        _group_conv_te, group=g, strides=(sh, sw), pads=pads, dilation=(dh, dw)
+                    ),
+                    x,
+                    wc,
+                    groups=groups,
+                    primfunc_name_hint="conv2d_group",
+                )
+            )
+            for g in range(groups)
+        ]
+        return epilogue(ctx, ctx.emit(relax.op.concat(parts, axis=3)), 2)
     y = ctx.emit(
         relax.op.nn.conv2d(
             x,
@@ -62,13 +82,69 @@ def _conv2d(ctx: Ctx) -> list[Expr]:
             strides=(sh, sw),
             padding=pads,
             dilation=(dh, dw),
-            groups=cin // wi,
+            groups=groups,
             data_layout="NHWC",
             kernel_layout="OHWI",
             out_dtype=ACC_DTYPE,
         )
     )
     return epilogue(ctx, y, 2)
+
+
+#: `_split_groups`: at most this many groups, each with at least these many input and
+#: output channels (ResNeSt's radix-2 3x3 convolutions: 2 groups of 32-256 inputs into
+#: 64-512 outputs). Narrower or more groups keep relax's grouped convolution: a launch per
+#: group would cost more than the tiles gain.
+_SPLIT_MAX_GROUPS = 4
+_SPLIT_MIN_INPUTS = 16
+_SPLIT_MIN_OUTPUTS = 32
+
+
+def _split_groups(groups: int, group_inputs: int, outputs: int) -> bool:
+    """Whether a grouped convolution is emitted as one convolution per group."""
+    return (
+        2 <= groups <= _SPLIT_MAX_GROUPS
+        and group_inputs >= _SPLIT_MIN_INPUTS
+        and outputs % groups == 0
+        and outputs // groups >= _SPLIT_MIN_OUTPUTS
+    )
+
+
+def _group_conv_te(
+    x: te.Tensor,
+    w: te.Tensor,
+    *,
+    groups: int,
+    group: int,
+    strides: tuple[int, int],
+    pads: tuple[int, int, int, int],
+    dilation: tuple[int, int],
+) -> te.Tensor:
+    """Group ``group`` of a grouped NHWC convolution (weights OHWI, ``[outputs, kh, kw,
+    inputs per group]``): the sums of its output channels, ``[n, h', w', outputs / groups]``.
+    It reads the group's input channels and weight rows at a constant offset from the whole
+    tensors, so that the weights stay one constant (rebuilt from the model) and the input is
+    never copied; the sums are an ordinary convolution's (``conv2d_nhwc``), which the
+    schedules take as a matrix product."""
+    n, h, wd, _ = (int(v) for v in x.shape)
+    o, kh, kw, ci = (int(v) for v in w.shape)
+    og = o // groups
+    top, left, bottom, right = pads
+    (sh, sw), (dh, dw) = strides, dilation
+    oh = (h + top + bottom - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + left + right - dw * (kw - 1) - 1) // sw + 1
+    padded = topi.nn.pad(x, [0, top, left, 0], [0, bottom, right, 0], name="pad_temp")
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+    rc = te.reduce_axis((0, ci), name="rc")
+    c0, f0 = group * ci, group * og
+
+    def body(b: Any, yy: Any, xx: Any, f: Any) -> Any:
+        pixel = padded[b, yy * sh + ry * dh, xx * sw + rx * dw, c0 + rc]
+        weight = w[f0 + f, ry, rx, rc]
+        return te.sum(pixel.astype(ACC_DTYPE) * weight.astype(ACC_DTYPE), [ry, rx, rc])
+
+    return te.compute((n, oh, ow, og), body, name="conv2d_nhwc")
 
 
 @emitter("DEPTHWISE_CONV_2D")
