@@ -7,7 +7,8 @@ the kernels it saves gone and the cases it must leave alone kept:
   ``x * g`` with ``g`` 1x1x1xC;
 * the NCHW -> NHWC transpose of a partition input (`_find_transpose_folds`): PyTorch's image;
   a patch embedding over it becomes a matrix product (`patch_embedding`);
-* a concatenation along the channels (`_find_concat_folds`): SqueezeNet's fire modules."""
+* a concatenation along the channels (`_find_concat_folds`): SqueezeNet's fire modules;
+* a slice of a run of channels (`_find_slice_folds`): ShuffleNet's channel split."""
 
 from __future__ import annotations
 
@@ -214,8 +215,73 @@ def _concat_also_pooled() -> bytes:
     return b.build()
 
 
+def _slice(b, x, begin, size, shape):
+    ints = [
+        b.const("begin", np.asarray(begin, np.int32)),
+        b.const("size", np.asarray(size, np.int32)),
+    ]
+    return b.op("SLICE", [x, *ints], out_shape=shape)
+
+
+def _shuffle_block() -> bytes:
+    # ShuffleNet's channel split: a computed map's channels in two runs, each through a 1x1
+    # convolution (ShuffleNet passes the first run on; here a convolution reads it too, so
+    # that both offsets are folded), then side by side again.
+    b = ModelBuilder()
+    x = b.input("x", [1, 6, 5, C])
+    h = _depthwise(b, x, [1, 6, 5, C])
+    first = _slice(b, h, [0, 0, 0, 0], [1, 6, 5, 3], [1, 6, 5, 3])
+    second = _slice(b, h, [0, 0, 0, 3], [-1, -1, -1, -1], [1, 6, 5, 5])
+    y1 = _conv(b, first, [1, 6, 5, 4], cin=3, cout=4)
+    y2 = _conv(b, second, [1, 6, 5, 5], cin=5, cout=5, act="RELU")
+    b.output(_concat(b, [y1, y2], [1, 6, 5, 9]))
+    return b.build()
+
+
+def _strided_slice_pad_depthwise() -> bytes:
+    # A STRIDED_SLICE of channels 2-6 of an input, through a folded PAD, into a depthwise conv
+    # and a strided 3x3 conv.
+    b = ModelBuilder()
+    x = b.input("x", [1, 7, 6, C])
+    spec = (("begin", [0, 0, 0, 2]), ("end", [1, 7, 6, 6]), ("strides", [1, 1, 1, 1]))
+    ints = [b.const(n, np.asarray(v, np.int32)) for n, v in spec]
+    s = b.op("STRIDED_SLICE", [x, *ints], out_shape=[1, 7, 6, 4])
+    pads = b.const("pads", np.asarray([[0, 0], [1, 1], [1, 1], [0, 0]], np.int32))
+    p = b.op("PAD", [s, pads], out_shape=[1, 9, 8, 4])
+    w, bias = b.const("dw", _w(1, 3, 3, 4)), b.const("db", _w(4))
+    options = {"padding": "VALID", "stride_w": 1, "stride_h": 1, "depth_multiplier": 1}
+    dw = b.op("DEPTHWISE_CONV_2D", [p, w, bias], out_shape=[1, 7, 6, 4], options=options)
+    w2, bias2 = b.const("w2", _w(5, 3, 3, 4)), b.const("b2", _w(5))
+    options2 = {"padding": "VALID", "stride_w": 2, "stride_h": 2}
+    b.output(dw, b.op("CONV_2D", [p, w2, bias2], out_shape=[1, 4, 3, 5], options=options2))
+    return b.build()
+
+
+def _slice_also_added() -> bytes:
+    # The slice is read by an ADD too: it must stay.
+    b = ModelBuilder()
+    x = b.input("x", [1, 6, 5, C])
+    s = _slice(b, x, [0, 0, 0, 4], [1, 6, 5, 4], [1, 6, 5, 4])
+    y = _conv(b, s, [1, 6, 5, 4], cin=4, cout=4)
+    b.output(b.op("ADD", [y, s], out_shape=[1, 6, 5, 4]))
+    return b.build()
+
+
+def _slice_of_rows() -> bytes:
+    # A slice of rows is no run of channels: it must stay.
+    b = ModelBuilder()
+    x = b.input("x", [1, 6, 5, C])
+    s = _slice(b, x, [0, 1, 0, 0], [1, 4, 5, C], [1, 4, 5, C])
+    b.output(_conv(b, s, [1, 4, 5, 6]))
+    return b.build()
+
+
 #: name -> (model, the folded convolution's PrimFunc name or None, the kernel it saves)
 CASES = {
+    "shuffle_block": (_shuffle_block, "conv2d_slice_in", "slice"),
+    "strided_slice_pad_depthwise": (_strided_slice_pad_depthwise, "conv2d_slice_in", "slice"),
+    "slice_also_added": (_slice_also_added, None, "slice"),
+    "slice_of_rows": (_slice_of_rows, None, "slice"),
     "squeeze_excite": (_squeeze_excite, "conv2d_scaled", "multiply"),
     "gate_first_two_readers": (_gate_first_two_readers, "conv2d_scaled", "multiply"),
     "also_added": (_also_added, None, "multiply"),
@@ -258,7 +324,9 @@ def test_conv_fold(name: str, precision: str, tmp_path) -> None:
         assert not any("pad" in k for k in kernels), kernels  # a folded PAD stays folded
     else:
         assert alone, kernels
-        assert not any(f in k for k in kernels for f in ("scaled", "nchw_in", "concat_in"))
+        assert not any(
+            f in k for k in kernels for f in ("scaled", "nchw_in", "concat_in", "slice_in")
+        )
 
     xs = [
         RNG.uniform(0, 1, t.shape).astype(np.float32)
@@ -280,6 +348,8 @@ def test_conv_fold(name: str, precision: str, tmp_path) -> None:
         (_nchw_pad_conv, "conv2d_nchw_in", 1),
         (_nchw_patches, "conv2d_nchw_in", 1),
         (_fire, "conv2d_concat_in", 1),
+        (_shuffle_block, "conv2d_slice_in", 2),
+        (_strided_slice_pad_depthwise, "conv2d_slice_in", 2),
     ],
 )
 def test_every_schedule_option_of_a_folded_convolution_matches(

@@ -92,8 +92,16 @@ NCHW_CONV_NAME = "conv2d_nchw_in"
 CONCAT_CONV_NAME = "conv2d_concat_in"
 #: Name of a convolution that dequantizes its 8-bit input as it loads.
 DEQUANT_CONV_NAME = "conv2d_dequant_in"
+#: Name of a convolution that reads a folded slice of its input's channels.
+SLICE_CONV_NAME = "conv2d_slice_in"
 #: Names of the convolutions `conv_folded` emits (the op-by-op fallback looks for them).
-FOLDED_CONV_NAMES = (SCALED_CONV_NAME, NCHW_CONV_NAME, CONCAT_CONV_NAME, DEQUANT_CONV_NAME)
+FOLDED_CONV_NAMES = (
+    SCALED_CONV_NAME,
+    NCHW_CONV_NAME,
+    CONCAT_CONV_NAME,
+    DEQUANT_CONV_NAME,
+    SLICE_CONV_NAME,
+)
 
 
 class Ctx:
@@ -189,6 +197,7 @@ class Lowering:
         self.scale_folds = self._find_scale_folds() if options.fuse_scales else {}
         self.transpose_folds = self._find_transpose_folds() if options.fuse_scales else {}
         self.concat_folds = self._find_concat_folds() if options.fuse_scales else {}
+        self.slice_folds = self._find_slice_folds() if options.fuse_scales else {}
         self.dequant_folds = self._find_dequant_folds() if options.fuse_scales else set()
         norms = find_layer_norms(graph, part) if options.fuse_layer_norms else []
         self.layer_norms = {ln.last: ln for ln in norms}  # op writing its output -> the norm
@@ -403,12 +412,76 @@ class Lowering:
                 folds[t] = parts
         return folds
 
+    def _find_slice_folds(self) -> dict[int, tuple[int, int]]:
+        """SLICEs and STRIDED_SLICEs of a run of channels read only by convolutions: sliced
+        tensor -> (its source, the first channel). ShuffleNet's blocks split the shuffled
+        channels in two halves and feed one to the branch's 1x1 convolution; emitted alone,
+        the slice is a kernel that copies half a map for the convolution to read back.
+        Folded, the convolution reads its channels at an offset into the source
+        (:func:`conv_folded`). Kept apart: anything but a step-1 run of the last axis of a
+        4-D float map, a slice that leaves the partition or is read by anything but a
+        convolution's data."""
+        from litekiln.ops.shape import strided_slice_plan
+
+        g = self.graph
+        if self.emulate_half:
+            return {}
+        folds: dict[int, tuple[int, int]] = {}
+        for i in self.part.ops:
+            op = g.ops[i]
+            if op.name not in ("SLICE", "STRIDED_SLICE") or len(op.outputs) != 1:
+                continue
+            t, src = op.outputs[0], op.inputs[0]
+            shape = tuple(int(d) for d in g.tensors[src].shape)
+            consts = [g.tensors[k].data if k >= 0 else None for k in op.inputs[1:]]
+            if (
+                len(shape) != 4
+                or any(c is None for c in consts)
+                or t in self.part.outputs
+                or is_quantized(g.tensors[t])
+                or g.tensors[t].dtype != np.float32
+                or g.tensors[src].dtype != np.float32
+                or g.tensors[src].data is not None
+            ):
+                continue
+            ints = [[int(v) for v in np.asarray(c).astype(np.int64).reshape(-1)] for c in consts]
+            if op.name == "SLICE":
+                if len(ints) != 2 or len(ints[0]) != 4 or len(ints[1]) != 4:
+                    continue
+                ranges = [
+                    range(b, d if n == -1 else b + n)
+                    for b, n, d in zip(ints[0], ints[1], shape, strict=True)
+                ]
+            else:
+                if len(ints) != 3:
+                    continue
+                try:
+                    plan = strided_slice_plan(shape, ints[0], ints[1], ints[2], op.options)
+                except ValueError:
+                    continue
+                if tuple(plan.shape) != shape or tuple(plan.output) != tuple(
+                    len(r) for r in plan.ranges
+                ):
+                    continue
+                ranges = list(plan.ranges)
+            if any(r != range(d) for r, d in zip(ranges[:3], shape[:3], strict=True)):
+                continue
+            channels = ranges[3]
+            if channels.step != 1 or len(channels) == 0 or len(channels) == shape[3]:
+                continue
+            users = self.readers.get(t, [])
+            if users and all(self._reads_as_conv_input(u, t) for u in users):
+                folds[t] = (src, channels.start)
+        return folds
+
     def _folded_by_convs(self, name: str) -> dict[int, Any]:
         """The folds (tensor -> what the convolutions read instead) of ops named ``name``."""
         folds: dict[str, dict[int, Any]] = {
             "MUL": self.scale_folds,
             "TRANSPOSE": self.transpose_folds,
             "CONCATENATION": self.concat_folds,
+            "SLICE": self.slice_folds,
+            "STRIDED_SLICE": self.slice_folds,
         }
         return folds.get(name, {})
 
@@ -756,7 +829,7 @@ def conv_folded(
 ) -> Expr | None:
     """A convolution whose input is computed by a producer folded into it, as one TE call (a
     stage the schedules inline into the convolution's loads); ``None`` when operand 0 has no
-    such producer. Four producers fold (see `Lowering`; a zero PAD folds in `conv_data`):
+    such producer. Five producers fold (see `Lowering`; a zero PAD folds in `conv_data`):
 
     * a per-channel scale (``_find_scale_folds``): the convolution of ``x * g``;
     * the NCHW -> NHWC transpose of a partition input (``_find_transpose_folds``), with a
@@ -764,7 +837,9 @@ def conv_folded(
     * a concatenation along the channels (``_find_concat_folds``), with a folded PAD in
       between or not: each input channel is read from its part;
     * the dequantization of an 8-bit partition input (``_find_dequant_folds``): the
-      convolution reads the integers.
+      convolution reads the integers;
+    * a slice of a run of channels (``_find_slice_folds``), with a folded PAD in between or
+      not: the convolution reads its channels at an offset into the slice's source.
 
     The stage computes in float32 and, where the unfused program would store its result in
     half (native fp16), rounds to half as that store would: the producer's numerics, then the
@@ -837,6 +912,21 @@ def conv_folded(
                 return v.astype("float16") if half else v
 
             return te.compute((n, h, wd, starts[-1]), elem, name="concat")
+
+    elif u in lw.slice_folds:
+        src, first = lw.slice_folds[u]
+        half = lw.storage == "float16" and lw.half_stored(t) and lw.half_stored(u)
+        args, name = [lw.stored(src)], SLICE_CONV_NAME
+        channels = int(lw.graph.tensors[u].shape[3])
+
+        def stage(x: Any) -> Any:
+            n, h, wd, _ = x.shape
+
+            def elem(b: Any, i: Any, j: Any, k: Any) -> Any:
+                v = x[b, i, j, first + k].astype(ACC_DTYPE)
+                return v.astype("float16") if half else v
+
+            return te.compute((n, h, wd, channels), elem, name="channel_slice")
 
     else:
         return None
