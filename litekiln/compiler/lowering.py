@@ -13,7 +13,7 @@ enter the module as Relax constants.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -254,12 +254,9 @@ class Lowering:
         tensors, emulated fp16 (its rounding kernels), a product that leaves the partition,
         any reader but operand 0 of an ungrouped CONV_2D."""
         g = self.graph
-        if self.emulate_half:
-            return {}
         folds: dict[int, tuple[int, int]] = {}
-        for i in self.part.ops:
-            op = g.ops[i]
-            if op.name != "MUL" or len(op.inputs) != 2 or len(op.outputs) != 1:
+        for op in self._fold_candidates("MUL"):
+            if len(op.inputs) != 2:
                 continue
             if int(op.options.get("fused_activation_function", 0) or 0):
                 continue
@@ -302,12 +299,9 @@ class Lowering:
         reads the NCHW input itself (:func:`conv_folded`). Readers may be convolutions
         (operand 0) and PADs folded into convolutions (`_find_pad_folds`)."""
         g = self.graph
-        if self.emulate_half:
-            return {}
         folds: dict[int, int] = {}
-        for i in self.part.ops:
-            op = g.ops[i]
-            if op.name != "TRANSPOSE" or len(op.inputs) != 2 or len(op.outputs) != 1:
+        for op in self._fold_candidates("TRANSPOSE"):
+            if len(op.inputs) != 2:
                 continue
             src, t = op.inputs[0], op.outputs[0]
             x, out = g.tensors[src], g.tensors[t]
@@ -363,13 +357,8 @@ class Lowering:
         quantized or non-float parts, a concatenation that leaves the partition or is read
         by anything but a convolution's data."""
         g = self.graph
-        if self.emulate_half:
-            return {}
         folds: dict[int, list[int]] = {}
-        for i in self.part.ops:
-            op = g.ops[i]
-            if op.name != "CONCATENATION" or len(op.outputs) != 1:
-                continue
+        for op in self._fold_candidates("CONCATENATION"):
             t = op.outputs[0]
             out = g.tensors[t]
             parts = [k for k in op.inputs if k >= 0 and g.tensors[k].size]
@@ -403,13 +392,8 @@ class Lowering:
         from litekiln.ops.shape import strided_slice_plan
 
         g = self.graph
-        if self.emulate_half:
-            return {}
         folds: dict[int, tuple[int, int]] = {}
-        for i in self.part.ops:
-            op = g.ops[i]
-            if op.name not in ("SLICE", "STRIDED_SLICE") or len(op.outputs) != 1:
-                continue
+        for op in self._fold_candidates("SLICE", "STRIDED_SLICE"):
             t, src = op.outputs[0], op.inputs[0]
             shape = tuple(int(d) for d in g.tensors[src].shape)
             consts = [g.tensors[k].data if k >= 0 else None for k in op.inputs[1:]]
@@ -452,6 +436,17 @@ class Lowering:
             if users and all(self._reads_as_conv_input(u, t) for u in users):
                 folds[t] = (src, channels.start)
         return folds
+
+    def _fold_candidates(self, *names: str) -> Iterator[Op]:
+        """The partition's ops named one of ``names`` with one output, in order: what a
+        convolution may compute as it loads. None under emulated fp16, whose rounding
+        kernels keep every map."""
+        if self.emulate_half:
+            return
+        for i in self.part.ops:
+            op = self.graph.ops[i]
+            if op.name in names and len(op.outputs) == 1:
+                yield op
 
     def _folded_by_convs(self, name: str) -> dict[int, Any]:
         """The folds (tensor -> what the convolutions read instead) of ops named ``name``."""
