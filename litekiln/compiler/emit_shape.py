@@ -18,7 +18,13 @@ from litekiln.compiler.lowering import (
     dtype_of,
     emitter,
 )
-from litekiln.ops.shape import GatherRows, gather_nd_rows, gather_rows, strided_slice_plan
+from litekiln.ops.shape import (
+    GatherRows,
+    gather_nd_rows,
+    gather_rows,
+    slice_ranges,
+    strided_slice_plan,
+)
 
 
 @emitter("PAD")
@@ -116,10 +122,7 @@ def _strided_slice(ctx: Ctx) -> list[Expr]:
 @emitter("SLICE")
 def _slice_op(ctx: Ctx) -> list[Expr]:
     shape = ctx.tensor(0).shape
-    ranges = [
-        range(b, d if n == -1 else b + n)
-        for b, n, d in zip(_ints(ctx, 1), _ints(ctx, 2), shape, strict=True)
-    ]
+    ranges = slice_ranges(shape, _ints(ctx, 1), _ints(ctx, 2))
     return [_slice(ctx, ctx.arg_stored(0), shape, ranges)]
 
 

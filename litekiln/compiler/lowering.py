@@ -389,7 +389,7 @@ class Lowering:
         (:func:`conv_folded`). Kept apart: anything but a step-1 run of the last axis of a
         4-D float map, a slice that leaves the partition or is read by anything but a
         convolution's data."""
-        from litekiln.ops.shape import strided_slice_plan
+        from litekiln.ops.shape import slice_ranges, strided_slice_plan
 
         g = self.graph
         folds: dict[int, tuple[int, int]] = {}
@@ -411,10 +411,7 @@ class Lowering:
             if op.name == "SLICE":
                 if len(ints) != 2 or len(ints[0]) != 4 or len(ints[1]) != 4:
                     continue
-                ranges = [
-                    range(b, d if n == -1 else b + n)
-                    for b, n, d in zip(ints[0], ints[1], shape, strict=True)
-                ]
+                ranges = slice_ranges(shape, ints[0], ints[1])
             else:
                 if len(ints) != 3:
                     continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -707,6 +708,11 @@ class SlicePlan:
             else:
                 out.append(slice(r.start, r.stop if r.stop >= 0 else None, r.step))
         return tuple(out)
+
+
+def slice_ranges(shape: Sequence[int], begin: Sequence[int], size: Sequence[int]) -> list[range]:
+    """SLICE's geometry: per axis, the indices it keeps (a size of -1: to the end)."""
+    return [range(b, d if n == -1 else b + n) for b, n, d in zip(begin, size, shape, strict=True)]
 
 
 def strided_slice_plan(
