@@ -1503,3 +1503,64 @@ def test_lane_reduction_limits() -> None:
     gemv, _, _ = _gemv_case(1024, 1000, "")
     for mod in (short, depthwise, gemv):
         assert not _applies(mod, rule)
+
+
+def _private_floats(source: str) -> list[int]:
+    """The element counts of the private (per work-item) float arrays in OpenCL C."""
+    found = re.findall(r"(__local\s+)?\bfloat\s+\w+\[(\d+)\]", source)
+    return [int(n) for local, n in found if not local]
+
+
+def test_window_reshapes_around_a_product_keep_their_accumulators_private(
+    cl_env: Any, profile: str
+) -> None:
+    """torchvision MaxViT's window attention MLP: the tokens are reshaped into windows and
+    back around a matrix product, then GELU and a reshape again. The rule inlines the
+    reshapes' index maps into the reader of the product's cached accumulators, which left
+    them indexed by ``v // 49 * 49 + v % 49``; TVM could not bound that region and gave each
+    work-item a private array of the whole output tile (25088 floats under ``fast-cpu``):
+    PoCL's work-group function overflowed its thread's stack and the process died. The
+    indices are simplified before lowering (codegen `_lower_tir`): a few dozen floats."""
+    windows, tokens, cin, cout = 16, 49, 64, 128
+    x = _rand(1, windows * tokens, cin)
+    w = _rand(cin, cout)
+    bias = _rand(cout)
+
+    def body(bb: Any, xv: Any) -> Any:
+        a = relax.op.reshape(xv, (1, windows, tokens, cin))
+        a = relax.op.reshape(a, (windows * tokens, cin))
+        h = relax.op.add(relax.op.matmul(a, relax.const(w)), relax.const(bias))
+        h = relax.op.reshape(h, (1, windows, tokens, cout))
+        h = relax.op.multiply(h, relax.op.sigmoid(h))
+        return relax.op.reshape(h, (windows * tokens, cout))
+
+    mod = build_module([("x", x.shape)], body)
+    h = x.reshape(-1, cin).astype(np.float64) @ w + bias
+    ref = (h / (1.0 + np.exp(-h))).astype(np.float32)
+    res = check(cl_env, mod, [x], [ref], profile, rule=None)
+    floats = _private_floats(str(res.program.source))
+    assert floats and max(floats) <= 64, floats
+
+
+def test_kernels_with_huge_private_arrays_are_refused() -> None:
+    """The guard behind that fix: a kernel whose private arrays exceed
+    `codegen._MAX_PRIVATE_BYTES` per work-item fails its lowering, naming the kernel, so that
+    `_Repair` reschedules it with another rule; local (shared) arrays do not count."""
+    from litekiln.compiler.codegen import (
+        _MAX_PRIVATE_BYTES,
+        CodegenError,
+        _check_private_arrays,
+        _private_bytes,
+    )
+
+    body = (
+        "__kernel void k(__global float* restrict a) {"
+        " float acc[32]; half2 h[4]; __local float tile[4096]; int i[3]; ... }"
+    )
+    assert _private_bytes(body) == 32 * 4 + 4 * 2 * 2 + 3 * 4
+    ok = "// Function: small\n__kernel void small(__global float* a) { float c[8]; }\n"
+    _check_private_arrays(ok)
+    n = _MAX_PRIVATE_BYTES // 4 + 1
+    huge = f"// Function: huge\n__kernel void huge(__global float* a) {{ float c[{n}]; }}\n"
+    with pytest.raises(CodegenError, match=rf"kernel huge declares {4 * n} bytes"):
+        _check_private_arrays(ok + huge)

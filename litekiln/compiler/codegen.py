@@ -41,7 +41,7 @@ from typing import Any, TypeAlias
 import numpy as np
 import tvm
 import tvm_ffi
-from tvm import relax, tirx
+from tvm import relax, s_tir, tirx
 from tvm.ir.expr import GenericConst
 
 from litekiln.artifact.program import (
@@ -1706,6 +1706,17 @@ def _jsonable(x: Any) -> Any:
     return str(x)
 
 
+#: The default TIR pipeline's first passes, run before the extra simplification: simplified
+#: earlier, a reduction whose terms are split across threads is no longer recognised by
+#: LowerCrossThreadReduction, and each thread writes its own partial sum (seen on
+#: MobileNetV3's squeeze-excite products). The pipeline runs them again: no-ops then.
+_EARLY_LOWERING = [
+    s_tir.transform.CanonicalizeLoop(),
+    s_tir.transform.LowerCrossThreadReduction(),
+    s_tir.transform.LowerInitBlock(),
+]
+
+
 def _lower_tir(
     tir_mod: tvm.IRModule, target: tvm.target.Target
 ) -> tuple[dict[str, Any], dict[str, Any], str, float, list[Any]]:
@@ -1719,8 +1730,15 @@ def _lower_tir(
             if info.name.endswith("SplitHostDevice"):
                 captured["split"] = mod
 
-    # Same steps as tvm.tirx.build (bind target, pipeline, split, finalize), minus host codegen.
+    # Same steps as tvm.tirx.build (bind target, pipeline, split, finalize), minus host codegen,
+    # and one more first: simplify the scheduled functions' indices. A rule that inlines a
+    # reshape's index map into a cached accumulator's reader leaves it indexed by
+    # ``v // 49 * 49 + v % 49`` (torchvision MaxViT's window reshapes around a matrix
+    # product), which the pipeline's CompactBufferAllocation (before its own simplification)
+    # cannot bound: the 32 accumulators became a private array of 25088 floats per
+    # work-item, and PoCL's work-group function overflowed its thread's stack.
     bound = tirx.transform.BindTarget(target)(tir_mod)
+    bound = tvm.transform.Sequential(_EARLY_LOWERING + [s_tir.transform.StmtSimplify()])(bound)
     pipe, _finalize_host, finalize_device = tirx.get_default_tir_pipeline(target)
     with tvm.transform.PassContext(instruments=[_CaptureSplit()]):
         lowered = pipe(bound)
@@ -1745,4 +1763,40 @@ def _lower_tir(
             raise CodegenError(f"device functions for target {dev_target.kind.name}")
         rt_mod = _tir_build.codegen_build(finalize_device()(dev_mod), dev_target)
         sources.append(rt_mod.inspect_source())
-    return host_funcs, kernel_funcs, "\n".join(sources), t_tir, list(device_mods.values())
+    source = "\n".join(sources)
+    _check_private_arrays(source)
+    return host_funcs, kernel_funcs, source, t_tir, list(device_mods.values())
+
+
+#: Most bytes of private arrays one work-item of a kernel may declare. A GPU keeps about 1 KB
+#: of them in registers and the rest in slow local memory; a CPU OpenCL (PoCL) keeps them for
+#: the whole work-group on its thread's stack (8 MB): 16 KB x 256 work-items is 4 MB. Our
+#: rules' accumulators take at most a few hundred bytes; more is a schedule whose cached
+#: region TVM could not narrow (`_check_private_arrays`).
+_MAX_PRIVATE_BYTES = 16 * 1024
+_ARRAY = re.compile(r"(__local\s+)?(?:volatile\s+)?\b([a-z]+?)(\d*)\s+\w+\[(\d+)\]\s*;")
+
+
+def _private_bytes(body: str) -> int:
+    """Bytes of the private (per work-item) arrays a kernel's OpenCL C declares."""
+    total = 0
+    for local, scalar, lanes, n in _ARRAY.findall(body):
+        if not local:
+            total += _SCALAR_BYTES.get(scalar, 4) * int(lanes or 1) * int(n)
+    return total
+
+
+def _check_private_arrays(source: str) -> None:
+    """Refuse kernels whose private arrays exceed `_MAX_PRIVATE_BYTES` per work-item.
+
+    Raises:
+        CodegenError: Naming the kernel and its bytes; `_Repair` then reschedules the
+            function with the next rule that lowers (generic, then dlight's fallback).
+    """
+    for name, body in _kernel_bodies(source).items():
+        n = _private_bytes(body)
+        if n > _MAX_PRIVATE_BYTES:
+            raise CodegenError(
+                f"kernel {name} declares {n} bytes of private arrays per work-item (at most"
+                f" {_MAX_PRIVATE_BYTES}: its schedule could not narrow a cached region)"
+            )
