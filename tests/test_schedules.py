@@ -1543,24 +1543,35 @@ def test_window_reshapes_around_a_product_keep_their_accumulators_private(
 
 
 def test_kernels_with_huge_private_arrays_are_refused() -> None:
-    """The guard behind that fix: a kernel whose private arrays exceed
-    `codegen._MAX_PRIVATE_BYTES` per work-item fails its lowering, naming the kernel, so that
-    `_Repair` reschedules it with another rule; local (shared) arrays do not count."""
-    from litekiln.compiler.codegen import (
-        _MAX_PRIVATE_BYTES,
-        CodegenError,
-        _check_private_arrays,
-        _private_bytes,
-    )
+    """The guard behind that fix: a kernel whose private arrays stay over
+    `codegen._MAX_PRIVATE_BYTES` per work-item once its indices are simplified fails its
+    lowering, naming the kernel, so that `_Repair` reschedules its function with another
+    rule; local (shared) arrays do not count."""
+    from tvm.script import tirx as T
+
+    from litekiln.compiler import codegen
 
     body = (
         "__kernel void k(__global float* restrict a) {"
         " float acc[32]; half2 h[4]; __local float tile[4096]; int i[3]; ... }"
     )
-    assert _private_bytes(body) == 32 * 4 + 4 * 2 * 2 + 3 * 4
-    ok = "// Function: small\n__kernel void small(__global float* a) { float c[8]; }\n"
-    _check_private_arrays(ok)
-    n = _MAX_PRIVATE_BYTES // 4 + 1
-    huge = f"// Function: huge\n__kernel void huge(__global float* a) {{ float c[{n}]; }}\n"
-    with pytest.raises(CodegenError, match=rf"kernel huge declares {4 * n} bytes"):
-        _check_private_arrays(ok + huge)
+    assert codegen._private_bytes(body) == 32 * 4 + 4 * 2 * 2 + 3 * 4
+
+    @T.prim_func(s_tir=True)
+    def reverse(a: T.Buffer((64, 8192), "float32"), b: T.Buffer((64, 8192), "float32")) -> None:
+        # Each work-item keeps a whole row, then writes it reversed: 32 KB, a real need.
+        T.func_attr({"tirx.noalias": True, "global_symbol": "reverse"})
+        c = T.sblock_alloc_buffer((64, 8192), scope="local")
+        for t in T.thread_binding(64, thread="threadIdx.x"):
+            for k in range(8192):
+                with T.sblock("copy"):
+                    vt, vk = T.axis.remap("SS", [t, k])
+                    c[vt, vk] = a[vt, vk] * T.float32(2)
+            for k in range(8192):
+                with T.sblock("back"):
+                    vt, vk = T.axis.remap("SS", [t, k])
+                    b[vt, vk] = c[vt, 8191 - vk]
+
+    target = codegen.make_target("opencl")
+    with pytest.raises(codegen.CodegenError, match="kernel reverse_kernel declares 32768 bytes"):
+        codegen._lower_tir(tvm.IRModule({"reverse": reverse}), target)

@@ -1706,10 +1706,10 @@ def _jsonable(x: Any) -> Any:
     return str(x)
 
 
-#: The default TIR pipeline's first passes, run before the extra simplification: simplified
-#: earlier, a reduction whose terms are split across threads is no longer recognised by
-#: LowerCrossThreadReduction, and each thread writes its own partial sum (seen on
-#: MobileNetV3's squeeze-excite products). The pipeline runs them again: no-ops then.
+#: The default TIR pipeline's first passes, run before `_lower_tir`'s extra simplification:
+#: simplified earlier, a reduction whose terms are split across threads is no longer
+#: recognised by LowerCrossThreadReduction, and each thread writes its own partial sum (seen
+#: on MobileNetV3's squeeze-excite products). The pipeline runs them again: no-ops then.
 _EARLY_LOWERING = [
     s_tir.transform.CanonicalizeLoop(),
     s_tir.transform.LowerCrossThreadReduction(),
@@ -1718,10 +1718,25 @@ _EARLY_LOWERING = [
 
 
 def _lower_tir(
-    tir_mod: tvm.IRModule, target: tvm.target.Target
+    tir_mod: tvm.IRModule, target: tvm.target.Target, simplify: frozenset[str] = frozenset()
 ) -> tuple[dict[str, Any], dict[str, Any], str, float, list[Any]]:
     """Run TVM's TIR pipeline; return host funcs (post-SplitHostDevice), kernels, OpenCL C,
-    when the pipeline ended, and the device modules (before their OpenCL code generation)."""
+    when the pipeline ended, and the device modules (before their OpenCL code generation).
+
+    A kernel that comes out with more than `_PRIVATE_SIMPLIFY_BYTES` of private arrays per
+    work-item is lowered again with its PrimFunc's indices simplified first (``simplify``:
+    those PrimFuncs' names). A rule that inlines a reshape's index map into the reader of
+    cached accumulators leaves them indexed by ``v // 49 * 49 + v % 49`` (torchvision
+    MaxViT's window reshapes around a matrix product), which the pipeline's
+    CompactBufferAllocation, before its own simplification, cannot bound: 32 accumulators
+    became a private array of 25088 floats per work-item, and PoCL's work-group function
+    overflowed its thread's stack. Simplified, they are 32 again. Only those PrimFuncs: the
+    extra simplification rewrites other kernels' indices too, unmeasured on the GPU.
+
+    Raises:
+        CodegenError: A kernel still over `_MAX_PRIVATE_BYTES` once simplified (`_Repair`
+            reschedules its PrimFunc), or the pipeline did not split host and device code.
+    """
     captured: dict[str, tvm.IRModule] = {}
 
     @tvm.ir.instrument.pass_instrument
@@ -1730,15 +1745,15 @@ def _lower_tir(
             if info.name.endswith("SplitHostDevice"):
                 captured["split"] = mod
 
-    # Same steps as tvm.tirx.build (bind target, pipeline, split, finalize), minus host codegen,
-    # and one more first: simplify the scheduled functions' indices. A rule that inlines a
-    # reshape's index map into a cached accumulator's reader leaves it indexed by
-    # ``v // 49 * 49 + v % 49`` (torchvision MaxViT's window reshapes around a matrix
-    # product), which the pipeline's CompactBufferAllocation (before its own simplification)
-    # cannot bound: the 32 accumulators became a private array of 25088 floats per
-    # work-item, and PoCL's work-group function overflowed its thread's stack.
+    # Same steps as tvm.tirx.build (bind target, pipeline, split, finalize), minus host codegen.
     bound = tirx.transform.BindTarget(target)(tir_mod)
-    bound = tvm.transform.Sequential(_EARLY_LOWERING + [s_tir.transform.StmtSimplify()])(bound)
+    if simplify:
+        picked = tvm.IRModule(
+            {gv: f for gv, f in bound.functions.items() if gv.name_hint in simplify}
+        )
+        passes = [*_EARLY_LOWERING, s_tir.transform.StmtSimplify()]
+        bound = tvm.IRModule(dict(bound.functions.items()))
+        bound.update(tvm.transform.Sequential(passes)(picked))
     pipe, _finalize_host, finalize_device = tirx.get_default_tir_pipeline(target)
     with tvm.transform.PassContext(instruments=[_CaptureSplit()]):
         lowered = pipe(bound)
@@ -1764,15 +1779,30 @@ def _lower_tir(
         rt_mod = _tir_build.codegen_build(finalize_device()(dev_mod), dev_target)
         sources.append(rt_mod.inspect_source())
     source = "\n".join(sources)
-    _check_private_arrays(source)
+    sizes = {k: _private_bytes(body) for k, body in _kernel_bodies(source).items()}
+    owners = {_KERNEL_OF.sub("", k) for k, n in sizes.items() if n > _PRIVATE_SIMPLIFY_BYTES}
+    retry = frozenset(owners & {gv.name_hint for gv in tir_mod.functions}) - simplify
+    if retry:
+        return _lower_tir(tir_mod, target, simplify | retry)
+    for kernel, n in sizes.items():
+        if n > _MAX_PRIVATE_BYTES:
+            raise CodegenError(
+                f"kernel {kernel} declares {n} bytes of private arrays per work-item (at most"
+                f" {_MAX_PRIVATE_BYTES}: its schedule could not narrow a cached region)"
+            )
     return host_funcs, kernel_funcs, source, t_tir, list(device_mods.values())
 
 
+#: Private arrays per work-item over which `_lower_tir` simplifies a PrimFunc's indices and
+#: lowers it again: about what a GPU keeps in registers.
+_PRIVATE_SIMPLIFY_BYTES = 1024
+#: SplitHostDevice names a PrimFunc's kernels ``<name>_kernel`` (``_kernel_1``, ...).
+_KERNEL_OF = re.compile(r"_kernel(_\d+)?$")
 #: Most bytes of private arrays one work-item of a kernel may declare. A GPU keeps about 1 KB
 #: of them in registers and the rest in slow local memory; a CPU OpenCL (PoCL) keeps them for
 #: the whole work-group on its thread's stack (8 MB): 16 KB x 256 work-items is 4 MB. Our
 #: rules' accumulators take at most a few hundred bytes; more is a schedule whose cached
-#: region TVM could not narrow (`_check_private_arrays`).
+#: region TVM could not narrow (`_lower_tir`).
 _MAX_PRIVATE_BYTES = 16 * 1024
 _ARRAY = re.compile(r"(__local\s+)?(?:volatile\s+)?\b([a-z]+?)(\d*)\s+\w+\[(\d+)\]\s*;")
 
@@ -1784,19 +1814,3 @@ def _private_bytes(body: str) -> int:
         if not local:
             total += _SCALAR_BYTES.get(scalar, 4) * int(lanes or 1) * int(n)
     return total
-
-
-def _check_private_arrays(source: str) -> None:
-    """Refuse kernels whose private arrays exceed `_MAX_PRIVATE_BYTES` per work-item.
-
-    Raises:
-        CodegenError: Naming the kernel and its bytes; `_Repair` then reschedules the
-            function with the next rule that lowers (generic, then dlight's fallback).
-    """
-    for name, body in _kernel_bodies(source).items():
-        n = _private_bytes(body)
-        if n > _MAX_PRIVATE_BYTES:
-            raise CodegenError(
-                f"kernel {name} declares {n} bytes of private arrays per work-item (at most"
-                f" {_MAX_PRIVATE_BYTES}: its schedule could not narrow a cached region)"
-            )
