@@ -1197,7 +1197,7 @@ def latency_main(a: Any, kwargs: dict[str, Any], *, quiet_peers: bool = True) ->
             kwargs,
             runs=runs,
             profile=bool(a.profile),
-            litert_gpu=True,
+            litert_gpu=not getattr(a, "skip_litert_gpu", False),
             quiet_peers=quiet_peers,
             peak_gbps=getattr(a, "peak_gbps", None),
             peak_gflops=getattr(a, "peak_gflops", None),

@@ -233,3 +233,17 @@ def test_profile_names_the_schedule_each_launch_ran() -> None:
     assert _timed_options(program, [2, 1], times) == want_times
     assert len(GpuProgram.plan(program, [2, 1])) == len(want_times)  # type: ignore[arg-type]
     assert _timed_options(program, [2, 1], []) == [None] * 6  # choices from the cache
+
+
+def test_bench_skip_litert_gpu_leaves_its_column_empty(smoke_path: Path, tmp_path: Path) -> None:
+    """`--skip-litert-gpu` (A/B runs of another peer that must fit one device call): LiteRT's
+    GPU path is neither timed nor tried, LiteRT CPU still is."""
+    pytest.importorskip("ai_edge_litert.interpreter")
+    from litekiln.cli import main
+
+    out = tmp_path / "b.json"
+    argv = ["bench", "--device", "reference", "--runs", "2", "--skip-litert-gpu"]
+    assert main([*argv, "--out", str(out), str(smoke_path)]) == 0
+    (rec,) = json.loads(out.read_text())["models"]
+    assert rec["litert_cpu_ms"] > 0
+    assert rec["litert_gpu_ms"] is None and "litert_gpu_error" not in rec

@@ -463,6 +463,12 @@ def add_bench_parser(sub: _Subcommands) -> None:
         "drivers' caches off, the peer of litekiln's first start on a new device",
     )
     p.add_argument(
+        "--skip-litert-gpu",
+        action="store_true",
+        help="latency: leave LiteRT's GPU path out (a run of a large model takes it tens of "
+        "ms, hundreds of runs minutes): for runs that time another peer (--peer torch)",
+    )
+    p.add_argument(
         "--peer",
         dest="peers",
         action="append",

@@ -21,7 +21,8 @@
 #        KEEP_KIT=1 (keep the kit a previous call on this warm machine unpacked, tuned binaries included),
 #        RUN_KIT=DIR (where to unpack it; default /tmp/litekiln-gpukit),
 #        T_ACCURACY/T_STARTUP/T_LATENCY/T_TORCH (seconds per step; the device tool allows 600 in
-#        all), TORCH_MODES (torchpeer: e.g. eager,cuda_graph; default all three).
+#        all), TORCH_MODES (torchpeer: e.g. eager,cuda_graph; default all three),
+#        NO_LITERT_GPU=1 (torchpeer: LiteRT's GPU path left out, for A/B runs that fit one call).
 # Too slow for one call? Split it: STEPS="accuracy startup" in one call, STEPS=latency in the
 # next (each call repeats the ~20 s set-up; $OUT is emptied between calls).
 set -uo pipefail
@@ -254,7 +255,7 @@ ptxbisect() {  # kernels of the shipped PTX that compute otherwise than OpenCL's
 
 torchpeer() {  # litekiln against each model's PyTorch twin (eager, CUDA graph, torch.compile)
   timeout "$T_TORCH" "$PY" -m litekiln.cli bench --cache-dir "$CACHE" --runs "$RUNS" --peer torch \
-    ${TORCH_MODES:+--torch-modes "$TORCH_MODES"} ${PROFILE:+--profile} --out "$OUT/torch_peer.json" "${PATHS[@]}"
+    ${NO_LITERT_GPU:+--skip-litert-gpu} ${TORCH_MODES:+--torch-modes "$TORCH_MODES"} ${PROFILE:+--profile} --out "$OUT/torch_peer.json" "${PATHS[@]}"
 }
 
 statecarry() {  # a basic LSTM cell stepped over time: state carried on the device vs the host loop
