@@ -531,7 +531,51 @@ def _channel_pad() -> bytes:
     return b.build()
 
 
+def _padv2(b, x, pads, out_shape, value=-np.inf):
+    return b.op(
+        "PADV2",
+        [x, b.const("pads", np.asarray(pads, np.int32)), b.const("value", np.float32([value]))],
+        out_shape=out_shape,
+    )
+
+
+def _max_pool(b, x, out_shape, k=3, stride=2, padding="VALID"):
+    options = {"padding": padding, "stride_h": stride, "stride_w": stride,
+               "filter_height": k, "filter_width": k}  # fmt: skip
+    return b.op("MAX_POOL_2D", [x], out_shape=out_shape, options=options)
+
+
+def _resnet_stem_pool() -> bytes:
+    # PyTorch's MaxPool2d(3, 2, padding=1) as litert-torch writes it: PADV2 (-inf), VALID pool
+    b = ModelBuilder()
+    x = b.input("x", [1, 9, 10, 4])
+    p = _padv2(b, x, [[0, 0], [1, 1], [1, 1], [0, 0]], [1, 11, 12, 4])
+    b.output(_max_pool(b, p, [1, 5, 5, 4]))
+    return b.build()
+
+
+def _pool_of_finite_pad() -> bytes:
+    # padded with 0.25, which wins where the window's cells are lower: the PADV2 must stay
+    b = ModelBuilder()
+    x = b.input("x", [1, 9, 10, 4])
+    p = _padv2(b, x, [[0, 0], [1, 1], [1, 1], [0, 0]], [1, 11, 12, 4], value=0.25)
+    b.output(_max_pool(b, p, [1, 5, 5, 4]))
+    return b.build()
+
+
+def _pool_wider_pad() -> bytes:
+    # a 3x3 window over 3 rows of padding would see no cell of the map: the PADV2 must stay
+    b = ModelBuilder()
+    x = b.input("x", [1, 6, 6, 2])
+    p = _padv2(b, x, [[0, 0], [3, 0], [0, 0], [0, 0]], [1, 9, 6, 2])
+    b.output(_max_pool(b, p, [1, 4, 2, 2]))
+    return b.build()
+
+
 PAD_CASES = {
+    "resnet_stem_pool": (_resnet_stem_pool, True),
+    "pool_of_finite_pad": (_pool_of_finite_pad, False),
+    "pool_wider_pad": (_pool_wider_pad, False),
     "stride2_valid": (_stride2_valid, True),
     "depthwise_same": (_depthwise_same, True),
     "internal_source": (_internal_source, True),
@@ -553,8 +597,8 @@ def test_pad_fold(name: str, precision: str, tmp_path) -> None:
     kernels = [launch.func for launch in program.launches]  # (kernels are minified: k0, k1...)
     pad_kernels = [k for k in kernels if "pad" in k and "conv" not in k]
     assert (not pad_kernels) == folded, kernels
-    if folded:  # nothing but the convolutions (a float32 partition input is read as is)
-        assert all("conv" in k for k in kernels), kernels
+    if folded:  # nothing but the convolutions or pools (a float32 input is read as is)
+        assert all("conv" in k or "pool" in k for k in kernels), kernels
 
     xs = [
         RNG.uniform(-1, 1, t.shape).astype(np.float32)

@@ -247,9 +247,66 @@ def _pool(kind, shape, k, s, padding, act="NONE"):
     return build
 
 
+def _padded_max_pool(shape, pads, k, s, value=-np.inf, padding="VALID", readers=1):
+    """PyTorch's padded ``MaxPool2d`` as litert-torch writes it: PADV2 (minus infinity), then
+    a VALID max pool; folded into the pool (`Lowering._find_pad_folds`) when the value is
+    minus infinity and every reader a max pool whose window is wider than the padding."""
+    n, h, w, c = shape
+    (top, bottom), (left, right) = pads
+
+    def build(g: G):
+        hp, wp = h + top + bottom, w + left + right
+        padded = g.op(
+            "PADV2",
+            [g.x(shape), g.ints([[0, 0], [top, bottom], [left, right], [0, 0]]),
+             g.w(np.float32([value]))],
+            [n, hp, wp, c],
+        )  # fmt: skip
+
+        def pool(k, s, padding):
+            oh, ow = _out(hp, k[0], s[0], 1, padding), _out(wp, k[1], s[1], 1, padding)
+            opts = {"padding": padding, "stride_h": s[0], "stride_w": s[1],
+                    "filter_height": k[0], "filter_width": k[1]}  # fmt: skip
+            return g.op("MAX_POOL_2D", [padded], [n, oh, ow, c], opts)
+
+        outs = [pool(k, s, padding)]
+        if readers == 2:  # a second max pool, 3x3 stride 1, of the same padded map
+            outs.append(pool((3, 3), (1, 1), "VALID"))
+        elif readers == "relu":  # a reader that is no max pool: the PADV2 stays a kernel
+            outs.append(g.op("RELU", [padded], [n, hp, wp, c]))
+        return outs
+
+    return build
+
+
 POOL = Batch(
     "pool",
     [
+        # PADV2 (minus infinity) + max pool: the pool takes the padding (ResNet stems)
+        Case("padv2_max_k3_s2", _padded_max_pool([1, 9, 10, 4], ((1, 1), (1, 1)), (3, 3), (2, 2))),
+        Case(
+            "padv2_max_uneven_same",
+            _padded_max_pool([1, 8, 7, 3], ((0, 2), (1, 0)), (3, 3), (2, 2), padding="SAME"),
+        ),
+        Case(
+            "padv2_max_two_readers",
+            _padded_max_pool([1, 7, 7, 2], ((1, 1), (1, 1)), (3, 3), (2, 2), readers=2),
+        ),
+        Case(
+            "padv2_lowest_max_relu_reader",
+            _padded_max_pool(
+                [1, 7, 6, 2],
+                ((1, 1), (2, 1)),
+                (3, 3),
+                (2, 2),
+                value=np.finfo(np.float32).min,
+                readers="relu",
+            ),
+        ),  # fmt: skip
+        Case(
+            "padv2_finite_max",  # padded with 0.5, which often wins: not folded
+            _padded_max_pool([1, 6, 6, 2], ((1, 1), (1, 1)), (3, 3), (2, 2), value=0.5),
+        ),
         Case("avg_k3_s2_same_odd", _pool("AVERAGE_POOL_2D", [1, 9, 9, 3], (3, 3), (2, 2), "SAME")),
         Case("avg_k2_s2_same_even", _pool("AVERAGE_POOL_2D", [1, 8, 8, 2], (2, 2), (2, 2), "SAME")),
         Case(

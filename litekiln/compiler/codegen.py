@@ -221,7 +221,7 @@ def isolate_pools() -> tvm.transform.Pass:
     that reads it (the next block's residual add). (Marked out-elementwise-fusable, as
     convolutions are, FuseOps still fused that pad.) An elementwise consumer of the pool's
     own shape joins it after FuseOps (`fusion.fuse_matmul_neighbours`). A pool of at most
-    `emit_nn.SMALL_POOL_TAPS` taps is no reduction (`emit_nn._small_pool`) and is not
+    `lowering.SMALL_POOL_TAPS` taps is no reduction (`emit_nn._small_pool`) and is not
     isolated: BlazeFace's 2x2 shortcut pool joins the convolution whose epilogue reads it.
     """
 

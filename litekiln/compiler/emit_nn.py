@@ -16,6 +16,7 @@ from litekiln.compiler.lowering import (
     ACC_DTYPE,
     BROADCAST_BARRIER,
     EMITTERS,
+    SMALL_POOL_TAPS,
     Ctx,
     Emitter,
     Expr,
@@ -362,8 +363,6 @@ def _prelu(ctx: Ctx) -> list[Expr]:
     return [ctx.emit(relax.op.add(pos, relax.op.multiply(neg, alpha)))]
 
 
-#: Largest window (taps) of a pool emitted as elementwise reads of its taps (`_small_pool`).
-SMALL_POOL_TAPS = 4
 #: PrimFunc name of such a pool (its kernels' names show where it went).
 SMALL_POOL_NAME = "pool_taps"
 
@@ -377,8 +376,12 @@ def _pool(kind: str) -> Emitter:
         if 1 < kh * kw <= SMALL_POOL_TAPS:
             return [activation(ctx, _small_pool(ctx, kind, (kh, kw), (sh, sw), pads))]
         if kind == "max":
+            fold = ctx.lw.pad_folds.get(ctx.op.inputs[0])
+            x = ctx.arg(0) if fold is None else ctx.lw.value(fold[0])
+            if fold is not None:  # a PADV2 with minus infinity before it: its padding too
+                pads = tuple(a + b for a, b in zip(pads, fold[1], strict=True))  # type: ignore[assignment]
             y = relax.op.nn.max_pool2d(
-                ctx.arg(0), pool_size=(kh, kw), strides=(sh, sw), padding=pads, layout="NHWC"
+                x, pool_size=(kh, kw), strides=(sh, sw), padding=pads, layout="NHWC"
             )
             return [activation(ctx, ctx.emit(y))]
         y = relax.op.nn.avg_pool2d(

@@ -163,6 +163,10 @@ EMITTERS: dict[str, Emitter] = {}
 #: Name prefix of binary ops whose op pattern is set to injective (emit_nn._binary).
 BROADCAST_BARRIER = "bcast_"
 
+#: Largest window (taps) of a pool emitted as elementwise reads of its taps
+#: (`emit_nn._small_pool`).
+SMALL_POOL_TAPS = 4
+
 
 def emitter(*names: str) -> Callable[[Emitter], Emitter]:
     def deco(fn: Emitter) -> Emitter:
@@ -208,16 +212,24 @@ class Lowering:
         self.in_attention = {i for a in attns for i in a.ops if i != a.last}
 
     def _find_pad_folds(self) -> dict[int, tuple[int, tuple[int, int, int, int]]]:
-        """Zero PADs of height/width that only feed convolutions of this partition (TF exports
-        stride-2 SAME convolutions as PAD + VALID conv): padded tensor -> (source tensor,
-        (top, left, bottom, right)). The convolutions take the padding themselves
-        (:func:`conv_data`) and the PAD is not emitted: one kernel launch and one tensor
-        round trip fewer each (43 of face_detection_full_range_sparse's 139 launches)."""
+        """PADs of height/width that only feed convolutions or max pools of this partition:
+        padded tensor -> (source tensor, (top, left, bottom, right)). The readers take the
+        padding themselves (:func:`conv_data`, `emit_nn._pool`) and the PAD is not emitted:
+        one kernel launch and one tensor round trip fewer each.
+
+        * A zero PAD read by convolutions: TF exports stride-2 SAME convolutions as PAD +
+          VALID conv (43 of face_detection_full_range_sparse's 139 launches).
+        * A PADV2 with minus infinity read by max pools of more than `SMALL_POOL_TAPS` taps:
+          litert-torch writes PyTorch's padded ``MaxPool2d`` so (the stems of ResNets and
+          ShuffleNets); a max pool's own padding never wins either, as long as every
+          window keeps a cell of the map (each side's padding narrower than the window)."""
         g = self.graph
         folds: dict[int, tuple[int, tuple[int, int, int, int]]] = {}
         for i in self.part.ops:
             op = g.ops[i]
-            if op.name != "PAD" or len(op.inputs) < 2 or not op.outputs:
+            if op.name not in ("PAD", "PADV2") or len(op.inputs) < 2 or not op.outputs:
+                continue
+            if op.name == "PADV2" and not self._pads_with_minus_infinity(op):
                 continue
             t, src, pads_t = op.outputs[0], op.inputs[0], op.inputs[1]
             tensor = g.tensors[t]
@@ -234,15 +246,24 @@ class Lowering:
             if pads.shape != (4, 2) or pads.min() < 0 or pads[0].any() or pads[3].any():
                 continue
             users = self.readers.get(t, [])
+            readers = ("CONV_2D", "DEPTHWISE_CONV_2D") if op.name == "PAD" else ("MAX_POOL_2D",)
             if not users or any(
-                u.name not in ("CONV_2D", "DEPTHWISE_CONV_2D")
-                or u.inputs[0] != t
-                or t in u.inputs[1:]
-                for u in users
+                u.name not in readers or u.inputs[0] != t or t in u.inputs[1:] for u in users
             ):
+                continue
+            if op.name == "PADV2" and not all(_pool_covers(u, pads) for u in users):
                 continue
             folds[t] = (src, (int(pads[1, 0]), int(pads[2, 0]), int(pads[1, 1]), int(pads[2, 1])))
         return folds
+
+    def _pads_with_minus_infinity(self, op: Op) -> bool:
+        """Whether a PADV2 pads a float tensor with minus infinity (or float32's lowest)."""
+        if len(op.inputs) < 3 or op.inputs[2] < 0:
+            return False
+        value = self.graph.tensors[op.inputs[2]].data
+        if value is None or np.asarray(value).size != 1 or np.asarray(value).dtype.kind != "f":
+            return False
+        return float(np.asarray(value).reshape(-1)[0]) <= float(np.finfo(np.float32).min)
 
     def _find_scale_folds(self) -> dict[int, tuple[int, int]]:
         """Per-channel scales of computed maps read only by convolutions of this partition:
@@ -536,8 +557,12 @@ class Lowering:
             with self.bb.dataflow():
                 for i in self.part.ops:
                     op = self.graph.ops[i]
-                    if op.name == "PAD" and op.outputs and op.outputs[0] in self.pad_folds:
-                        continue  # taken by its convolutions
+                    if (
+                        op.name in ("PAD", "PADV2")
+                        and op.outputs
+                        and op.outputs[0] in self.pad_folds
+                    ):
+                        continue  # taken by its convolutions (max pools)
                     if i in self.in_layer_norm or i in self.in_attention:
                         continue  # emitted with the layer norm's (attention's) last op
                     if op.outputs and op.outputs[0] in self._folded_by_convs(op.name):
@@ -969,6 +994,15 @@ def patch_embedding(
 
     call = ctx.bb.call_te(fn, lw.stored(src), weights, primfunc_name_hint=NCHW_CONV_NAME)
     return ctx.emit(call)
+
+
+def _pool_covers(op: Op, pads: np.ndarray) -> bool:
+    """Whether a MAX_POOL_2D can take a PAD's height and width padding (``pads``: [[top,
+    bottom], [left, right]] of its rows 1 and 2) as its own: a window of more than
+    `SMALL_POOL_TAPS` taps (those are elementwise, `emit_nn._small_pool`) wider than each
+    side's padding, so that every window keeps a cell of the map."""
+    kh, kw = int(op.options.get("filter_height", 1)), int(op.options.get("filter_width", 1))
+    return kh * kw > SMALL_POOL_TAPS and int(max(pads[1])) < kh and int(max(pads[2])) < kw
 
 
 def epilogue(ctx: Ctx, y: Expr, bias: int) -> list[Expr]:
