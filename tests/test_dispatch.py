@@ -104,6 +104,23 @@ def test_groups_are_cut_at_the_group_size() -> None:
     assert [la.kernel for la in out] == ["d0", "d0", "d1", "d1", "k4"]
 
 
+def test_groups_are_cut_at_the_stack_budget() -> None:
+    """PoCL keeps a work-group's private arrays, every case's of a dispatcher together, on its
+    worker thread's stack: a dispatcher holds at most `STACK_BUDGET` of them (here 64
+    work-items: two kernels of half that a dispatcher), and a kernel over it alone
+    stays a kernel of its own."""
+    from litekiln.compiler.dispatch import STACK_BUDGET
+
+    per_item = STACK_BUDGET // 64 // 2  # two fit a group of 64 work-items, three do not
+    body = f"float c[{per_item // 4}];c[0]=1.f;a[0]=c[0];"
+    src = _HEAD + "".join(_k(f"k{i}", "__global float*restrict a", body) for i in range(5))
+    big = f"float c[{STACK_BUDGET // 64 // 4 + 1}];c[0]=1.f;a[0]=c[0];"
+    src += _k("k5", "__global float*restrict a", big)
+    launches = [_launch(f"k{i}", BufferArg(0)) for i in range(6)]
+    _, out, _ = dispatch_kernels(src, launches, [])
+    assert [la.kernel for la in out] == ["d0", "d0", "d1", "d1", "k4", "k5"]
+
+
 # --------------------------------------------------------------------------- real kernels
 
 cl = pytest.importorskip("pyopencl")

@@ -1550,12 +1550,13 @@ def test_kernels_with_huge_private_arrays_are_refused() -> None:
     from tvm.script import tirx as T
 
     from litekiln.compiler import codegen
+    from litekiln.compiler.dispatch import private_bytes
 
     body = (
         "__kernel void k(__global float* restrict a) {"
         " float acc[32]; half2 h[4]; __local float tile[4096]; int i[3]; ... }"
     )
-    assert codegen._private_bytes(body) == 32 * 4 + 4 * 2 * 2 + 3 * 4
+    assert private_bytes(body) == 32 * 4 + 4 * 2 * 2 + 3 * 4
 
     @T.prim_func(s_tir=True)
     def reverse(a: T.Buffer((64, 8192), "float32"), b: T.Buffer((64, 8192), "float32")) -> None:

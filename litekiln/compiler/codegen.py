@@ -59,6 +59,7 @@ from litekiln.artifact.program import (
     kernels_only,
 )
 from litekiln.compiler import ptx
+from litekiln.compiler.dispatch import SCALAR_BYTES, private_bytes
 from litekiln.compiler.fusion import POOL_PREFIXES, fuse_matmul_neighbours
 from litekiln.compiler.minify import MinifyError, minify_opencl, strip_ptx
 from litekiln.compiler.schedules import RULE_REFUSALS
@@ -1385,7 +1386,6 @@ class _LaunchReader:
 #: GPU gives a work-group's static arrays (OpenCL guarantees 32 KB; AMD and Intel GPUs give 64).
 _MAX_LOCAL_BYTES = 48 * 1024
 _LOCAL_ARRAY = re.compile(r"__local\s+(?:volatile\s+)?(\w+)\s+\w+\[(\d+)\]")
-_SCALAR_BYTES = {"char": 1, "uchar": 1, "half": 2, "short": 2, "ushort": 2, "double": 8, "long": 8}
 
 
 def _share_flops(
@@ -1415,7 +1415,7 @@ def _local_bytes(body: str) -> int:
     total = 0
     for kind, n in _LOCAL_ARRAY.findall(body):
         scalar = kind.rstrip("0123456789")
-        total += _SCALAR_BYTES.get(scalar, 4) * int(kind[len(scalar) :] or 1) * int(n)
+        total += SCALAR_BYTES.get(scalar, 4) * int(kind[len(scalar) :] or 1) * int(n)
     return total
 
 
@@ -1779,7 +1779,7 @@ def _lower_tir(
         rt_mod = _tir_build.codegen_build(finalize_device()(dev_mod), dev_target)
         sources.append(rt_mod.inspect_source())
     source = "\n".join(sources)
-    sizes = {k: _private_bytes(body) for k, body in _kernel_bodies(source).items()}
+    sizes = {k: private_bytes(body) for k, body in _kernel_bodies(source).items()}
     owners = {_KERNEL_OF.sub("", k) for k, n in sizes.items() if n > _PRIVATE_SIMPLIFY_BYTES}
     retry = frozenset(owners & {gv.name_hint for gv in tir_mod.functions}) - simplify
     if retry:
@@ -1804,13 +1804,3 @@ _KERNEL_OF = re.compile(r"_kernel(_\d+)?$")
 #: rules' accumulators take at most a few hundred bytes; more is a schedule whose cached
 #: region TVM could not narrow (`_lower_tir`).
 _MAX_PRIVATE_BYTES = 16 * 1024
-_ARRAY = re.compile(r"(__local\s+)?(?:volatile\s+)?\b([a-z]+?)(\d*)\s+\w+\[(\d+)\]\s*;")
-
-
-def _private_bytes(body: str) -> int:
-    """Bytes of the private (per work-item) arrays a kernel's OpenCL C declares."""
-    total = 0
-    for local, scalar, lanes, n in _ARRAY.findall(body):
-        if not local:
-            total += _SCALAR_BYTES.get(scalar, 4) * int(lanes or 1) * int(n)
-    return total

@@ -31,6 +31,7 @@ schedule made it. Pure text in, text out; deterministic.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Sequence
 
@@ -49,6 +50,27 @@ from litekiln.artifact.program import (
 #: noise), 16 was slower (5.2-5.9 s); 64 bounds one dispatcher's text in larger models.
 GROUP = 64
 
+#: Most bytes of private arrays a dispatcher's work-group may hold, its cases' together: half
+#: the stack. PoCL keeps a work-group's private arrays on its worker thread's stack (8 MB),
+#: and a `switch`'s cases hardly share theirs: the dispatcher that held MaxViT-T's 25088-float
+#: array (codegen `_lower_tir`) had a 12.9 MB frame, that array's 12.85 MB for 128 work-items
+#: and 65 KB for its 29 other cases. A kernel over it alone stays a kernel of its own.
+STACK_BUDGET = 4 << 20
+
+#: Bytes of OpenCL C's scalar types other than 4.
+SCALAR_BYTES = {"char": 1, "uchar": 1, "half": 2, "short": 2, "ushort": 2, "double": 8, "long": 8}
+_ARRAY = re.compile(r"(__local\s+)?(?:volatile\s+)?\b([a-z]+?)(\d*)\s+\w+\[(\d+)\]\s*;")
+
+
+def private_bytes(text: str) -> int:
+    """Bytes of the private (per work-item) arrays declared in ``text`` (OpenCL C)."""
+    total = 0
+    for local, scalar, lanes, n in _ARRAY.findall(text):
+        if not local:
+            total += SCALAR_BYTES.get(scalar, 4) * int(lanes or 1) * int(n)
+    return total
+
+
 _HEADER = re.compile(r"__kernel\s+void\s+(\w+)\s*\(([^()]*)\)\s*\{")
 _PARAM = re.compile(r"^(.*?)\b(\w+)\s*$", re.S)
 _IDENT = re.compile(r"[A-Za-z_]\w*")
@@ -60,6 +82,7 @@ class _Kernel:
     types: list[str]  # each parameter's type, ``restrict`` dropped (for the casts)
     start: int  # the header's span in its chunk
     end: int
+    private: int = 0  # bytes of private arrays per work-item
 
 
 def _callable(chunk: str, name: str) -> _Kernel | None:
@@ -77,7 +100,21 @@ def _callable(chunk: str, name: str) -> _Kernel | None:
         if p is None or "__global" not in p.group(1) or "*" not in p.group(1):
             return None
         types.append(" ".join(p.group(1).replace("restrict", " ").split()))
-    return _Kernel(name, types, m.start(), m.end())
+    return _Kernel(name, types, m.start(), m.end(), private_bytes(chunk))
+
+
+def _batches(members: list[_Kernel], group: int, private: int) -> list[list[_Kernel]]:
+    """``members`` cut in order into runs of at most ``group`` kernels whose private arrays
+    per work-item add up to at most ``private`` bytes."""
+    out: list[list[_Kernel]] = [[]]
+    held = 0
+    for k in members:
+        if out[-1] and (len(out[-1]) == group or held + k.private > private):
+            out.append([])
+            held = 0
+        out[-1].append(k)
+        held += k.private
+    return out
 
 
 def dispatch_kernels(
@@ -112,15 +149,17 @@ def dispatch_kernels(
         kernel = _callable(texts[la.kernel], la.kernel)
         if kernel is None or len(shapes[la.kernel]) != 1:
             continue
-        groups.setdefault(next(iter(shapes[la.kernel])), []).append(kernel)
+        shape = next(iter(shapes[la.kernel]))
+        if kernel.private * math.prod(shape[0]) > STACK_BUDGET:
+            continue
+        groups.setdefault(shape, []).append(kernel)
     taken = set(_IDENT.findall(source))
     fresh = (f"d{i}" for i in range(len(taken) + len(all_launches) + 1) if f"d{i}" not in taken)
     cases: dict[str, tuple[str, int, int]] = {}  # kernel -> (dispatcher, case, pointers)
     dispatchers: list[tuple[str, list[_Kernel]]] = []
     callee: dict[str, _Kernel] = {}
-    for members in groups.values():
-        for i in range(0, len(members), group):
-            batch = members[i : i + group]
+    for (local, _), members in groups.items():
+        for batch in _batches(members, group, STACK_BUDGET // math.prod(local)):
             if len(batch) < 2:
                 continue
             name = next(fresh)
