@@ -59,7 +59,7 @@ from litekiln.artifact.program import (
     kernels_only,
 )
 from litekiln.compiler import ptx
-from litekiln.compiler.dispatch import SCALAR_BYTES, private_bytes
+from litekiln.compiler.dispatch import GROUP, SCALAR_BYTES, dispatch_kernels, private_bytes
 from litekiln.compiler.fusion import POOL_PREFIXES, fuse_matmul_neighbours
 from litekiln.compiler.minify import MinifyError, minify_opencl, strip_ptx
 from litekiln.compiler.schedules import RULE_REFUSALS
@@ -1083,10 +1083,8 @@ def _device_code(
 def _dispatch(code: _DeviceCode) -> None:
     """`dispatch_kernels` on ``code``, in place. Its PTX goes: the dispatchers are OpenCL C
     only, and the launches now name them."""
-    from litekiln.compiler import dispatch
-
-    source, launches, variants = dispatch.dispatch_kernels(
-        code.source, code.launches, code.variants, group=dispatch.GROUP
+    source, launches, variants = dispatch_kernels(
+        code.source, code.launches, code.variants, group=GROUP
     )
     if launches != code.launches or variants != code.variants:
         code.source, code.launches, code.variants = source, launches, variants

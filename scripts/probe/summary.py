@@ -1,0 +1,59 @@
+"""The probe's table (scripts/probe/run.sh): one row a model of scripts/probe/models.jsonl,
+from OUT_DIR's conv.log and check_NAME.log files.
+
+    .venv/bin/python scripts/probe/summary.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+_CHECK = re.compile(r"^(\S+)\s+(ok|MISMATCH|FAILED|\w+)\s+rel_err=(\S+)", re.M)
+_WHERE = re.compile(r"(\d+) ops run on the GPU in (\d+) partitions?, (\d+) ops on the CPU")
+
+
+def row(out: Path, spec: dict[str, object], conv: dict[str, str]) -> str:
+    name = str(spec["out"])
+    source = f"{spec['lib']} {spec.get('name', '')}".strip()
+    line = conv.get(name, "")
+    if line.startswith("FAIL"):
+        why = line.split(" ", 2)[2] if line.count(" ") >= 2 else "failed"
+        return f"| {name} | {source} | litert-torch fails: {why[:90]} | | | |"
+    log = out / f"check_{name}.log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    where = _WHERE.search(text)
+    placed = f"{where.group(1)} / {where.group(3)}" if where else ""
+    check = _CHECK.search(text)
+    if "Segfault" in text or "Segmentation fault" in text:
+        verdict = "crash (segfault)"
+    elif check:
+        verdict = check.group(2)
+    elif not text:
+        verdict = "not checked"
+    else:
+        verdict = "error: " + text.strip().splitlines()[-1][:90]
+    err = check.group(3) if check else ""
+    params = line.split()[3] if line.startswith("OK") and len(line.split()) > 3 else ""
+    return f"| {name} | {source} | {params} | {placed} | {err} | {verdict} |"
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    conv: dict[str, str] = {}
+    if (out / "conv.log").exists():
+        for line in (out / "conv.log").read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 2:
+                conv[parts[1]] = line
+    specs = [json.loads(s) for s in Path("scripts/probe/models.jsonl").read_text().splitlines()]
+    print("| model | source | parameters | ops GPU / CPU | max rel err vs LiteRT | verdict |")
+    print("| --- | --- | ---: | --- | --- | --- |")
+    for spec in specs:
+        print(row(out, spec, conv))
+
+
+if __name__ == "__main__":
+    main()
