@@ -121,7 +121,8 @@ class CorpusModel:
     sha256: str | None = None
     note: str = ""
     #: ``"int8"``: full-integer quantization by the TFLite converter (int8 inputs, outputs
-    #: and activations, calibrated on seeded random inputs); ``"float"``: none.
+    #: and activations, calibrated on seeded random inputs); ``"float"``: none; ``"dynamic"``
+    #: and ``"fp16"`` (the probe's only): int8 or fp16 weights, float activations.
     quantize: str = "float"
 
     @property
@@ -501,7 +502,8 @@ def is_built(model: CorpusModel, folder: Path, record: dict[str, Any] | None) ->
 
 def build_keras(model: CorpusModel) -> tuple[bytes, dict[str, Any]]:
     """A Keras application with seeded random weights, converted by the TFLite converter
-    (float32, no optimizations; or full-integer int8, `_keras`)."""
+    (float32, no optimizations; or full-integer int8, `_keras`; scripts/probe also asks for
+    ``dynamic``, int8 weights, and ``fp16``, fp16 weights)."""
     mz = _make_zoo()
     tf = mz._tf()
     import keras
@@ -516,10 +518,10 @@ def build_keras(model: CorpusModel) -> tuple[bytes, dict[str, Any]]:
         else:
             app = getattr(keras.applications, model.constructor)
             net = app(weights=None, input_shape=model.input_shape[1:], **model.kwargs)
-            if model.quantize == "float":
-                _calibrate_batch_norms(keras, net, model.input_shape)
-            else:
+            if model.quantize == "int8":
                 mz._init_weights(net, SEED)
+            else:
+                _calibrate_batch_norms(keras, net, model.input_shape)
         spec = tf.TensorSpec(model.input_shape, tf.float32, name="input")
         serve = tf.function(lambda x: net(x, training=False), input_signature=[spec])
         # Frozen first, as make_zoo.convert explains: handed Keras 3's variables, the
@@ -528,6 +530,10 @@ def build_keras(model: CorpusModel) -> tuple[bytes, dict[str, Any]]:
         converter = tf.lite.TFLiteConverter.from_concrete_functions([frozen], tf.Module())
         if model.quantize == "int8":
             mz.full_integer(converter, model.input_shape, SEED)
+        elif model.quantize in ("dynamic", "fp16"):  # (scripts/probe: weights only)
+            converter.optimizations = [tf.lite.Optimize.DEFAULT]
+            if model.quantize == "fp16":
+                converter.target_spec.supported_types = [tf.float16]
         data = bytes(converter.convert())
     return data, {
         "parameters": int(net.count_params()),

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The probe: models nobody here designed, outside the corpus (scripts/probe/models.jsonl),
-# converted from PyTorch with litert-torch and checked against LiteRT on this machine's
+# converted from PyTorch with litert-torch (Keras ones with the TFLite converter, quantized
+# variants among them: scripts/probe/convert_keras.py) and checked against LiteRT on this machine's
 # OpenCL (PoCL: `scripts/check_model.py --device opencl`, a fresh cache per model), then
 # summarised (scripts/probe/summary.py). Needs the corpus virtualenv (build/corpus-venv,
 # scripts/corpus.py's) and the project's (.venv).
@@ -20,7 +21,11 @@ while read -r line; do
   NAME_=$("$PY" -c 'import json, sys; print(json.loads(sys.argv[1])["out"])' "$line")
   want "$@" || continue
   if [ ! -f "$OUT/$NAME_.tflite" ] && ! grep -q " $NAME_ " "$OUT/conv.log" 2>/dev/null; then
-    timeout 900 "$TORCH_PY" scripts/probe/convert.py "$OUT" "$line" 2>/dev/null \
+    case $line in  # Keras through the TFLite converter (tensorflow-cpu), the rest litert-torch
+      *'"lib":"keras"'*) CONV=("$PY" scripts/probe/convert_keras.py) ;;
+      *) CONV=("$TORCH_PY" scripts/probe/convert.py) ;;
+    esac
+    timeout 900 "${CONV[@]}" "$OUT" "$line" 2>/dev/null \
       | grep -E "^(OK|FAIL)" >> "$OUT/conv.log" || echo "FAIL $NAME_ timeout or crash" >> "$OUT/conv.log"
   fi
   if [ -f "$OUT/$NAME_.tflite" ] && ! grep -qE "^$NAME_ +[0-9.]+ s$" "$OUT/check_$NAME_.log" 2>/dev/null; then
