@@ -414,6 +414,8 @@ def _seed_weights(model: Any, seed: int) -> None:
             value = rng.normal(0.0, 0.05, shape)
         elif leaf in ("mean", "variance", "count") and not var.trainable:
             continue  # an input Normalization layer's statistics (Keras' EfficientNet)
+        elif "layer_scale" in var.path:  # ConvNeXt's per-channel residual scale (1e-6 at init)
+            value = rng.uniform(0.5, 1.0, shape)
         else:
             raise ValueError(f"no seeding rule for weight {var.path}")
         var.assign(value.astype(np.float32))
