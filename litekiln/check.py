@@ -66,10 +66,17 @@ class CheckResult:
         if self.error:
             return f"{self.model:36s} ERROR  {self.error}"
         verdict = "ok  " if self.ok else "FAIL"
-        return (
-            f"{self.model:36s} {verdict} rel_err={self.rel_err:.2e} (tol {self.tolerance:.0e})  "
-            f"{self.seconds:6.1f}s  {self.device}"
-        )
+        steps = [o for o in self.outputs if "mean_steps" in o]
+        if steps:  # integer outputs are judged in quantization steps, not by rel_err
+            mean = max(o["mean_steps"] for o in steps)
+            within = min(o["within_2_steps"] for o in steps)
+            bound = (
+                f"mean {mean:.2f} steps, {100 * within:.1f}% within 2 "
+                f"(at most {INT8_MEAN_STEPS:g}, at least {100 * INT8_WITHIN_2:g}%)"
+            )
+        else:
+            bound = f"rel_err={self.rel_err:.2e} (tol {self.tolerance:.0e})"
+        return f"{self.model:36s} {verdict} {bound}  {self.seconds:6.1f}s  {self.device}"
 
 
 def tolerance_for(name: str, precision: str = "fp32") -> float:

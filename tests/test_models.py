@@ -87,3 +87,18 @@ def test_gpu_fp16_matches_litert_fp32(name: str) -> None:
 def test_gpu_quantized_matches_litert(name: str) -> None:
     r = check_model(zoo_model(name), use_cache=False)
     assert r.ok, r.line()
+
+
+def test_the_line_of_an_integer_model_states_its_steps() -> None:
+    """An int8 model is judged in quantization steps (`within_integer_bounds`): its line
+    says so, not a relative error against the float tolerance that does not apply to it."""
+    from litekiln.check import CheckResult
+
+    steps = [
+        {"mean_steps": 0.25, "within_2_steps": 1.0},
+        {"mean_steps": 0.5, "within_2_steps": 0.97},
+    ]
+    line = CheckResult("m", True, 0.0234, 1e-4, outputs=steps).line()
+    assert "mean 0.50 steps, 97.0% within 2 (at most 1, at least 95%)" in line
+    assert "rel_err" not in line
+    assert "rel_err=4.77e-07 (tol 1e-04)" in CheckResult("f", True, 4.77e-7, 1e-4).line()

@@ -12,6 +12,7 @@ prints ``OK <out> <seconds> <parameters>`` or ``FAIL <out> <error>``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -30,7 +31,7 @@ def main() -> None:
     try:
         model = corpus._keras(spec["name"], spec.get("quantize", "float"))  # noqa: SLF001
         if "shape" in spec:
-            model.input_shape = tuple(spec["shape"])
+            model = dataclasses.replace(model, input_shape=tuple(spec["shape"]))
         data, info = corpus.build_keras(model)
         with open(os.path.join(out_dir, f"{spec['out']}.tflite"), "wb") as f:
             f.write(data)

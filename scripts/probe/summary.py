@@ -11,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-_CHECK = re.compile(r"^(\S+)\s+(ok|MISMATCH|FAILED|\w+)\s+rel_err=(\S+)", re.M)
+_CHECK = re.compile(r"^(\S+)\s+(ok|FAIL|ERROR)\s+(rel_err=\S+|mean [0-9.]+ steps, [0-9.]+%)", re.M)
 _WHERE = re.compile(r"(\d+) ops run on the GPU in (\d+) partitions?, (\d+) ops on the CPU")
 
 
@@ -35,7 +35,11 @@ def row(out: Path, spec: dict[str, object], conv: dict[str, str]) -> str:
         verdict = "not checked"
     else:
         verdict = "error: " + text.strip().splitlines()[-1][:90]
-    err = check.group(3) if check else ""
+    err = (
+        check.group(3).removeprefix("rel_err=") + (" within 2" if "%" in check.group(3) else "")
+        if check
+        else ""
+    )
     params = line.split()[3] if line.startswith("OK") and len(line.split()) > 3 else ""
     return f"| {name} | {source} | {params} | {placed} | {err} | {verdict} |"
 
@@ -49,7 +53,7 @@ def main() -> None:
             if len(parts) >= 2:
                 conv[parts[1]] = line
     specs = [json.loads(s) for s in Path("scripts/probe/models.jsonl").read_text().splitlines()]
-    print("| model | source | parameters | ops GPU / CPU | max rel err vs LiteRT | verdict |")
+    print("| model | source | parameters | ops GPU / CPU | against LiteRT | verdict |")
     print("| --- | --- | ---: | --- | --- | --- |")
     for spec in specs:
         print(row(out, spec, conv))
