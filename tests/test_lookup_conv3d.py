@@ -8,9 +8,9 @@ against LiteRT's own kernels (``oplib.check_op``): the float copy, LiteRT's hybr
 zero point unused), the 8-bit copy, and 3-D windows of every option. A text model whose ids
 feed the lookup runs with its transformer on the GPU path (PoCL) and its lookup on the CPU,
 against LiteRT, on the inputs ``random_inputs`` draws for it (ids within the table). A
-CONV_3D whose window is one cell along an axis becomes a CONV_2D at load
-(`litekiln.ops.conv3d_as_2d`): those run whole on the GPU path, against LiteRT, on every test
-device.
+CONV_3D with a constant filter becomes a CONV_2D at load (`litekiln.ops.conv3d_as_2d`: over
+two axes where its window is one cell along the third, else over its depth taps stacked as
+channels): those run whole on the GPU path, against LiteRT, on every test device.
 """
 
 from __future__ import annotations
@@ -256,17 +256,63 @@ def test_conv3d_with_a_unit_axis_runs_on_the_gpu(case: str) -> None:
     CONV3D_GPU.check(case)
 
 
-def test_conv3d_without_a_unit_axis_stays_one_op() -> None:
+CONV3D_DEPTH_GPU = Batch(
+    "conv3d_by_depth",
+    [
+        Case("k333_same", _conv3d([1, 5, 6, 7, 3], [3, 3, 3, 3, 4])),
+        Case(
+            "depth_stride2_valid",
+            _conv3d([1, 7, 5, 5, 2], [3, 2, 2, 2, 3], stride_d=2, padding="VALID"),
+        ),
+        # SAME over an even window, dilated: 2 rows of depth padding, split 1 / 1; the h and w
+        # windows pad their odd row after
+        Case("depth_dilated_even", _conv3d([1, 6, 5, 4, 2], [2, 2, 2, 2, 3], dilation_d_factor=2)),
+        Case(
+            "batch2_strided_relu6",
+            _conv3d(
+                [2, 4, 5, 4, 2],
+                [2, 3, 2, 2, 3],
+                bias=False,
+                stride_h=2,
+                stride_d=2,
+                fused_activation_function="RELU6",
+            ),
+        ),
+    ],
+)
+
+
+@opencl
+@pytest.mark.parametrize("case", CONV3D_DEPTH_GPU.ids())
+def test_conv3d_over_every_axis_runs_on_the_gpu(case: str) -> None:
+    """torchvision's r3d_18 (3x3x3 windows) ran 20 CONV_3D on the CPU in 14 partitions; as
+    one CONV_2D over the depth taps stacked as channels, against LiteRT's conv3d kernel."""
+    CONV3D_DEPTH_GPU.check(case)
+
+
+def test_conv3d_by_depth_is_one_conv2d_and_a_computed_filter_stays_on_the_cpu() -> None:
     from litekiln.compiler.partition import partition
 
-    b = ModelBuilder()
-    y = b.op(
-        "CONV_3D",
-        [b.input("x", [1, 4, 4, 4, 2]), b.const("w", np.ones([2, 2, 2, 2, 3], np.float32))],
-        out_shape=[1, 4, 4, 4, 3],
-        options={"padding": "SAME", "stride_d": 1, "stride_h": 1, "stride_w": 1},
-    )
-    b.output(y)
-    graph = load_model(b.build()).main
+    def model(filter_input: bool) -> bytes:
+        b = ModelBuilder()
+        w = np.ones([2, 2, 2, 2, 3], np.float32)
+        y = b.op(
+            "CONV_3D",
+            [
+                b.input("x", [1, 4, 4, 4, 2]),
+                b.input("w", w.shape) if filter_input else b.const("w", w),
+            ],
+            out_shape=[1, 4, 4, 4, 3],
+            options={"padding": "SAME", "stride_d": 1, "stride_h": 1, "stride_w": 1},
+        )
+        b.output(y)
+        return b.build()
+
+    graph = load_model(model(False)).main
+    names = [op.name for op in graph.ops]
+    assert names.count("CONV_2D") == 1 and "CONV_3D" not in names, names
+    assert names.count("STRIDED_SLICE") == 2 and "CONCATENATION" in names, names
+    assert partition(graph).cpu_reasons == {}
+    graph = load_model(model(True)).main
     assert [op.name for op in graph.ops] == ["CONV_3D"]
     assert partition(graph).cpu_reasons == {0: "no GPU form in litekiln"}

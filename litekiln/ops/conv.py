@@ -513,15 +513,19 @@ class Conv3D(OpDef):
     strides and dilations per axis, SAME or VALID padding, a fused activation. Timm's lambda
     layers (``nn.Conv3d`` of their relative positions) convert to it.
 
-    One whose window is one cell along an axis (stride one there) becomes a CONV_2D over
-    the two other axes at load (:mod:`litekiln.ops.conv3d_as_2d`), which the GPU path runs;
-    any other stays on the CPU (LiteRT's GPU delegate has no form of it, nor the GPU path's
-    rank-4 NHWC lowering).
+    The loader makes each with a constant filter a CONV_2D, which the GPU path runs
+    (:mod:`litekiln.ops.conv3d_as_2d`; LiteRT's GPU delegate has no form of it): over the
+    two other axes where its window is one cell along an axis (stride one there), else over
+    its depth taps stacked as channels (torchvision's video ResNets). One whose filter or
+    bias is computed at run time stays on the CPU.
     """
 
     name = "CONV_3D"
-    rewritten_at_load = "a CONV_2D at load when its window is one cell along an axis"
-    gpu_limits = "windows of more than one cell along every axis on the CPU"
+    rewritten_at_load = (
+        "a CONV_2D at load: over the two other axes where its window is one cell along an "
+        "axis, else over its depth taps stacked as channels"
+    )
+    gpu_limits = "a filter or bias computed at run time on the CPU"
     versions = (1, 1)
     num_inputs = (2, 3)
 

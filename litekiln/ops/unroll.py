@@ -39,7 +39,7 @@ from litekiln.model.loader import check_graph
 from litekiln.model.schema import builtin_code
 from litekiln.ops.base import validate_model
 from litekiln.ops.control import callees, unroll_plan
-from litekiln.ops.conv3d_as_2d import conv3d_as_2d
+from litekiln.ops.conv3d_as_2d import conv3d_as_2d, conv3d_by_depth
 from litekiln.ops.fold import fold_op
 from litekiln.ops.unroll_lstm import expand_sequence_lstm
 
@@ -64,8 +64,8 @@ def check_and_rewrite(model: Model) -> None:
             return
         if op.name == "UNIDIRECTIONAL_SEQUENCE_LSTM" and expand_sequence_lstm(op, graph):
             return  # (its steps are checked next)
-        if op.name == "CONV_3D" and conv3d_as_2d(op, graph):
-            return  # (the CONV_2D and its reshapes are checked next)
+        if op.name == "CONV_3D" and (conv3d_as_2d(op, graph) or conv3d_by_depth(op, graph)):
+            return  # (the CONV_2D and the ops around it are checked next)
         if unrolled:
             simplify_op(op, graph)
         fold_op(op, graph)
