@@ -36,7 +36,6 @@ from litekiln.runtime.threads import cpu_thread_limit
 
 if TYPE_CHECKING:
     from litekiln.model import Model, Tensor
-    from litekiln.model.ir import Subgraph
     from litekiln.runtime.device import DeviceHandle
 
 # The rest of litekiln (the flatbuffer readers, the op registry the parser checks every op
@@ -698,6 +697,8 @@ class Interpreter:
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Seeded random inputs of the right shapes and dtypes (uniform in the input's range)."""
+        from litekiln.model.ir import index_bounds
+
         bounds = index_bounds(self._graph)
         return _random_arrays(
             [self._input_view(t) for t in self._graph.inputs],
@@ -1005,47 +1006,14 @@ class _ReferenceBackend:
 def random_inputs(model: Model, seed: int = 0) -> list[np.ndarray]:
     """Seeded random values for each graph input: floats in [-1, 1), integers over their range
     (ids and positions in the rows of the table they index: `index_bounds`)."""
+    from litekiln.model.ir import index_bounds
+
     bounds = index_bounds(model.main)
     return _random_arrays(
         [model.main.tensors[t] for t in model.main.inputs],
         seed,
         [bounds.get(t) for t in model.main.inputs],
     )
-
-
-#: Ops that pass an integer tensor's values on unchanged (a reshape of token ids).
-_VALUE_PRESERVING = frozenset({"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "CAST", "IDENTITY"})
-
-
-def index_bounds(graph: Subgraph) -> dict[int, int]:
-    """Integer graph inputs that index a table, and its number of rows: the ids of an
-    EMBEDDING_LOOKUP or the positions of a GATHER (along its axis), reached directly or
-    through reshapes and casts. A random input must stay in ``[0, rows)`` there, or the
-    lookup fails (in LiteRT too): a text model's token ids."""
-    readers = graph.readers()
-    bounds: dict[int, int] = {}
-    for start in graph.inputs:
-        if graph.tensors[start].dtype.kind not in "iu":
-            continue
-        todo, seen, rows = [start], {start}, []
-        while todo:
-            t = todo.pop()
-            for op in readers.get(t, []):
-                if op.name in _VALUE_PRESERVING and op.inputs[0] == t:
-                    for o in op.outputs:
-                        if o not in seen:
-                            seen.add(o)
-                            todo.append(o)
-                elif op.name == "EMBEDDING_LOOKUP" and op.inputs[0] == t and len(op.inputs) > 1:
-                    rows.append(graph.tensors[op.inputs[1]].shape[0])
-                elif op.name == "GATHER" and len(op.inputs) > 1 and op.inputs[1] == t:
-                    params = graph.tensors[op.inputs[0]].shape
-                    axis = int(op.options.get("axis", 0) or 0)
-                    if params:
-                        rows.append(params[axis % len(params)])
-        if rows and min(rows) > 0:
-            bounds[start] = min(rows)
-    return bounds
 
 
 def _random_arrays(

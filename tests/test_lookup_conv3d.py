@@ -123,7 +123,8 @@ def test_a_constant_id_outside_the_table_is_refused_at_load() -> None:
 def test_random_inputs_draw_ids_within_the_table() -> None:
     """A model's random ids stay in the rows of the table they index (they would fail the
     lookup in LiteRT too otherwise): `index_bounds` follows the ids to the lookup."""
-    from litekiln.interpreter import index_bounds, random_inputs
+    from litekiln.interpreter import random_inputs
+    from litekiln.model.ir import index_bounds
 
     model = load_model(_lookup_model(rows=3))
     assert index_bounds(model.main) == {model.main.inputs[0]: 3}
@@ -148,6 +149,30 @@ def test_text_model_runs_its_lookup_on_the_cpu_and_the_rest_on_the_gpu() -> None
     got = interp.get_tensor(interp.get_output_details()[0]["index"])
     (want,) = run_litert(data, [ids])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@opencl
+def test_text_model_compiles_in_fp16() -> None:
+    """The fp16 guard simulates the graph on calibration inputs (`precision.calibration_inputs`);
+    it drew the token ids over int8's range, the lookup refused id -47 and the compile of a
+    litert-torch text decoder died with a traceback. The ids now stay within the table; the
+    fp16 outputs are within the fp16 bound of LiteRT's."""
+    from litekiln import Interpreter
+    from litekiln.compiler.precision import calibration_inputs
+
+    data = _lookup_model(rows=100, n=64, width=256)
+    graph = load_model(data).main
+    for values in calibration_inputs(graph):
+        ids = values[graph.inputs[0]]
+        assert ids.min() >= 0 and ids.max() < 100
+    interp = Interpreter(model_content=data, precision="fp16")
+    interp.allocate_tensors()
+    ids = np.random.default_rng(4).integers(0, 100, 64).astype(np.int32)
+    interp.set_tensor(interp.get_input_details()[0]["index"], ids)
+    interp.invoke()
+    got = interp.get_tensor(interp.get_output_details()[0]["index"])
+    (want,) = run_litert(data, [ids])
+    assert np.abs(got - want).max() <= 1e-2 * max(1.0, float(np.abs(want).max()))
 
 
 CONV3D_CASES = [

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from litekiln.model.ir import Op, Subgraph
+from litekiln.model.ir import Op, Subgraph, index_bounds
 from litekiln.reference import gather_inputs
 
 if TYPE_CHECKING:
@@ -106,8 +106,11 @@ def boundary_tensors(partitions: Iterable[Partition]) -> set[int]:
 
 
 def calibration_inputs(graph: Subgraph) -> list[dict[int, np.ndarray]]:
-    """Two fixed input sets: floats in [0, 1) and in [-1, 1); integers over their range;
-    the variable tensors at their reset value."""
+    """Two fixed input sets: floats in [0, 1) and in [-1, 1); integers over their range, but
+    ids within the rows of the table they index (`index_bounds`: a text model's token ids;
+    outside, its EMBEDDING_LOOKUP fails and so did the compile); the variable tensors at their
+    reset value."""
+    bounds = index_bounds(graph)
     sets = []
     for seed, lo in ((0x5EED, 0.0), (0x5EEE, -1.0)):
         rng = np.random.default_rng(seed)
@@ -118,6 +121,8 @@ def calibration_inputs(graph: Subgraph) -> list[dict[int, np.ndarray]]:
                 values[t] = rng.uniform(lo, 1.0, tensor.shape).astype(tensor.dtype)
             elif tensor.dtype.kind == "b":
                 values[t] = rng.integers(0, 2, tensor.shape).astype(bool)
+            elif t in bounds:
+                values[t] = rng.integers(0, bounds[t], tensor.shape).astype(tensor.dtype)
             else:
                 info = np.iinfo(tensor.dtype)
                 values[t] = rng.integers(

@@ -242,6 +242,41 @@ class Subgraph:
         return out
 
 
+#: Ops that pass an integer tensor's values on unchanged (a reshape of token ids).
+_VALUE_PRESERVING = frozenset({"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "CAST", "IDENTITY"})
+
+
+def index_bounds(graph: Subgraph) -> dict[int, int]:
+    """Integer graph inputs that index a table, and its number of rows: the ids of an
+    EMBEDDING_LOOKUP or the positions of a GATHER (along its axis), reached directly or
+    through reshapes and casts. A random input must stay in ``[0, rows)`` there, or the
+    lookup fails (in LiteRT too): a text model's token ids."""
+    readers = graph.readers()
+    bounds: dict[int, int] = {}
+    for start in graph.inputs:
+        if graph.tensors[start].dtype.kind not in "iu":
+            continue
+        todo, seen, rows = [start], {start}, []
+        while todo:
+            t = todo.pop()
+            for op in readers.get(t, []):
+                if op.name in _VALUE_PRESERVING and op.inputs[0] == t:
+                    for o in op.outputs:
+                        if o not in seen:
+                            seen.add(o)
+                            todo.append(o)
+                elif op.name == "EMBEDDING_LOOKUP" and op.inputs[0] == t and len(op.inputs) > 1:
+                    rows.append(graph.tensors[op.inputs[1]].shape[0])
+                elif op.name == "GATHER" and len(op.inputs) > 1 and op.inputs[1] == t:
+                    params = graph.tensors[op.inputs[0]].shape
+                    axis = int(op.options.get("axis", 0) or 0)
+                    if params:
+                        rows.append(params[axis % len(params)])
+        if rows and min(rows) > 0:
+            bounds[start] = min(rows)
+    return bounds
+
+
 @dataclass
 class SignatureDef:
     """A named entry point: maps user-facing names to tensor indices of one subgraph."""
