@@ -518,7 +518,7 @@ def build_keras(model: CorpusModel) -> tuple[bytes, dict[str, Any]]:
         else:
             app = getattr(keras.applications, model.constructor)
             net = app(weights=None, input_shape=model.input_shape[1:], **model.kwargs)
-            if model.quantize == "int8":
+            if model.quantize in ("int8", "dynamic"):  # (8-bit: well-conditioned, `_keras`)
                 mz._init_weights(net, SEED)
             else:
                 _calibrate_batch_norms(keras, net, model.input_shape)

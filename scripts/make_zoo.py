@@ -402,7 +402,7 @@ def _seed_weights(model: Any, seed: int) -> None:
         leaf = var.path.rsplit("/", 1)[-1]
         if leaf == "depthwise_kernel":  # (kh, kw, cin, multiplier): fan-in is the window
             value = rng.normal(0.0, np.sqrt(2.0 / (shape[0] * shape[1])), shape)
-        elif leaf == "kernel":  # conv (kh, kw, cin, cout) or dense (cin, cout)
+        elif leaf in ("kernel", "pointwise_kernel"):  # conv (kh, kw, cin, cout), dense (cin, cout)
             value = rng.normal(0.0, np.sqrt(2.0 / int(np.prod(shape[:-1]))), shape)
         elif leaf in ("gamma", "moving_variance"):
             value = rng.uniform(0.8, 1.2, shape)
