@@ -519,3 +519,36 @@ def test_mobilenet_v1_dynamic(seed: int) -> None:
     inputs, ours = _reference_run(path, seed)
     err = relative_error(ours, _litert_builtin(path, inputs))
     assert err <= 5e-2, f"relative error {err:.2e} > 5e-2"
+
+
+@pytest.mark.opencl
+def test_dequantize_float_op_quantize_inside_an_int8_model_stays_on_the_gpu() -> None:
+    """The TFLite converter leaves DEQUANTIZE -> float op -> QUANTIZE inside int8 models
+    around ops it has no integer kernel for (Keras ConvNeXt's layer-norm NEG, 23 times: 24
+    GPU partitions and 69 CPU ops). In the float view both are GPU ops (an identity, then the
+    output's simulator); the chain runs in one partition, a requantize too, and the integers
+    match LiteRT's within the quantized-model bounds."""
+    from oplib import run_litert
+    from tflite_builder import ModelBuilder
+
+    from litekiln import Interpreter
+    from litekiln.compiler.partition import partition
+    from litekiln.model import load_model
+
+    b = ModelBuilder()
+    x = b.input("x", [1, 6, 6, 4], "int8", quant=Quant(0.05, 3))
+    f = b.op("DEQUANTIZE", [x], out_shape=[1, 6, 6, 4], out_dtype="float32", version=2)
+    f = b.op("NEG", [f], out_shape=[1, 6, 6, 4])
+    q = b.op("QUANTIZE", [f], out_shape=[1, 6, 6, 4], out_dtype="int8", out_quant=Quant(0.04, -2))
+    y = b.op("ADD", [q, x], out_quant=Quant(0.07, 1))
+    r = b.op("QUANTIZE", [y], out_shape=[1, 6, 6, 4], out_dtype="int8", out_quant=Quant(0.03, 5))
+    b.output(r)
+    data = b.build()
+    plan = partition(load_model(data).main)
+    assert plan.cpu_reasons == {} and len(plan.partitions) == 1
+    interp = Interpreter(model_content=data)
+    feeds = [np.random.default_rng(7).integers(-128, 128, [1, 6, 6, 4]).astype(np.int8)]
+    got = interp.run(feeds)
+    (want,) = run_litert(data, feeds)
+    mean, within2 = integer_step_stats(got, [want])
+    assert mean <= 0.5 and within2 == 1.0, (mean, within2)

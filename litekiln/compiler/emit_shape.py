@@ -61,6 +61,13 @@ def _reshape(ctx: Ctx) -> list[Expr]:
     return [ctx.emit(relax.op.reshape(ctx.arg_stored(0), ctx.out().shape))]
 
 
+@emitter("QUANTIZE", "DEQUANTIZE")
+def _float_view(ctx: Ctx) -> list[Expr]:
+    """The float view of a quantized tensor is its dequantized values: both are the input
+    unchanged here, and a quantized output (QUANTIZE's) gets its simulator after the op."""
+    return [ctx.arg_stored(0)]
+
+
 @emitter("TRANSPOSE")
 def _transpose(ctx: Ctx) -> list[Expr]:
     perm = [int(v) for v in ctx.const(1).reshape(-1)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from litekiln.model.ir import Op, Subgraph
 from litekiln.ops.base import (
     Check,
     OpContext,
@@ -22,10 +23,19 @@ _DEQUANTIZE_INPUTS = frozenset({"uint8", "int8", "int16", "float16", "int4"})
 _FLOAT32 = np.dtype("float32")
 
 
+# The GPU path runs both in its float view (`gpu_extended`: LiteRT's GPU delegate runs them
+# too, compiler/emit_shape.py): DEQUANTIZE of an activation is its float view unchanged, and
+# QUANTIZE (or a requantize) is the quantization simulator the compiler puts after every op
+# with a quantized output (`Lowering._fake_quant`). The TFLite converter leaves such pairs
+# inside int8 models around ops it has no integer kernel for (Keras ConvNeXt's layer-norm
+# NEG: 23 pairs, which split the model into 24 GPU partitions).
+
+
 @register
 class Quantize(OpDef):
     name = "QUANTIZE"
     quant_aware = True
+    gpu_extended = True
     versions = (1, 6)
     num_inputs = (1, 1)
 
@@ -67,8 +77,19 @@ class Quantize(OpDef):
 class Dequantize(OpDef):
     name = "DEQUANTIZE"
     quant_aware = True
+    gpu_extended = True
     versions = (1, 9)
     num_inputs = (1, 1)
+
+    @classmethod
+    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
+        """A quantized input, or a constant one (folded at load where it can be): a float16
+        tensor computed at run time has no float view on the GPU path."""
+        reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
+        x = graph.tensors[op.inputs[0]]
+        if reason is None and not is_quantized(x) and x.data is None:
+            return f"a {x.dtype.name} input computed at run time"
+        return reason
 
     @classmethod
     def validate(cls, c: Check) -> None:
