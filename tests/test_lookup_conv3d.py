@@ -135,20 +135,27 @@ def test_random_inputs_draw_ids_within_the_table() -> None:
 
 @opencl
 def test_text_model_runs_its_lookup_on_the_cpu_and_the_rest_on_the_gpu() -> None:
-    from litekiln import Interpreter
     from litekiln.compiler.partition import partition
 
     data = _lookup_model(rows=100, n=64, width=256)
     plan = partition(load_model(data).main)
     assert list(plan.cpu_reasons) == [0] and [len(p.ops) for p in plan.partitions] == [3]
-    interp = Interpreter(model_content=data)
+    got, want = _run_ids(data, seed=3)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _run_ids(data: bytes, seed: int, **options: object) -> tuple[np.ndarray, np.ndarray]:
+    """(litekiln's output, LiteRT's) on 64 seeded ids of 100 rows."""
+    from litekiln import Interpreter
+
+    interp = Interpreter(model_content=data, **options)
     interp.allocate_tensors()
-    ids = np.random.default_rng(3).integers(0, 100, 64).astype(np.int32)
+    ids = np.random.default_rng(seed).integers(0, 100, 64).astype(np.int32)
     interp.set_tensor(interp.get_input_details()[0]["index"], ids)
     interp.invoke()
     got = interp.get_tensor(interp.get_output_details()[0]["index"])
     (want,) = run_litert(data, [ids])
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    return got, want
 
 
 @opencl
@@ -157,7 +164,6 @@ def test_text_model_compiles_in_fp16() -> None:
     it drew the token ids over int8's range, the lookup refused id -47 and the compile of a
     litert-torch text decoder died with a traceback. The ids now stay within the table; the
     fp16 outputs are within the fp16 bound of LiteRT's."""
-    from litekiln import Interpreter
     from litekiln.compiler.precision import calibration_inputs
 
     data = _lookup_model(rows=100, n=64, width=256)
@@ -165,13 +171,7 @@ def test_text_model_compiles_in_fp16() -> None:
     for values in calibration_inputs(graph):
         ids = values[graph.inputs[0]]
         assert ids.min() >= 0 and ids.max() < 100
-    interp = Interpreter(model_content=data, precision="fp16")
-    interp.allocate_tensors()
-    ids = np.random.default_rng(4).integers(0, 100, 64).astype(np.int32)
-    interp.set_tensor(interp.get_input_details()[0]["index"], ids)
-    interp.invoke()
-    got = interp.get_tensor(interp.get_output_details()[0]["index"])
-    (want,) = run_litert(data, [ids])
+    got, want = _run_ids(data, seed=4, precision="fp16")
     assert np.abs(got - want).max() <= 1e-2 * max(1.0, float(np.abs(want).max()))
 
 
