@@ -46,18 +46,25 @@ log = logging.getLogger("litekiln")
 _AXES = ((1, "d"), (2, "h"), (3, "w"))
 
 
+def _rewritable(op: Op, graph: Subgraph) -> bool:
+    """Whether ``op`` is a float CONV_3D with a constant filter (and bias, if any): the
+    CONV_3Ds the loader makes CONV_2Ds."""
+    if op.name != "CONV_3D" or len(op.outputs) != 1 or len(op.inputs) < 2:
+        return False
+    x, w = graph.tensors[op.inputs[0]], graph.tensors[op.inputs[1]]
+    bias = graph.tensors[op.inputs[2]] if len(op.inputs) > 2 and op.inputs[2] >= 0 else None
+    if w.data is None or (bias is not None and bias.data is None):
+        return False
+    return x.dtype == np.float32 and len(x.shape) == 5 and len(w.shape) == 5
+
+
 def unit_axis(op: Op, graph: Subgraph) -> int | None:
     """The data axis (1: depth, 2: height, 3: width) along which ``op``'s window is one cell
     with stride one, the first such; None where there is none, or the op is not a float
     CONV_3D with a constant filter (and bias)."""
-    if op.name != "CONV_3D" or len(op.outputs) != 1 or len(op.inputs) < 2:
+    if not _rewritable(op, graph):
         return None
-    x, w = graph.tensors[op.inputs[0]], graph.tensors[op.inputs[1]]
-    bias = graph.tensors[op.inputs[2]] if len(op.inputs) > 2 and op.inputs[2] >= 0 else None
-    if w.data is None or (bias is not None and bias.data is None):
-        return None
-    if x.dtype != np.float32 or len(x.shape) != 5 or len(w.shape) != 5:
-        return None
+    w = graph.tensors[op.inputs[1]]
     for axis, key in _AXES:
         if w.shape[axis - 1] == 1 and int(op.options.get(f"stride_{key}", 1)) == 1:
             return axis
@@ -128,15 +135,11 @@ def conv3d_by_depth(op: Op, graph: Subgraph) -> bool:
     a CONV_2D over its depth taps stacked as channels and the ops around it (the module
     docstring); whether it was replaced. The new ops take ``op``'s place; the output tensor
     is ``op``'s."""
-    if op.name != "CONV_3D" or len(op.outputs) != 1 or len(op.inputs) < 2:
+    if not _rewritable(op, graph):
         return False
     x_t, w_t, y_t = op.inputs[0], op.inputs[1], op.outputs[0]
     x, w, y = graph.tensors[x_t], graph.tensors[w_t], graph.tensors[y_t]
     bias_t = op.inputs[2] if len(op.inputs) > 2 and op.inputs[2] >= 0 else None
-    if w.data is None or (bias_t is not None and graph.tensors[bias_t].data is None):
-        return False
-    if x.dtype != np.float32 or len(x.shape) != 5 or len(w.shape) != 5:
-        return False
     o = op.options
     n, d, h, wd, c = x.shape
     kd = w.shape[0]
