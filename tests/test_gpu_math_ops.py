@@ -487,12 +487,25 @@ def _q_sqdiff(g: G):
     )
 
 
+def _q_div(g: G):
+    """int8 DIV as the TFLite converter writes an int8 Keras softsign (v1): by a constant of
+    both signs (LiteRT refuses a zero divisor)."""
+    a = g.x([2, 3, 4], "int8", quant=Quant(0.05, 3))
+    b = g.w(np.array([20, -35, 60, 100], np.int8), "int8", quant=Quant(0.02, 0))
+    return g.op("DIV", [a, b], [2, 3, 4], version=1, dtype="int8", quant=Quant(0.1, -5))
+
+
 MISC = Batch(
     "math_misc",
     [
         Case("layer_norm", _layer_norm),
         Case("layer_norm_rows", lambda g: _layer_norm(g, (5, 32))),
         Case("int8_sqdiff_v2", _q_sqdiff),
+        Case("int8_div", _q_div),
+        Case(
+            "int8_log_softmax_v2",
+            _q_unary("LOG_SOFTMAX", Quant(0.05, -10), Quant(16 / 256, 127), shape=(3, 10)),
+        ),
         Case("int8_rsqrt_v2", _q_unary("RSQRT", Quant(0.02, -128), Quant(0.02, -128), shift=0.1)),
         Case("int8_log_v2", _q_unary("LOG", Quant(0.02, -128), Quant(4 / 255, 17), shift=0.1)),
         Case("int8_abs_v2", _q_unary("ABS", Quant(0.02, 3), Quant(0.01, -128))),

@@ -824,3 +824,28 @@ def test_gather_nd_reference(shape, idx, dtype) -> None:
         consts={1: np.asarray(idx, dtype)},
         out_shape=[*i.shape[:-1], *shape[i.shape[-1] :]],
     )
+
+
+_TIES = np.array([[3.0, 1.0, 3.0, np.nan, -2.0, 3.0, 0.5], [1.0, 1.0, 1.0, 1.0, 2.0, -1.0, 1.0]])
+
+
+@pytest.mark.parametrize(
+    ("x", "k", "quant"),
+    [
+        (_TIES.astype(np.float32), 4, None),  # ties to the earlier index, NaN after every number
+        (np.random.default_rng(1).normal(size=(2, 3, 50)).astype(np.float32), 10, None),
+        (np.array([[5, -128, 127, 5, 0, -7]], np.int8), 3, Quant(0.1, -3)),
+        (np.array([[7, 7, 2, 9], [0, -1, -1, 4]], np.int32), 4, None),
+        (_TIES[1:].astype(np.float32), 0, None),
+    ],
+)
+def test_topk_v2_reference(x, k, quant) -> None:
+    """TOPK_V2 (CPU; detection post-processing as litert-torch writes `torch.topk`): the
+    reference returns LiteRT's values and indices, in its order."""
+    shape = [*x.shape[:-1], k]
+    check_op(
+        "TOPK_V2",
+        [Spec(x.shape, x.dtype, quant, x)],
+        consts={1: np.array(k, np.int32)},
+        outputs=[Spec(shape, x.dtype, quant), Spec(shape, "int32")],
+    )

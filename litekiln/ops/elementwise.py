@@ -156,11 +156,15 @@ class Mul(BinaryOp):
 
 @register
 class Div(BinaryOp):
+    """x / y; 8- and 16-bit quantized (div.cc: uint8, int8, int16) through the float view on
+    both paths (the TFLite converter writes an int8 Keras model's softsign as v1 int8 DIVs)."""
+
     name = "DIV"
     gpu_extended = True
+    gpu_quant_max_version = 2
     fn = staticmethod(np.divide)
     versions = (1, 2)
-    dtypes = frozenset({"float32", "int32", "uint8"})
+    dtypes = frozenset({"float32", "int32", "uint8", "int8", "int16"})
 
 
 @register

@@ -229,17 +229,33 @@ class Softmax(OpDef):
 @register
 class LogSoftmax(OpDef):
     name = "LOG_SOFTMAX"
-    gpu_extended = True  # float32 (v2's int8 is refused at load)
+    gpu_extended = True
+    gpu_quant_max_version = 2  # v2: int8 (uint8 in v1), through the float view
     versions = (1, 2)
     num_inputs = (1, 1)
 
     @classmethod
     def validate(cls, c: Check) -> None:
+        """activations.cc's LogSoftmaxPrepare: an 8-bit output of scale 16/256 and zero
+        point 127 (int8) or 255 (uint8), the range of log-probabilities its kernels assume."""
         super().validate(c)
         x, y = c.input(0), c.output()
         c.rank(x, 1, 8, "input")
-        c.dtype(x, FLOAT32, "input")
+        c.dtype(x, frozenset({"float32", "uint8", "int8"}), "input")
         c.same_dtype(y, x, "output")
+        if x.type_name in QUANTIZED:
+            c.quantized(x, "input")
+            c.quantized(y, "output")
+            q = y.quantization
+            assert q is not None
+            zp = {"int8": 127, "uint8": 255}[x.type_name]
+            if int(q.zero_point[0]) != zp or float(q.scale[0]) != 16 / 256:
+                raise c.fail(
+                    "quantization-params",
+                    f"output {y.name!r} has scale {float(q.scale[0])} and zero point "
+                    f"{int(q.zero_point[0])}; LOG_SOFTMAX's {x.type_name} kernel needs "
+                    f"scale 0.0625 and zero point {zp}",
+                )
         c.output_shape(x.shape)
 
     @classmethod
@@ -297,6 +313,49 @@ class ArgMax(_Arg):
 class ArgMin(_Arg):
     name = "ARG_MIN"
     fn = staticmethod(np.argmin)
+
+
+@register
+class TopKV2(OpDef):
+    """The ``k`` largest values along the last axis and their indices (CPU only)."""
+
+    name = "TOPK_V2"
+    versions = (1, 3)
+    num_inputs = (2, 2)
+    num_outputs = (2, 2)
+    quant_aware = True  # the order of 8-bit values is their integers' order; raw in, raw out
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """topk_v2.cc: an input of rank >= 1; ``k`` one int32/int16 value, at most the last
+        axis' size; values of the input's type (and quantization), int32/int16 indices."""
+        super().validate(c)
+        x, k_t, values, indices = c.input(0), c.input(1), c.output(0), c.output(1)
+        c.rank(x, 1, 8, "input")
+        c.dtype(x, frozenset({"float32", "uint8", "int8", "int16", "int32", "int64"}), "input")
+        c.dtype(k_t, frozenset({"int32", "int16"}), "k")
+        c.same_dtype(values, x, "values")
+        c.dtype(indices, frozenset({"int32", "int16"}), "indices")
+        if k_t.size != 1:
+            raise c.fail("k", f"k has {k_t.size} values, expected one")
+        if k_t.data is None:
+            return
+        k = int(k_t.data.reshape(-1)[0])
+        if k > x.shape[-1]:
+            raise c.fail("k", f"k {k} is larger than the last axis ({x.shape[-1]})")
+        shape = (*x.shape[:-1], max(k, 0))
+        c.output_shape(shape, 0)
+        c.output_shape(shape, 1)
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        """topk_v2.cc's order: larger values first, ties to the earlier index, NaNs last."""
+        x = np.asarray(required(ctx, inputs, 0))
+        k = max(int(int_input(ctx, inputs, 1).reshape(-1)[0]), 0)
+        key = -x.astype(np.float64) if x.dtype.kind == "f" else -x.astype(np.int64)
+        order = np.argsort(key, axis=-1, kind="stable")[..., :k]  # NaN keys sort last
+        values = np.take_along_axis(x, order, axis=-1)
+        return [values, order.astype(ctx.output_tensor(1).dtype)]
 
 
 @register

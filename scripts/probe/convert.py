@@ -1,10 +1,12 @@
 """Convert one model of scripts/probe/models.jsonl to a .tflite through litert-torch.
 
 The probe takes litekiln to models nobody here designed and that the corpus does not hold:
-torchvision and timm architectures by name, and three small modules written the way users
-write them (a UNet, a causal text decoder, a temporal conv net), all with seeded random
-weights. Runs in the corpus virtualenv (build/corpus-venv: torch, torchvision, timm,
-litert-torch), one model a process:
+torchvision and timm architectures by name, and small modules written the way users write
+them (a UNet, a causal text decoder, a temporal conv net; ``"lib": "custom"``: style transfer,
+super-resolution, a VAE decoder, a spatial transformer, soft-argmax keypoints, a BiLSTM, a
+tabular MLP, masked attention, top-k post-processing), all with seeded random weights. Runs
+in the corpus virtualenv (build/corpus-venv: torch, torchvision, timm, litert-torch), one
+model a process:
 
     build/corpus-venv/bin/python scripts/probe/convert.py OUT_DIR '<one line of models.jsonl>'
 
@@ -100,6 +102,190 @@ class TCN(nn.Module):
         return F.softmax(self.fc(x.mean(-1)), -1)
 
 
+class StyleNet(nn.Module):
+    """A fast style-transfer net: reflection padding, instance norm, residual blocks,
+    nearest upsampling then a conv (not a transposed one), tanh."""
+
+    def __init__(self):
+        super().__init__()
+
+        def conv(i, o, k, s=1):
+            return nn.Sequential(nn.ReflectionPad2d(k // 2), nn.Conv2d(i, o, k, s))
+
+        self.down = nn.Sequential(
+            conv(3, 16, 9), nn.InstanceNorm2d(16, affine=True), nn.ReLU(),
+            conv(16, 32, 3, 2), nn.InstanceNorm2d(32, affine=True), nn.ReLU(),
+        )  # fmt: skip
+        self.res = nn.ModuleList(
+            nn.Sequential(conv(32, 32, 3), nn.InstanceNorm2d(32, affine=True), nn.ReLU(),
+                          conv(32, 32, 3), nn.InstanceNorm2d(32, affine=True))
+            for _ in range(2)
+        )  # fmt: skip
+        self.up = nn.Sequential(
+            nn.Upsample(scale_factor=2, mode="nearest"), conv(32, 16, 3),
+            nn.InstanceNorm2d(16, affine=True), nn.ReLU(), conv(16, 3, 9),
+        )  # fmt: skip
+
+    def forward(self, x):
+        y = self.down(x)
+        for r in self.res:
+            y = y + r(y)
+        return torch.tanh(self.up(y))
+
+
+class ESPCN(nn.Module):
+    """Super-resolution by sub-pixel convolution (x3): tanh convs, PixelShuffle."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(1, 64, 5, padding=2), nn.Tanh(), nn.Conv2d(64, 32, 3, padding=1),
+            nn.Tanh(), nn.Conv2d(32, 9, 3, padding=1), nn.PixelShuffle(3),
+        )  # fmt: skip
+
+    def forward(self, x):
+        return self.body(x).clamp(0, 1)
+
+
+class VAEDecoder(nn.Module):
+    """A latent [1, 32] -> Linear -> [64, 4, 4] -> ConvTranspose2d x3 (BatchNorm,
+    LeakyReLU) -> sigmoid image [3, 32, 32]."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(32, 64 * 4 * 4)
+        layers = []
+        for i, o in ((64, 32), (32, 16)):
+            layers += [nn.ConvTranspose2d(i, o, 4, 2, 1), nn.BatchNorm2d(o), nn.LeakyReLU(0.2)]
+        self.up = nn.Sequential(*layers, nn.ConvTranspose2d(16, 3, 4, 2, 1))
+
+    def forward(self, z):
+        return torch.sigmoid(self.up(self.fc(z).view(1, 64, 4, 4)))
+
+
+class STN(nn.Module):
+    """A spatial transformer: a small localisation net predicts an affine map, affine_grid
+    and grid_sample warp the input, a classifier reads the warped image."""
+
+    def __init__(self):
+        super().__init__()
+        self.loc = nn.Sequential(
+            nn.Conv2d(1, 8, 7), nn.MaxPool2d(2), nn.ReLU(), nn.Conv2d(8, 10, 5),
+            nn.MaxPool2d(2), nn.ReLU(), nn.Flatten(), nn.Linear(10 * 3 * 3, 6),
+        )  # fmt: skip
+        self.cls = nn.Sequential(
+            nn.Conv2d(1, 10, 5), nn.MaxPool2d(2), nn.ReLU(), nn.Flatten(),
+            nn.Linear(10 * 12 * 12, 10),
+        )  # fmt: skip
+
+    def forward(self, x):
+        theta = self.loc(x).view(1, 2, 3) * 0.1 + torch.tensor([[[1.0, 0, 0], [0, 1.0, 0]]])
+        grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+        return F.log_softmax(self.cls(F.grid_sample(x, grid, align_corners=False)), -1)
+
+
+class SoftArgmax(nn.Module):
+    """Keypoints by soft-argmax: heatmaps, a softmax over each map's pixels, expected x and y
+    against coordinate grids; also the maps' peak values."""
+
+    def __init__(self, k=5):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(3, 16, 3, 2, 1), nn.Hardswish(), nn.Conv2d(16, k, 3, 1, 1)
+        )
+        ys, xs = torch.meshgrid(torch.linspace(0, 1, 32), torch.linspace(0, 1, 32), indexing="ij")
+        self.register_buffer("xs", xs.reshape(1, 1, -1))
+        self.register_buffer("ys", ys.reshape(1, 1, -1))
+
+    def forward(self, x):
+        h = self.net(x).flatten(2)
+        p = F.softmax(h * 4.0, -1)
+        xy = torch.stack([(p * self.xs).sum(-1), (p * self.ys).sum(-1)], -1)
+        return xy, h.amax(-1)
+
+
+class BiLSTM(nn.Module):
+    """nn.LSTM, two layers, bidirectional, over [1, 20, 16], then a linear tagger."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(16, 24, num_layers=2, batch_first=True, bidirectional=True)
+        self.out = nn.Linear(48, 6)
+
+    def forward(self, x):
+        return self.out(self.rnn(x)[0])
+
+
+class Tabular(nn.Module):
+    """A tabular MLP: BatchNorm1d, and activations beyond ReLU (Mish, SELU, ELU, Softplus,
+    Hardsigmoid, SiLU); two heads."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.BatchNorm1d(24), nn.Linear(24, 64), nn.Mish(), nn.Linear(64, 64), nn.SELU(),
+            nn.Linear(64, 32), nn.ELU(), nn.Linear(32, 32), nn.Softplus(),
+        )  # fmt: skip
+        self.reg = nn.Linear(32, 1)
+        self.cls = nn.Sequential(nn.Linear(32, 3), nn.Hardsigmoid())
+
+    def forward(self, x):
+        h = self.body(x)
+        return self.reg(h) * F.silu(h).mean(-1, keepdim=True), self.cls(h)
+
+
+class MaskedAttention(nn.Module):
+    """nn.MultiheadAttention with a key padding mask made from the input (rows of zeros are
+    padding), masked mean pooling, cumsum positions."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(12, 32)
+        self.att = nn.MultiheadAttention(32, 4, batch_first=True)
+        self.out = nn.Linear(32, 4)
+
+    def forward(self, x):
+        pad = x.abs().sum(-1) < 1e-3  # [1, n]
+        pos = torch.cumsum(torch.ones_like(x[..., :1]), 1) / x.shape[1]
+        h = self.proj(x) + pos
+        a, _ = self.att(h, h, h, key_padding_mask=pad, need_weights=False)
+        keep = (~pad).float().unsqueeze(-1)
+        return self.out((a * keep).sum(1) / keep.sum(1).clamp(min=1.0))
+
+
+class TopK(nn.Module):
+    """Detection post-processing: sigmoid scores over 500 anchors, the 10 best, their boxes
+    gathered and decoded."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(16, 5)
+
+    def forward(self, feats):
+        out = self.head(feats)[0]  # [500, 5]
+        scores, idx = torch.topk(torch.sigmoid(out[:, 0]), 10)
+        boxes = out[idx, 1:]
+        return scores, torch.cat([boxes[:, :2] - boxes[:, 2:].exp() / 2,
+                                  boxes[:, :2] + boxes[:, 2:].exp() / 2], -1)  # fmt: skip
+
+
+#: Hand-written modules: (class, sample input).
+CUSTOM = {
+    "stylenet": (StyleNet, lambda: torch.randn(1, 3, 96, 96)),
+    "espcn": (ESPCN, lambda: torch.rand(1, 1, 48, 48)),
+    "vae_decoder": (VAEDecoder, lambda: torch.randn(1, 32)),
+    "stn": (STN, lambda: torch.randn(1, 1, 28, 28)),
+    "softargmax": (SoftArgmax, lambda: torch.randn(1, 3, 64, 64)),
+    "bilstm": (BiLSTM, lambda: torch.randn(1, 20, 16)),
+    "tabular": (Tabular, lambda: torch.randn(1, 24)),
+    "masked_attention": (
+        MaskedAttention,
+        lambda: torch.cat([torch.randn(1, 12, 12), torch.zeros(1, 4, 12)], 1),
+    ),
+    "topk": (TopK, lambda: torch.randn(1, 500, 16)),
+}
+
+
 class Seg(nn.Module):
     def __init__(self, name):
         super().__init__()
@@ -125,6 +311,10 @@ def make(spec):
     elif kind == "tcn":
         m = TCN().eval()
         sample = torch.randn(1, 40, 200)
+    elif kind == "custom":
+        cls, sample_fn = CUSTOM[spec["name"]]
+        m = cls().eval()
+        sample = sample_fn()
     elif kind == "seg":
         m = Seg(spec["name"]).eval()
         sample = torch.randn(1, 3, 224, 224)

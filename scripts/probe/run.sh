@@ -22,7 +22,7 @@ while read -r line; do
   want "$@" || continue
   if [ ! -f "$OUT/$NAME_.tflite" ] && ! grep -q " $NAME_ " "$OUT/conv.log" 2>/dev/null; then
     case $line in  # Keras through the TFLite converter (tensorflow-cpu), the rest litert-torch
-      *'"lib":"keras"'*) CONV=("$PY" scripts/probe/convert_keras.py) ;;
+      *'"lib":"keras'*) CONV=("$PY" scripts/probe/convert_keras.py) ;;
       *) CONV=("$TORCH_PY" scripts/probe/convert.py) ;;
     esac
     timeout 900 "${CONV[@]}" "$OUT" "$line" 2>/dev/null \
