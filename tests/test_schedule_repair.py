@@ -156,3 +156,43 @@ def test_variants_whose_kernels_declare_too_much_local_memory_are_not_offered(
     assert kernels > 0 and local > 0, (kernels, local)
     kernels, local = with_local(0)
     assert local == 0, (kernels, local)
+
+
+def _product_then_window_partition() -> bytes:
+    """Swin V2's patch merging in small: a fully connected layer over 36 rows, then the rows
+    permuted into windows (reshape, transpose, reshape), all fused into one kernel."""
+    b = ModelBuilder()
+    x = b.input("x", [1, 36, 16])
+    y = b.op(
+        "FULLY_CONNECTED",
+        [x, b.const("w", _w(8, 16)), b.const("b", _w(8))],
+        out_shape=[1, 36, 8],
+        options={"keep_num_dims": True},
+    )
+    six = [1, 2, 3, 2, 3, 8]
+    r = b.op("RESHAPE", [y, b.const("s", np.array(six, np.int32))], out_shape=six)
+    perm = b.const("p", np.array([0, 1, 3, 2, 4, 5], np.int32))
+    t = b.op("TRANSPOSE", [r, perm], out_shape=[1, 2, 2, 3, 3, 8])
+    b.output(b.op("RESHAPE", [t, b.const("s2", np.array([36, 8], np.int32))], out_shape=[36, 8]))
+    return b.build()
+
+
+def test_a_product_whose_epilogue_permutes_rows_compiles_without_repair(
+    capsys: Any, tmp_path: Any
+) -> None:
+    """`SerialReduction` runs an epilogue per tile of the product's outputs only where the
+    epilogue reads them in place: a row permutation after the product (timm's
+    swinv2_cr_tiny_ns) made TVM size the tile's epilogue loop by an expression it could not
+    unroll, and the kernel went to the repair."""
+    data = _product_then_window_partition()
+    compiled = compile_model(
+        load_model(data), CompileOptions(schedules="fast-cpu", tuning=False), warn=True
+    )
+    err = capsys.readouterr().err
+    assert not compiled.cpu_reasons, compiled.cpu_reasons
+    assert "does not compile" not in err, err
+    x = RNG.uniform(-1, 1, (1, 36, 16)).astype(np.float32)
+    cpu = litekiln.Interpreter(
+        model_content=data, schedules="fast-cpu", tune=False, cache_dir=tmp_path
+    )
+    np.testing.assert_allclose(cpu.run([x])[0], _reference(data, x), atol=1e-5, rtol=0)

@@ -400,7 +400,7 @@ class SerialReduction(_SingleReductionRule):
             # writes more, and its extra channels would never be written.
             red_shape = [int(x) for x in sch.get(red).writes[0].source.shape]
             epi_shape = [int(x) for x in sch.get(epilogue).writes[0].source.shape]
-            if red_shape != epi_shape:
+            if red_shape != epi_shape or not _reads_in_place(sch, epilogue, red):
                 return None
 
         loops = sch.get_loops(red)
@@ -614,6 +614,30 @@ def _single_epilogue(sch: s_tir.Schedule, infos: list[Any], red_name: str) -> An
 
 def _non_unit(shape: Any) -> list[int]:
     return [int(x) for x in shape if int(x) != 1]
+
+
+def _reads_in_place(sch: s_tir.Schedule, consumer: Any, producer: Any) -> bool:
+    """Whether ``consumer`` reads ``producer``'s output (of its own output's shape) only at
+    the element it writes. An epilogue run per tile of the producer's outputs must: one
+    that permutes them (a window partition inlined after a product: Swin V2's patch
+    merging, rows ``r -> r // 196 * 196 + r % 49 // 7 * 28 ...``) reads, for a tile of two
+    rows, a span of rows that other tiles compute, and TVM 0.27 sizes its loop by an
+    expression it cannot unroll."""
+    buf = sch.get(producer).writes[0].source
+    block = sch.get(consumer)
+    analyzer = tvm.sym.Analyzer()
+    for iv in block.iter_vars:  # (a reshape to the same shape indexes (j // n + i) % m)
+        analyzer.bind(iv.var, iv.dom)
+    written = [r.min for r in block.writes[0].region]
+    for region in block.reads:
+        if not region.source.same_as(buf):
+            continue
+        if len(region.region) != len(written):
+            return False
+        for r, w in zip(region.region, written, strict=True):
+            if not analyzer.can_prove_equal(r.min, w):
+                return False
+    return True
 
 
 def _sums_in_registers(
