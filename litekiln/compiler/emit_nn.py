@@ -33,6 +33,7 @@ from litekiln.compiler.lowering import (
 )
 from litekiln.ops.base import is_quantized
 from litekiln.ops.conv import C_PADDING_SAME, Convolution2DTransposeBias
+from litekiln.ops.pool import reduce_window_body, reduce_window_geometry
 
 
 def _strides_and_dilation(ctx: Ctx) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -448,6 +449,72 @@ def _small_pool(
         return te.compute((n_, oh, ow, c_), value, name=SMALL_POOL_NAME)
 
     return ctx.emit(ctx.bb.call_te(fn, ctx.arg(0), primfunc_name_hint=SMALL_POOL_NAME))
+
+
+@emitter("STABLEHLO_REDUCE_WINDOW")
+def _reduce_window(ctx: Ctx) -> list[Expr]:
+    """One reduction over each output's window (`litekiln.ops.pool.StablehloReduceWindow`):
+    a tap outside the input, or on a hole of its base dilation, reads the init value, and
+    the result is the body's ``init (op) window``."""
+    from tvm import tirx
+
+    shape = ctx.tensor(0).shape
+    g = reduce_window_geometry(ctx.op, shape)
+    kind = reduce_window_body(ctx.lw.graph, ctx.op)
+    init_value = float(ctx.const(1).reshape(-1)[0])
+    rank = len(shape)
+
+    def fn(data: te.Tensor) -> te.Tensor:
+        dtype = str(data.dtype)  # (half storage: the window is reduced in float32)
+        init = tirx.const(init_value, "float32")
+        axes = {d: te.reduce_axis((0, g["window"][d]), name=f"r{d}") for d in range(rank)}
+        axes = {d: r for d, r in axes.items() if g["window"][d] > 1}
+
+        def tap(out: tuple[Any, ...]) -> Any:
+            index, conds = [], []
+            for d in range(rank):
+                r = axes.get(d, 0)
+                p = out[d] * g["strides"][d] + r * g["dilations"][d] - g["pad_lo"][d]
+                base, last = g["base"][d], (shape[d] - 1) * g["base"][d]
+                lo = -g["pad_lo"][d]  # the smallest and largest positions a tap reaches
+                hi = (
+                    (g["out"][d] - 1) * g["strides"][d]
+                    + (g["window"][d] - 1) * g["dilations"][d]
+                    - g["pad_lo"][d]
+                )
+                if lo < 0:
+                    conds.append(p >= 0)
+                if hi > last:
+                    conds.append(p <= last)
+                if base > 1:
+                    conds.append(tirx.floormod(p, base) == 0)
+                    p = tirx.floordiv(p, base)
+                index.append(p)
+            v = data[tuple(index)].astype("float32")
+            return tirx.if_then_else(tirx.all(*conds), v, init) if conds else v
+
+        # The reduction starts from the init value (its "identity"), as LiteRT's does: a
+        # window all padding gives init, an init that is no identity counts once.
+        ops = {
+            "add": lambda a, b: a + b,
+            "mul": lambda a, b: a * b,
+            "max": lambda a, b: tirx.max(a, b),
+            "min": lambda a, b: tirx.min(a, b),
+        }
+        combine = ops[kind or "add"]
+        reducer = te.comm_reducer(combine, lambda t: tirx.const(init_value, t))
+
+        def value(*out: Any) -> Any:
+            if not axes:
+                return combine(init, tap(out))
+            return reducer(tap(out), axis=list(axes.values()))
+
+        y = te.compute(tuple(g["out"]), value, name="reduce_window")
+        if dtype == "float32":
+            return y
+        return te.compute(y.shape, lambda *i: y(*i).astype(dtype), name="reduce_window_cast")
+
+    return [ctx.emit(ctx.bb.call_te(fn, ctx.arg(0), primfunc_name_hint="reduce_window"))]
 
 
 EMITTERS["MAX_POOL_2D"] = _pool("max")

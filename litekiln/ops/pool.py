@@ -341,3 +341,170 @@ class MaxUnpooling2D(OpDef):
         # C order of the input loop == numpy's fancy-assignment order: later writes win.
         out[nn[ok], oy[ok], ox[ok], cc[ok]] = x[ok]
         return [out]
+
+
+# -- StableHLO's reduce_window ---------------------------------------------------------------
+
+#: The body ops LiteRT's STABLEHLO_REDUCE_WINDOW takes (one op, builtin or StableHLO), as the
+#: reduction each names.
+REDUCE_WINDOW_BODIES = {
+    "ADD": "add",
+    "STABLEHLO_ADD": "add",
+    "MUL": "mul",
+    "STABLEHLO_MULTIPLY": "mul",
+    "MAXIMUM": "max",
+    "STABLEHLO_MAXIMUM": "max",
+    "MINIMUM": "min",
+    "STABLEHLO_MINIMUM": "min",
+    "LOGICAL_AND": "and",
+    "STABLEHLO_AND": "and",
+    "LOGICAL_OR": "or",
+    "STABLEHLO_OR": "or",
+}
+
+_REDUCE_UFUNCS = {
+    "add": np.add,
+    "mul": np.multiply,
+    "max": np.maximum,
+    "min": np.minimum,
+    "and": np.logical_and,
+    "or": np.logical_or,
+}
+
+
+def reduce_window_body(graph: Subgraph, op: Op) -> str | None:
+    """The reduction a STABLEHLO_REDUCE_WINDOW's body subgraph computes (``"add"``,
+    ``"max"``...), or None where it is not one op LiteRT knows."""
+    index = int(op.options.get("body_subgraph_index", 0))
+    if not 0 < index < len(graph.model_subgraphs):
+        return None
+    ops = graph.called(index).ops
+    return REDUCE_WINDOW_BODIES.get(ops[0].name) if len(ops) == 1 else None
+
+
+def reduce_window_geometry(op: Op, shape: tuple[int, ...]) -> dict[str, list[int]]:
+    """The options of a STABLEHLO_REDUCE_WINDOW over an input of ``shape`` as per-axis
+    lists (``window``, ``strides``, ``base``, ``dilations``, ``pad_lo``, ``pad_hi``) and the
+    ``out`` shape: the input dilated by ``base`` (holes between its elements), padded
+    (negative: cropped), then windows of ``window`` taps ``dilations`` apart, ``strides``
+    apart."""
+    rank = len(shape)
+    o = op.options
+
+    def per_axis(key: str, default: int) -> list[int]:
+        v = o.get(key)
+        return [default] * rank if v is None else [int(x) for x in v]
+
+    pads = [int(x) for x in o.get("padding") or ()] or [0] * (2 * rank)  # (lo, hi) an axis
+    g = {
+        "window": per_axis("window_dimensions", 1),
+        "strides": per_axis("window_strides", 1),
+        "base": per_axis("base_dilations", 1),
+        "dilations": per_axis("window_dilations", 1),
+        "pad_lo": pads[0::2],
+        "pad_hi": pads[1::2],
+    }
+    out = []
+    for d in range(rank):
+        dilated = (shape[d] - 1) * g["base"][d] + 1 if shape[d] else 0
+        padded = dilated + g["pad_lo"][d] + g["pad_hi"][d]
+        span = (g["window"][d] - 1) * g["dilations"][d] + 1
+        out.append(max(0, (padded - span) // g["strides"][d] + 1) if padded >= span else 0)
+    g["out"] = out
+    return g
+
+
+@register
+class StablehloReduceWindow(OpDef):
+    """StableHLO's reduce_window (litert-torch writes PyTorch's avg_pool2d as a window sum
+    of it, then a division): each output the body's reduction of ``init`` and one window of
+    the input, dilated and padded with ``init``."""
+
+    name = "STABLEHLO_REDUCE_WINDOW"
+    gpu_extended = True
+    versions = (1, 1)
+    num_inputs = (2, 2)
+    quant_aware = True  # LiteRT reduces an 8-bit operand's stored integers, as they are
+    dtypes: ClassVar[frozenset[str]] = frozenset(
+        {"float32", "int8", "int16", "int32", "int64", "uint8", "bool"}
+    )
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """stablehlo_reduce_window.cc: one operand of rank 1-6 and a scalar init of its
+        type; every window size, stride and dilation positive; a body of one op LiteRT
+        reduces with (ADD, MUL, MAXIMUM, MINIMUM, LOGICAL_AND, LOGICAL_OR)."""
+        super().validate(c)
+        x, init, y = c.input(0), c.input(1), c.output()
+        c.rank(x, 1, 6, "input")
+        c.dtype(x, cls.dtypes, "input")
+        c.same_dtype(init, x, "init value")
+        c.same_dtype(y, x, "output")
+        if init.size != 1:
+            raise c.fail("init", f"init value has {init.size} elements, expected one")
+        index = int(c.op.options.get("body_subgraph_index", 0))
+        if not 0 < index < len(c.graph.model_subgraphs):
+            raise c.fail(
+                "subgraph-index",
+                f"body {index}: the model has {len(c.graph.model_subgraphs)} subgraphs",
+            )
+        if reduce_window_body(c.graph, c.op) is None:
+            ops = [o.name for o in c.graph.called(index).ops]
+            raise c.fail(
+                "body",
+                f"body subgraph {index} runs {ops}; LiteRT's kernel takes one of "
+                f"{sorted(set(REDUCE_WINDOW_BODIES))}",
+            )
+        rank = len(x.shape)
+        for key in ("window_dimensions", "window_strides", "base_dilations", "window_dilations"):
+            v = c.op.options.get(key)
+            if v is not None and (len(v) != rank or min(int(e) for e in v) <= 0):
+                raise c.fail(
+                    "window", f"{key} {list(v)}: expected {rank} positive values, one an axis"
+                )
+        pads = c.op.options.get("padding")
+        if pads is not None and len(pads) not in (0, 2 * rank):
+            raise c.fail("padding", f"padding has {len(pads)} values, expected {2 * rank}")
+        c.output_shape(reduce_window_geometry(c.op, x.shape)["out"])
+
+    @classmethod
+    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
+        """Float operands, a constant init value, an arithmetic body (the logical ones
+        reduce bools: CPU)."""
+        x, init = graph.tensors[op.inputs[0]], graph.tensors[op.inputs[1]]
+        if x.dtype != np.float32 or x.quantization is not None:
+            return f"a {x.type_name} operand: the GPU path reduces float32 windows"
+        if init.data is None:
+            return "its init value is computed at run time; the GPU path needs a constant"
+        if reduce_window_body(graph, op) not in ("add", "mul", "max", "min"):
+            return "a logical body: the GPU path reduces float32 windows"
+        return super().gpu_support(op, graph, allow_quantized=allow_quantized)
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        x = np.asarray(required(ctx, inputs, 0))
+        init = np.asarray(required(ctx, inputs, 1)).reshape(())
+        g = reduce_window_geometry(ctx.op, x.shape)
+        ufunc = _REDUCE_UFUNCS[reduce_window_body(ctx.graph, ctx.op) or "add"]
+        # Dilate (holes of init), then pad and crop (pads of init).
+        base = zip(x.shape, g["base"], strict=True)
+        dilated_shape = [(n - 1) * b + 1 if n else 0 for n, b in base]
+        a = np.full(dilated_shape, init, x.dtype)
+        a[tuple(slice(None, None, b) for b in g["base"])] = x
+        widths = [(max(lo, 0), max(hi, 0)) for lo, hi in zip(g["pad_lo"], g["pad_hi"], strict=True)]
+        a = np.pad(a, widths, constant_values=init)
+        crop = tuple(
+            slice(max(-lo, 0), a.shape[d] - max(-hi, 0))
+            for d, (lo, hi) in enumerate(zip(g["pad_lo"], g["pad_hi"], strict=True))
+        )
+        a = a[crop]
+        out = np.full(g["out"], init, x.dtype)
+        if out.size == 0:
+            return [out]
+        for tap in np.ndindex(*g["window"]):
+            sl = tuple(
+                slice(t * dl, t * dl + (n - 1) * s + 1, s)
+                for t, dl, n, s in zip(tap, g["dilations"], g["out"], g["strides"], strict=True)
+            )
+            out = ufunc(out, a[sl]).astype(x.dtype, copy=False)
+        return [out]
