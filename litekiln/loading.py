@@ -161,6 +161,7 @@ def open_device(
         return DeviceOpener(choice)
 
     def record() -> dict[str, Any] | None:  # (on the opener's thread: the cache imports too)
+        import_cache()
         from litekiln.cache.gpu import load_gpu
         from litekiln.cache.store import CacheStore
 
@@ -170,6 +171,20 @@ def open_device(
             return None
 
     return DeviceOpener(choice, known=record)
+
+
+_CACHE_IMPORT = threading.Lock()
+
+
+def import_cache() -> None:
+    """Import `litekiln.cache` and the modules a session reads it with, one thread at a
+    time. The device opener's thread reads the GPU record while the calling thread goes on
+    to `open_session`: two threads importing submodules of the package while it initialises
+    can each hold a module lock the other waits for, and Python then breaks the deadlock by
+    handing one of them a partly initialised module ("cannot import name 'CacheStore'",
+    seen on about one start in three)."""
+    with _CACHE_IMPORT:
+        import litekiln.cache.models  # noqa: F401  (the package, its store and GPU records)
 
 
 def open_session(
@@ -200,6 +215,7 @@ def open_session(
         CompileError: the model is not cached and cannot be compiled here.
     """
     copts, rt = split_options(options, precision)
+    import_cache()
     from litekiln.cache.models import ModelCache
     from litekiln.runtime.session import Session
 

@@ -284,3 +284,46 @@ def test_background_work_runs_when_the_first_inference_ends_as_the_process_exits
     s2._complete_pending = lambda: done.append("too early")  # type: ignore[method-assign]  # noqa: SLF001
     s2._in_background()  # noqa: SLF001
     assert "too early" not in done
+
+
+_START = """
+import sys, tempfile
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from tflite_builder import ModelBuilder
+import litekiln
+
+b = ModelBuilder()
+x = b.input("x", [1, 4])
+b.output(b.op("ADD", [x, x]))
+data = b.build()
+# A reference interpreter run first, then a device one.
+litekiln.Interpreter(model_content=data, device="reference").run([np.ones((1, 4), np.float32)])
+litekiln.Interpreter(model_content=data, cache_dir=sys.argv[2]).allocate_tensors()
+print("started")
+"""
+
+
+def test_fresh_starts_never_see_a_half_imported_cache(tmp_path: Path) -> None:
+    """The device opener's thread reads the GPU record (importing `litekiln.cache`) while the
+    starting thread imports it for `open_session`. Without `loading.import_cache` the two
+    could each hold a module lock the other waited for, and Python handed one a partly
+    initialised module: "cannot import name 'CacheStore' from partially initialized module",
+    on 10 of 10 starts of this script (a model built in the process, a reference interpreter
+    first: as the probe's scripts had it; the timing it needs is delicate, 1 in 4 with a model
+    read from a file)."""
+    # The default device (the suite names one: then no GPU record is read early).
+    env = {k: v for k, v in os.environ.items() if k != "LITEKILN_DEVICE"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _START, str(Path(__file__).parent), str(tmp_path / f"c{i}")],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(3)
+    ]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0 and "started" in out, err[-2000:]
