@@ -201,6 +201,30 @@ def _concat_input_pad_depthwise() -> bytes:
     return b.build()
 
 
+def _unit_depthwise(b, x, shape, stride=2, padding="VALID"):
+    """A 1x1 depthwise convolution: a window and group width of 1."""
+    w, bias = b.const("uw", _w(1, 1, 1, C)), b.const("ub", _w(C))
+    options = {"padding": padding, "stride_w": stride, "stride_h": stride, "depth_multiplier": 1}
+    return b.op("DEPTHWISE_CONV_2D", [x, w, bias], out_shape=shape, options=options)
+
+
+def _concat_unit_depthwise() -> bytes:
+    # timm's GhostNetV3: a concatenation read by a 1x1 stride-2 depthwise convolution and,
+    # through a PAD, by a 3x3 one; the two summed. The 1x1 one's reduction loops have extent
+    # 1, and (folded, a TE call) it added its bias twice: 8.5e-02 off on ghostnetv3_050.
+    b = ModelBuilder()
+    x = b.input("x", [1, 8, 8, 4])
+    cat = _concat(b, [_conv(b, x, [1, 8, 8, 4], cin=4, cout=4), x], [1, 8, 8, C])
+    one = _unit_depthwise(b, cat, [1, 4, 4, C])
+    pads = b.const("pads", np.asarray([[0, 0], [1, 1], [1, 1], [0, 0]], np.int32))
+    p = b.op("PAD", [cat, pads], out_shape=[1, 10, 10, C])
+    w, bias = b.const("dw", _w(1, 3, 3, C)), b.const("db", _w(C))
+    options = {"padding": "VALID", "stride_w": 2, "stride_h": 2, "depth_multiplier": 1}
+    three = b.op("DEPTHWISE_CONV_2D", [p, w, bias], out_shape=[1, 4, 4, C], options=options)
+    b.output(b.op("ADD", [one, three], out_shape=[1, 4, 4, C]))
+    return b.build()
+
+
 def _concat_also_pooled() -> bytes:
     # Read by a max pool too: the CONCATENATION must stay.
     b = ModelBuilder()
@@ -296,6 +320,7 @@ CASES = {
     "fire": (_fire, "conv2d_concat_in", "concatenate"),
     "concat_input_pad_depthwise": (_concat_input_pad_depthwise, "conv2d_concat_in", "concatenate"),
     "concat_also_pooled": (_concat_also_pooled, None, "concatenate"),
+    "concat_unit_depthwise": (_concat_unit_depthwise, "conv2d_concat_in", "concatenate"),
 }
 
 

@@ -926,14 +926,48 @@ def conv_folded(
         pads = tuple(a + b for a, b in zip(pads, pad[1], strict=True))  # type: ignore[assignment]
 
     weights = ctx.wconst(w) if half else ctx.fconst(w)
+    unit = int(w.shape[1]) * int(w.shape[2]) * int(w.shape[3]) == 1
 
     def fn(*xs: Any) -> Any:
+        if unit:  # (reduction loops of extent 1: see `_unit_window_conv`)
+            return _unit_window_conv(stage(*xs[:-1]), xs[-1], strides, pads, groups)
         return topi.nn.conv(
             stage(*xs[:-1]), xs[-1], strides, pads, dilation, groups, "NHWC", "OHWI",
             out_dtype=ACC_DTYPE,
         )  # fmt: skip
 
     return ctx.emit(ctx.bb.call_te(fn, *args, weights, primfunc_name_hint=name))
+
+
+def _unit_window_conv(
+    x: Any, k: Any, strides: tuple[int, int], pads: tuple[int, int, int, int], groups: int
+) -> Any:
+    """A convolution whose window and group width are 1 (a 1x1 depthwise convolution: each
+    output channel its input channel times one weight) as the elementwise product it is.
+    As a reduction its loops have extent 1, which TVM 0.27 mishandles: dlight's rules take
+    the block for a spatial one and run a fused epilogue in both its init and its update,
+    adding the bias twice (`unit_reductions` rewrites the Relax ``conv2d`` calls so; this is
+    the same for the convolutions a producer is folded into, which are TE calls)."""
+    from tvm import te, tirx
+
+    n, h, wd, _ = (int(d) for d in x.shape)
+    outs = int(k.shape[0])
+    mult = outs // groups
+    top, left, bottom, right = pads
+    sh, sw = strides
+    oh, ow = (h + top + bottom - 1) // sh + 1, (wd + left + right - 1) // sw + 1
+    zero = tirx.const(0.0, ACC_DTYPE)
+
+    def value(b: Any, i: Any, j: Any, c: Any) -> Any:
+        y, z = i * sh - top, j * sw - left
+        v = x[b, y, z, c // mult].astype(ACC_DTYPE)
+        inside = [cond for cond, needed in ((y >= 0, top), (y < h, bottom), (z >= 0, left),
+                                            (z < wd, right)) if needed]  # fmt: skip
+        if inside:
+            v = tirx.if_then_else(tirx.all(*inside), v, zero)
+        return v * k[c, 0, 0, 0].astype(ACC_DTYPE)
+
+    return te.compute((n, oh, ow, outs), value, name="unit_window_conv")
 
 
 def patch_embedding(
