@@ -181,8 +181,8 @@ def import_cache() -> None:
     time. The device opener's thread reads the GPU record while the calling thread goes on
     to `open_session`: two threads importing submodules of the package while it initialises
     can each hold a module lock the other waits for, and Python then breaks the deadlock by
-    handing one of them a partly initialised module ("cannot import name 'CacheStore'",
-    seen on about one start in three)."""
+    handing one of them a partly initialised module ("cannot import name 'CacheStore'": on
+    every start after a reference interpreter's run in one script, tests/test_startup.py)."""
     with _CACHE_IMPORT:
         import litekiln.cache.models  # noqa: F401  (the package, its store and GPU records)
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 _CHECK = re.compile(r"^(\S+)\s+(ok|FAIL|ERROR)\s+(rel_err=\S+|mean [0-9.]+ steps, [0-9.]+%)", re.M)
+_ERROR = re.compile(r"^\S+\s+ERROR\s+(.*)$", re.M)
 _WHERE = re.compile(r"(\d+) ops run on the GPU in (\d+) partitions?, (\d+) ops on the CPU")
 
 
@@ -31,6 +32,8 @@ def row(out: Path, spec: dict[str, object], conv: dict[str, str]) -> str:
         verdict = "crash (segfault)"
     elif check:
         verdict = check.group(2)
+    elif _ERROR.search(text):  # refused at load or compile: the message names why
+        verdict = "refused: " + _ERROR.search(text).group(1)[:120]  # type: ignore[union-attr]
     elif not text:
         verdict = "not checked"
     else:
@@ -55,8 +58,9 @@ def main() -> None:
     specs = [json.loads(s) for s in Path("scripts/probe/models.jsonl").read_text().splitlines()]
     print("| model | source | parameters | ops GPU / CPU | against LiteRT | verdict |")
     print("| --- | --- | ---: | --- | --- | --- |")
-    for spec in specs:
-        print(row(out, spec, conv))
+    for spec in specs:  # (the models this run converted or checked)
+        if str(spec["out"]) in conv or (out / f"check_{spec['out']}.log").exists():
+            print(row(out, spec, conv))
 
 
 if __name__ == "__main__":
