@@ -5,8 +5,8 @@ as the corpus builds its Keras models (scripts/corpus.py `build_keras`), in one 
 ``quantize`` modes: ``float``, ``int8`` (full integer), ``dynamic`` (int8 weights) or
 ``fp16`` (fp16 weights). ``"lib": "keras_custom"`` lines name a model of
 scripts/probe/keras_custom.py instead (several inputs and outputs, token ids, recurrent
-layers), converted the same way (``int8``: single float input only). Runs in the project's
-virtualenv (tensorflow-cpu):
+layers), converted the same way (``int8``: single float input only; ``dynamic``, ``fp16``).
+Runs in the project's virtualenv (tensorflow-cpu):
 
     .venv/bin/python scripts/probe/convert_keras.py OUT_DIR '<one line of models.jsonl>'
 
@@ -54,8 +54,14 @@ def build_custom(name: str, quantize: str) -> tuple[bytes, dict[str, Any]]:
         if quantize == "int8":
             (shape,) = [tuple(x.shape) for x in net.inputs]
             mz.full_integer(converter, shape, corpus.SEED)
+        elif quantize in ("dynamic", "fp16"):  # int8 or fp16 weights, float activations
+            converter.optimizations = [tf.lite.Optimize.DEFAULT]
+            if quantize == "fp16":
+                converter.target_spec.supported_types = [tf.float16]
         elif quantize != "float":
-            raise ValueError(f"keras_custom models convert float or int8, not {quantize}")
+            raise ValueError(
+                f"keras_custom models convert float, int8, dynamic or fp16, not {quantize}"
+            )
         data = bytes(converter.convert())
     return data, {"parameters": int(net.count_params())}
 
