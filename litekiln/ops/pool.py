@@ -372,14 +372,23 @@ _REDUCE_UFUNCS = {
 }
 
 
-def reduce_window_body(graph: Subgraph, op: Op) -> str | None:
-    """The reduction a STABLEHLO_REDUCE_WINDOW's body subgraph computes (``"add"``,
-    ``"max"``...), or None where it is not one op LiteRT knows."""
-    index = int(op.options.get("body_subgraph_index", 0))
+def region_reduction(graph: Subgraph, index: int) -> str | None:
+    """The reduction a StableHLO op's region (subgraph ``index``) computes: ``"add"``,
+    ``"max"``... for its one op, ``"update"`` for none (the new value replaces the old:
+    STABLEHLO_SCATTER's), None where it is not a region LiteRT's kernels take."""
     if not 0 < index < len(graph.model_subgraphs):
         return None
     ops = graph.called(index).ops
+    if not ops:
+        return "update"
     return REDUCE_WINDOW_BODIES.get(ops[0].name) if len(ops) == 1 else None
+
+
+def reduce_window_body(graph: Subgraph, op: Op) -> str | None:
+    """The reduction a STABLEHLO_REDUCE_WINDOW's body subgraph computes (``"add"``,
+    ``"max"``...), or None where it is not one op LiteRT knows."""
+    kind = region_reduction(graph, int(op.options.get("body_subgraph_index", 0)))
+    return None if kind == "update" else kind
 
 
 def reduce_window_geometry(op: Op, shape: tuple[int, ...]) -> dict[str, list[int]]:

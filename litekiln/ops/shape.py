@@ -1340,3 +1340,103 @@ class Shape(_Movement):
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
         x = required(ctx, inputs, 0)
         return [np.asarray(x.shape, dtype=ctx.output_tensor().dtype)]
+
+
+# -- StableHLO's scatter ---------------------------------------------------------------------
+
+
+@register
+class StablehloScatter(OpDef):
+    """StableHLO's scatter (CPU only): a copy of the operand, into which each element of
+    ``updates`` is combined at the position its index vector and window position name.
+    litert-torch writes PyTorch's F.fold and index_put / scatter_add with it (timm's VOLO)."""
+
+    name = "STABLEHLO_SCATTER"
+    versions = (1, 1)
+    num_inputs = (3, 3)
+    quant_aware = True  # LiteRT combines the stored values, as they are
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """stablehlo_scatter.cc: updates of the operand's type, int32/int64 indices, an
+        update region LiteRT takes (none: replace; one ADD, MUL, MAXIMUM or MINIMUM, builtin
+        or StableHLO: litert-torch writes a builtin ADD, which LiteRT's kernel refuses, and
+        litekiln runs as the add it is); the window and scatter dimensions consistent with
+        the ranks."""
+        from litekiln.ops.pool import region_reduction
+
+        super().validate(c)
+        x, idx, upd, y = c.input(0), c.input(1), c.input(2), c.output()
+        c.dtype(x, _ANY - {"bool"}, "operand")
+        c.dtype(idx, _INDEX_TYPES, "scatter indices")
+        c.same_dtype(upd, x, "updates", "operand")
+        c.same_dtype(y, x, "output", "operand")
+        o = c.op.options
+        index = int(o.get("update_computation_subgraph_index", 0))
+        kind = region_reduction(c.graph, index)
+        if kind not in ("update", "add", "mul", "max", "min"):
+            raise c.fail(
+                "body",
+                f"update region {index} is not one ADD, MUL, MAXIMUM or MINIMUM (nor empty)",
+            )
+        window = [int(d) for d in o.get("update_window_dims") or ()]
+        inserted = [int(d) for d in o.get("inserted_window_dims") or ()]
+        to_operand = [int(d) for d in o.get("scatter_dims_to_operand_dims") or ()]
+        ivd = int(o.get("index_vector_dim", 0))
+        rank, urank, irank = len(x.shape), len(upd.shape), len(idx.shape)
+        vector = idx.shape[ivd] if ivd < irank else 1
+        if (
+            len(window) + len(inserted) != rank
+            or any(not 0 <= d < urank for d in window)
+            or any(not 0 <= d < rank for d in [*inserted, *to_operand])
+            or not 0 <= ivd <= irank
+            or len(to_operand) != vector
+            or urank - len(window) != irank - (1 if ivd < irank else 0)
+        ):
+            raise c.fail(
+                "dimensions",
+                f"update_window_dims {window}, inserted_window_dims {inserted}, "
+                f"scatter_dims_to_operand_dims {to_operand} and index_vector_dim {ivd} do "
+                f"not fit an operand of rank {rank}, indices {list(idx.shape)} and updates "
+                f"{list(upd.shape)}",
+            )
+        c.output_shape(x.shape)
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        """stablehlo_scatter.cc's loop, over all updates at once: each update element's
+        position is its index vector (scattered to the operand's dimensions) plus its window
+        position (with the inserted dimensions at 0); positions outside the operand are
+        skipped; the region combines in the updates' order."""
+        from litekiln.ops.pool import region_reduction
+
+        x = np.array(required(ctx, inputs, 0), copy=True)
+        idx = np.asarray(required(ctx, inputs, 1)).astype(np.int64)
+        upd = np.asarray(required(ctx, inputs, 2))
+        o = ctx.op.options
+        window = [int(d) for d in o.get("update_window_dims") or ()]
+        inserted = [int(d) for d in o.get("inserted_window_dims") or ()]
+        to_operand = [int(d) for d in o.get("scatter_dims_to_operand_dims") or ()]
+        ivd = int(o.get("index_vector_dim", 0))
+        if upd.size == 0 or x.size == 0:
+            return [x]
+        grid = np.indices(upd.shape).reshape(upd.ndim, -1)
+        scatter_dims = [d for d in range(upd.ndim) if d not in window]
+        vectors = np.moveaxis(idx, ivd, -1) if ivd < idx.ndim else idx[..., None]
+        start = vectors[tuple(grid[scatter_dims])]  # [updates, index vector]
+        where = np.zeros((x.ndim, grid.shape[1]), np.int64)
+        for i, d in enumerate(to_operand):
+            where[d] += start[:, i]
+        kept = [d for d in range(x.ndim) if d not in inserted]  # (window dims, in order)
+        for d, w in zip(kept, window, strict=True):
+            where[d] += grid[w]
+        inside = np.all((where >= 0) & (where < np.asarray(x.shape)[:, None]), axis=0)
+        at = tuple(where[:, inside])
+        values = upd.reshape(-1)[inside]
+        kind = region_reduction(ctx.graph, int(o.get("update_computation_subgraph_index", 0)))
+        if kind == "update":
+            x[at] = values  # (numpy assigns in order: the last update of a position wins)
+        else:
+            ufunc = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+            ufunc[kind or "add"].at(x, at, values)
+        return [x]

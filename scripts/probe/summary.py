@@ -32,6 +32,8 @@ def row(out: Path, spec: dict[str, object], conv: dict[str, str]) -> str:
         verdict = "crash (segfault)"
     elif check:
         verdict = check.group(2)
+    elif "LiteRT cannot run it" in text:  # (scripts/probe/torch_check.py compares it)
+        verdict = "LiteRT cannot run it: see torch_check"
     elif _ERROR.search(text):  # refused at load or compile: the message names why
         verdict = "refused: " + _ERROR.search(text).group(1)[:120]  # type: ignore[union-attr]
     elif not text:
