@@ -849,3 +849,18 @@ def test_topk_v2_reference(x, k, quant) -> None:
         consts={1: np.array(k, np.int32)},
         outputs=[Spec(shape, x.dtype, quant), Spec(shape, "int32")],
     )
+
+
+@pytest.mark.parametrize("exclusive", [False, True])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize(("dtype", "axis"), [("float32", 1), ("float32", -1), ("int32", 0)])
+def test_cumsum_reference(exclusive: bool, reverse: bool, dtype: str, axis: int) -> None:
+    """CUMSUM (CPU; litert-torch's torch.cumsum): the reference gives LiteRT's sums."""
+    x = np.random.default_rng(2).uniform(-3, 3, (3, 4, 5)).astype(dtype)
+    check_op(
+        "CUMSUM",
+        [Spec(x.shape, dtype, None, x)],
+        {"exclusive": exclusive, "reverse": reverse},
+        consts={1: np.array(axis, np.int32)},
+        out_shape=list(x.shape),
+    )

@@ -359,6 +359,49 @@ class TopKV2(OpDef):
 
 
 @register
+class Cumsum(OpDef):
+    """Running sums along one axis (CPU only: TVM's GPU scan gives wrong sums on PoCL,
+    tests/test_codegen.py)."""
+
+    name = "CUMSUM"
+    versions = (1, 1)
+    num_inputs = (2, 2)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """cumsum.cc: float32, int32 or int64 data; the axis one int32 value within the
+        rank (negative counts from the end); the output the input's type and shape."""
+        super().validate(c)
+        x, axis_t, y = c.input(0), c.input(1), c.output()
+        c.dtype(x, frozenset({"float32", "int32", "int64"}), "input")
+        c.dtype(axis_t, frozenset({"int32"}), "axis")
+        c.same_dtype(y, x, "output")
+        if axis_t.size != 1:
+            raise c.fail("axis", f"axis has {axis_t.size} values, expected one")
+        if axis_t.data is not None:
+            rank = len(x.shape)
+            a = int(axis_t.data.reshape(-1)[0])
+            if not -rank <= a < rank:
+                raise c.fail("axis", f"axis {a} is out of range for rank {rank}")
+        c.output_shape(x.shape)
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        """In the input's type, one element after another (``exclusive``: each sum leaves its
+        own element out; ``reverse``: from the axis' end)."""
+        x = np.asarray(required(ctx, inputs, 0))
+        axis = int(int_input(ctx, inputs, 1).reshape(-1)[0]) % max(x.ndim, 1)
+        reverse = bool(ctx.options.get("reverse", False))
+        a = np.flip(x, axis) if reverse else x
+        y = np.cumsum(a, axis=axis, dtype=x.dtype)
+        if ctx.options.get("exclusive", False):
+            y = np.concatenate(
+                [np.zeros_like(np.take(y, [0], axis=axis)), np.delete(y, -1, axis=axis)], axis
+            )
+        return [np.ascontiguousarray(np.flip(y, axis) if reverse else y)]
+
+
+@register
 class L2Normalization(OpDef):
     name = "L2_NORMALIZATION"
     gpu_extended = True  # float32 (v2's int8 is refused at load)

@@ -269,6 +269,39 @@ class TopK(nn.Module):
                                   boxes[:, :2] + boxes[:, 2:].exp() / 2], -1)  # fmt: skip
 
 
+class OddPools(nn.Module):
+    """An adaptive pool over a size it does not divide (windows of two sizes), F.unfold (im2col)
+    then a product, torch.roll and torch.flip, bicubic upsampling."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = nn.Linear(8 * 9, 10)
+
+    def forward(self, x):
+        y = F.relu(self.conv(x))  # [1, 8, 10, 10]
+        a = F.adaptive_avg_pool2d(y, (7, 7))  # (litert-torch has no adaptive_max_pool2d)
+        a = torch.roll(a, shifts=(1, -2), dims=(2, 3)) + torch.flip(a, dims=[3])
+        cols = F.unfold(a, kernel_size=3, stride=2)  # [1, 72, 9]
+        up = F.interpolate(a, scale_factor=2, mode="bicubic", align_corners=False)
+        return self.fc(cols.transpose(1, 2)).mean(1), up
+
+
+class Sequence(nn.Module):
+    """A bidirectional nn.GRU, grouped Conv1d, GLU, cumsum and a cosine-similarity matrix."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(16, 32, 3, padding=1, groups=4)
+        self.gru = nn.GRU(16, 12, batch_first=True, bidirectional=True)
+
+    def forward(self, x):  # [1, 20, 16]
+        c = F.glu(self.conv(x.transpose(1, 2)), dim=1).transpose(1, 2)  # [1, 20, 16]
+        h, _ = self.gru(c + torch.cumsum(x, 1) / 20)
+        n = F.normalize(h, dim=-1)
+        return n @ n.transpose(1, 2)
+
+
 #: Hand-written modules: (class, sample input).
 CUSTOM = {
     "stylenet": (StyleNet, lambda: torch.randn(1, 3, 96, 96)),
@@ -283,6 +316,8 @@ CUSTOM = {
         lambda: torch.cat([torch.randn(1, 12, 12), torch.zeros(1, 4, 12)], 1),
     ),
     "topk": (TopK, lambda: torch.randn(1, 500, 16)),
+    "odd_pools": (OddPools, lambda: torch.randn(1, 3, 10, 10)),
+    "sequence": (Sequence, lambda: torch.randn(1, 20, 16)),
 }
 
 
