@@ -36,6 +36,7 @@ from litekiln.ops.conv import (
     c_struct_ints,
     checked_out_size,
     conv_geometry,
+    out_size,
 )
 
 
@@ -417,8 +418,8 @@ def reduce_window_geometry(op: Op, shape: tuple[int, ...]) -> dict[str, list[int
     for d in range(rank):
         dilated = (shape[d] - 1) * g["base"][d] + 1 if shape[d] else 0
         padded = dilated + g["pad_lo"][d] + g["pad_hi"][d]
-        span = (g["window"][d] - 1) * g["dilations"][d] + 1
-        out.append(max(0, (padded - span) // g["strides"][d] + 1) if padded >= span else 0)
+        size = out_size(padded, g["window"][d], g["strides"][d], g["dilations"][d], VALID)
+        out.append(max(size, 0))  # (the windows over the padded map: TFLite's VALID rule)
     g["out"] = out
     return g
 
