@@ -1055,3 +1055,219 @@ def test_a_gpu_record_holds_only_for_the_same_gpu_drivers_and_opencl_setup(
             with pytest.raises(device_mod.CudaStartMiss, match=message):
                 device_mod.cuda_start(choice, rec)
             (vendors / "intel.icd").unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------ programmatic dependent launch
+#: PTX as nvcc prints it (`litekiln.compiler.ptx`, minified): declarations, then the body.
+_PTX_NVCC = """.version 9.0
+.target sm_75
+.address_size 64
+.visible .entry axpb(
+.param .u64 axpb_param_0,
+.param .u64 axpb_param_1,
+.param .u64 axpb_param_2,
+.param .f32 axpb_param_3,
+.param .u32 axpb_param_4
+)
+.maxntid 256, 1, 1
+{
+.reg .pred %p<2>;
+.reg .f32 %f<5>;
+.reg .b32 %r<6>;
+.reg .b64 %rd<11>;
+ld.param.u64 %rd1, [axpb_param_0];
+ld.param.u64 %rd2, [axpb_param_1];
+ld.param.u64 %rd3, [axpb_param_2];
+ld.param.f32 %f1, [axpb_param_3];
+ld.param.u32 %r2, [axpb_param_4];
+mov.u32 %r3, %ctaid.x;
+mov.u32 %r4, %tid.x;
+mad.lo.s32 %r1, %r3, 256, %r4;
+setp.ge.s32 %p1, %r1, %r2;
+@%p1 bra $L__BB0_2;
+cvta.to.global.u64 %rd4, %rd1;
+mul.wide.s32 %rd5, %r1, 4;
+add.s64 %rd6, %rd4, %rd5;
+ld.global.nc.f32 %f2, [%rd6];
+cvta.to.global.u64 %rd7, %rd2;
+add.s64 %rd8, %rd7, %rd5;
+ld.global.nc.f32 %f3, [%rd8];
+fma.rn.f32 %f4, %f1, %f2, %f3;
+cvta.to.global.u64 %rd9, %rd3;
+add.s64 %rd10, %rd9, %rd5;
+st.global.f32 [%rd10], %f4;
+$L__BB0_2:
+ret;
+}
+.visible .entry plus_one(
+.param .u64 plus_one_param_0,
+.param .u64 plus_one_param_1
+)
+{
+.reg .f32 %f<3>;
+.reg .b32 %r<4>;
+.reg .b64 %rd<8>;
+.shared .align 4 .b8 tile[16];
+ld.param.u64 %rd1, [plus_one_param_0];
+ld.param.u64 %rd2, [plus_one_param_1];
+mov.u32 %r1, %ctaid.x;
+mov.u32 %r2, %tid.x;
+mad.lo.s32 %r3, %r1, 100, %r2;
+cvta.to.global.u64 %rd3, %rd1;
+mul.wide.s32 %rd4, %r3, 4;
+add.s64 %rd5, %rd3, %rd4;
+ld.global.f32 %f1, [%rd5];
+add.f32 %f2, %f1, 0f3F800000;
+cvta.to.global.u64 %rd6, %rd2;
+add.s64 %rd7, %rd6, %rd4;
+st.global.f32 [%rd7], %f2;
+ret;
+}
+"""
+
+
+def _head_of(ptx: str, kernel: str) -> list[str]:
+    body = ptx.split(f".entry {kernel}(", 1)[1].split("{", 1)[1].split("}", 1)[0]
+    return [ln.strip() for ln in body.strip().splitlines()]
+
+
+def test_pdl_ptx_waits_at_the_head_of_every_kernel_before_any_load():
+    """Every kernel waits for the grid before it (``griddepcontrol.wait``) before its first
+    instruction, after its declarations, and lets its dependent launch at once; the target
+    and PTX version are raised to what ``griddepcontrol`` needs, never lowered."""
+    out = cuda.pdl_ptx(_PTX_NVCC)
+    assert out is not None
+    for kernel, decls in (("axpb", 4), ("plus_one", 4)):
+        lines = _head_of(out, kernel)
+        assert all(ln.startswith((".reg", ".shared")) for ln in lines[:decls])
+        assert lines[decls : decls + 2] == [
+            "griddepcontrol.wait;",
+            "griddepcontrol.launch_dependents;",
+        ]
+        assert lines[decls + 2].startswith("ld.param")
+    assert ".target sm_90\n" in out and ".version 9.0\n" in out
+    assert cuda.pdl_ptx(out) == out  # once only
+    old = cuda.pdl_ptx(_PTX)  # NVIDIA OpenCL's style: sm_90 with its suffix, PTX 8.0
+    assert old is not None and ".target sm_90, texmode_independent" in old
+    assert ".version 8.0" in old and old.count("griddepcontrol.wait;") == 2
+    low = cuda.pdl_ptx(_PTX_NVCC.replace(".version 9.0", ".version 7.0"))
+    assert low is not None and ".version 7.8\n" in low
+    # A kernel whose head is not where it is looked for: no kernel is launched so.
+    assert cuda.pdl_ptx(_PTX_NVCC.replace("\n{\n.reg .f32 %f<3>;", "\n.reg .f32 %f<3>;", 1)) is None
+
+
+def _ptxas() -> str | None:
+    import shutil
+    from pathlib import Path
+
+    from litekiln.compiler.ptx import find_nvcc
+
+    nvcc = find_nvcc()
+    beside = Path(nvcc).parent / "ptxas" if nvcc else None
+    return str(beside) if beside is not None and beside.exists() else shutil.which("ptxas")
+
+
+@pytest.mark.skipif(_ptxas() is None, reason="no CUDA toolkit (ptxas) here")
+def test_pdl_ptx_assembles_for_hopper(tmp_path):
+    import subprocess
+
+    path = tmp_path / "k.ptx"
+    path.write_text(cuda.pdl_ptx(_PTX_NVCC) or "")
+    out = tmp_path / "k.cubin"
+    proc = subprocess.run(
+        [str(_ptxas()), "-arch=sm_90", str(path), "-o", str(out)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert out.stat().st_size > 0
+
+
+class HopperDriver(FakeDriver):
+    """The fake driver as a compute capability 9.0 GPU with ``cuLaunchKernelEx``: a launch
+    made through it is recorded as programmatic, and must be of a kernel that waits first."""
+
+    def __init__(self, kernels: dict, refuse: bool = False) -> None:
+        super().__init__(kernels)
+        self.refuse = refuse
+        self.dependents: list[str] = []
+        for attr, (symbol, argtypes) in cuda._OPTIONAL.items():
+            impl = self._guard(getattr(self, attr))
+            setattr(self.lib, symbol, ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)(impl))
+
+    def cuDeviceGetAttribute(self, p, attr, dev):
+        p[0] = {cuda._ATTR_CC_MAJOR: 9, cuda._ATTR_CC_MINOR: 0}.get(attr, 0)
+
+    def cuLaunchKernelEx(self, config, fn, params, extra):
+        if self.refuse:
+            return 801  # CUDA_ERROR_NOT_SUPPORTED
+        cfg = cuda._LaunchConfig.from_address(config)
+        assert cfg.num_attrs == 1
+        attr = cfg.attrs[0]
+        assert attr.id == cuda._PROGRAMMATIC_SERIALIZATION and attr.value[0] == 1
+        name = self.functions[fn]
+        assert "griddepcontrol.wait;" in _head_of(self.ptx, name)
+        assert self.capturing is not None, "programmatic launches are only captured"
+        self.dependents.append(name)
+        self.cuLaunchKernel(fn, *cfg.grid, *cfg.block, cfg.shared, cfg.stream, params, None)
+
+
+@pytest.mark.parametrize("pdl", [True, False])
+def test_a_hopper_graph_launches_each_kernel_after_a_kernel_as_its_dependent(monkeypatch, pdl):
+    """On compute capability 9.0 the executor loads the PTX with the waits and captures the
+    kernel that follows a kernel on its stream as a programmatic dependent; the first kernel,
+    which follows the input copy, is launched plainly. ``pdl=False``: all plainly."""
+    seen: list = []
+    fake = HopperDriver(_kernels(seen))
+    monkeypatch.setattr(cuda, "_DRIVER", cuda._Driver(lib=fake.lib))
+    monkeypatch.setattr(cuda, "_DEVICES", {})
+    b = np.linspace(-1, 1, 1000, dtype=np.float32).reshape(10, 100)
+    ex = cuda.CudaGraphExecutor(
+        _axpb_program(), {"b": b}, _PTX_NVCC.encode(), cuda.CudaDevice(0), pdl=pdl
+    )
+    assert ex.pdl is pdl
+    assert fake.ptx.count("griddepcontrol.wait;") == 2  # loaded with the waits either way
+    assert fake.dependents == (["plus_one"] if pdl else [])
+    x = np.random.default_rng(1).standard_normal((10, 100)).astype(np.float32)
+    ex.set_input(0, x)
+    ex.run()
+    np.testing.assert_allclose(ex.get_output(0), 2.5 * x + b + 1, rtol=1e-6)
+    assert not fake.errors, fake.errors
+
+
+def test_a_driver_that_refuses_dependent_launches_gets_plain_ones(monkeypatch):
+    seen: list = []
+    fake = HopperDriver(_kernels(seen), refuse=True)
+    monkeypatch.setattr(cuda, "_DRIVER", cuda._Driver(lib=fake.lib))
+    monkeypatch.setattr(cuda, "_DEVICES", {})
+    b = np.ones((10, 100), np.float32)
+    ex = cuda.CudaGraphExecutor(_axpb_program(), {"b": b}, _PTX_NVCC.encode(), cuda.CudaDevice(0))
+    assert ex.pdl is False and fake.dependents == []
+    x = np.full((10, 100), 3.0, np.float32)
+    ex.set_input(0, x)
+    ex.run()
+    np.testing.assert_allclose(ex.get_output(0), 2.5 * x + b + 1, rtol=1e-6)
+
+
+def test_an_older_gpu_loads_the_ptx_as_it_is(fake):
+    """Below compute capability 9.0 (the fake's default) nothing is added to the PTX."""
+    b = np.ones((10, 100), np.float32)
+    ex = cuda.CudaGraphExecutor(_axpb_program(), {"b": b}, _PTX_NVCC.encode(), cuda.CudaDevice(0))
+    assert ex.pdl is False and "griddepcontrol" not in fake.ptx and ".target sm_75" in fake.ptx
+
+
+def test_a_cubin_linked_under_another_rule_is_not_loaded(tmp_path):
+    """A cubin stored before the PTX got its programmatic-launch heads (no ``cubin_rule`` in
+    its graph mark) is not handed out: the start links the PTX again, with them."""
+    import json
+
+    cache = ModelCache.open(tmp_path / "c")
+    key = ("d" * 64, ["-cl-std=CL1.2"], {"name": "gpu"})
+    assert cache.save_program(*key, b"ptx", cuda_uuid="u1", cubin=b"CUBIN")
+    assert cache.load_graph(*key, "u1") == (b"ptx", None, b"CUBIN")
+    # The same entry as an earlier litekiln stored it: its mark names the GPU only.
+    entry = cache.store.get(
+        cache_key := next(r.key for r in cache.store.ls() if r.kind == "program"), kind="program"
+    )
+    parts = {n: entry.part(n) for n in entry.part_names}
+    parts["cuda_graph.json"] = json.dumps({"cuda_uuid": "u1"}).encode()
+    cache.store.put(cache_key, entry.fields, parts, kind="program", meta=entry.meta)
+    assert cache.load_graph(*key, "u1") == (b"ptx", None, None)

@@ -346,6 +346,7 @@ class Session:
                         cuda,
                         choices=choices,
                         streams=config.CUDA_STREAMS.get(),
+                        pdl=config.CUDA_PDL.get(),
                         cubin=cubin,
                     )
                 )
@@ -508,6 +509,7 @@ class Session:
             self._cuda_gpu(),
             choices=choices,
             streams=config.CUDA_STREAMS.get(),
+            pdl=config.CUDA_PDL.get(),
             link=link,
         )
 
