@@ -185,15 +185,6 @@ CUDA_STREAMS: Setting[int] = Setting(
     "heads) run concurrently; the dependencies come from the memory plan's byte ranges. "
     "1: every kernel after the previous one.",
 )
-CUDA_PDL: Setting[bool] = Setting(
-    "LITEKILN_CUDA_PDL",
-    _bool,
-    True,
-    "CUDA graph path on compute capability 9.0 and later (Hopper): capture each kernel that "
-    "follows another as a programmatic dependent launch, so that its launch overlaps the "
-    "previous kernel's last wave (every kernel still waits for the whole previous one before "
-    "it reads anything). 0: plain launches.",
-)
 EARLY_CUDA: Setting[bool] = Setting(
     "LITEKILN_EARLY_CUDA",
     _bool,
@@ -282,7 +273,6 @@ SETTINGS: tuple[Setting, ...] = (
     FAST_LAUNCH,
     CUDA_GRAPH,
     CUDA_STREAMS,
-    CUDA_PDL,
     EARLY_CUDA,
     PTX,
     BUILD_THREADS,

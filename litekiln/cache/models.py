@@ -61,11 +61,6 @@ _PACKED_PART = "constants.bin"
 _SHARED_PART = "data"
 _GRAPH_PART = "cuda_graph.json"  # a program verified as a CUDA graph: on which GPU
 _CUBIN_PART = "cubin"  # a verified program's device code on that GPU
-#: How the runtime makes the text it links into a cubin (`litekiln.runtime.cuda.cuda_text`):
-#: a cubin linked under another rule is not loaded (2: programmatic dependent launch heads
-#: on compute capability 9.0 and later; a cubin from before lacks them). The start links the
-#: PTX again and stores the new cubin.
-CUBIN_RULE = 2
 
 #: Constants without a recipe of at least this many bytes are stored once, shared by contents
 #: (kind "weights"); smaller ones are packed into the compiled model's entry.
@@ -286,10 +281,7 @@ class ModelCache:
         if tuning is not None:
             parts["tuning"] = json.dumps(tuning).encode()
         if cuda_uuid is not None:
-            mark: dict[str, Any] = {"cuda_uuid": cuda_uuid}
-            if cubin is not None:
-                mark["cubin_rule"] = CUBIN_RULE
-            parts[_GRAPH_PART] = json.dumps(mark).encode()
+            parts[_GRAPH_PART] = json.dumps({"cuda_uuid": cuda_uuid}).encode()
             if cubin is not None:
                 parts[_CUBIN_PART] = cubin
         meta: dict[str, Any] = {"device": dict(identity)}
@@ -323,7 +315,7 @@ class ModelCache:
         if binary is None or ("tuning" in entry.part_names and choices is None):
             return None
         cubin = None
-        if _CUBIN_PART in entry.part_names and mark.get("cubin_rule") == CUBIN_RULE:
+        if _CUBIN_PART in entry.part_names:
             try:
                 cubin = entry.part(_CUBIN_PART)
             except (KeyError, ValueError):

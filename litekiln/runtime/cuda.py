@@ -158,33 +158,6 @@ def _signatures() -> dict[str, tuple[str, list[Any]]]:
     }
 
 
-#: Entry points a driver may lack (older than CUDA 11.8): the attribute is None then.
-_OPTIONAL = {"cuLaunchKernelEx": ("cuLaunchKernelEx", [ctypes.c_void_p] * 4)}
-
-
-class _LaunchAttribute(ctypes.Structure):
-    """``CUlaunchAttribute``: an id, padding to 8 bytes, and a 64-byte value union (of which
-    programmatic stream serialisation uses the first int)."""
-
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
-
-
-class _LaunchConfig(ctypes.Structure):
-    """``CUlaunchConfig`` (cuda.h): grid, block, shared memory, stream, attributes."""
-
-    _fields_ = [
-        ("grid", ctypes.c_uint * 3),
-        ("block", ctypes.c_uint * 3),
-        ("shared", ctypes.c_uint),
-        ("stream", ctypes.c_void_p),
-        ("attrs", ctypes.POINTER(_LaunchAttribute)),
-        ("num_attrs", ctypes.c_uint),
-    ]
-
-
-_PROGRAMMATIC_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-
-
 class _Driver:
     """The few CUDA driver API entry points the executor needs, loaded once per process.
 
@@ -232,7 +205,6 @@ class _Driver:
     cuEventElapsedTime: Any
     cuEventDestroy: Any
     cuGetErrorName: Any
-    cuLaunchKernelEx: Any  # (None: the driver lacks it)
 
     def __init__(self, lib: Any = None) -> None:
         """Args: lib: the loaded library (default: libcuda.so.1; tests pass a stand-in)."""
@@ -248,12 +220,6 @@ class _Driver:
                 raise CudaUnsupported(f"the CUDA driver lacks {symbol} (too old)") from None
             fn.argtypes = argtypes
             fn.restype = ctypes.c_int
-            setattr(self, attr, fn)
-        for attr, (symbol, argtypes) in _OPTIONAL.items():
-            fn = getattr(lib, symbol, None)
-            if fn is not None:
-                fn.argtypes = argtypes
-                fn.restype = ctypes.c_int
             setattr(self, attr, fn)
         self.lib = lib
         self.check("cuInit", self.cuInit(0))
@@ -319,9 +285,6 @@ class CudaDevice:
         self.name = name.value.decode(errors="replace")
         #: The GPU's UUID (hex): what a later start finds it by (`device_by_uuid`).
         self.uuid = _uuid(drv, dev.value)
-        #: Whether kernels may be launched as programmatic dependents (`pdl_ptx`): compute
-        #: capability 9.0 and later (Hopper), with a driver that has ``cuLaunchKernelEx``.
-        self.pdl = _capability(drv, dev.value) >= 90 and drv.cuLaunchKernelEx is not None
         self._side: list[ctypes.c_void_p] = []
 
     def make_current(self) -> None:
@@ -389,19 +352,6 @@ def cuda_device_for(cl_device: Any, profile: DeviceProfile) -> CudaDevice:
     return _device(pick)
 
 
-_ATTR_CC_MAJOR, _ATTR_CC_MINOR = 75, 76  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR/MINOR
-
-
-def _capability(drv: _Driver, dev: int) -> int:
-    """The device's compute capability as 10 * major + minor (90 for Hopper); 0 if unknown."""
-    major, minor = ctypes.c_int(), ctypes.c_int()
-    if drv.cuDeviceGetAttribute(ctypes.byref(major), _ATTR_CC_MAJOR, dev) or (
-        drv.cuDeviceGetAttribute(ctypes.byref(minor), _ATTR_CC_MINOR, dev)
-    ):
-        return 0
-    return 10 * major.value + minor.value
-
-
 def _uuid(drv: _Driver, dev: int) -> str:
     raw = ctypes.create_string_buffer(16)
     drv.check("cuDeviceGetUuid", drv.cuDeviceGetUuid(raw, dev))
@@ -409,19 +359,6 @@ def _uuid(drv: _Driver, dev: int) -> str:
 
 
 _JIT_INPUT_PTX = 1  # CU_JIT_INPUT_PTX
-
-
-def _launch_dependent(
-    drv: _Driver, fn: Any, grid: list[int], block: list[int], stream: Any, params: Any
-) -> None:
-    """Launch (capture) ``fn`` on ``stream`` as a programmatic dependent of the kernel before
-    it there (`pdl_ptx`)."""
-    attr = _LaunchAttribute(id=_PROGRAMMATIC_SERIALIZATION)
-    attr.value[0] = 1
-    cfg = _LaunchConfig(stream=stream, attrs=ctypes.pointer(attr), num_attrs=1)
-    cfg.grid[:] = grid
-    cfg.block[:] = block
-    drv.check("cuLaunchKernelEx", drv.cuLaunchKernelEx(ctypes.byref(cfg), fn, params, None))
 
 
 def link_cubin(device: CudaDevice, text: str) -> bytes:
@@ -504,7 +441,7 @@ def _ptx_key(ordinal: int, text: str) -> tuple[int, str]:
 
 
 def preload_ptx(texts: list[str], ordinal: int = 0) -> threading.Thread:
-    """Start loading each PTX text (as `cuda_text` makes it) on CUDA device ``ordinal``,
+    """Start loading each PTX text (as `ptx_for_cuda` makes it) on CUDA device ``ordinal``,
     in a daemon thread. Failures are only logged: the executor then loads (and reports) it
     itself."""
     # Each text's event is held here: the executor that takes a module drops its key from
@@ -512,7 +449,7 @@ def preload_ptx(texts: list[str], ordinal: int = 0) -> threading.Thread:
     keys: list[tuple[tuple[int, str], str, threading.Event]] = []
     with _LOCK:
         for t in texts:
-            key = _ptx_key(ordinal, t)  # (the shipped text: the device is not open yet)
+            key = _ptx_key(ordinal, ptx_for_cuda(t))
             if key not in _PRELOADING:
                 _PRELOADING[key] = event = threading.Event()
                 keys.append((key, t, event))
@@ -524,7 +461,7 @@ def preload_ptx(texts: list[str], ordinal: int = 0) -> threading.Thread:
             device.make_current()
             for key, t, event in keys:
                 module = ctypes.c_void_p()
-                text = cuda_text(t, device)[0].encode("latin-1") + b"\0"
+                text = ptx_for_cuda(t).encode("latin-1") + b"\0"
                 err = drv.cuModuleLoadData(ctypes.byref(module), text)
                 with _LOCK:
                     _PRELOADED[key] = module if err == 0 else None
@@ -541,9 +478,8 @@ def preload_ptx(texts: list[str], ordinal: int = 0) -> threading.Thread:
 
 
 def _take_preloaded(ordinal: int, text: str) -> ctypes.c_void_p | None:
-    """The module `preload_ptx` made of the PTX ``text`` (as shipped: what `cuda_text` makes
-    of it is loaded) on ``ordinal`` (waiting for it if it is being made), handed over once;
-    None if there is none."""
+    """The module `preload_ptx` made of ``text`` on ``ordinal`` (waiting for it if it is
+    being made), handed over once; None if there is none."""
     key = _ptx_key(ordinal, text)
     event = _PRELOADING.get(key)
     if event is None:
@@ -565,57 +501,6 @@ _GROUP_OFFSET = re.compile(r"mov\.b32\s+(%r\d+),\s*%envreg[012];")
 def ptx_for_cuda(ptx: str) -> str:
     """``ptx`` with NVIDIA OpenCL's work-group offset registers replaced by 0 (see above)."""
     return _GROUP_OFFSET.sub(r"mov.b32 \1, 0;", ptx)
-
-
-# Programmatic dependent launch (Hopper and later). In a CUDA graph, a kernel starts only
-# when the one before it has finished and its writes are flushed; the GPU then spends some
-# microseconds launching the next grid and getting its blocks resident, and for a chain of
-# small kernels that gap is much of the time. A kernel launched as a *programmatic dependent*
-# (``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION``) may be launched as soon as every
-# block of the one before it has executed ``griddepcontrol.launch_dependents``; it must then
-# execute ``griddepcontrol.wait`` -- which returns once the grid before it has completed and
-# its memory operations are visible -- before it reads anything that grid wrote. `pdl_ptx`
-# puts both at the head of every kernel (before any load), so each kernel waits for the whole
-# previous grid as before, while its own launch overlaps that grid's last wave. A kernel not
-# launched as a programmatic dependent returns from the wait at once.
-_PDL_HEAD = "griddepcontrol.wait;\ngriddepcontrol.launch_dependents;\n"
-_ENTRY_HEAD = re.compile(
-    r"(\.entry\s+[A-Za-z_$][\w$]*\s*\([^)]*\)[^{]*\{[ \t]*\n?)"
-    r"((?:[ \t]*\.(?:reg|shared|local)\b[^\n]*\n)*)"
-)
-_VERSION = re.compile(r"^(\s*\.version\s+)(\d+)\.(\d+)", re.M)
-_TARGET = re.compile(r"^(\s*\.target\s+sm_)(\d+)", re.M)
-
-
-def pdl_ptx(ptx: str) -> str | None:
-    """``ptx`` with `_PDL_HEAD` at the head of every kernel, for a GPU of compute capability
-    9.0 or later (its ``.target`` raised to ``sm_90`` and its ``.version`` to 7.8 where they
-    are lower: what ``griddepcontrol`` needs); None where a kernel's head is not where it is
-    looked for (then no kernel may be launched as a programmatic dependent)."""
-    if _PDL_HEAD in ptx:
-        return ptx
-    entries = len(_ENTRY.findall(ptx))
-    out, n = _ENTRY_HEAD.subn(lambda m: m.group(1) + m.group(2) + _PDL_HEAD, ptx)
-    if n != entries or not entries or len(_TARGET.findall(out)) != 1:
-        return None
-
-    def version(m: re.Match[str]) -> str:
-        v = max((int(m.group(2)), int(m.group(3))), (7, 8))
-        return f"{m.group(1)}{v[0]}.{v[1]}"
-
-    out = _VERSION.sub(version, out, count=1)
-    return _TARGET.sub(lambda m: f"{m.group(1)}{max(int(m.group(2)), 90)}", out, count=1)
-
-
-def cuda_text(ptx: str, device: CudaDevice) -> tuple[str, bool]:
-    """The PTX text CUDA loads on ``device`` (`ptx_for_cuda`, and `pdl_ptx` where the device
-    takes programmatic dependent launches), and whether its kernels may be launched so."""
-    text = ptx_for_cuda(ptx)
-    if device.pdl:
-        waits = pdl_ptx(text)
-        if waits is not None:
-            return waits, True
-    return text, False
 
 
 _ENTRY = re.compile(r"\.entry\s+([A-Za-z_$][\w$]*)\s*\(([^)]*)\)", re.S)
@@ -794,7 +679,6 @@ class CudaGraphExecutor(PartitionIO):
         *,
         cubin: bytes | None = None,
         link: bool = False,
-        pdl: bool = True,
     ) -> None:
         """Load the PTX, allocate the arena, upload constants and capture the graph.
 
@@ -810,11 +694,6 @@ class CudaGraphExecutor(PartitionIO):
                 instead of the PTX, so the driver compiles nothing (the PTX is still checked).
             link: without ``cubin``, link the PTX into one (`link_cubin`) and load that, so
                 that what runs is what `cubin` then holds; a link that fails loads the PTX.
-                What is linked or loaded is `cuda_text` of the PTX on this device; a stored
-                ``cubin`` must have been linked from that same text.
-            pdl: on a GPU that takes them (`CudaDevice.pdl`), capture each kernel that
-                follows another on its stream as a programmatic dependent launch (`pdl_ptx`);
-                a capture the driver refuses so is made again without.
 
         Raises:
             CudaUnsupported: the PTX or the launches cannot be run through CUDA (see
@@ -833,9 +712,7 @@ class CudaGraphExecutor(PartitionIO):
         self._tensor_specs: dict[int, TensorSpec] = {t.id: t for t in program.tensors}
         self._streams = max(1, int(streams))
         self.branches = 1
-        text, waits = cuda_text(self._checked_ptx(ptx), device)
-        #: Whether the graph's kernels are launched as programmatic dependents.
-        self.pdl = bool(pdl and waits)
+        text = self._checked_ptx(ptx)
         self._drv = driver()
         # (the two calls of every inference, looked up once)
         self._graph_launch = self._drv.cuGraphLaunch
@@ -863,10 +740,9 @@ class CudaGraphExecutor(PartitionIO):
 
     # ------------------------------------------------------------------ set-up helpers
     def _checked_ptx(self, ptx: bytes) -> str:
-        """The PTX text as shipped or built, refused unless `check_ptx` passes on what CUDA is
-        to load of it (`ptx_for_cuda`)."""
-        text = ptx.rstrip(b"\0").decode("latin-1")
-        check_ptx(ptx_for_cuda(text), self.program, self._launches)
+        """The PTX text CUDA is to load (`ptx_for_cuda`), refused unless `check_ptx` passes."""
+        text = ptx_for_cuda(ptx.rstrip(b"\0").decode("latin-1"))
+        check_ptx(text, self.program, self._launches)
         return text
 
     def _track_resources(self) -> dict[str, Any]:
@@ -893,7 +769,7 @@ class CudaGraphExecutor(PartitionIO):
                 return
             except CudaUnsupported as exc:
                 log.info("PTX loaded as it is (no cubin: %s)", exc)
-        module = _take_preloaded(self.device.ordinal, self.binary.rstrip(b"\0").decode("latin-1"))
+        module = _take_preloaded(self.device.ordinal, text)
         if module is None:
             module = ctypes.c_void_p()
             self._drv.check(
@@ -1011,9 +887,6 @@ class CudaGraphExecutor(PartitionIO):
         """Capture every launch: on one stream, or branches on several (`branch_plan`)."""
         drv = self._drv
         streams = [stream0, *side]
-        # Per stream: whether the last work captured on it is a kernel with nothing waited for
-        # since (the next kernel there may then be its programmatic dependent).
-        after_kernel = [False] * len(streams)
         if side:  # fork: the side streams join the capture after the input copies
             fork, events = events[0], events[1:]
             drv.check("cuEventRecord", drv.cuEventRecord(fork, stream0))
@@ -1023,16 +896,10 @@ class CudaGraphExecutor(PartitionIO):
             st = streams[b.stream]
             for h in b.waits:
                 drv.check("cuStreamWaitEvent", drv.cuStreamWaitEvent(st, events[h], 0))
-                after_kernel[b.stream] = False
             for fn, grid, block, params, _ in self._calls[b.start : b.stop]:
-                if self.pdl and after_kernel[b.stream]:
-                    _launch_dependent(drv, fn, grid, block, st, params)
-                else:
-                    drv.check(
-                        "cuLaunchKernel",
-                        drv.cuLaunchKernel(fn, *grid, *block, 0, st, params, None),
-                    )
-                after_kernel[b.stream] = True
+                drv.check(
+                    "cuLaunchKernel", drv.cuLaunchKernel(fn, *grid, *block, 0, st, params, None)
+                )
             if side:
                 drv.check("cuEventRecord", drv.cuEventRecord(events[g], st))
         # join: the output copies follow all
@@ -1041,20 +908,6 @@ class CudaGraphExecutor(PartitionIO):
             drv.check("cuStreamWaitEvent", drv.cuStreamWaitEvent(stream0, ev, 0))
 
     def _capture(self) -> None:
-        if not self.pdl:
-            self._capture_once()
-            return
-        try:
-            self._capture_once()
-        except CudaUnsupported as exc:  # (a driver that refuses programmatic edges in graphs)
-            log.info("CUDA graph captured without programmatic dependent launches: %s", exc)
-            self.pdl = False
-            if self._res.get("graph") is not None:
-                self._drv.cuGraphDestroy(self._res["graph"])
-                self._res["graph"] = None
-            self._capture_once()
-
-    def _capture_once(self) -> None:
         drv, stream = self._drv, self.device.stream
         plan, side, events = self._branches()
         drv.check("cuStreamBeginCapture", drv.cuStreamBeginCapture(stream, 1))
@@ -1098,14 +951,9 @@ class CudaGraphExecutor(PartitionIO):
                             dest, self._ptr[self.program.outputs[i]], spec.nbytes, stream
                         ),
                     )
-        except BaseException:
+        finally:
             graph = ctypes.c_void_p()
-            drv.cuStreamEndCapture(stream, ctypes.byref(graph))
-            if graph.value:
-                drv.cuGraphDestroy(graph)
-            raise
-        graph = ctypes.c_void_p()
-        err = drv.cuStreamEndCapture(stream, ctypes.byref(graph))
+            err = drv.cuStreamEndCapture(stream, ctypes.byref(graph))
         drv.check("cuStreamEndCapture", err)
         self._res["graph"] = graph
         exe = ctypes.c_void_p()

@@ -346,7 +346,6 @@ class Session:
                         cuda,
                         choices=choices,
                         streams=config.CUDA_STREAMS.get(),
-                        pdl=config.CUDA_PDL.get(),
                         cubin=cubin,
                     )
                 )
@@ -509,7 +508,6 @@ class Session:
             self._cuda_gpu(),
             choices=choices,
             streams=config.CUDA_STREAMS.get(),
-            pdl=config.CUDA_PDL.get(),
             link=link,
         )
 
