@@ -262,6 +262,39 @@ def test_fully_connected_hybrid(asymmetric: bool, per_channel: bool) -> None:
     )
 
 
+def _int4_weights(shape: list[int], axis: int) -> Spec:
+    """Per-channel symmetric int4 weights as AI Edge Quantizer's ``dynamic_wi4_afp32``
+    recipe stores them (two values a byte, [-7, 7])."""
+    n = shape[axis]
+    scales = list(np.linspace(0.02, 0.1, n))
+    return Spec(shape, "int4", Quant(scales, [0] * n, axis), low=-7, high=7)
+
+
+def test_conv2d_hybrid_int4() -> None:
+    """A float conv over int4 weights (AI Edge Quantizer's dynamic int4 recipe) is the hybrid
+    op its int8 form is (the weights unpacked at load): it was refused as a float conv with
+    int4 weights."""
+    check_op(
+        "CONV_2D",
+        [Spec([1, 9, 9, 6], low=-1.0, high=2.0)],
+        {"padding": "SAME", "stride_w": 1, "stride_h": 1, "fused_activation_function": "NONE"},
+        consts={1: _int4_weights([5, 3, 3, 6], 0), 2: Spec([5])},
+        out_dtype="float32",
+        version=5,
+    )
+
+
+def test_fully_connected_hybrid_int4() -> None:
+    check_op(
+        "FULLY_CONNECTED",
+        [Spec([4, 40], low=-1.0, high=2.0)],
+        {},
+        consts={1: _int4_weights([8, 40], 0), 2: Spec([8])},
+        out_dtype="float32",
+        version=9,
+    )
+
+
 # -- elementwise ----------------------------------------------------------------------------
 
 

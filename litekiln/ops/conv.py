@@ -164,7 +164,7 @@ def _check_conv_dtypes(c: Check, x: Tensor, w: Tensor, y: Tensor, what: str) -> 
     c.same_dtype(y, x, "output")
     xt = x.type_name
     if xt == "float32":
-        if w.type_name == "int8":  # (int4 too: unpacked at load)
+        if w.type_name in ("int8", "int4"):  # (int4: unpacked to int8 at load)
             return True
         c.dtype(w, FLOAT32, "filter")
         return False
@@ -839,8 +839,8 @@ class FullyConnected(_ConvLike):
         x, w, y = c.input(0), c.input(1), c.output()
         bias = c.optional(2)
         xt, wt = x.type_name, w.type_name
-        hybrid = xt == "float32" and wt in INT8S
-        if wt in QUANTIZED:
+        hybrid = xt == "float32" and wt in INT8S | {"int4"}  # (int4: unpacked at load)
+        if wt in QUANTIZED or wt == "int4":
             if hybrid:
                 c.dtype(w, frozenset({"int8", "int4"}), "weights")
                 c.dtype(y, FLOAT32, "output")
