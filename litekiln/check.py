@@ -77,6 +77,9 @@ class CheckResult:
     seconds: float = 0.0
     outputs: list[dict[str, Any]] = field(default_factory=list)
     error: str = ""
+    #: How a quantized model was judged when LiteRT's default path alone would fail it
+    #: (`_second_opinion`), else "".
+    note: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,7 +98,8 @@ class CheckResult:
             )
         else:
             bound = f"rel_err={self.rel_err:.2e} (tol {self.tolerance:.0e})"
-        return f"{self.model:36s} {verdict} {bound}  {self.seconds:6.1f}s  {self.device}"
+        line = f"{self.model:36s} {verdict} {bound}  {self.seconds:6.1f}s  {self.device}"
+        return f"{line}\n{'':36s}      ({self.note})" if self.note else line
 
 
 def tolerance_for(name: str, precision: str = "fp32") -> float:
@@ -154,11 +158,19 @@ def ranking_inputs(model: Any) -> tuple[int, ...]:
     )
 
 
+#: 16-bit outputs are compared in the steps of an 8-bit quantization of the same range: the
+#: quantized-model bounds are about 8-bit steps, and an int16 step is 1/256 of one (a 16x8
+#: model's output within a few int16 steps of LiteRT is far inside what an int8 one may be).
+_STEPS_PER_8BIT_STEP = {1: 1, 2: 256}
+
+
 def integer_step_stats(ours: list[np.ndarray], ref: list[np.ndarray]) -> tuple[float, float]:
     """For quantized (integer) outputs: mean |ours - ref| in quantization steps, and the
-    fraction of elements within 2 steps (the bounds of the quantized-model issue)."""
+    fraction of elements within 2 steps (the bounds of the quantized-model issue); 16-bit
+    outputs' differences in 8-bit steps of the same range (`_STEPS_PER_8BIT_STEP`)."""
     diffs = [
         np.abs(o.astype(np.int64) - r.astype(np.int64)).reshape(-1)
+        / _STEPS_PER_8BIT_STEP.get(r.dtype.itemsize, 1)
         for o, r in zip(ours, ref, strict=True)
         if r.dtype.kind in "iu"
     ]
@@ -190,6 +202,39 @@ def _same_detection_count(interp: Any, ref_outputs: list[np.ndarray]) -> bool:
     """Whether the 1-element outputs (detection counts) agree with LiteRT's."""
     ours = [interp.get_tensor(t) for t in interp.model.main.outputs]
     return all(np.array_equal(o, r) for o, r in zip(ours, ref_outputs, strict=True) if r.size == 1)
+
+
+def _second_opinion(
+    path: str,
+    inputs: list[np.ndarray],
+    ours: list[np.ndarray],
+    default: list[np.ndarray],
+    judge: Any,
+    unit: str,
+) -> tuple[bool, str]:
+    """A quantized model that misses the bounds against LiteRT's default CPU path (XNNPACK)
+    is judged again against LiteRT's builtin kernels, which the reference implements to the
+    integer (tests/test_quantized_ops.py): within the bounds there, it passes. Where LiteRT's
+    two paths miss the bounds against each other (an ill-conditioned model: measured 1.3-4.9
+    mean steps apart on AI Edge Quantizer's static int8 ViT and MobileNetV2 of the probe), it
+    passes if it is no further from the nearer of them than they are from each other.
+
+    ``judge(a, b)`` gives (within the bounds, distance in ``unit``). Returns (ok, a note
+    naming the figures)."""
+    builtin = litert_outputs(path, inputs, builtin=True)
+    ok_b, to_builtin = judge(ours, builtin)
+    if ok_b:
+        return True, f"within the bounds of LiteRT's builtin kernels: {to_builtin:.3g} {unit}"
+    ok_self, apart = judge(default, builtin)
+    _, to_default = judge(ours, default)
+    nearer = min(to_default, to_builtin)
+    figures = (
+        f"{to_default:.3g} {unit} from LiteRT's default path, {to_builtin:.3g} from its "
+        f"builtin kernels, which are {apart:.3g} apart"
+    )
+    if not ok_self and nearer <= apart:
+        return True, f"LiteRT's own paths disagree beyond the bounds; ours is {figures}"
+    return False, figures
 
 
 def check_model(model_path: str | Path, *, seed: int = 0, **interpreter_kwargs: Any) -> CheckResult:
@@ -251,9 +296,28 @@ def check_model(model_path: str | Path, *, seed: int = 0, **interpreter_kwargs: 
         mean_steps, within2 = integer_step_stats(ours, ref)
         ok = within_integer_bounds(mean_steps, within2)
         outs: list[dict[str, Any]] = [{"mean_steps": mean_steps, "within_2_steps": within2}]
-        return CheckResult(name, ok, err, tol, device, time.perf_counter() - t0, outs)
+        note = ""
+        if not ok:
+
+            def steps(a: list[np.ndarray], b: list[np.ndarray]) -> tuple[bool, float]:
+                m, w = integer_step_stats(a, b)
+                return within_integer_bounds(m, w), m
+
+            ok, note = _second_opinion(path, inputs, ours, ref, steps, "steps")
+        return CheckResult(name, ok, err, tol, device, time.perf_counter() - t0, outs, note=note)
     outs = [
         {"shape": list(r.shape), "max_abs_ref": float(np.abs(r).max()) if r.size else 0.0}
         for r in ref
     ]
+    if hybrid and err > tol:
+        rng = max(float(np.ptp(np.concatenate([r.reshape(-1) for r in ref]))), 1e-12)
+
+        def range_share(a: list[np.ndarray], b: list[np.ndarray]) -> tuple[bool, float]:
+            d = max(
+                float(np.abs(x.astype(np.float64) - y).max()) for x, y in zip(a, b, strict=True)
+            )
+            return d / rng <= tol, d / rng
+
+        ok, note = _second_opinion(path, inputs, ours, ref, range_share, "of the output range")
+        return CheckResult(name, ok, err, tol, device, seconds, outs, note=note)
     return CheckResult(name, err <= tol, err, tol, device, seconds, outs)

@@ -5,7 +5,6 @@ Each integer kernel (``reference_quantized`` of the op families, fixed-point hel
 per-tensor and per-channel, over strides, paddings, dilations and fused activations, with
 ``qtol=0``: the reference computes LiteRT's integers exactly. Exceptions, each with its bound:
 
-* MEAN keeps the float view (no integer kernel yet): within 1 step.
 * ADD of equal shapes: within 1 step (LiteRT's elementwise kernel; see test_binary).
 * Hybrid (dynamic-range) ops have float outputs: the activations are quantized on the fly
   exactly as LiteRT does and the float output is formed in LiteRT's float32 order, so the
@@ -436,16 +435,75 @@ def test_softmax(dtype: str, out_zp: int, beta: float, scale: float) -> None:
     )
 
 
-def test_mean_float_view() -> None:
-    # No integer kernel yet: the float view (dequantize, mean, requantize) is within 1 step.
+@pytest.mark.parametrize(
+    ("dtype", "shape", "axes", "keep"),
+    [
+        ("int8", [2, 5, 6, 4], [1, 2], True),  # optimized_integer_ops::Mean (float32 bias)
+        ("int8", [1, 197, 192], [-1], False),  # a ViT layer norm's: QuantizedMeanOrSum
+        ("int8", [2, 5, 6, 4], [1, 2], False),
+        ("uint8", [3, 8, 5], [1], True),
+        ("int16", [1, 9, 40], [2], True),
+    ],
+)
+def test_mean_integer(dtype: str, shape: list[int], axes: list[int], keep: bool) -> None:
+    """LiteRT's integer MEAN, exactly: the float view was 1 step off on 11-14% of a static
+    int8 ViT's layer-norm means (the fixed-point multiplier with 1/count folded in rounds
+    twice; its scales here), which its RSQRT then amplified."""
+    zp = {"int8": -5, "uint8": 130, "int16": 0}[dtype]
     check_op(
         "MEAN",
-        [_in([2, 5, 6, 4], "int8", 0.05, 3)],
-        {"keep_dims": True},
-        consts={1: np.array([1, 2], np.int32)},
-        out_quant=Quant(0.02, -1),
+        [_in(shape, dtype, 0.01143306, zp)],
+        {"keep_dims": keep},
+        consts={1: np.array(axes, np.int32)},
+        out_quant=Quant(0.00046849, 0 if dtype != "uint8" else 120),
+        version={"int8": 2, "uint8": 2, "int16": 3}[dtype],
+        qtol=0,
+    )
+
+
+@pytest.mark.parametrize("shapes", [([2, 6, 8], [2, 6, 8]), ([2, 6, 8], [2, 6, 1])])
+def test_squared_difference_int8(shapes: tuple[list[int], list[int]]) -> None:
+    check_op(
+        "SQUARED_DIFFERENCE",
+        [_in(shapes[0], "int8", 0.03, -4), _in(shapes[1], "int8", 0.05, 2)],
+        out_quant=Quant(0.004, -128),
         version=2,
-        qtol=1,
+        qtol=0,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int16"])
+def test_rsqrt_integer(dtype: str) -> None:
+    """int8: LiteRT's fixed-point inverse square root (five Newton steps in gemmlowp fixed
+    point); int16: its interpolated 513-entry table. Inputs at and near the zero point
+    included (the largest output; the table's steepest part)."""
+    if dtype == "int8":  # (a static int8 ViT's layer-norm scales)
+        x = np.arange(-128, 128, dtype=np.int8).reshape(8, 32)
+        xq, yq = Quant(0.00088901, -128), Quant(0.01668439, -128)
+    else:
+        x = np.concatenate([np.arange(0, 300), np.linspace(300, 32767, 212).astype(int)])
+        x = x.astype(np.int16).reshape(2, 256)
+        xq, yq = Quant(4.4e-6, 0), Quant(0.0015, 0)
+    check_op(
+        "RSQRT",
+        [Spec(list(x.shape), dtype, xq, data=x)],
+        out_quant=yq,
+        version=2 if dtype == "int8" else 3,
+        qtol=0,
+    )
+
+
+@pytest.mark.parametrize("approximate", [False, True])
+def test_gelu_int16(approximate: bool) -> None:
+    """int16 GELU (AI Edge Quantizer's 16x8 recipe): LiteRT's interpolated table; it was
+    refused at load."""
+    x = np.linspace(-32768, 32767, 600).astype(np.int16).reshape(3, 200)
+    check_op(
+        "GELU",
+        [Spec([3, 200], "int16", Quant(2e-4, 0), data=x)],
+        {"approximate": approximate},
+        out_quant=Quant(1.5e-4, 0),
+        qtol=0,
     )
 
 

@@ -206,6 +206,30 @@ class SquaredDifference(BinaryOp):
     versions = (1, 2)
     dtypes = frozenset({"float32", "int32", "int8"})
 
+    @classmethod
+    def reference_quantized(
+        cls, ctx: OpContext, inputs: list[np.ndarray | None]
+    ) -> list[np.ndarray] | None:
+        """LiteRT's int8 kernel (squared_difference.cc): both inputs shifted left by 7 bits
+        and rescaled to twice the larger input scale, their difference squared in int32,
+        rescaled to the output."""
+        ops = _binary_operands(ctx, inputs)
+        if ops is None or ops[4].type_name != "int8":
+            return None
+        x, y, xt, yt, zt = ops
+        (xs, xz), (ys, yz), (zs, zz) = (qmath.scale_zp(t) for t in (xt, yt, zt))
+        left_shift = 7
+        twice_max = float(np.float32(2) * max(np.float32(xs), np.float32(ys)))
+        m1, s1 = qmath.quantize_multiplier(float(np.float32(xs)) / twice_max)
+        m2, s2 = qmath.quantize_multiplier(float(np.float32(ys)) / twice_max)
+        mo, so = qmath.quantize_multiplier(
+            twice_max * twice_max / float(np.float32((1 << 2 * left_shift) * np.float32(zs)))
+        )
+        a = qmath.multiply_by_quantized_multiplier((x - xz) << left_shift, m1, s1)
+        b = qmath.multiply_by_quantized_multiplier((y - yz) << left_shift, m2, s2)
+        raw = qmath.multiply_by_quantized_multiplier((a - b) * (a - b), mo, so) + zz
+        return [np.clip(raw, -128, 127).astype(np.int8)]
+
 
 def _floor_div(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """floor_div.h: ``floor(double(x) / double(y))`` (numpy's float32 floor_divide can differ:
@@ -447,7 +471,49 @@ def _logistic_quantized(
 
 
 #: Integer semantics of unary ops that have them.
-_UNARY_QUANTIZED = {"LOGISTIC": _logistic_quantized}
+def _rsqrt_quantized(
+    cls: type[OpDef], ctx: OpContext, inputs: list[np.ndarray | None]
+) -> list[np.ndarray] | None:
+    """LiteRT's int8 RSQRT (elementwise.cc ``RsqrtEvalQuantizedInt8``): the fixed-point
+    inverse square root of ``q - x_zp`` (`qmath.inv_sqrt_quantized_multiplier_exp`) rescaled
+    by ``1 / (sqrt(x_scale) * y_scale)``; ``q == x_zp`` gives the largest output. int16:
+    LiteRT's interpolated table (`qmath.lut_int16`)."""
+    xt, yt = ctx.input_tensor(0), ctx.output_tensor()
+    kinds = ("int8", "int16")
+    if not (qmath.is_integer_quantized(xt, kinds) and qmath.is_integer_quantized(yt, kinds)):
+        return None
+    (xs, xz), (ys, yz) = qmath.scale_zp(xt), qmath.scale_zp(yt)
+    if xt.type_name == "int16":  # LUTPopulate<int16_t> of 1/sqrt, its max for x <= 0
+
+        def rsqrt(v: np.ndarray) -> np.ndarray:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                r = np.float32(1) / np.sqrt(v.astype(np.float32))
+            return np.where(v <= 0, np.float32(32767) * np.float32(ys), r).astype(np.float32)
+
+        table = qmath.lut_int16(rsqrt, xs, xz, ys, yz)
+        return [qmath.lut_lookup_int16(required(ctx, inputs, 0), table)]
+    if xt.type_name != "int8":
+        return None
+    m, sh = qmath.quantize_multiplier(
+        1.0 / float(np.float32(np.sqrt(np.float32(xs))) * np.float32(ys))
+    )
+    k_shift = 20
+    table = np.empty(256, np.int64)
+    for q in range(-128, 128):
+        value = q - xz
+        if value == 0:
+            table[q + 128] = 127
+            continue
+        im, ish = qmath.inv_sqrt_quantized_multiplier_exp(max(value, 0), -1)
+        one = np.ones((), np.int64)
+        data = int(qmath.multiply_by_quantized_multiplier(one, im, ish + k_shift))
+        out = int(qmath.multiply_by_quantized_multiplier(one * data, m, sh - k_shift)) + yz
+        table[q + 128] = min(max(out, -128), 127)
+    x = required(ctx, inputs, 0).astype(np.int64)
+    return [table[x + 128].astype(np.int8)]
+
+
+_UNARY_QUANTIZED = {"LOGISTIC": _logistic_quantized, "RSQRT": _rsqrt_quantized}
 
 #: Unary kernels that give their output the input's type (the others require it).
 _SETS_OUTPUT_DTYPE = {"CEIL", "FLOOR", "EXP", "NEG", "ROUND"}
@@ -481,6 +547,22 @@ def _gelu(x: np.ndarray, approximate: bool) -> np.ndarray:
     return y.astype(x.dtype)
 
 
+def _gelu_f32(x: np.ndarray, approximate: bool) -> np.ndarray:
+    """reference_ops::GeluTransform(Approximate) in float32, as LiteRT's tables sample it:
+    ``0.5f * x * erfc(x * -sqrt(1/2))``, or the tanh form."""
+    f = np.float32
+    x = x.astype(np.float32)
+    if approximate:
+        k = f(2 / math.sqrt(math.pi) * math.sqrt(0.5))
+        inner = k * (x + f(0.044715) * x * x * x)
+        return (f(0.5) * x * (f(1) + np.tanh(inner.astype(np.float64)).astype(np.float32))).astype(
+            np.float32
+        )
+    arg = x * f(-math.sqrt(0.5))
+    erfc = np.array([math.erfc(float(a)) for a in arg.reshape(-1)], np.float64)
+    return (f(0.5) * x * erfc.astype(np.float32).reshape(x.shape)).astype(np.float32)
+
+
 @register
 class Gelu(UnaryOp):
     """GELU; the ``approximate`` option picks the tanh form. v2: int8/uint8 (the kernel's
@@ -490,7 +572,24 @@ class Gelu(UnaryOp):
     gpu_extended = True
     gpu_quant_max_version = 2
     versions = (1, 3)
-    dtypes = _F32_I8
+    dtypes = _F32_Q
+
+    @classmethod
+    def reference_quantized(
+        cls, ctx: OpContext, inputs: list[np.ndarray | None]
+    ) -> list[np.ndarray] | None:
+        """int16: LiteRT's interpolated table of GELU (activations.cc ``GeluPrepare``,
+        `qmath.lut_int16`); 8-bit: the float view (the 256-entry table holds the same)."""
+        xt, yt = ctx.input_tensor(0), ctx.output_tensor()
+        if not (
+            qmath.is_integer_quantized(xt, ("int16",))
+            and qmath.is_integer_quantized(yt, ("int16",))
+        ):
+            return None
+        (xs, xz), (ys, yz) = qmath.scale_zp(xt), qmath.scale_zp(yt)
+        approximate = bool(ctx.options.get("approximate", False))
+        table = qmath.lut_int16(lambda v: _gelu_f32(v, approximate), xs, xz, ys, yz)
+        return [qmath.lut_lookup_int16(required(ctx, inputs, 0), table)]
 
     @classmethod
     def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:

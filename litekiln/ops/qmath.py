@@ -23,6 +23,7 @@ Hybrid (dynamic-range) ops quantize float activations on the fly; the helpers at
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TypeGuard
 
 import numpy as np
@@ -86,6 +87,99 @@ def rounding_divide_by_pot(x: np.ndarray, exponent: np.ndarray | int) -> np.ndar
     remainder = x & mask
     threshold = (mask >> 1) + (x < 0)
     return (x >> exponent) + (remainder > threshold)
+
+
+def _sat32(x: int) -> int:
+    return max(-(1 << 31), min((1 << 31) - 1, x))
+
+
+def _srdhm_int(a: int, b: int) -> int:
+    """gemmlowp ``SaturatingRoundingDoublingHighMul`` on Python ints."""
+    return int(_srdhm(np.asarray(a, np.int64), np.asarray(b, np.int64)))
+
+
+def inv_sqrt_quantized_multiplier_exp(value: int, reverse_shift: int) -> tuple[int, int]:
+    """``GetInvSqrtQuantizedMultiplierExp`` (kernels/internal/common.h): 1/sqrt(value) as a
+    Q31 multiplier and a shift, by five Newton-Raphson steps in gemmlowp fixed point (3
+    integer bits); values 0 and 1 give (INT32_MAX, 0)."""
+    if value <= 1:
+        return (1 << 31) - 1, 0
+    shift = 11
+    while value >= 1 << 29:
+        value //= 4
+        shift += 1
+    pairs = (32 - value.bit_length() - 1) // 2 - 1  # (CountLeadingZeros(value) - 1) / 2 - 1
+    shift -= pairs
+    value <<= 2 * pairs
+
+    def mul(a: int, b: int) -> int:  # FixedPoint product: SRDHM of the raws
+        return _srdhm_int(a, b)
+
+    def rescale_left(x: int, bits: int) -> int:  # SaturatingRoundingMultiplyByPOT<+bits>
+        return _sat32(x << bits)
+
+    x_in = value >> 1  # F3
+    half_in = int(rounding_divide_by_pot(np.asarray(x_in, np.int64), 1))  # ...ByPOT<-1>
+    half_three = (1 << 28) + (1 << 27)  # 1.5 in F3
+    x = 1 << 28  # F3::One()
+    for _ in range(5):
+        x3 = rescale_left(mul(mul(x, x), x), 6)  # F9 -> F3
+        x = rescale_left(mul(half_three, x) - mul(half_in, x3), 3)  # F6 -> F3
+    x = mul(x, 1518500250)  # times sqrt(2)/2 (F0): F3
+    if shift < 0:
+        x <<= -shift
+        shift = 0
+    return x, shift * reverse_shift
+
+
+def lut_int16(
+    transform: Callable[[np.ndarray], np.ndarray],
+    input_scale: float,
+    input_zero_point: int,
+    output_scale: float,
+    output_zero_point: int,
+) -> np.ndarray:
+    """``LUTPopulateInt16<float>`` (kernels/internal/common.h): LiteRT's 513-entry table of
+    an int16 function, in float32 as LiteRT computes it: 512 samples over the input's range,
+    each biased by half the error linear interpolation makes at the step's midpoint, and the
+    range's end. ``transform`` maps float32 arrays to float32 arrays."""
+    f = np.float32
+    lo, hi = -32768, 32767
+    in_min = f(input_scale) * f(lo - input_zero_point)
+    in_max = f(input_scale) * f(hi - input_zero_point)
+    out_min = f(output_scale) * f(lo - output_zero_point)
+    out_max = f(output_scale) * f(hi - output_zero_point)
+    steps = 512
+    step = (in_max - in_min) / f(steps)
+    half = step / f(2)
+    inv = f(65536) / (out_max - out_min)
+    i = np.arange(steps, dtype=np.float32)
+    at = in_min + i * step
+    val = transform(at).astype(np.float32)
+    mid = transform(at + half).astype(np.float32)
+    nxt = transform(in_min + (i + f(1)) * step).astype(np.float32)
+    rnd = lambda v: round_half_away(v).astype(np.float32)  # noqa: E731 - TfLiteRound
+    sample = rnd(val * inv)
+    interp = rnd((nxt * inv + sample) / f(2))
+    err = interp - rnd(mid * inv)
+    bias = rnd(err / f(2))
+    table = np.empty(steps + 1, np.int64)
+    table[:steps] = np.clip(sample - bias, lo, hi).astype(np.int64)
+    last = rnd(transform(np.array([in_max], np.float32)).astype(np.float32) * inv)
+    table[steps] = int(np.clip(last, lo, hi)[0])
+    return table
+
+
+def lut_lookup_int16(x: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """``LUTLookup(int16_t, lut)``: the table entry of the value's top 9 bits plus the slope
+    to the next one times its low 7 bits (rounded), int16 arithmetic as in C++."""
+    x = np.asarray(x, np.int64)
+    index = 256 + (x >> 7)
+    offset = x & 0x7F
+    base = table[index]
+    slope = ((table[index + 1] - base + 32768) & 0xFFFF) - 32768  # (int16_t)
+    delta = (slope * offset + 64) >> 7
+    return (((base + delta + 32768) & 0xFFFF) - 32768).astype(np.int16)
 
 
 def multiply_by_quantized_multiplier(

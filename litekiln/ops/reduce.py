@@ -101,9 +101,50 @@ class Mean(_Reduce):
     accumulates = True
     # MEAN is not in the documented GPU op table, but the TFLite GPU delegate runs it (the
     # MediaPipe landmark models end in a global average): available with the extended table.
-    # v2: int8, v3: int16 (float view).
+    # v2: int8, v3: int16 (the GPU path takes them through the float view).
     gpu_extended = True
     gpu_quant_max_version = 3
+
+    @classmethod
+    def reference_quantized(
+        cls, ctx: OpContext, inputs: list[np.ndarray | None]
+    ) -> list[np.ndarray] | None:
+        """LiteRT's integer MEAN (reduce.cc ``EvalMean``): an int8 4-D input averaged over its
+        height and width with the dimensions kept takes ``optimized_integer_ops::Mean``; every
+        other 8- or 16-bit case ``reference_ops::QuantizedMeanOrSum``. A layer norm made of
+        MEANs (AI Edge Quantizer's static int8 ViTs) drifts by whole steps on the float view,
+        the few 1-step differences growing through its RSQRT. The uint8 4-D case keeps the
+        float view."""
+        x = required(ctx, inputs, 0)
+        xt, yt = ctx.graph.tensors[ctx.op.inputs[0]], ctx.graph.tensors[ctx.op.outputs[0]]
+        if x.dtype.kind not in "iu" or xt.quantization is None or yt.quantization is None:
+            return None
+        (xs, xz), (ys, yz) = qmath.scale_zp(xt), qmath.scale_zp(yt)
+        axis_values = [int(a) for a in int_input(ctx, inputs, 1).reshape(-1)]
+        rank = max(x.ndim, 1)
+        axes = tuple(sorted({a % rank for a in axis_values}))
+        keep = bool(ctx.options.get("keep_dims", False))
+        info = np.iinfo(yt.dtype)
+        acc = x.astype(np.int64).sum(axis=axes, keepdims=keep)
+        count = math.prod(x.shape[a] for a in axes)
+        if count == 0:
+            return None
+        hw = keep and x.ndim == 4 and len(axis_values) == 2 and axes == (1, 2)
+        if hw and x.dtype == np.uint8:
+            return None
+        if hw:  # optimized_integer_ops::Mean: float32 bias and scale
+            temp = np.float32(np.float32(xz) * np.float32(xs) / np.float32(ys))
+            temp = temp + np.float32(0.5) if temp > 0 else temp - np.float32(0.5)
+            bias = yz - int(temp)
+            real = np.float32(xs) / (np.float32(count) * np.float32(ys))
+            m, sh = qmath.quantize_multiplier(float(real))
+            raw = qmath.multiply_by_quantized_multiplier(acc, m, sh) + bias
+        else:  # reference_ops::QuantizedMeanOrSum, the 1/count folded into the multiplier
+            m, sh = qmath.quantize_multiplier(float(np.float32(xs)) / float(np.float32(ys)))
+            extra = min(count.bit_length() - 1, 32, 31 + sh)
+            m = (m << extra) // count
+            raw = qmath.multiply_by_quantized_multiplier(acc - xz * count, m, sh - extra) + yz
+        return [np.clip(raw, info.min, info.max).astype(yt.dtype)]
 
 
 @register

@@ -334,10 +334,40 @@ class Seg(nn.Module):
         return self.m(x)["out"]
 
 
+class HuggingFace(nn.Module):
+    """``"lib": "hf"``: a Hugging Face transformers model built from its configuration class
+    (``"config"`` with ``"kwargs"``, random weights: no download), returning its first output
+    (``last_hidden_state``, ``logits``...), as a user exports one through litert-torch."""
+
+    def __init__(self, spec):
+        super().__init__()
+        import transformers
+
+        config = getattr(transformers, spec["config"])(**spec.get("kwargs", {}))
+        self.m = getattr(transformers, spec["model"])(config)
+
+    def forward(self, x):
+        out = self.m(x, return_dict=True)
+        return next(iter(out.values()))
+
+
+def _hf_sample(spec):
+    """The sample input: token ids (``"input": "ids"``, seeded, below the vocabulary), an
+    image batch or an audio signal."""
+    kind, shape = spec.get("input", "image"), spec.get("shape", [1, 3, 224, 224])
+    if kind == "ids":
+        vocab = spec.get("kwargs", {}).get("vocab_size", 1000)
+        return torch.randint(0, vocab, tuple(shape))
+    return torch.randn(shape)
+
+
 def make(spec):
     kind = spec["lib"]
     torch.manual_seed(0)
-    if kind == "unet":
+    if kind == "hf":
+        m = HuggingFace(spec).eval()
+        sample = _hf_sample(spec)
+    elif kind == "unet":
         m = UNet().eval()
         sample = torch.randn(1, 3, 128, 128)
     elif kind == "decoder":
@@ -360,9 +390,43 @@ def make(spec):
     return m.eval(), sample
 
 
+def quantize_aeq(out_dir: str, spec: dict) -> None:
+    """``"lib": "aeq"``: a float .tflite (``"base"``, a path from the repository root)
+    quantized by Google's AI Edge Quantizer with one of its recipes (``"recipe"``: dynamic or
+    weight-only int8/int4 weights, static int8 or int16 activations; the static ones
+    calibrated on four seeded random inputs), as a user quantizes a LiteRT model."""
+    import numpy as np
+    from ai_edge_litert.interpreter import Interpreter
+    from ai_edge_quantizer import quantizer, recipe
+
+    base = os.path.join(os.path.dirname(os.path.dirname(_HERE)), spec["base"])
+    qt = quantizer.Quantizer(base)
+    qt.load_quantization_recipe(getattr(recipe, spec["recipe"])())
+    calibration = None
+    if qt.need_calibration:
+        runner_of = Interpreter(model_path=base)
+        key = next(iter(runner_of.get_signature_list()))
+        inputs = runner_of.get_signature_runner(key).get_input_details()
+        rng = np.random.default_rng(0)
+        data = [
+            {n: rng.uniform(-1, 1, d["shape"]).astype(d["dtype"]) for n, d in inputs.items()}
+            for _ in range(4)
+        ]
+        calibration = qt.calibrate({key: data})
+    result = qt.quantize(calibration, enable_progress_report=False)
+    result.export_model(os.path.join(out_dir, f"{spec['out']}.tflite"), overwrite=True)
+
+
 def main() -> None:
     out_dir, spec = sys.argv[1], json.loads(sys.argv[2])
     t = time.time()
+    if spec["lib"] == "aeq":
+        try:
+            quantize_aeq(out_dir, spec)
+            print("OK", spec["out"], round(time.time() - t, 1), 0)
+        except Exception as e:  # noqa: BLE001 - a quantizer failure is a result
+            print("FAIL", spec["out"], type(e).__name__, str(e)[:300])
+        return
     try:
         m, sample = make(spec)
         edge = litert_torch.convert(m, (sample,))
