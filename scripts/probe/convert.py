@@ -341,10 +341,18 @@ class HuggingFace(nn.Module):
 
     def __init__(self, spec):
         super().__init__()
+        import importlib
+
         import transformers
 
-        config = getattr(transformers, spec["config"])(**spec.get("kwargs", {}))
-        self.m = getattr(transformers, spec["model"])(config)
+        def attr(name):  # a top-level class, or a dotted path below transformers
+            if "." not in name:
+                return getattr(transformers, name)
+            module, _, cls = name.rpartition(".")
+            return getattr(importlib.import_module(f"transformers.{module}"), cls)
+
+        config = attr(spec["config"])(**spec.get("kwargs", {}))
+        self.m = attr(spec["model"])(config)
 
     def forward(self, x):
         out = self.m(x, return_dict=True)
@@ -423,7 +431,7 @@ def main() -> None:
     if spec["lib"] == "aeq":
         try:
             quantize_aeq(out_dir, spec)
-            print("OK", spec["out"], round(time.time() - t, 1), 0)
+            print("OK", spec["out"], round(time.time() - t, 1), "-")
         except Exception as e:  # noqa: BLE001 - a quantizer failure is a result
             print("FAIL", spec["out"], type(e).__name__, str(e)[:300])
         return

@@ -18,11 +18,17 @@ _WHERE = re.compile(r"(\d+) ops run on the GPU in (\d+) partitions?, (\d+) ops o
 
 def row(out: Path, spec: dict[str, object], conv: dict[str, str]) -> str:
     name = str(spec["out"])
-    source = f"{spec['lib']} {spec.get('name', '')}".strip()
+    if spec["lib"] == "aeq":  # AI Edge Quantizer's recipe on a float model
+        source = f"AEQ {spec['recipe']} of {Path(str(spec['base'])).stem}"
+    elif spec["lib"] == "hf":  # transformers, from its configuration
+        source = f"transformers {str(spec['model']).rsplit('.', 1)[-1]}"
+    else:
+        source = f"{spec['lib']} {spec.get('name', '')}".strip()
     line = conv.get(name, "")
     if line.startswith("FAIL"):
         why = line.split(" ", 2)[2] if line.count(" ") >= 2 else "failed"
-        return f"| {name} | {source} | litert-torch fails: {why[:90]} | | | |"
+        tool = "AI Edge Quantizer" if spec["lib"] == "aeq" else "litert-torch"
+        return f"| {name} | {source} | {tool} fails: {why[:90]} | | | |"
     log = out / f"check_{name}.log"
     text = log.read_text(errors="replace") if log.exists() else ""
     where = _WHERE.search(text)
@@ -32,6 +38,10 @@ def row(out: Path, spec: dict[str, object], conv: dict[str, str]) -> str:
         verdict = "crash (segfault)"
     elif check:
         verdict = check.group(2)
+        if "LiteRT's own paths disagree" in text:  # (`litekiln.check._second_opinion`)
+            verdict += " (LiteRT's own CPU paths disagree more)"
+        elif "within the bounds of LiteRT's builtin kernels" in text:
+            verdict += " (against LiteRT's builtin kernels)"
     elif "LiteRT cannot run it" in text:  # (scripts/probe/torch_check.py compares it)
         verdict = "LiteRT cannot run it: see torch_check"
     elif _ERROR.search(text):  # refused at load or compile: the message names why
