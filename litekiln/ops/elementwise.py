@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -471,6 +472,29 @@ def _logistic_quantized(
 
 
 #: Integer semantics of unary ops that have them.
+@functools.lru_cache(maxsize=256)
+def _rsqrt_int8_table(xs: float, xz: int, ys: float, yz: int) -> np.ndarray:
+    """RsqrtEvalQuantizedInt8's output for each of the 256 inputs (computed once per
+    quantization: the fixed-point steps are slow in Python)."""
+    m, sh = qmath.quantize_multiplier(
+        1.0 / float(np.float32(np.sqrt(np.float32(xs))) * np.float32(ys))
+    )
+    k_shift = 20
+    one = np.ones((), np.int64)
+    table = np.empty(256, np.int64)
+    for q in range(-128, 128):
+        value = q - xz
+        if value == 0:
+            table[q + 128] = 127
+            continue
+        im, ish = qmath.inv_sqrt_quantized_multiplier_exp(max(value, 0), -1)
+        data = int(qmath.multiply_by_quantized_multiplier(one, im, ish + k_shift))
+        out = int(qmath.multiply_by_quantized_multiplier(one * data, m, sh - k_shift)) + yz
+        table[q + 128] = min(max(out, -128), 127)
+    table.flags.writeable = False
+    return table
+
+
 def _rsqrt_quantized(
     cls: type[OpDef], ctx: OpContext, inputs: list[np.ndarray | None]
 ) -> list[np.ndarray] | None:
@@ -494,21 +518,7 @@ def _rsqrt_quantized(
         return [qmath.lut_lookup_int16(required(ctx, inputs, 0), table)]
     if xt.type_name != "int8":
         return None
-    m, sh = qmath.quantize_multiplier(
-        1.0 / float(np.float32(np.sqrt(np.float32(xs))) * np.float32(ys))
-    )
-    k_shift = 20
-    table = np.empty(256, np.int64)
-    for q in range(-128, 128):
-        value = q - xz
-        if value == 0:
-            table[q + 128] = 127
-            continue
-        im, ish = qmath.inv_sqrt_quantized_multiplier_exp(max(value, 0), -1)
-        one = np.ones((), np.int64)
-        data = int(qmath.multiply_by_quantized_multiplier(one, im, ish + k_shift))
-        out = int(qmath.multiply_by_quantized_multiplier(one * data, m, sh - k_shift)) + yz
-        table[q + 128] = min(max(out, -128), 127)
+    table = _rsqrt_int8_table(xs, xz, ys, yz)
     x = required(ctx, inputs, 0).astype(np.int64)
     return [table[x + 128].astype(np.int8)]
 
