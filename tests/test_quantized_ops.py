@@ -461,6 +461,25 @@ def test_mean_integer(dtype: str, shape: list[int], axes: list[int], keep: bool)
     )
 
 
+@pytest.mark.parametrize("channels", [2, 16, 18])
+def test_mean_over_height_and_width_rounds_halves_as_its_loops_do(channels: int) -> None:
+    """The optimized 4-D mean rescales channels in whole blocks of 16 in its vector loop,
+    which rounds -619.5 to -619, and the rest in its scalar loop, which rounds it to -620
+    (a keras EfficientNet-B0 int8 squeeze-excite mean of 56x56 values, its scales)."""
+    x = np.full((1, 56, 56, channels), -97, np.int8)
+    x.reshape(-1, channels)[:53, 0] = -98  # channels 0 and the last sum to -304245
+    x.reshape(-1, channels)[:53, -1] = -98
+    check_op(
+        "MEAN",
+        [Spec([1, 56, 56, channels], "int8", Quant(0.03516362980008125, -120), data=x)],
+        {"keep_dims": True},
+        consts={1: np.array([1, 2], np.int32)},
+        out_quant=Quant(0.005506814923137426, -128),
+        version=2,
+        qtol=0,
+    )
+
+
 @pytest.mark.parametrize("shapes", [([2, 6, 8], [2, 6, 8]), ([2, 6, 8], [2, 6, 1])])
 def test_squared_difference_int8(shapes: tuple[list[int], list[int]]) -> None:
     check_op(
