@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,7 +210,7 @@ def _second_opinion(
     inputs: list[np.ndarray],
     ours: list[np.ndarray],
     default: list[np.ndarray],
-    judge: Any,
+    judge: Callable[[list[np.ndarray], list[np.ndarray]], tuple[bool, float]],
     unit: str,
 ) -> tuple[bool, str]:
     """A quantized model that misses the bounds against LiteRT's default CPU path (XNNPACK)

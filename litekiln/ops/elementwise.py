@@ -471,7 +471,6 @@ def _logistic_quantized(
     return [table[x - info.min]]
 
 
-#: Integer semantics of unary ops that have them.
 @functools.lru_cache(maxsize=256)
 def _rsqrt_int8_table(xs: float, xz: int, ys: float, yz: int) -> np.ndarray:
     """RsqrtEvalQuantizedInt8's output for each of the 256 inputs (computed once per
@@ -506,6 +505,8 @@ def _rsqrt_quantized(
     kinds = ("int8", "int16")
     if not (qmath.is_integer_quantized(xt, kinds) and qmath.is_integer_quantized(yt, kinds)):
         return None
+    if xt.type_name != yt.type_name:
+        return None
     (xs, xz), (ys, yz) = qmath.scale_zp(xt), qmath.scale_zp(yt)
     if xt.type_name == "int16":  # LUTPopulate<int16_t> of 1/sqrt, its max for x <= 0
 
@@ -523,6 +524,7 @@ def _rsqrt_quantized(
     return [table[x + 128].astype(np.int8)]
 
 
+#: Integer semantics of unary ops that have them.
 _UNARY_QUANTIZED = {"LOGISTIC": _logistic_quantized, "RSQRT": _rsqrt_quantized}
 
 #: Unary kernels that give their output the input's type (the others require it).
