@@ -24,12 +24,14 @@ costs the 9.7 s above.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
+import queue
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import Any, TextIO, TypeVar
 
@@ -159,11 +161,11 @@ def build_programs(
     if not pending:
         return results
     workers = threads or build_threads(len(pending))
-    futures: dict[int, Future[Any]] = {}
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="litekiln-build") as pool:
-        for i in pending:
-            futures[i] = pool.submit(_from_source, context, device, jobs[i], profile)
-        _wait(futures, len(jobs) - len(pending), len(jobs), t0, progress)
+    futures = _run_daemon(
+        {i: functools.partial(_from_source, context, device, jobs[i], profile) for i in pending},
+        workers,
+    )
+    _wait(futures, len(jobs) - len(pending), len(jobs), t0, progress)
     for i in pending:
         try:
             results[i].program = futures[i].result()
@@ -171,6 +173,39 @@ def build_programs(
             results[i].error = exc
         results[i].seconds = time.perf_counter() - t0
     return results
+
+
+def _run_daemon(work: dict[int, Callable[[], Any]], workers: int) -> dict[int, Future[Any]]:
+    """Run each callable of ``work`` on one of ``workers`` daemon threads; a future per key.
+
+    Not a ThreadPoolExecutor: the interpreter joins an executor's threads at exit before it
+    runs any ``atexit`` handler (concurrent.futures' ``_python_exit``), so a process that
+    left while a build ran waited for the build in silence, and the session's exit handler
+    (`session.join_background`) then raced the device's take-over to say why. Daemon threads
+    leave the wait, and its notice, to that handler, which waits for the session's
+    background thread and through it for the builds."""
+    futures: dict[int, Future[Any]] = {i: Future() for i in work}
+    todo: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for i in work:
+        todo.put(i)
+
+    def worker() -> None:
+        while True:
+            try:
+                i = todo.get_nowait()
+            except queue.Empty:
+                return
+            future = futures[i]
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(work[i]())
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever reads the future
+                future.set_exception(exc)
+
+    for k in range(max(1, min(workers, len(work)))):
+        threading.Thread(target=worker, daemon=True, name=f"litekiln-build-{k}").start()
+    return futures
 
 
 def _wait(
