@@ -287,11 +287,16 @@ def check_model(model_path: str | Path, *, seed: int = 0, **interpreter_kwargs: 
     hybrid = dynamic_range(interp.model.main)
     if hybrid:  # (in fp16 too: the hybrid kernels' gap dominates)
         tol = max(tol, FLOAT_VIEW_RANGE_SHARE)
-    if hybrid:
         # Relative to the output range, as the dynamic-range bound is stated.
         rng = max(float(np.ptp(np.concatenate([r.reshape(-1) for r in ref]))), 1e-12)
-        diffs = (np.abs(o.astype(np.float64) - r).max() for o, r in zip(ours, ref, strict=True))
-        err = max(float(d) for d in diffs) / rng
+
+        def range_share(a: list[np.ndarray], b: list[np.ndarray]) -> tuple[bool, float]:
+            d = max(
+                float(np.abs(x.astype(np.float64) - y).max()) for x, y in zip(a, b, strict=True)
+            )
+            return d / rng <= tol, d / rng
+
+        err = range_share(ours, ref)[1]
     if all(r.dtype.kind in "iu" for r in ref):
         # Quantized outputs: judged in quantization steps (mean <= 1, >= 95% within 2).
         mean_steps, within2 = integer_step_stats(ours, ref)
@@ -311,14 +316,6 @@ def check_model(model_path: str | Path, *, seed: int = 0, **interpreter_kwargs: 
         for r in ref
     ]
     if hybrid and err > tol:
-        rng = max(float(np.ptp(np.concatenate([r.reshape(-1) for r in ref]))), 1e-12)
-
-        def range_share(a: list[np.ndarray], b: list[np.ndarray]) -> tuple[bool, float]:
-            d = max(
-                float(np.abs(x.astype(np.float64) - y).max()) for x, y in zip(a, b, strict=True)
-            )
-            return d / rng <= tol, d / rng
-
         ok, note = _second_opinion(path, inputs, ours, ref, range_share, "of the output range")
         return CheckResult(name, ok, err, tol, device, seconds, outs, note=note)
     return CheckResult(name, err <= tol, err, tol, device, seconds, outs)

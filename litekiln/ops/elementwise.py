@@ -68,6 +68,22 @@ def _binary_operands(ctx: OpContext, inputs: list[np.ndarray | None]):
     return x.astype(np.int64), y.astype(np.int64), xt, yt, zt
 
 
+def _to_twice_max(
+    x: np.ndarray, y: np.ndarray, xt: Tensor, yt: Tensor, left_shift: int
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """The Prepare/Eval step LiteRT's 8-bit binary kernels share (add.cc, sub.cc,
+    squared_difference.cc): both inputs less their zero points, shifted left by
+    ``left_shift`` bits and rescaled to twice the larger input scale; and that scale."""
+    (xs, xz), (ys, yz) = qmath.scale_zp(xt), qmath.scale_zp(yt)
+    # 2 * max(float, float) is a float; the divisions are in double (as in Prepare).
+    twice_max = float(np.float32(2) * max(np.float32(xs), np.float32(ys)))
+    m1, s1 = qmath.quantize_multiplier(xs / twice_max)
+    m2, s2 = qmath.quantize_multiplier(ys / twice_max)
+    a = qmath.multiply_by_quantized_multiplier((x - xz) << left_shift, m1, s1)
+    b = qmath.multiply_by_quantized_multiplier((y - yz) << left_shift, m2, s2)
+    return a, b, twice_max
+
+
 def _add_sub_quantized(
     ctx: OpContext, inputs: list[np.ndarray | None], sign: int
 ) -> list[np.ndarray] | None:
@@ -77,15 +93,10 @@ def _add_sub_quantized(
     if ops is None:
         return None
     x, y, xt, yt, zt = ops
-    (xs, xz), (ys, yz), (zs, zz) = (qmath.scale_zp(t) for t in (xt, yt, zt))
+    zs, zz = qmath.scale_zp(zt)
     left_shift = 20
-    # 2 * max(float, float) is a float; the divisions are in double (as in Prepare).
-    twice_max = float(np.float32(2) * max(np.float32(xs), np.float32(ys)))
-    m1, s1 = qmath.quantize_multiplier(xs / twice_max)
-    m2, s2 = qmath.quantize_multiplier(ys / twice_max)
+    a, b, twice_max = _to_twice_max(x, y, xt, yt, left_shift)
     mo, so = qmath.quantize_multiplier(twice_max / float(np.float32((1 << left_shift) * zs)))
-    a = qmath.multiply_by_quantized_multiplier((x - xz) << left_shift, m1, s1)
-    b = qmath.multiply_by_quantized_multiplier((y - yz) << left_shift, m2, s2)
     raw = qmath.multiply_by_quantized_multiplier(a + sign * b, mo, so) + zz
     lo, hi = qmath.activation_range(fused_activation(ctx.op), zt)
     return [np.clip(raw, lo, hi).astype(zt.dtype)]
@@ -218,16 +229,12 @@ class SquaredDifference(BinaryOp):
         if ops is None or ops[4].type_name != "int8":
             return None
         x, y, xt, yt, zt = ops
-        (xs, xz), (ys, yz), (zs, zz) = (qmath.scale_zp(t) for t in (xt, yt, zt))
+        zs, zz = qmath.scale_zp(zt)
         left_shift = 7
-        twice_max = float(np.float32(2) * max(np.float32(xs), np.float32(ys)))
-        m1, s1 = qmath.quantize_multiplier(float(np.float32(xs)) / twice_max)
-        m2, s2 = qmath.quantize_multiplier(float(np.float32(ys)) / twice_max)
+        a, b, twice_max = _to_twice_max(x, y, xt, yt, left_shift)
         mo, so = qmath.quantize_multiplier(
             twice_max * twice_max / float(np.float32((1 << 2 * left_shift) * np.float32(zs)))
         )
-        a = qmath.multiply_by_quantized_multiplier((x - xz) << left_shift, m1, s1)
-        b = qmath.multiply_by_quantized_multiplier((y - yz) << left_shift, m2, s2)
         raw = qmath.multiply_by_quantized_multiplier((a - b) * (a - b), mo, so) + zz
         return [np.clip(raw, -128, 127).astype(np.int8)]
 
