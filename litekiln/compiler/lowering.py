@@ -73,15 +73,31 @@ class LowerOptions:
     # Each attention (BATCH_MATMUL, SOFTMAX, BATCH_MATMUL) lowered as one call
     # (compiler/attention.py): one kernel, the scores and probabilities never in memory.
     fuse_attention: bool = True
+    # Parallel convolutions of one map summed by a tree of ADDs (re-parameterisable blocks:
+    # MobileOne, RepVGG) computed as one convolution of summed weights
+    # (compiler/branch_merge.py).
+    merge_branches: bool = True
 
     def unfused(self) -> LowerOptions:
         """These options with every multi-op fusion off (the op-by-op fallback)."""
-        return replace(self, fuse_layer_norms=False, fuse_scales=False, fuse_attention=False)
+        return replace(
+            self,
+            fuse_layer_norms=False,
+            fuse_scales=False,
+            fuse_attention=False,
+            merge_branches=False,
+        )
 
     @property
     def fuses(self) -> bool:
-        return self.fuse_layer_norms or self.fuse_scales or self.fuse_attention
+        return (
+            self.fuse_layer_norms or self.fuse_scales or self.fuse_attention or self.merge_branches
+        )
 
+
+#: Option of a convolution the compiler made (a merge of parallel branches): its zero padding
+#: (top, left, bottom, right), in place of TFLite's SAME or VALID.
+EXPLICIT_PADS = "litekiln_explicit_pads"
 
 #: Name of a convolution emitted with its input's per-channel scale (``conv2d_scaled``,
 #: ``fused_conv2d_scaled_add...`` after FuseOps).
@@ -210,6 +226,47 @@ class Lowering:
         ]
         self.attentions = {a.last: a for a in attns}  # second product -> the attention
         self.in_attention = {i for a in attns for i in a.ops if i != a.last}
+        self.branch_merges: dict[int, Op] = {}  # root ADD -> the convolution it becomes
+        self.merge_rest: dict[int, tuple[int, ...]] = {}  # root ADD -> its other terms
+        self.in_branch_merge: set[int] = set()
+        if options.merge_branches and not self.emulate_half:
+            self._add_branch_merges(normed | {i for a in attns for i in a.ops})
+
+    def _add_branch_merges(self, taken: set[int]) -> None:
+        """Sums of parallel convolutions of one map (`branch_merge.find_branch_merges`), each
+        emitted at its root ADD as one convolution: an op of the merge's kind whose weights
+        and bias are tensors added to this lowering's own copy of the graph (the model's
+        graph is never changed) and whose padding is explicit (`EXPLICIT_PADS`)."""
+        from litekiln.compiler.branch_merge import find_branch_merges
+
+        merges = find_branch_merges(self.graph, self.part, self.readers, self.pad_folds, taken)
+        if not merges:
+            return
+        g = self.graph
+        self.graph = g = replace(g, tensors=list(g.tensors))
+        for m in merges:
+            root = g.ops[m.root]
+            w = self._new_constant(f"merged_{m.root}_weights", m.weights)
+            b = self._new_constant(f"merged_{m.root}_bias", m.bias)
+            options = {
+                "padding": 1,
+                EXPLICIT_PADS: m.pads,
+                "stride_h": m.stride[0],
+                "stride_w": m.stride[1],
+                "depth_multiplier": 1,
+                "fused_activation_function": 0,
+            }
+            conv = Op(root.index, m.kind, root.code, 1, [m.source, w, b], list(root.outputs))
+            conv.options = options
+            self.branch_merges[m.root] = conv
+            self.merge_rest[m.root] = m.rest
+            self.in_branch_merge |= m.ops - {m.root}
+
+    def _new_constant(self, name: str, data: np.ndarray) -> int:
+        """A float32 constant added to this lowering's copy of the graph: its index."""
+        t = len(self.graph.tensors)
+        self.graph.tensors.append(Tensor(t, name, tuple(data.shape), data.dtype, data=data))
+        return t
 
     def _find_pad_folds(self) -> dict[int, tuple[int, tuple[int, int, int, int]]]:
         """PADs of height/width that only feed convolutions or max pools of this partition:
@@ -565,6 +622,8 @@ class Lowering:
                         continue  # taken by its convolutions (max pools)
                     if i in self.in_layer_norm or i in self.in_attention:
                         continue  # emitted with the layer norm's (attention's) last op
+                    if i in self.in_branch_merge:
+                        continue  # computed by the merged convolution at its root ADD
                     if op.outputs and op.outputs[0] in self._folded_by_convs(op.name):
                         continue  # computed by its convolutions as they load (conv_folded)
                     outs = self._emit(i, op)
@@ -607,6 +666,12 @@ class Lowering:
         attn = self.attentions.get(i)
         if attn is not None:  # (`_fix_shape` reshapes it to the second product's output)
             return [attn.emit(self.graph, self.bb, self.value, self._scalar)]
+        conv = self.branch_merges.get(i)
+        if conv is not None:  # the merged convolution, the other terms, the root's activation
+            (y,) = EMITTERS[conv.name](Ctx(self, conv))
+            for t in self.merge_rest[i]:
+                y = self.bb.emit(relax.op.add(y, self.value(t)))
+            return [activation(Ctx(self, op), y)]
         fn = EMITTERS.get(op.name)
         if fn is None:
             raise CompileError(f"{op.describe()}: no GPU lowering for {op.name}")
@@ -785,6 +850,10 @@ def same_padding(in_size: int, k: int, stride: int, dilation: int) -> tuple[int,
 def conv_pads(
     ctx: Ctx, h: int, w: int, kh: int, kw: int, sh: int, sw: int, dh: int = 1, dw: int = 1
 ) -> tuple[int, int, int, int]:
+    explicit = ctx.options.get(EXPLICIT_PADS)
+    if explicit is not None:  # a convolution the compiler made (`Lowering._add_branch_merges`)
+        top, left, bottom, right = (int(v) for v in explicit)
+        return (top, left, bottom, right)
     if int(ctx.options.get("padding", 0)) == 1:  # VALID
         return (0, 0, 0, 0)
     t, b = same_padding(h, kh, sh, dh)
