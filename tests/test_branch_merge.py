@@ -105,9 +105,7 @@ def _repvgg_strided_odd() -> bytes:
     b = ModelBuilder()
     x = b.input("x", [1, 7, 9, C])
     s = [1, 4, 5, 6]
-    b.output(
-        _sum(b, [_conv(b, x, s, k=3, stride=2, padding="SAME"), _conv(b, x, s, stride=2)], s)
-    )
+    b.output(_sum(b, [_conv(b, x, s, k=3, stride=2, padding="SAME"), _conv(b, x, s, stride=2)], s))
     return b.build()
 
 
@@ -229,7 +227,13 @@ def test_quantized_branches_keep_their_grids() -> None:
          for i, k in enumerate((3, 1))]  # fmt: skip
     bias = b.const("b", np.zeros(C, np.int32), quant=(0.0005, 0))
     convs = [
-        b.op("CONV_2D", [x, wi, bias], out_shape=s, options={"padding": "SAME", "stride_w": 1, "stride_h": 1}, out_quant=q)
+        b.op(
+            "CONV_2D",
+            [x, wi, bias],
+            out_shape=s,
+            options={"padding": "SAME", "stride_w": 1, "stride_h": 1},
+            out_quant=q,
+        )
         for wi in w
     ]
     b.output(b.op("ADD", convs, out_shape=s, out_quant=q))
@@ -238,3 +242,66 @@ def test_quantized_branches_keep_their_grids() -> None:
     lw = Lowering(model.main, part, LowerOptions())
     assert not lw.branch_merges
     assert not find_branch_merges(model.main, part, lw.readers, lw.pad_folds)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_merged_weights_are_rebuilt_from_the_model(
+    precision: str, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The merged weights are no array in the cache but a recipe (`MergedTensor`): the
+    model's branch weights summed again at load, bit for bit the compiled constant, through
+    JSON; a warm start from the cache runs on them without compiling."""
+    from litekiln.artifact.weights import WeightRecipe
+
+    data = _mobileone_depthwise()
+    model = load_model(data)
+    compiled = compile_model(model, CompileOptions(precision=precision), warn=False)
+    merged = {n: r for n, r in compiled.weights.items() if r.merge is not None}
+    assert len(merged) == 1, compiled.weights
+    ((name, recipe),) = merged.items()
+    assert len(recipe.merge.tensors) == 4  # the 1x1 and the three 3x3 depthwise weights
+    again = WeightRecipe.from_json(recipe.to_json())
+    assert again == recipe
+    rebuilt = again.rebuild(model.main)
+    const = compiled.constants[name]
+    assert rebuilt.dtype == const.dtype and np.array_equal(
+        rebuilt.view(np.uint8), const.view(np.uint8)
+    )
+
+    from litekiln import loading
+
+    compiles: list[str] = []
+    real = loading.compile_for
+
+    def compile_for(*args, **kwargs):
+        compiles.append("compile")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loading, "compile_for", compile_for)
+    xs = [RNG.uniform(-1, 1, (1, 7, 6, C)).astype(np.float32)]
+    want = _run(data, xs, device="reference")
+    first = litekiln.Interpreter(model_content=data, precision=precision, cache_dir=tmp_path)
+    got = first.run(xs)
+    warm = litekiln.Interpreter(model_content=data, precision=precision, cache_dir=tmp_path)
+    warm_got = warm.run(xs)
+    assert compiles == ["compile"]  # the first start only
+    tol = 1e-5 if precision == "fp32" else 1e-2
+    for out in (got, warm_got):
+        np.testing.assert_allclose(out[0], want[0], atol=tol * float(np.abs(want[0]).max()), rtol=0)
+
+
+def test_a_merged_recipe_refuses_other_weights() -> None:
+    """A model whose branch weight has another shape than the recipe recorded is refused
+    (`WeightMismatch`): the cache then compiles again rather than sum the wrong tensors."""
+    from litekiln.artifact.weights import WeightMismatch
+
+    model = load_model(_mobileone_depthwise())
+    compiled = compile_model(model, CompileOptions(), warn=False)
+    recipe = next(r for r in compiled.weights.values() if r.merge is not None)
+    t = recipe.merge.tensors[0]
+    tensor = model.main.tensors[t]
+    model.main.tensors[t] = type(tensor)(
+        t, tensor.name, (1, 2, 2, C), tensor.dtype, data=np.zeros((1, 2, 2, C), np.float32)
+    )
+    with pytest.raises(WeightMismatch, match=f"tensor {t}"):
+        recipe.rebuild(model.main)

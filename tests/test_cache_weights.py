@@ -291,7 +291,7 @@ def test_shared_constants_serve_fp32_and_fp16_entries_and_travel_in_an_export(
     # in float32 (unrounded) are the same arrays, stored once.
     import litekiln.compiler.weights as tracer
 
-    monkeypatch.setattr(tracer, "trace_weights", lambda graph, constants: {})
+    monkeypatch.setattr(tracer, "trace_weights", lambda graph, constants, merged=(): {})
     monkeypatch.setattr(cache_models, "SHARED_MIN_BYTES", 1)
     cache = tmp_path / "cache"
     want = {p: infer(None, SMOKE, use_cache=False, precision=p) for p in ("fp32", "fp16")}

@@ -16,6 +16,12 @@ The steps, applied in order, then a reshape (no byte moves) to the constant's sh
 * ``["astype", dtype]``: numpy's cast (float32 -> float16 rounds to nearest even);
 * ``["transpose", perm]``: numpy's transpose.
 
+A recipe's source may also be a `MergedTensor`: the sum of several of the model's tensors,
+each added at an offset into a zero array (the parallel convolutions of one map that the
+compiler merges, litekiln/compiler/branch_merge.py), with a few values of its own added on a
+diagonal (an identity branch's per-channel scale), computed in float64 and rounded once to
+float32. The steps then apply to that array.
+
 The compiler keeps a recipe only when it rebuilds the constant bit for bit (with this very
 code), so a rebuilt constant is exactly the compiled one.
 
@@ -51,6 +57,105 @@ class WeightMismatch(ValueError):
 
 
 @dataclass(frozen=True)
+class MergedTensor:
+    """A float32 array made of the model's tensors: each of ``tensors`` (float tensors of
+    the main subgraph, of the recorded type and shape) added at its offset ``at`` into a zero
+    array of ``shape``, and each of ``diagonals`` (values, row, column) added on the diagonal
+    of the array's first and last axes (``[c, row, column, c]``; along the last axis alone,
+    ``[0, row, column, c]``, when the first axis has one element), in the recorded order, in
+    float64; then rounded to float32.
+
+    Attributes:
+        shape: the array's shape (4-D: a convolution's OHWI or a depthwise one's 1HWC).
+        parts: in order, ``("tensor", index, (dtype str, shape), at)`` or ``("diagonal",
+            values, row, column)``; the values are float64 (exact in JSON).
+    """
+
+    shape: tuple[int, ...]
+    parts: tuple[tuple[Any, ...], ...]
+
+    @property
+    def tensors(self) -> tuple[int, ...]:
+        """The model's tensors it reads."""
+        return tuple(int(p[1]) for p in self.parts if p[0] == "tensor")
+
+    def build(self, graph: Subgraph) -> np.ndarray:
+        """The array, from ``graph``'s tensors.
+
+        Raises:
+            WeightMismatch: a tensor is missing, of another type or shape, or does not fit.
+        """
+        acc = np.zeros(self.shape, np.float64)
+        for part in self.parts:
+            if part[0] == "tensor":
+                _, t, source, at = part
+                tensor = source_tensor(graph, t)
+                data = tensor.data
+                assert data is not None  # source_tensor checked it
+                if (data.dtype.str, data.shape) != source or tensor.quantization is not None:
+                    raise WeightMismatch(
+                        f"tensor {t} ({tensor.name!r}) holds {data.dtype} {list(data.shape)}, "
+                        f"the compiled model was made from {np.dtype(source[0])} "
+                        f"{list(source[1])}"
+                    )
+                window = tuple(slice(a, a + d) for a, d in zip(at, data.shape, strict=True))
+                if any(w.stop > n for w, n in zip(window, self.shape, strict=True)):
+                    raise WeightMismatch(f"tensor {t} does not fit a merged {list(self.shape)}")
+                acc[window] += np.asarray(data, np.float64)
+            else:
+                _, values, row, column = part
+                v = np.asarray(values, np.float64)
+                c = np.arange(v.size)
+                if self.shape[0] == 1:
+                    acc[0, row, column, c] += v
+                else:
+                    acc[c, row, column, c] += v
+        return acc.astype(np.float32)
+
+    def to_json(self) -> dict[str, Any]:
+        parts: list[list[Any]] = []
+        for p in self.parts:
+            if p[0] == "tensor":
+                parts.append(["tensor", p[1], [p[2][0], list(p[2][1])], list(p[3])])
+            else:
+                parts.append(["diagonal", [float(v) for v in p[1]], p[2], p[3]])
+        return {"shape": list(self.shape), "parts": parts}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> MergedTensor:
+        """Parse `to_json` output.
+
+        Raises:
+            ValueError: a field is missing or malformed.
+        """
+        try:
+            shape = tuple(int(x) for x in d["shape"])
+            parts: list[tuple[Any, ...]] = []
+            for p in d["parts"]:
+                if p[0] == "tensor" and len(p) == 4:
+                    source = (np.dtype(p[2][0]).str, tuple(int(x) for x in p[2][1]))
+                    at = tuple(int(x) for x in p[3])
+                    if int(p[1]) < 0 or len(at) != len(shape) or len(source[1]) != len(shape):
+                        raise ValueError("a part of another rank")
+                    parts.append(("tensor", int(p[1]), source, at))
+                elif p[0] == "diagonal" and len(p) == 4:
+                    values = tuple(float(v) for v in p[1])
+                    row, column = int(p[2]), int(p[3])
+                    if not (0 <= row < shape[1] and 0 <= column < shape[2]):
+                        raise ValueError("a diagonal outside the array")
+                    if len(values) > shape[3] or (shape[0] != 1 and len(values) > shape[0]):
+                        raise ValueError("a diagonal longer than the array")
+                    parts.append(("diagonal", values, row, column))
+                else:
+                    raise ValueError(f"unknown part {p!r}")
+        except (KeyError, TypeError, IndexError, ValueError) as e:
+            raise ValueError(f"malformed merged weights {d!r:.200}: {e}") from None
+        if len(shape) != 4 or any(x <= 0 for x in shape) or not parts:
+            raise ValueError(f"malformed merged weights of shape {list(shape)}")
+        return cls(shape, tuple(parts))
+
+
+@dataclass(frozen=True)
 class WeightRecipe:
     """How to rebuild one constant from a tensor of the model's main subgraph.
 
@@ -61,6 +166,8 @@ class WeightRecipe:
         shape: the constant's shape (the last step's result is reshaped to it).
         source: the source tensor's element type (numpy ``dtype.str``) and shape, checked
             before the steps run.
+        merge: where the source is no tensor of the model but a sum of them (``tensor`` is
+            then -1 and ``source`` the float32 array's type and shape).
     """
 
     tensor: int
@@ -68,16 +175,37 @@ class WeightRecipe:
     dtype: str
     shape: tuple[int, ...]
     source: tuple[str, tuple[int, ...]]
+    merge: MergedTensor | None = None
+
+    @property
+    def tensors(self) -> tuple[int, ...]:
+        """The model's tensors the recipe reads."""
+        return self.merge.tensors if self.merge is not None else (self.tensor,)
+
+    def rebuild(self, graph: Subgraph, base: np.ndarray | None = None) -> np.ndarray:
+        """The constant, rebuilt from ``graph`` (``base``: its source's `float_view`, where
+        the caller has it).
+
+        Raises:
+            WeightMismatch: as `apply`, or a merged source's tensors do not fit.
+        """
+        if self.merge is None:
+            return self.apply(source_tensor(graph, self.tensor), base)
+        x = self.merge.build(graph)
+        return self.apply(Tensor(-1, "merged", x.shape, x.dtype, data=x))
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict; `from_json` inverts it."""
-        return {
+        d = {
             "tensor": self.tensor,
             "steps": [list(s) for s in self.steps],
             "dtype": self.dtype,
             "shape": list(self.shape),
             "source": [self.source[0], list(self.source[1])],
         }
+        if self.merge is not None:
+            d["merge"] = self.merge.to_json()
+        return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> WeightRecipe:
@@ -94,12 +222,14 @@ class WeightRecipe:
                 dtype=str(np.dtype(d["dtype"])),
                 shape=tuple(int(x) for x in d["shape"]),
                 source=(np.dtype(d["source"][0]).str, tuple(int(x) for x in d["source"][1])),
+                merge=MergedTensor.from_json(d["merge"]) if "merge" in d else None,
             )
         except (KeyError, TypeError, IndexError) as e:
-            raise ValueError(f"malformed weight recipe {d!r}: {e!r}") from None
+            raise ValueError(f"malformed weight recipe {d!r:.300}: {e!r}") from None
         misplaced = any(s[0] == "float" for s in steps[1:])
-        if recipe.tensor < 0 or any(x < 0 for x in recipe.shape) or misplaced:
-            raise ValueError(f"malformed weight recipe {d!r}")
+        source_ok = recipe.tensor >= 0 if recipe.merge is None else recipe.tensor == -1
+        if not source_ok or any(x < 0 for x in recipe.shape) or misplaced:
+            raise ValueError(f"malformed weight recipe {d!r:.300}")
         return recipe
 
     def apply(self, tensor: Tensor, base: np.ndarray | None = None) -> np.ndarray:
@@ -251,7 +381,8 @@ def rebuild_weights(
         WeightMismatch: a source tensor is missing or of another type or shape, or the
             tensors fail ``digest``.
     """
-    if digest is not None and weights_digest(graph, (r.tensor for r in recipes.values())) != digest:
+    sources = (t for r in recipes.values() for t in r.tensors)
+    if digest is not None and weights_digest(graph, sources) != digest:
         raise WeightMismatch(
             "the model's weights are not the ones the compiled model was made from (its "
             "token is not a fingerprint of its bytes, so the weights were checked: they differ)"
@@ -259,11 +390,10 @@ def rebuild_weights(
     floats: dict[int, np.ndarray] = {}  # one float view per source tensor
     out = {}
     for name, recipe in recipes.items():
-        tensor = source_tensor(graph, recipe.tensor)
         base = None
-        if recipe.steps and recipe.steps[0] == ("float",):
+        if recipe.merge is None and recipe.steps and recipe.steps[0] == ("float",):
             base = floats.get(recipe.tensor)
             if base is None:
-                base = floats[recipe.tensor] = float_view(tensor)
-        out[name] = recipe.apply(tensor, base)
+                base = floats[recipe.tensor] = float_view(source_tensor(graph, recipe.tensor))
+        out[name] = recipe.rebuild(graph, base)
     return out

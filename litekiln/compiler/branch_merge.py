@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from litekiln.artifact.weights import MergedTensor
 from litekiln.compiler.partition import Partition
 from litekiln.model.ir import Op, Subgraph, Tensor
 from litekiln.ops.conv import SAME, out_size, pad_amounts
@@ -48,26 +49,21 @@ _AFFINE_OPS = ("ADD", "SUB", "MUL")
 
 @dataclass(frozen=True)
 class _Branch:
-    """One term of a sum as a convolution of ``source``: ``weights`` in the merged layout
-    (``OHWI`` for ``kind == "full"``, ``HWC`` for ``"depthwise"``), read from the source
-    padded by ``top``/``left`` (before its own window), with stride ``stride``."""
+    """One term of a sum as a convolution of ``source``, read from the source padded by
+    ``top``/``left`` (before its own window), with stride ``stride``: the model's weight
+    tensor ``weight`` (``OHWI`` for ``kind == "full"``, ``1HWC`` for ``"depthwise"``), or,
+    for ``"diagonal"`` (a per-channel affine map of the source), ``scale`` per channel."""
 
     source: int
-    kind: str  # "full", "depthwise", or "diagonal" (an affine map of the source)
+    kind: str  # "full", "depthwise" or "diagonal"
     stride: tuple[int, int]
     top: int
     left: int
-    weights: np.ndarray  # float64
+    window: tuple[int, int]
+    weight: int  # tensor index (-1 for a diagonal)
+    scale: tuple[float, ...]  # a diagonal's weights (float64 values)
     bias: np.ndarray | None  # float64, one per output channel
     ops: tuple[int, ...]  # the ops that compute the term (absorbed by the merge)
-
-    @property
-    def window(self) -> tuple[int, int]:
-        if self.kind == "full":
-            return int(self.weights.shape[1]), int(self.weights.shape[2])
-        if self.kind == "depthwise":
-            return int(self.weights.shape[0]), int(self.weights.shape[1])
-        return 1, 1
 
 
 @dataclass(frozen=True)
@@ -79,8 +75,8 @@ class BranchMerge:
         ops: every op the merge replaces, ``root`` included.
         kind: ``"CONV_2D"`` or ``"DEPTHWISE_CONV_2D"``.
         source: the tensor the convolution reads.
-        weights: the summed weights in the op's TFLite layout (``OHWI``; ``1HWC`` for a
-            depthwise convolution), float32.
+        weights: how the summed weights are made from the model's (in the op's TFLite layout,
+            ``OHWI``; ``1HWC`` for a depthwise convolution): the recipe the loader replays.
         bias: the summed biases, float32.
         stride: (height, width).
         pads: (top, left, bottom, right) zero padding of ``source``.
@@ -92,7 +88,7 @@ class BranchMerge:
     ops: frozenset[int]
     kind: str
     source: int
-    weights: np.ndarray
+    weights: MergedTensor
     bias: np.ndarray
     stride: tuple[int, int]
     pads: tuple[int, int, int, int]
@@ -275,27 +271,24 @@ def _merge(
     ] + 1 != ow:
         return None
     if kind == "full":
-        weights = np.zeros((channels_out, kh, kw, channels_in), np.float64)
+        shape = (channels_out, kh, kw, channels_in)
     else:
         if channels_in != channels_out:
             return None
-        weights = np.zeros((1, kh, kw, channels_out), np.float64)
+        shape = (1, kh, kw, channels_out)
+    parts: list[tuple[object, ...]] = []
     bias = np.zeros(channels_out, np.float64)
     for b in chosen:
         dy, dx = top - b.top, left - b.left
-        if b.kind == "full":
-            if b.weights.shape[0] != channels_out or b.weights.shape[3] != channels_in:
-                return None
-            weights[:, dy : dy + b.window[0], dx : dx + b.window[1], :] += b.weights
-        elif b.kind == "depthwise":
-            if b.weights.shape[2] != channels_out:
-                return None
-            weights[0, dy : dy + b.window[0], dx : dx + b.window[1], :] += b.weights
-        elif kind == "full":
-            c = np.arange(channels_out)
-            weights[c, dy, dx, c] += b.weights
+        if b.kind == "diagonal":
+            parts.append(("diagonal", b.scale, dy, dx))
         else:
-            weights[0, dy, dx, :] += b.weights
+            wt = graph.tensors[b.weight]
+            assert wt.data is not None
+            if wt.shape[0] != shape[0] or wt.shape[3] != shape[3]:
+                return None
+            typed = (wt.data.dtype.str, wt.data.shape)
+            parts.append(("tensor", b.weight, typed, (0, dy, dx, 0)))
         if b.bias is not None:
             bias += b.bias
     ops = set(inner)
@@ -308,7 +301,7 @@ def _merge(
         ops=frozenset(ops),
         kind="CONV_2D" if kind == "full" else "DEPTHWISE_CONV_2D",
         source=source,
-        weights=weights.astype(np.float32),
+        weights=MergedTensor(shape, tuple(parts)),
         bias=bias.astype(np.float32),
         stride=stride,
         pads=(top, left, bottom, right),
@@ -319,7 +312,7 @@ def _merge(
 
 def _identity(source: int, channels: int) -> _Branch:
     """The map ``source`` itself as a term: a diagonal weight of ones."""
-    return _Branch(source, "diagonal", (1, 1), 0, 0, np.ones(channels), None, ())
+    return _Branch(source, "diagonal", (1, 1), 0, 0, (1, 1), -1, (1.0,) * channels, None, ())
 
 
 def _const(graph: Subgraph, t: int) -> np.ndarray | None:
@@ -369,15 +362,15 @@ def _conv_branch(
     if op.name == "CONV_2D":
         if int(w.shape[3]) != channels:
             return None  # grouped
-        weights, kind = w, "full"
+        kind, outputs = "full", int(w.shape[0])
     else:
         if int(w.shape[0]) != 1 or int(w.shape[3]) != channels:
             return None  # a depth multiplier
-        weights, kind = w[0], "depthwise"
-    if bias is not None and bias.size != int(w.shape[0] if kind == "full" else w.shape[3]):
+        kind, outputs = "depthwise", channels
+    if bias is not None and bias.size != outputs:
         return None
     return _Branch(
-        source, kind, stride, top, left, weights,
+        source, kind, stride, top, left, (kh, kw), op.inputs[1], (),
         None if bias is None else bias.reshape(-1), (op.index,),
     )  # fmt: skip
 
@@ -424,9 +417,9 @@ def _affine_branch(
         step = _affine_step(graph.ops[p], graph)
         i = p
     channels = int(graph.tensors[src].shape[3])
-    a = np.broadcast_to(np.asarray(scale, np.float64), (channels,)).copy()
+    a = np.broadcast_to(np.asarray(scale, np.float64), (channels,))
     b = np.broadcast_to(np.asarray(shift, np.float64), (channels,)).copy()
-    return _Branch(src, "diagonal", (1, 1), 0, 0, a, b, tuple(ops))
+    return _Branch(src, "diagonal", (1, 1), 0, 0, (1, 1), -1, tuple(map(float, a)), b, tuple(ops))
 
 
 def _affine_step(op: Op, graph: Subgraph) -> tuple[int, np.ndarray] | None:

@@ -96,6 +96,8 @@ class _Compilation:
         # Phase -> seconds, in the order the phases first ran (the manifest keeps that order).
         self.timings: dict[str, float] = {}
         self.variants_trimmed = 0
+        #: Merged convolutions' weights (`Lowering.merged_weights`), for the weight tracer.
+        self.merged: list[Any] = []
 
     def partition(self) -> PartitionPlan:
         """Split the model into GPU partitions and CPU ops (and say so, when warning)."""
@@ -211,7 +213,7 @@ class _Compilation:
 
         t = time.perf_counter()
         try:
-            return lower_partition(self.model.main, p, lower_opts)
+            return lower_partition(self.model.main, p, lower_opts, self.merged)
         except Exception as exc:  # noqa: BLE001 - any failure moves the partition to the CPU
             if not lower_opts.fuses:
                 return f"the compiler could not lower it ({_why(exc)})"
@@ -304,8 +306,9 @@ class _Compilation:
         from litekiln.compiler.weights import trace_weights
 
         t = time.perf_counter()
-        recipes = trace_weights(self.model.main, constants)
-        digest = weights_digest(self.model.main, (r.tensor for r in recipes.values()))
+        recipes = trace_weights(self.model.main, constants, self.merged)
+        sources = (t for r in recipes.values() for t in r.tensors)
+        digest = weights_digest(self.model.main, sources)
         self.timings["weights"] = time.perf_counter() - t
         self.timings["total"] = time.perf_counter() - self.t0
         steps = [("gpu", s.partition) if s.kind == "gpu" else ("cpu", s.op) for s in plan.steps]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import tvm
 
+from litekiln.artifact.weights import MergedTensor
 from litekiln.compiler import (  # noqa: F401  (each registers its emitters)
     emit_lstm,
     emit_math,
@@ -30,7 +31,10 @@ __all__ = ["ACC_DTYPE", "BROADCAST_BARRIER", "EMITTERS", "LowerOptions", "lower_
 
 
 def lower_partition(
-    graph: Subgraph, part: Partition, options: LowerOptions | None = None
+    graph: Subgraph,
+    part: Partition,
+    options: LowerOptions | None = None,
+    merged: list[MergedTensor] | None = None,
 ) -> tvm.IRModule:
     """Build the Relax module of one GPU partition.
 
@@ -38,6 +42,8 @@ def lower_partition(
         graph: the subgraph the partition belongs to.
         part: the partition (ops, inputs, outputs).
         options: precision and quantization-simulation options.
+        merged: where given, the merged weights' recipes (`Lowering.merged_weights`) are
+            appended to it, for `litekiln.compiler.weights.trace_weights`.
 
     Returns:
         An IRModule whose ``main`` takes the partition inputs (in ``part.inputs`` order) and
@@ -46,7 +52,10 @@ def lower_partition(
     Raises:
         CompileError: an op has no lowering or its operands are not what the lowering needs.
     """
-    mod = Lowering(graph, part, options or LowerOptions()).build()
+    lowering = Lowering(graph, part, options or LowerOptions())
+    mod = lowering.build()
+    if merged is not None:
+        merged.extend(lowering.merged_weights)
     # Reductions over one element become the elementwise ops they are: TVM mishandles them
     # (litekiln/compiler/unit_reductions.py).
     return unit_reductions()(mod)

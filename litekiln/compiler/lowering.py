@@ -21,6 +21,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from litekiln.artifact.weights import MergedTensor
 from litekiln.compiler.attention import find_attentions
 from litekiln.compiler.layer_norm import find_layer_norms
 from litekiln.compiler.partition import Partition
@@ -228,6 +229,9 @@ class Lowering:
         self.in_attention = {i for a in attns for i in a.ops if i != a.last}
         self.branch_merges: dict[int, Op] = {}  # root ADD -> the convolution it becomes
         self.merge_rest: dict[int, tuple[int, ...]] = {}  # root ADD -> its other terms
+        #: How each merge's weights are made from the model's (`trace_weights` finds the
+        #: constants they become, so that the cache stores the recipe, not the array).
+        self.merged_weights: list[MergedTensor] = []
         self.in_branch_merge: set[int] = set()
         if options.merge_branches and not self.emulate_half:
             self._add_branch_merges(normed | {i for a in attns for i in a.ops})
@@ -246,7 +250,8 @@ class Lowering:
         self.graph = g = replace(g, tensors=list(g.tensors))
         for m in merges:
             root = g.ops[m.root]
-            w = self._new_constant(f"merged_{m.root}_weights", m.weights)
+            w = self._new_constant(f"merged_{m.root}_weights", m.weights.build(g))
+            self.merged_weights.append(m.weights)
             b = self._new_constant(f"merged_{m.root}_bias", m.bias)
             options = {
                 "padding": 1,

@@ -6,20 +6,22 @@ than follow each constant through them, the tracer finds, after code generation,
 of the model each constant is and by which steps of :mod:`litekiln.artifact.weights`: among
 the model's constants of the same size, those whose values (as float32, rounded through fp16,
 or as half) have the same multiset of bit patterns, then the transposes whose reshape to the
-constant's shape merges or splits dimensions only. A recipe is kept only if
-`WeightRecipe.apply` -- the code the loader runs -- gives the constant bit for bit. A constant
-that matches nothing (computed by TVM's constant folding, quantization parameters, weights
-concatenated by an emitter) is stored in the cache instead.
+constant's shape merges or splits dimensions only. Merged convolutions' weights
+(`MergedTensor`, a sum of the model's tensors that the lowering made) are candidates too, as
+sources of their own. A recipe is kept only if `WeightRecipe.rebuild` -- the code the loader
+runs -- gives the constant bit for bit. A constant that matches nothing (computed by TVM's
+constant folding, quantization parameters, weights concatenated by an emitter) is stored in
+the cache instead.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from litekiln.artifact.weights import Step, WeightMismatch, WeightRecipe, run_steps
+from litekiln.artifact.weights import MergedTensor, Step, WeightMismatch, WeightRecipe, run_steps
 from litekiln.model.ir import Subgraph, Tensor
 
 #: Points compared before a candidate is rebuilt whole.
@@ -29,18 +31,21 @@ _TO_HALF = ("astype", "float16")
 _TO_FLOAT = ("astype", "float32")
 
 
-def trace_weights(graph: Subgraph, constants: Mapping[str, np.ndarray]) -> dict[str, WeightRecipe]:
+def trace_weights(
+    graph: Subgraph, constants: Mapping[str, np.ndarray], merged: Sequence[MergedTensor] = ()
+) -> dict[str, WeightRecipe]:
     """The recipe of every constant that is a tensor of ``graph`` by a few numpy steps.
 
     Args:
         graph: the model's main subgraph, as the compiler lowered it.
         constants: constant name -> array (every partition's).
+        merged: sums of the model's tensors the lowering made (merged convolutions).
 
     Returns:
         Constant name -> recipe, for the constants found; `WeightRecipe.apply` on the
         recipe's tensor gives each one bit for bit.
     """
-    tracer = _Tracer(graph)
+    tracer = _Tracer(graph, merged)
     out = {}
     for name, array in constants.items():
         recipe = tracer.find(np.ascontiguousarray(array))
@@ -50,11 +55,23 @@ def trace_weights(graph: Subgraph, constants: Mapping[str, np.ndarray]) -> dict[
 
 
 class _Tracer:
-    def __init__(self, graph: Subgraph) -> None:
+    def __init__(self, graph: Subgraph, merged: Sequence[MergedTensor] = ()) -> None:
+        self.graph = graph
         self.by_size: dict[int, list[Tensor]] = {}
         for t in graph.tensors:
             if t.data is not None and t.data.dtype.kind in "biuf" and not t.is_variable:
                 self.by_size.setdefault(int(t.data.size), []).append(t)
+        # Merged weights as tensors of their own, of negative indices (-1, -2...).
+        self.merged: dict[int, MergedTensor] = {}
+        for m in dict.fromkeys(merged):
+            try:
+                data = m.build(graph)
+            except WeightMismatch:
+                continue
+            index = -1 - len(self.merged)
+            self.merged[index] = m
+            tensor = Tensor(index, f"merged{index}", data.shape, data.dtype, data=data)
+            self.by_size.setdefault(int(data.size), []).append(tensor)
         # (tensor, steps) -> (value, order-free checksum of its bit patterns)
         self.bases: dict[tuple[int, tuple[Step, ...]], tuple[np.ndarray, int]] = {}
 
@@ -80,7 +97,11 @@ class _Tracer:
                         steps if perm == tuple(range(base.ndim)) else (*steps, ("transpose", perm))
                     )
                     source = (tensor.data.dtype.str, tensor.data.shape)
-                    recipe = WeightRecipe(tensor.index, full, str(const.dtype), const.shape, source)
+                    merge = self.merged.get(tensor.index)
+                    index = tensor.index if merge is None else -1
+                    recipe = WeightRecipe(
+                        index, full, str(const.dtype), const.shape, source, merge=merge
+                    )
                     if _bit_equal(self._apply(recipe, tensor), const):
                         return recipe
         return None
@@ -94,6 +115,8 @@ class _Tracer:
 
     def _apply(self, recipe: WeightRecipe, tensor: Tensor) -> np.ndarray | None:
         try:
+            if recipe.merge is not None:
+                return recipe.rebuild(self.graph)  # (as the loader will: from the model)
             return recipe.apply(tensor)
         except WeightMismatch:
             return None
