@@ -350,13 +350,15 @@ def _checksums_agree(sums: list[float], rel: float = 1e-5) -> bool:
 
 
 def _strip_binaries(cache_dir: str) -> int:
-    """Drop every device-program binary from a cache copy (keep the compiled models)."""
+    """Drop every device-program binary and device record (tuning choices) from a cache copy:
+    what a plain `litekiln compile` leaves, the compiled models and the constants they share
+    (dropping those made every model whose entry shares one a miss)."""
     from litekiln.cache.store import CacheStore
 
     store = CacheStore.open(cache_dir)
     n = 0
     for s in store.ls():
-        if s.kind != "model" and store.delete(s.key):
+        if s.kind in ("program", "device") and store.delete(s.key):
             n += 1
     store.close()
     return n
