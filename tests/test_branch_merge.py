@@ -305,3 +305,43 @@ def test_a_merged_recipe_refuses_other_weights() -> None:
     )
     with pytest.raises(WeightMismatch, match=f"tensor {t}"):
         recipe.rebuild(model.main)
+
+
+@pytest.mark.opencl
+def test_a_cache_stripped_of_binaries_keeps_the_shared_constants(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A merged convolution's summed bias (no recipe: a sum of biases and affine shifts) of
+    4 KB or more is a constant the cache shares (`SHARED_MIN_BYTES`). Stripping a cache of its
+    device binaries (the remote kit, `bench --startup`'s shipped case) must keep it: it
+    dropped every shared constant, and each entry that shared one became a miss."""
+    import shutil
+
+    from litekiln import loading
+    from litekiln.bench import _strip_binaries
+    from litekiln.cache.store import CacheStore
+
+    n = 1024
+    b = ModelBuilder()
+    s = [1, 2, 2, n]
+    x = b.input("x", s)
+    convs = []
+    for k in (1, 3):
+        w, bias = b.const("dw", _w(1, k, k, n)), b.const("db", _w(n))
+        options = {"padding": "SAME", "stride_w": 1, "stride_h": 1, "depth_multiplier": 1}
+        convs.append(b.op("DEPTHWISE_CONV_2D", [x, w, bias], out_shape=s, options=options))
+    b.output(_add(b, *convs, s))
+    data = b.build()
+    xs = [RNG.uniform(-1, 1, s).astype(np.float32)]
+    first = _run(data, xs, cache_dir=tmp_path / "c")
+    shutil.copytree(tmp_path / "c", tmp_path / "kit")
+    _strip_binaries(str(tmp_path / "kit"))
+    with CacheStore.open(tmp_path / "kit") as store:
+        assert sorted(r.kind for r in store.ls()) == ["model", "weights"]
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("compiled again: the stripped cache missed")
+
+    monkeypatch.setattr(loading, "compile_for", no_compile)
+    again = _run(data, xs, cache_dir=tmp_path / "kit")
+    np.testing.assert_array_equal(again[0], first[0])
