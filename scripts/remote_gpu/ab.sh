@@ -14,6 +14,11 @@
 #      && cp -r .devcache ../A/.devkitB/)
 # then prepare.sh for the same models here (tree A). Device (carry .whl .gl .devcache .devkitB):
 #   AB_MODELS="m1 m2" ROUNDS="A1 B1 A2 B2" bash scripts/remote_gpu/ab.sh
+# Near the carry limit (64 MiB with .whl): pack B as one file in a folder .git/info/exclude
+# ignores, `tar -cJf .abpack/devkitB.tar.xz -C .devkitB .` less its .devcache/wheels (A's
+# serve), carry .abpack instead of .devkitB, and start the device command with
+#   mkdir -p .devkitB && tar -xJf .abpack/devkitB.tar.xz -C .devkitB \
+#     && cp -r .devcache/wheels .devkitB/.devcache/ && ...
 # Each round prints its rows and leaves $OUT/<round>.tgz (run.sh's outputs: one file a round,
 # the device tool returns few files).
 set -u
