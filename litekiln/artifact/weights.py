@@ -58,12 +58,12 @@ class WeightMismatch(ValueError):
 
 @dataclass(frozen=True)
 class MergedTensor:
-    """A float32 array made of the model's tensors: each of ``tensors`` (float tensors of
-    the main subgraph, of the recorded type and shape) added at its offset ``at`` into a zero
-    array of ``shape``, and each of ``diagonals`` (values, row, column) added on the diagonal
-    of the array's first and last axes (``[c, row, column, c]``; along the last axis alone,
-    ``[0, row, column, c]``, when the first axis has one element), in the recorded order, in
-    float64; then rounded to float32.
+    """A float32 array made of the model's tensors: its parts added into a zero array of
+    ``shape`` in their order, in float64, then rounded once to float32. A ``"tensor"`` part
+    is a float tensor of the main subgraph (of the recorded type and shape) added at its
+    offset ``at``; a ``"diagonal"`` part, values added on the diagonal of the first and last
+    axes at one (row, column) (``[c, row, column, c]``; along the last axis alone,
+    ``[0, row, column, c]``, when the first axis has one element).
 
     Attributes:
         shape: the array's shape (4-D: a convolution's OHWI or a depthwise one's 1HWC).
@@ -113,6 +113,8 @@ class MergedTensor:
         return acc.astype(np.float32)
 
     def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict (the values as JSON numbers: exact for float64); `from_json`
+        inverts it."""
         parts: list[list[Any]] = []
         for p in self.parts:
             if p[0] == "tensor":

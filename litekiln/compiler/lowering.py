@@ -261,7 +261,8 @@ class Lowering:
                 "depth_multiplier": 1,
                 "fused_activation_function": 0,
             }
-            conv = Op(root.index, m.kind, root.code, 1, [m.source, w, b], list(root.outputs))
+            code = 3 if m.kind == "CONV_2D" else 4  # (TFLite's builtin codes)
+            conv = Op(root.index, m.kind, code, 1, [m.source, w, b], list(root.outputs))
             conv.options = options
             self.branch_merges[m.root] = conv
             self.merge_rest[m.root] = m.rest
