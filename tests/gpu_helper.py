@@ -443,3 +443,25 @@ def rules_of_first_partition(build: Callable[[G], Any], schedules: str) -> list[
     model, plan = planned(build)
     mod = lower_partition(model.main, plan.partitions[0])
     return list(rules_used(mod, "gpu" if schedules == "fast" else "cpu").values())
+
+
+def assert_matches_reference(
+    data: bytes, precision: str, cache_dir: Any, rng: np.random.Generator
+) -> None:
+    """A whole model on the GPU path (the cache ``cache_dir``) against the numpy reference on
+    the same random inputs in [-1, 1): every output of the same shape, within 1e-5 (fp32) or
+    1e-2 (fp16) of the largest reference value (at least 1)."""
+    import litekiln
+    from litekiln.model import load_model
+
+    model = load_model(data)
+    xs = [
+        rng.uniform(-1, 1, t.shape).astype(np.float32)
+        for t in (model.main.tensors[i] for i in model.main.inputs)
+    ]
+    want = litekiln.Interpreter(model_content=data, device="reference").run(xs)
+    got = litekiln.Interpreter(model_content=data, precision=precision, cache_dir=cache_dir).run(xs)
+    tol = 1e-5 if precision == "fp32" else 1e-2
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, atol=tol * max(1.0, float(np.abs(w).max())), rtol=0)

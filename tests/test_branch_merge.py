@@ -17,6 +17,8 @@ import pytest
 
 pytest.importorskip("tvm")
 
+from gpu_helper import assert_matches_reference  # noqa: E402
+
 import litekiln  # noqa: E402
 from litekiln.artifact.compiled import CompileOptions  # noqa: E402
 from litekiln.compiler.driver import compile_model, plan_partitions  # noqa: E402
@@ -186,16 +188,7 @@ def test_branch_merge(name: str, precision: str, tmp_path) -> None:
     program = compiled.partitions[0].program
     launches = [launch.func for launch in program.launches]
     assert len(launches) == kernels, launches
-    xs = [
-        RNG.uniform(-1, 1, t.shape).astype(np.float32)
-        for t in (model.main.tensors[i] for i in model.main.inputs)
-    ]
-    want = _run(data, xs, device="reference")
-    got = _run(data, xs, precision=precision, cache_dir=tmp_path)
-    tol = 1e-5 if precision == "fp32" else 1e-2
-    for g, w in zip(got, want, strict=True):
-        assert g.shape == w.shape
-        np.testing.assert_allclose(g, w, atol=tol * max(1.0, float(np.abs(w).max())), rtol=0)
+    assert_matches_reference(data, precision, tmp_path, RNG)
 
 
 def test_without_the_merge_each_branch_is_a_kernel() -> None:

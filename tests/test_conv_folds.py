@@ -19,6 +19,8 @@ import pytest
 
 pytest.importorskip("tvm")
 
+from gpu_helper import assert_matches_reference  # noqa: E402
+
 import litekiln  # noqa: E402
 from litekiln.artifact.compiled import CompileOptions  # noqa: E402
 from litekiln.compiler.driver import compile_model  # noqa: E402
@@ -624,17 +626,7 @@ def test_pad_fold(name: str, precision: str, tmp_path) -> None:
     assert (not pad_kernels) == folded, kernels
     if folded:  # nothing but the convolutions or pools (a float32 input is read as is)
         assert all("conv" in k or "pool" in k for k in kernels), kernels
-
-    xs = [
-        RNG.uniform(-1, 1, t.shape).astype(np.float32)
-        for t in (model.main.tensors[i] for i in model.main.inputs)
-    ]
-    want = _run(data, xs, device="reference")
-    got = _run(data, xs, precision=precision, cache_dir=tmp_path)
-    tol = 1e-5 if precision == "fp32" else 1e-2
-    for g, w in zip(got, want, strict=True):
-        assert g.shape == w.shape
-        np.testing.assert_allclose(g, w, atol=tol * max(1.0, float(np.abs(w).max())), rtol=0)
+    assert_matches_reference(data, precision, tmp_path, RNG)
 
 
 @pytest.mark.parametrize("make", [_nchw_patches, _nchw_small_patches])
