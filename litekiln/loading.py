@@ -602,6 +602,7 @@ def precompile(
         "gpu_ops": info.stats.get("gpu_ops"),
         "cpu_ops": info.stats.get("cpu_ops"),
         "kernels": info.stats.get("kernels"),
+        "merged_convolutions": info.stats.get("merged_convolutions", 0),
         "compile_seconds": info.stats.get("timings_s", {}).get("total"),
         "seconds": round(time.perf_counter() - t0, 3),
         "cache_dir": str(cache.store.directory),

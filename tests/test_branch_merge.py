@@ -251,6 +251,7 @@ def test_merged_weights_are_rebuilt_from_the_model(
     compiled = compile_model(model, CompileOptions(precision=precision), warn=False)
     merged = {n: r for n, r in compiled.weights.items() if r.merge is not None}
     assert len(merged) == 1, compiled.weights
+    assert compiled.stats["merged_convolutions"] == 1
     ((name, recipe),) = merged.items()
     assert len(recipe.merge.tensors) == 4  # the 1x1 and the three 3x3 depthwise weights
     again = WeightRecipe.from_json(recipe.to_json())

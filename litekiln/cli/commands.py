@@ -72,6 +72,11 @@ def cmd_compile(a: argparse.Namespace) -> int:
                 state += "; device binary stored"
             if info.get("ptx_partitions"):
                 state += f"; PTX for NVIDIA GPUs in {info['ptx_partitions']} partition(s)"
+            if info.get("merged_convolutions"):
+                state += (
+                    f"; {info['merged_convolutions']} sums of parallel convolutions compiled "
+                    "as one convolution each"
+                )
             print(
                 f"{path}: token {info['token']}, {info['partitions']} GPU partition(s), "
                 f"{info['kernels']} kernels, {info['gpu_ops']} ops on the GPU / "

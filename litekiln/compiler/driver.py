@@ -332,6 +332,8 @@ class _Compilation:
                 "kernels": sum(len(p.program.launches) for p in partitions),
                 "variants": sum(len(p.program.variants) for p in partitions),
                 "variants_trimmed": self.variants_trimmed,
+                # sums of parallel convolutions compiled as one (compiler/branch_merge.py)
+                "merged_convolutions": sum(r.merge is not None for r in recipes.values()),
                 **({"fp16": fp16_plan.summary()} if fp16_plan is not None else {}),
             },
             weights=recipes,
