@@ -92,6 +92,20 @@ def _mobileone_strided() -> bytes:
     return b.build()
 
 
+def _depth_multiplier() -> bytes:
+    # FastViT's stem: a 1x1 and a 3x3 depthwise convolution with two outputs per channel.
+    b = ModelBuilder()
+    x = b.input("x", [1, 6, 5, C])
+    s = [1, 6, 5, 2 * C]
+    terms = []
+    for k, padding in ((1, "VALID"), (3, "SAME")):
+        w, bias = b.const("dw", _w(1, k, k, 2 * C)), b.const("db", _w(2 * C))
+        options = {"padding": padding, "stride_w": 1, "stride_h": 1, "depth_multiplier": 2}
+        terms.append(b.op("DEPTHWISE_CONV_2D", [x, w, bias], out_shape=s, options=options))
+    b.output(_add(b, *terms, s))
+    return b.build()
+
+
 def _repvgg() -> bytes:
     b = ModelBuilder()
     s = [1, 6, 5, C]
@@ -163,6 +177,7 @@ def _residual_only() -> bytes:
 CASES: dict[str, tuple[Callable[[], bytes], int]] = {
     "mobileone_depthwise": (_mobileone_depthwise, 1),
     "mobileone_strided": (_mobileone_strided, 1),
+    "depth_multiplier": (_depth_multiplier, 1),
     "repvgg": (_repvgg, 1),
     "repvgg_strided_odd": (_repvgg_strided_odd, 1),
     "with_residual": (_with_residual, 1),

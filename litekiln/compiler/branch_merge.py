@@ -64,6 +64,7 @@ class _Branch:
     scale: tuple[float, ...]  # a diagonal's weights (float64 values)
     bias: np.ndarray | None  # float64, one per output channel
     ops: tuple[int, ...]  # the ops that compute the term (absorbed by the merge)
+    multiplier: int = 1  # a depthwise convolution's outputs per input channel
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ class BranchMerge:
         pads: (top, left, bottom, right) zero padding of ``source``.
         rest: the tree's other terms, added to the convolution's result in order.
         branches: how many terms the convolution replaces.
+        multiplier: a depthwise convolution's outputs per input channel.
     """
 
     root: int
@@ -94,6 +96,7 @@ class BranchMerge:
     pads: tuple[int, int, int, int]
     rest: tuple[int, ...]
     branches: int
+    multiplier: int = 1
 
 
 def find_branch_merges(
@@ -227,14 +230,14 @@ def _merge(
         if b is not None:
             branches[t] = b
     # The map most branches read, with the kind and stride most of its convolutions have.
-    groups: dict[tuple[int, str, tuple[int, int]], list[int]] = {}
+    groups: dict[tuple[int, str, tuple[int, int], int], list[int]] = {}
     for t, b in branches.items():
         if b.kind != "diagonal":
-            groups.setdefault((b.source, b.kind, b.stride), []).append(t)
+            groups.setdefault((b.source, b.kind, b.stride, b.multiplier), []).append(t)
     best: list[int] = []
-    best_key: tuple[int, str, tuple[int, int]] | None = None
+    best_key: tuple[int, str, tuple[int, int], int] | None = None
     for key, ts in groups.items():
-        source, kind, stride = key
+        source, kind, stride, _ = key
         extra = [
             t
             for t, b in branches.items()
@@ -249,7 +252,7 @@ def _merge(
     # nothing (the residual is read by the convolution's epilogue either way).
     if best_key is None or sum(t in branches for t in best) < 2:
         return None
-    source, kind, stride = best_key
+    source, kind, stride, multiplier = best_key
     x = graph.tensors[source]
     if len(x.shape) != 4 or x.shape[0] != out.shape[0]:
         return None
@@ -273,7 +276,7 @@ def _merge(
     if kind == "full":
         shape = (channels_out, kh, kw, channels_in)
     else:
-        if channels_in != channels_out:
+        if channels_out != channels_in * multiplier:
             return None
         shape = (1, kh, kw, channels_out)
     parts: list[tuple[object, ...]] = []
@@ -307,6 +310,7 @@ def _merge(
         pads=(top, left, bottom, right),
         rest=rest,
         branches=len(best),
+        multiplier=multiplier,
     )
 
 
@@ -328,7 +332,7 @@ def _const(graph: Subgraph, t: int) -> np.ndarray | None:
 def _conv_branch(
     op: Op, graph: Subgraph, pad_folds: Mapping[int, tuple[int, tuple[int, int, int, int]]]
 ) -> _Branch | None:
-    """A CONV_2D (ungrouped) or DEPTHWISE_CONV_2D (multiplier 1) without activation or
+    """A CONV_2D (ungrouped) or DEPTHWISE_CONV_2D (any multiplier) without activation or
     dilation, with constant float weights, as a branch of the map it reads (through a folded
     PAD)."""
     if op.name not in ("CONV_2D", "DEPTHWISE_CONV_2D") or len(op.outputs) != 1:
@@ -364,14 +368,15 @@ def _conv_branch(
             return None  # grouped
         kind, outputs = "full", int(w.shape[0])
     else:
-        if int(w.shape[0]) != 1 or int(w.shape[3]) != channels:
-            return None  # a depth multiplier
-        kind, outputs = "depthwise", channels
+        if int(w.shape[0]) != 1 or int(w.shape[3]) % channels:
+            return None
+        kind, outputs = "depthwise", int(w.shape[3])
     if bias is not None and bias.size != outputs:
         return None
     return _Branch(
         source, kind, stride, top, left, (kh, kw), op.inputs[1], (),
         None if bias is None else bias.reshape(-1), (op.index,),
+        multiplier=outputs // channels if kind == "depthwise" else 1,
     )  # fmt: skip
 
 

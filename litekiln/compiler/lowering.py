@@ -258,7 +258,7 @@ class Lowering:
                 EXPLICIT_PADS: m.pads,
                 "stride_h": m.stride[0],
                 "stride_w": m.stride[1],
-                "depth_multiplier": 1,
+                "depth_multiplier": m.multiplier,
                 "fused_activation_function": 0,
             }
             code = 3 if m.kind == "CONV_2D" else 4  # (TFLite's builtin codes)
