@@ -354,3 +354,40 @@ def test_a_cache_stripped_of_binaries_keeps_the_shared_constants(
     monkeypatch.setattr(loading, "compile_for", no_compile)
     again = _run(data, xs, cache_dir=tmp_path / "kit")
     np.testing.assert_array_equal(again[0], first[0])
+
+
+def test_other_branch_weights_under_a_users_token_are_detected(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A token the user gives says nothing about the bytes: the weights digest then covers
+    every tensor a merged recipe sums, so a model whose branch weights changed under the same
+    token is compiled again, never run with the entry's sums."""
+    import sys
+
+    from litekiln import loading
+    from litekiln.cache import CacheWarning
+
+    compiles: list[str] = []
+    real = loading.compile_for
+
+    def compile_for(*args, **kwargs):
+        compiles.append("compile")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loading, "compile_for", compile_for)
+    models = []
+    for seed in (1, 2):  # the same graph, other weights
+        monkeypatch.setattr(sys.modules[__name__], "RNG", np.random.default_rng(seed))
+        models.append(_mobileone_depthwise())
+    assert models[0] != models[1]
+    xs = [np.random.default_rng(3).uniform(-1, 1, (1, 7, 6, C)).astype(np.float32)]
+    for k, data in enumerate(models):
+        it = litekiln.Interpreter(model_content=data, model_token="mine", cache_dir=tmp_path)
+        if k:
+            with pytest.warns(CacheWarning, match="weights"):
+                got = it.run(xs)[0]
+        else:
+            got = it.run(xs)[0]
+        want = _run(data, xs, device="reference")[0]
+        np.testing.assert_allclose(got, want, atol=1e-5 * float(np.abs(want).max()), rtol=0)
+    assert compiles == ["compile", "compile"]
