@@ -82,7 +82,6 @@ class BranchMerge:
         stride: (height, width).
         pads: (top, left, bottom, right) zero padding of ``source``.
         rest: the tree's other terms, added to the convolution's result in order.
-        branches: how many terms the convolution replaces.
         multiplier: a depthwise convolution's outputs per input channel.
     """
 
@@ -95,7 +94,6 @@ class BranchMerge:
     stride: tuple[int, int]
     pads: tuple[int, int, int, int]
     rest: tuple[int, ...]
-    branches: int
     multiplier: int = 1
 
 
@@ -309,7 +307,6 @@ def _merge(
         stride=stride,
         pads=(top, left, bottom, right),
         rest=rest,
-        branches=len(best),
         multiplier=multiplier,
     )
 
