@@ -205,6 +205,22 @@ def zoo_model(name: str) -> Path:
 
 
 @pytest.fixture
+def compiles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the models compiled (cache misses) while the test runs."""
+    from litekiln import loading
+
+    names: list[str] = []
+    real = loading.compile_for
+
+    def compile_for(model: Any, *args: Any, **kwargs: Any) -> Any:
+        names.append(model.name)
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(loading, "compile_for", compile_for)
+    return names
+
+
+@pytest.fixture
 def smoke_path() -> Path:
     """A small float model (convs, depthwise, pool, add, concat, resize, FC, softmax)."""
     return DATA / "smoke.tflite"

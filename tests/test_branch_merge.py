@@ -188,22 +188,6 @@ CASES: dict[str, tuple[Callable[[], bytes], int]] = {
 }
 
 
-@pytest.fixture
-def compiles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """One entry per model compiled (a cache miss) while the test runs."""
-    from litekiln import loading
-
-    names: list[str] = []
-    real = loading.compile_for
-
-    def compile_for(model, *args, **kwargs):
-        names.append(model.name)
-        return real(model, *args, **kwargs)
-
-    monkeypatch.setattr(loading, "compile_for", compile_for)
-    return names
-
-
 def _run(data: bytes, xs: list[np.ndarray], **kw) -> list[np.ndarray]:
     it = litekiln.Interpreter(model_content=data, **kw)
     return it.run(xs)

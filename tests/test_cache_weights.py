@@ -23,7 +23,6 @@ import pytest
 from cache_fault_helpers import SMOKE, changed_smoke, infer, keys_by_kind, same
 
 import litekiln.cache.models as cache_models
-import litekiln.loading as loading
 from litekiln.artifact.compiled import CompiledModel, CompileOptions, PartitionArtifact
 from litekiln.artifact.program import GpuProgram, StorageSpec, TensorSpec
 from litekiln.artifact.weights import (
@@ -218,20 +217,6 @@ def test_large_constants_without_a_recipe_are_stored_once_and_shared(tmp_path: P
 
 
 # ---------------------------------------------------------------- end to end (OpenCL)
-
-
-@pytest.fixture
-def compiles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the models compiled (cache misses) while the test runs."""
-    names: list[str] = []
-    real = loading.compile_for
-
-    def compile_for(model, *args, **kwargs):
-        names.append(model.name)
-        return real(model, *args, **kwargs)
-
-    monkeypatch.setattr(loading, "compile_for", compile_for)
-    return names
 
 
 @pytest.mark.opencl
