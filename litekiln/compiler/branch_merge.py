@@ -267,9 +267,9 @@ def _merge(
     oh, ow = int(out.shape[1]), int(out.shape[2])
     bottom = max(0, stride[0] * (oh - 1) - top + kh - h)
     right = max(0, stride[1] * (ow - 1) - left + kw - w)
-    if (h + top + bottom - kh) // stride[0] + 1 != oh or (w + left + right - kw) // stride[
-        1
-    ] + 1 != ow:
+    rows = (h + top + bottom - kh) // stride[0] + 1
+    columns = (w + left + right - kw) // stride[1] + 1
+    if (rows, columns) != (oh, ow):
         return None
     if kind == "full":
         shape = (channels_out, kh, kw, channels_in)
