@@ -316,14 +316,21 @@ def _identity(source: int, channels: int) -> _Branch:
     return _Branch(source, "diagonal", (1, 1), 0, 0, (1, 1), -1, (1.0,) * channels, None, ())
 
 
-def _const(graph: Subgraph, t: int) -> np.ndarray | None:
-    """A float, unquantized constant operand as float64, else None."""
+def _float_const(graph: Subgraph, t: int) -> Tensor | None:
+    """Operand ``t`` where it is a float, unquantized constant, else None."""
     if t < 0:
         return None
     tensor = graph.tensors[t]
     if tensor.data is None or tensor.quantization is not None or tensor.data.dtype.kind != "f":
         return None
-    return np.asarray(tensor.data, np.float64)
+    return tensor
+
+
+def _const(graph: Subgraph, t: int) -> np.ndarray | None:
+    """A float, unquantized constant operand (a bias, an affine map's constant) as float64,
+    else None."""
+    tensor = _float_const(graph, t)
+    return None if tensor is None else np.asarray(tensor.data, np.float64)
 
 
 def _conv_branch(
@@ -339,9 +346,14 @@ def _conv_branch(
         return None
     if int(o.get("dilation_w_factor", 1)) != 1 or len(op.inputs) < 2:
         return None
-    w = _const(graph, op.inputs[1])
+    # (the weights are only looked at here: `MergedTensor.build` reads them, once)
+    w = _float_const(graph, op.inputs[1])
     bias = _const(graph, op.inputs[2]) if len(op.inputs) > 2 and op.inputs[2] >= 0 else None
-    if w is None or w.ndim != 4 or (len(op.inputs) > 2 and op.inputs[2] >= 0 and bias is None):
+    if (
+        w is None
+        or len(w.shape) != 4
+        or (len(op.inputs) > 2 and op.inputs[2] >= 0 and bias is None)
+    ):
         return None
     data = op.inputs[0]
     x = graph.tensors[data]
