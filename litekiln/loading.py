@@ -603,6 +603,7 @@ def precompile(
         "cpu_ops": info.stats.get("cpu_ops"),
         "kernels": info.stats.get("kernels"),
         "merged_convolutions": info.stats.get("merged_convolutions", 0),
+        "sibling_merges": info.stats.get("sibling_merges", 0),
         "compile_seconds": info.stats.get("timings_s", {}).get("total"),
         "seconds": round(time.perf_counter() - t0, 3),
         "cache_dir": str(cache.store.directory),

@@ -77,6 +77,11 @@ def cmd_compile(a: argparse.Namespace) -> int:
                     f"; {info['merged_convolutions']} sums of parallel convolutions compiled "
                     "as one convolution each"
                 )
+            if info.get("sibling_merges"):
+                state += (
+                    f"; {info['sibling_merges']} groups of sibling convolutions (one map, one "
+                    "window) compiled as one convolution each"
+                )
             print(
                 f"{path}: token {info['token']}, {info['partitions']} GPU partition(s), "
                 f"{info['kernels']} kernels, {info['gpu_ops']} ops on the GPU / "

@@ -98,6 +98,8 @@ class _Compilation:
         self.variants_trimmed = 0
         #: Merged convolutions' weights (`Lowering.merged_weights`), for the weight tracer.
         self.merged: list[Any] = []
+        #: Of them, the stacked weights of sibling convolutions (`Lowering.sibling_weights`).
+        self.siblings: list[Any] = []
 
     def partition(self) -> PartitionPlan:
         """Split the model into GPU partitions and CPU ops (and say so, when warning)."""
@@ -213,7 +215,7 @@ class _Compilation:
 
         t = time.perf_counter()
         try:
-            return lower_partition(self.model.main, p, lower_opts, self.merged)
+            return lower_partition(self.model.main, p, lower_opts, self.merged, self.siblings)
         except Exception as exc:  # noqa: BLE001 - any failure moves the partition to the CPU
             if not lower_opts.fuses:
                 return f"the compiler could not lower it ({_why(exc)})"
@@ -310,6 +312,7 @@ class _Compilation:
         sources = (t for r in recipes.values() for t in r.tensors)
         digest = weights_digest(self.model.main, sources)
         self.timings["weights"] = time.perf_counter() - t
+        siblings = set(self.siblings)
         self.timings["total"] = time.perf_counter() - self.t0
         steps = [("gpu", s.partition) if s.kind == "gpu" else ("cpu", s.op) for s in plan.steps]
         return CompiledModel(
@@ -333,7 +336,11 @@ class _Compilation:
                 "variants": sum(len(p.program.variants) for p in partitions),
                 "variants_trimmed": self.variants_trimmed,
                 # sums of parallel convolutions compiled as one (compiler/branch_merge.py)
-                "merged_convolutions": sum(r.merge is not None for r in recipes.values()),
+                "merged_convolutions": sum(
+                    r.merge is not None and r.merge not in siblings for r in recipes.values()
+                ),
+                # groups of sibling convolutions compiled as one (compiler/sibling_merge.py)
+                "sibling_merges": sum(r.merge in siblings for r in recipes.values()),
                 **({"fp16": fp16_plan.summary()} if fp16_plan is not None else {}),
             },
             weights=recipes,

@@ -35,6 +35,7 @@ def lower_partition(
     part: Partition,
     options: LowerOptions | None = None,
     merged: list[MergedTensor] | None = None,
+    siblings: list[MergedTensor] | None = None,
 ) -> tvm.IRModule:
     """Build the Relax module of one GPU partition.
 
@@ -44,6 +45,8 @@ def lower_partition(
         options: precision and quantization-simulation options.
         merged: where given, the merged weights' recipes (`Lowering.merged_weights`) are
             appended to it, for `litekiln.compiler.weights.trace_weights`.
+        siblings: where given, those of them that stack sibling convolutions are appended to
+            it (the compile's stats count them apart from sums of branches).
 
     Returns:
         An IRModule whose ``main`` takes the partition inputs (in ``part.inputs`` order) and
@@ -56,6 +59,8 @@ def lower_partition(
     mod = lowering.build()
     if merged is not None:
         merged.extend(lowering.merged_weights)
+    if siblings is not None:
+        siblings.extend(lowering.sibling_weights)
     # Reductions over one element become the elementwise ops they are: TVM mishandles them
     # (litekiln/compiler/unit_reductions.py).
     return unit_reductions()(mod)

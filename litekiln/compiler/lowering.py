@@ -25,6 +25,7 @@ from litekiln.artifact.weights import MergedTensor
 from litekiln.compiler.attention import find_attentions
 from litekiln.compiler.layer_norm import find_layer_norms
 from litekiln.compiler.partition import Partition
+from litekiln.compiler.sibling_merge import SiblingMerge
 from litekiln.errors import CompileError, UnsupportedOpError
 from litekiln.model.ir import Op, Subgraph, Tensor
 from litekiln.ops.base import dequantize, is_quantized, lookup
@@ -78,6 +79,9 @@ class LowerOptions:
     # MobileOne, RepVGG) computed as one convolution of summed weights
     # (compiler/branch_merge.py).
     merge_branches: bool = True
+    # Convolutions of one map with the same window (GoogLeNet's 1x1 branches) computed as one
+    # convolution whose output holds each one's channels (compiler/sibling_merge.py).
+    merge_siblings: bool = True
 
     def unfused(self) -> LowerOptions:
         """These options with every multi-op fusion off (the op-by-op fallback)."""
@@ -87,12 +91,17 @@ class LowerOptions:
             fuse_scales=False,
             fuse_attention=False,
             merge_branches=False,
+            merge_siblings=False,
         )
 
     @property
     def fuses(self) -> bool:
         return (
-            self.fuse_layer_norms or self.fuse_scales or self.fuse_attention or self.merge_branches
+            self.fuse_layer_norms
+            or self.fuse_scales
+            or self.fuse_attention
+            or self.merge_branches
+            or self.merge_siblings
         )
 
 
@@ -211,11 +220,6 @@ class Lowering:
         self.raw_inputs: dict[int, Expr] = {}
         self.readers = self._readers()  # tensor -> the partition's ops that read it
         self.pad_folds = self._find_pad_folds()
-        self.scale_folds = self._find_scale_folds() if options.fuse_scales else {}
-        self.transpose_folds = self._find_transpose_folds() if options.fuse_scales else {}
-        self.concat_folds = self._find_concat_folds() if options.fuse_scales else {}
-        self.slice_folds = self._find_slice_folds() if options.fuse_scales else {}
-        self.dequant_folds = self._find_dequant_folds() if options.fuse_scales else set()
         norms = find_layer_norms(graph, part) if options.fuse_layer_norms else []
         self.layer_norms = {ln.last: ln for ln in norms}  # op writing its output -> the norm
         self.in_layer_norm = {i for ln in norms for i in ln.ops if i != ln.last}
@@ -233,8 +237,28 @@ class Lowering:
         #: constants they become, so that the cache stores the recipe, not the array).
         self.merged_weights: list[MergedTensor] = []
         self.in_branch_merge: set[int] = set()
+        taken = normed | {i for a in attns for i in a.ops}
         if options.merge_branches and not self.emulate_half:
-            self._add_branch_merges(normed | {i for a in attns for i in a.ops})
+            self._add_branch_merges(taken)
+        #: Sibling convolutions merged (`sibling_merge`): first sibling -> the merge and the
+        #: merged convolution; the others are emitted with it.
+        self.sibling_merges: dict[int, tuple[SiblingMerge, Op]] = {}
+        self.in_sibling_merge: set[int] = set()
+        #: The merged weights of sibling convolutions (a part of `merged_weights`).
+        self.sibling_weights: list[MergedTensor] = []
+        #: Sibling output -> (merged output, first channel), for the slice folds.
+        self.sibling_folds: dict[int, tuple[int, int]] = {}
+        if options.merge_siblings and not self.emulate_half:
+            self._add_sibling_merges(
+                taken | self.in_branch_merge | set(self.branch_merges), options.fuse_scales
+            )
+        # (after the merges: a sibling's output read by convolutions is a slice they fold)
+        self.scale_folds = self._find_scale_folds() if options.fuse_scales else {}
+        self.transpose_folds = self._find_transpose_folds() if options.fuse_scales else {}
+        self.concat_folds = self._find_concat_folds() if options.fuse_scales else {}
+        self.slice_folds = self._find_slice_folds() if options.fuse_scales else {}
+        self.slice_folds.update(self.sibling_folds)
+        self.dequant_folds = self._find_dequant_folds() if options.fuse_scales else set()
 
     def _add_branch_merges(self, taken: set[int]) -> None:
         """Sums of parallel convolutions of one map (`branch_merge.find_branch_merges`), each
@@ -267,6 +291,53 @@ class Lowering:
             self.branch_merges[m.root] = conv
             self.merge_rest[m.root] = m.rest
             self.in_branch_merge |= m.ops - {m.root}
+
+    def _add_sibling_merges(self, taken: set[int], fold: bool) -> None:
+        """Sibling convolutions of one map (`sibling_merge.find_sibling_merges`), each group
+        emitted at its first sibling as one convolution whose output (a tensor added to this
+        lowering's copy of the graph) holds the siblings' channels side by side. Only
+        siblings whose outputs cost no kernel as slices merge: read only by convolutions,
+        which fold the slice (``fold``: the folds are on), or by concatenations, which read
+        it in place."""
+        from litekiln.compiler.sibling_merge import find_sibling_merges
+
+        concat_folds = self._find_concat_folds() if fold else {}
+
+        def keep_apart(t: int) -> bool:
+            """Whether sibling output ``t`` stays a convolution's own output: where a slice of
+            the merged map would be a kernel of its own (a map that leaves the partition, a
+            reader that would have been the sibling's epilogue), or a map that fp16 guards
+            (stored in float32, where the merged map is half)."""
+            if t in self.part.outputs or (self.fp16 and t in self.float_storage):
+                return True
+            users = self.readers.get(t, [])
+            return not users or not all(
+                (fold and self._reads_as_conv_input(u, t))
+                or (u.name == "CONCATENATION" and u.outputs[0] not in concat_folds)
+                for u in users
+            )
+
+        merges = find_sibling_merges(self.graph, self.part, taken, keep_apart)
+        if not merges:
+            return
+        self.graph = g = replace(self.graph, tensors=list(self.graph.tensors))
+        for m in merges:
+            first = g.ops[m.ops[0]]
+            w = self._new_constant(f"siblings_{m.ops[0]}_weights", m.weights.build(g))
+            self.merged_weights.append(m.weights)
+            self.sibling_weights.append(m.weights)
+            b = self._new_constant(f"siblings_{m.ops[0]}_bias", m.bias)
+            y = g.tensors[m.outputs[0]]
+            out = len(g.tensors)
+            shape = (*y.shape[:3], m.channels)
+            g.tensors.append(Tensor(out, f"siblings_{m.ops[0]}", shape, np.dtype(np.float32)))
+            conv = Op(first.index, "CONV_2D", first.code, first.version, [first.inputs[0], w, b],
+                      [out], options=dict(first.options))  # fmt: skip
+            self.sibling_merges[m.ops[0]] = (m, conv)
+            self.in_sibling_merge |= set(m.ops[1:])
+            for t, at in zip(m.outputs, m.offsets, strict=True):
+                if fold and all(self._reads_as_conv_input(u, t) for u in self.readers[t]):
+                    self.sibling_folds[t] = (out, at)
 
     def _new_constant(self, name: str, data: np.ndarray) -> int:
         """A float32 constant added to this lowering's copy of the graph: its index."""
@@ -628,8 +699,11 @@ class Lowering:
                         continue  # taken by its convolutions (max pools)
                     if i in self.in_layer_norm or i in self.in_attention:
                         continue  # emitted with the layer norm's (attention's) last op
-                    if i in self.in_branch_merge:
+                    if i in self.in_branch_merge or i in self.in_sibling_merge:
                         continue  # computed by the merged convolution at its root ADD
+                    if i in self.sibling_merges:
+                        self._emit_siblings(*self.sibling_merges[i])
+                        continue
                     if op.outputs and op.outputs[0] in self._folded_by_convs(op.name):
                         continue  # computed by its convolutions as they load (conv_folded)
                     outs = self._emit(i, op)
@@ -663,6 +737,22 @@ class Lowering:
             elif gv_.name_hint.startswith(BROADCAST_BARRIER):
                 mod[gv_] = f.with_attr("op_pattern", 2)  # injective: see _binary
         return mod
+
+    def _emit_siblings(self, m: SiblingMerge, conv: Op) -> None:
+        """A group of sibling convolutions: the merged one, then each sibling's output as a
+        slice of its channels, but for those its readers fold (`sibling_folds`)."""
+        out = conv.outputs[0]
+        (y,) = EMITTERS[conv.name](Ctx(self, conv))
+        y = self._fix_shape(conv, y, self.graph.tensors[out])
+        want = "float16" if self.storage == "float16" and self.half_stored(out) else ACC_DTYPE
+        if dtype_of(y) != want:
+            y = relax.op.astype(y, want)
+        y = self.env[out] = y if isinstance(y, relax.Var) else self.bb.emit(y)
+        for t, at in zip(m.outputs, m.offsets, strict=True):
+            if t in self.sibling_folds:
+                continue
+            n = int(self.graph.tensors[t].shape[3])
+            self.env[t] = self.bb.emit(relax.op.strided_slice(y, [3], [at], [at + n]))
 
     def _emit(self, i: int, op: Op) -> list[Expr]:
         """Op ``i``'s outputs: its emitter's, or a whole layer norm at its last op."""
