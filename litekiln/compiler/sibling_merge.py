@@ -137,7 +137,9 @@ def _merge(ops: Sequence[int], graph: Subgraph) -> SiblingMerge:
         assert w.data is not None
         n = int(w.shape[0])
         offsets.append(at)
-        parts.append(("tensor", op.inputs[1], (w.data.dtype.str, tuple(w.data.shape)), (at, 0, 0, 0)))
+        parts.append(
+            ("tensor", op.inputs[1], (w.data.dtype.str, tuple(w.data.shape)), (at, 0, 0, 0))
+        )
         if len(op.inputs) > 2 and op.inputs[2] >= 0:
             data = graph.tensors[op.inputs[2]].data
             assert data is not None
