@@ -82,9 +82,6 @@ class LowerOptions:
     # Convolutions of one map with the same window (GoogLeNet's 1x1 branches) computed as one
     # convolution whose output holds each one's channels (compiler/sibling_merge.py).
     merge_siblings: bool = True
-    # A depthwise convolution read only by a 1x1 convolution computed by that convolution as it
-    # loads its input (`Lowering._find_depthwise_folds`): MobileNet's blocks in one kernel.
-    fold_depthwise: bool = True
 
     def unfused(self) -> LowerOptions:
         """These options with every multi-op fusion off (the op-by-op fallback)."""
@@ -95,7 +92,6 @@ class LowerOptions:
             fuse_attention=False,
             merge_branches=False,
             merge_siblings=False,
-            fold_depthwise=False,
         )
 
     @property
@@ -106,7 +102,6 @@ class LowerOptions:
             or self.fuse_attention
             or self.merge_branches
             or self.merge_siblings
-            or self.fold_depthwise
         )
 
 
@@ -125,8 +120,6 @@ CONCAT_CONV_NAME = "conv2d_concat_in"
 DEQUANT_CONV_NAME = "conv2d_dequant_in"
 #: Name of a convolution that reads a folded slice of its input's channels.
 SLICE_CONV_NAME = "conv2d_slice_in"
-#: Name of a 1x1 convolution that computes the depthwise convolution before it as it loads.
-DEPTHWISE_CONV_NAME = "conv2d_depthwise_in"
 #: Names of the convolutions `conv_folded` emits (the op-by-op fallback looks for them).
 FOLDED_CONV_NAMES = (
     SCALED_CONV_NAME,
@@ -134,10 +127,7 @@ FOLDED_CONV_NAMES = (
     CONCAT_CONV_NAME,
     DEQUANT_CONV_NAME,
     SLICE_CONV_NAME,
-    DEPTHWISE_CONV_NAME,
 )
-#: Largest window (taps) of a depthwise convolution folded into the 1x1 one after it.
-DEPTHWISE_FOLD_TAPS = 25
 
 
 class Ctx:
@@ -269,7 +259,6 @@ class Lowering:
         self.slice_folds = self._find_slice_folds() if options.fuse_scales else {}
         self.slice_folds.update(self.sibling_folds)
         self.dequant_folds = self._find_dequant_folds() if options.fuse_scales else set()
-        self.depthwise_folds = self._find_depthwise_folds() if options.fold_depthwise else {}
 
     def _add_branch_merges(self, taken: set[int]) -> None:
         """Sums of parallel convolutions of one map (`branch_merge.find_branch_merges`), each
@@ -600,68 +589,6 @@ class Lowering:
                 folds[t] = (src, channels.start)
         return folds
 
-    def _find_depthwise_folds(self) -> dict[int, Op]:
-        """Depthwise convolutions read only by one 1x1 convolution: their output -> the
-        depthwise op. MobileNets' blocks (and MediaPipe's, EfficientNet's without
-        squeeze-excite) run a 3x3 depthwise convolution, then a 1x1 one over its output:
-        emitted apart, the depthwise kernel writes the block's widest map for the 1x1 kernel
-        to read back. Folded, the 1x1 convolution computes each input value from the
-        depthwise convolution's window as it loads it (:func:`conv_folded`). Kept apart: a
-        depthwise convolution with a depth multiplier, more than `DEPTHWISE_FOLD_TAPS` taps,
-        another activation than none, ReLU or ReLU6, non-constant or quantized operands, an
-        input another fold computes (but a PAD), an output that leaves the partition or has
-        other readers; a reader with a window, stride or dilation, or that another fusion
-        takes."""
-        g = self.graph
-        taken = {*self.in_branch_merge, *self.branch_merges, *self.in_sibling_merge,
-                 *self.sibling_merges}  # fmt: skip
-        other_folds = (
-            *self.scale_folds, *self.transpose_folds, *self.concat_folds, *self.slice_folds,
-            *self.dequant_folds,
-        )  # fmt: skip
-        folds: dict[int, Op] = {}
-        for op in self._fold_candidates("DEPTHWISE_CONV_2D"):
-            t, x = op.outputs[0], op.inputs[0]
-            users = self.readers.get(t, [])
-            if (
-                op.index in taken
-                or t in self.part.outputs
-                or len(users) != 1
-                or len(op.inputs) < 3
-                or int(op.options.get("fused_activation_function", 0) or 0) not in (0, 1, 3)
-            ):
-                continue
-            u = users[0]
-            out, src = g.tensors[t], g.tensors[x]
-            w = g.tensors[op.inputs[1]]
-            bias = g.tensors[op.inputs[2]] if op.inputs[2] >= 0 else None
-            if (
-                u.name != "CONV_2D"
-                or u.index in taken
-                or u.inputs[0] != t
-                or t in u.inputs[1:]
-                or not _unit_conv(u, g)
-                or is_quantized(out)
-                or out.dtype != np.float32
-                or is_quantized(src)
-                or src.dtype != np.float32
-                or src.data is not None
-                or len(src.shape) != 4
-                or w.data is None
-                or is_quantized(w)
-                or len(w.shape) != 4
-                or int(w.shape[0]) != 1
-                or int(w.shape[3]) != int(src.shape[3])
-                or int(w.shape[1]) * int(w.shape[2]) > DEPTHWISE_FOLD_TAPS
-                or (bias is not None and (bias.data is None or is_quantized(bias)))
-            ):
-                continue
-            pad = self.pad_folds.get(x)
-            if x in other_folds or (pad is not None and pad[0] in other_folds):
-                continue
-            folds[t] = op
-        return folds
-
     def _fold_candidates(self, *names: str) -> Iterator[Op]:
         """The partition's ops named one of ``names`` with one output, in order: what a
         convolution may compute as it loads. None under emulated fp16, whose rounding
@@ -681,7 +608,6 @@ class Lowering:
             "CONCATENATION": self.concat_folds,
             "SLICE": self.slice_folds,
             "STRIDED_SLICE": self.slice_folds,
-            "DEPTHWISE_CONV_2D": self.depthwise_folds,
         }
         return folds.get(name, {})
 
@@ -1159,11 +1085,6 @@ def conv_folded(
 
             return te.compute((n, h, wd, channels), elem, name="channel_slice")
 
-    elif t in lw.depthwise_folds and not pad:
-        half = lw.storage == "float16" and lw.half_stored(t)
-        args, stage = _depthwise_stage(lw, lw.depthwise_folds[t], half)
-        name = DEPTHWISE_CONV_NAME
-
     else:
         return None
     if pad:
@@ -1181,91 +1102,6 @@ def conv_folded(
         )  # fmt: skip
 
     return ctx.emit(ctx.bb.call_te(fn, *args, weights, primfunc_name_hint=name))
-
-
-def _depthwise_stage(lw: Lowering, op: Op, half: bool) -> tuple[list[Expr], Callable[..., Any]]:
-    """The inputs and the TE stage of a depthwise convolution folded into the 1x1 convolution
-    that reads it (`Lowering._find_depthwise_folds`): each output value as the sum of its
-    window's taps (an injective expression the schedules inline into the 1x1 convolution's
-    loads, not a reduction), plus the bias, then the activation; rounded to half where the
-    unfused program stores the depthwise output in half. The same float32 products and
-    weights as the depthwise kernel (its weights rounded to fp16 where its input is half),
-    summed in the window's order."""
-    from tvm import te, tirx
-
-    g = lw.graph
-    x = op.inputs[0]
-    pad = lw.pad_folds.get(x)
-    src = pad[0] if pad else x
-    _, h, wd, c = (int(d) for d in g.tensors[x].shape)
-    w = g.tensors[op.inputs[1]].data
-    assert w is not None
-    _, kh, kw, _ = w.shape
-    o = op.options
-    sh, sw = int(o.get("stride_h", 1)), int(o.get("stride_w", 1))
-    dh, dw = int(o.get("dilation_h_factor", 1)), int(o.get("dilation_w_factor", 1))
-    if int(o.get("padding", 0)) == 1:  # VALID
-        top = left = 0
-    else:
-        top, _ = same_padding(h, kh, sh, dh)
-        left, _ = same_padding(wd, kw, sw, dw)
-    if pad:
-        top, left = top + pad[1][0], left + pad[1][1]
-    sh_, sw_ = (int(d) for d in g.tensors[src].shape[1:3])
-    weights = np.asarray(w, np.float32).reshape(kh, kw, c)
-    x_half = lw.half_stored(src) and g.tensors[src].data is None
-    wexpr = lw.const_array(weights, ACC_DTYPE) if x_half else relax.const(weights, ACC_DTYPE)
-    b = op.inputs[2]
-    bias = (
-        np.asarray(g.tensors[b].data, np.float32).reshape(c) if b >= 0 else np.zeros(c, np.float32)
-    )
-    act = int(o.get("fused_activation_function", 0) or 0)
-    _, oh, ow, _ = (int(d) for d in g.tensors[op.outputs[0]].shape)
-
-    def stage(xs: Any, k: Any, bs: Any) -> Any:
-        zero = tirx.const(0.0, ACC_DTYPE)
-
-        def elem(n: Any, i: Any, j: Any, ch: Any) -> Any:
-            v = bs[ch]
-            terms = []
-            for a in range(kh):
-                for e in range(kw):
-                    y = i * sh + a * dh - top
-                    z = j * sw + e * dw - left
-                    read = xs[n, y, z, ch].astype(ACC_DTYPE) * k[a, e, ch]
-                    inside = [cond for cond, needed in (
-                        (y >= 0, top > 0), (y < sh_, (oh - 1) * sh + a * dh - top >= sh_),
-                        (z >= 0, left > 0), (z < sw_, (ow - 1) * sw + e * dw - left >= sw_),
-                    ) if needed]  # fmt: skip
-                    if inside:
-                        read = tirx.if_then_else(tirx.all(*inside), read, zero)
-                    terms.append(read)
-            acc = terms[0]
-            for term in terms[1:]:
-                acc = acc + term
-            v = acc + v
-            if act == 1:
-                v = tirx.max(v, zero)
-            elif act == 3:
-                v = tirx.min(tirx.max(v, zero), tirx.const(6.0, ACC_DTYPE))
-            return v.astype("float16") if half else v
-
-        return te.compute((1, oh, ow, c), elem, name="depthwise")
-
-    return [lw.stored(src), wexpr, relax.const(bias, ACC_DTYPE)], stage
-
-
-def _unit_conv(op: Op, graph: Subgraph) -> bool:
-    """A CONV_2D with a 1x1 window, stride 1 and one group."""
-    w = graph.tensors[op.inputs[1]] if len(op.inputs) > 1 and op.inputs[1] >= 0 else None
-    o = op.options
-    return (
-        w is not None
-        and len(w.shape) == 4
-        and int(w.shape[1]) == int(w.shape[2]) == 1
-        and int(w.shape[3]) == int(graph.tensors[op.inputs[0]].shape[3])
-        and int(o.get("stride_h", 1)) == int(o.get("stride_w", 1)) == 1
-    )
 
 
 def _unit_window_conv(
