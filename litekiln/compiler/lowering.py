@@ -700,7 +700,7 @@ class Lowering:
                     if i in self.in_layer_norm or i in self.in_attention:
                         continue  # emitted with the layer norm's (attention's) last op
                     if i in self.in_branch_merge or i in self.in_sibling_merge:
-                        continue  # computed by the merged convolution at its root ADD
+                        continue  # computed by a merged convolution (its root ADD, first sibling)
                     if i in self.sibling_merges:
                         self._emit_siblings(*self.sibling_merges[i])
                         continue

@@ -1,16 +1,18 @@
 """Sibling convolutions of one map computed as one convolution, their outputs side by side.
 
 Inception-style blocks read one map with several convolutions of the same window: GoogLeNet's
-modules with three 1x1 convolutions (the 1x1 branch and the reductions before the 3x3 ones),
-HRNet's fuse layers, NASNet's cells. Emitted one by one, each is a kernel that reads the map
-again. Stacked along the output channels, their weights make one convolution whose output
-holds every sibling's channels side by side: one kernel, the map read once, and a larger
-product (more output channels per work-group) for the schedules.
+and Inception-v3's modules start with three or four 1x1 convolutions of their input (the 1x1
+branch and the reductions before the wider ones). Emitted one by one, each is a kernel that
+reads the map again. Stacked along the output channels, their weights make one convolution
+whose output holds every sibling's channels side by side: one kernel, the map read once, and
+a larger product (more output channels per work-group) for the schedules.
 
 Each sibling's output is then a run of channels of the merged output: a convolution that
-reads it takes its channels at an offset (the lowering's slice folds, `conv_folded`), and
-anything else reads a slice, which TVM fuses into elementwise and injective readers (a
-module's concatenation).
+reads it takes its channels at an offset (the lowering's slice folds, `conv_folded`), a
+concatenation reads a slice, which TVM fuses into it. The lowering keeps apart the siblings
+whose slices would cost a kernel (`Lowering._add_sibling_merges`): an output read by an
+elementwise op, which was the sibling's epilogue, or one that leaves the partition (HRNet's
+fuse layers and NASNet's cells have such siblings).
 
 :func:`find_sibling_merges` finds, in a partition, the groups of at least two CONV_2Ds
 (ungrouped) that read the same tensor with the same window, strides, dilations, padding and
