@@ -248,6 +248,7 @@ class Lowering:
         self.sibling_weights: list[MergedTensor] = []
         #: Sibling output -> (merged output, first channel), for the slice folds.
         self.sibling_folds: dict[int, tuple[int, int]] = {}
+        self.concat_folds = self._find_concat_folds() if options.fuse_scales else {}
         if options.merge_siblings and not self.emulate_half:
             self._add_sibling_merges(
                 taken | self.in_branch_merge | set(self.branch_merges), options.fuse_scales
@@ -255,7 +256,6 @@ class Lowering:
         # (after the merges: a sibling's output read by convolutions is a slice they fold)
         self.scale_folds = self._find_scale_folds() if options.fuse_scales else {}
         self.transpose_folds = self._find_transpose_folds() if options.fuse_scales else {}
-        self.concat_folds = self._find_concat_folds() if options.fuse_scales else {}
         self.slice_folds = self._find_slice_folds() if options.fuse_scales else {}
         self.slice_folds.update(self.sibling_folds)
         self.dequant_folds = self._find_dequant_folds() if options.fuse_scales else set()
@@ -301,8 +301,6 @@ class Lowering:
         it in place."""
         from litekiln.compiler.sibling_merge import find_sibling_merges
 
-        concat_folds = self._find_concat_folds() if fold else {}
-
         def keep_apart(t: int) -> bool:
             """Whether sibling output ``t`` stays a convolution's own output: where a slice of
             the merged map would be a kernel of its own (a map that leaves the partition, a
@@ -313,7 +311,7 @@ class Lowering:
             users = self.readers.get(t, [])
             return not users or not all(
                 (fold and self._reads_as_conv_input(u, t))
-                or (u.name == "CONCATENATION" and u.outputs[0] not in concat_folds)
+                or (u.name == "CONCATENATION" and u.outputs[0] not in self.concat_folds)
                 for u in users
             )
 
