@@ -117,6 +117,45 @@ def _not_siblings() -> bytes:
     return b.build()
 
 
+def _fc(b, x, shape, n_in, act="NONE"):
+    w, bias = b.const("fw", _w(shape[-1], n_in)), b.const("fb", _w(shape[-1]))
+    options = {"fused_activation_function": act, "keep_num_dims": True}
+    return b.op("FULLY_CONNECTED", [x, w, bias], out_shape=shape, options=options)
+
+
+def _heads(b, t, tokens, dim):
+    """[1, tokens, dim] -> [1, 1, tokens, dim]: one head, as litert-torch writes the split."""
+    r = b.op("RESHAPE", [t, b.const("shape", np.asarray([1, tokens, 1, dim], np.int32))],
+             out_shape=[1, tokens, 1, dim])  # fmt: skip
+    perm = b.const("perm", np.asarray([0, 2, 1, 3], np.int32))
+    return b.op("TRANSPOSE", [r, perm], out_shape=[1, 1, tokens, dim])
+
+
+def _attention_qkv() -> bytes:
+    # A transformer block's queries, keys and values: three FULLY_CONNECTEDs of one input,
+    # each reshaped and transposed to its heads (64-term heads: an attention op by op).
+    b = ModelBuilder()
+    n, d = 6, 64
+    x = b.input("x", [1, n, d])
+    q, k, v = (_heads(b, _fc(b, x, [1, n, d], d), n, d) for _ in range(3))
+    s = b.op("BATCH_MATMUL", [q, k], out_shape=[1, 1, n, n], options={"adj_y": True})
+    p = b.op("SOFTMAX", [s], out_shape=[1, 1, n, n], options={"beta": 0.125})
+    b.output(b.op("BATCH_MATMUL", [p, v], out_shape=[1, 1, n, d]))
+    return b.build()
+
+
+def _fc_epilogues() -> bytes:
+    # Fully connected siblings read by an ADD and a MUL (their epilogues apart): kept apart.
+    b = ModelBuilder()
+    x = b.input("x", [1, 5, 12])
+    r = b.input("r", [1, 5, 7])
+    y = [_fc(b, x, [1, 5, 7], 12) for _ in range(3)]
+    s = b.op("ADD", [y[0], r], out_shape=[1, 5, 7])
+    m = b.op("MUL", [y[1], y[2]], out_shape=[1, 5, 7])
+    b.output(s, m)
+    return b.build()
+
+
 #: name -> (model, kernels the merge saves)
 CASES: dict[str, tuple[Callable[[], bytes], int]] = {
     "inception": (_inception, 2),
@@ -124,6 +163,8 @@ CASES: dict[str, tuple[Callable[[], bytes], int]] = {
     "read_elsewhere": (_read_elsewhere, 0),
     "strided": (_strided, 1),
     "not_siblings": (_not_siblings, 0),
+    "attention_qkv": (_attention_qkv, 2),
+    "fc_epilogues": (_fc_epilogues, 0),
 }
 
 
@@ -192,3 +233,23 @@ def test_quantized_siblings_stay_apart() -> None:
     model = load_model(b.build())
     part = plan_partitions(model, CompileOptions()).partitions[0]
     assert not find_sibling_merges(model.main, part)
+
+
+def test_stacked_fully_connected_weights_are_a_recipe_of_the_model() -> None:
+    """A transformer's query, key and value weights ([out, in]) stacked by a 2-D recipe that
+    survives JSON and rebuilds the compiled constant bit for bit."""
+    from litekiln.artifact.weights import MergedTensor, WeightRecipe
+
+    model = load_model(_attention_qkv())
+    compiled = compile_model(model, CompileOptions(), warn=False)
+    ((name, recipe),) = [(n, r) for n, r in compiled.weights.items() if r.merge is not None]
+    assert recipe.merge.shape == (192, 64) and len(recipe.merge.tensors) == 3
+    again = WeightRecipe.from_json(recipe.to_json())
+    assert again == recipe
+    rebuilt = again.rebuild(model.main)
+    const = compiled.constants[name]
+    assert rebuilt.dtype == const.dtype and np.array_equal(
+        rebuilt.view(np.uint8), const.view(np.uint8)
+    )
+    with pytest.raises(ValueError, match="malformed"):  # a diagonal needs a 4-D array
+        MergedTensor.from_json({"shape": [4, 4], "parts": [["diagonal", [1.0], 0, 0]]})

@@ -66,7 +66,8 @@ class MergedTensor:
     ``[0, row, column, c]``, when the first axis has one element).
 
     Attributes:
-        shape: the array's shape (4-D: a convolution's OHWI or a depthwise one's 1HWC).
+        shape: the array's shape (4-D: a convolution's OHWI or a depthwise one's 1HWC; 2-D:
+            a fully connected layer's ``[out, in]``, without diagonals).
         parts: in order, ``("tensor", index, (dtype str, shape), at)`` or ``("diagonal",
             values, row, column)``; the values are float64 (exact in JSON).
     """
@@ -152,7 +153,13 @@ class MergedTensor:
                     raise ValueError(f"unknown part {p!r}")
         except (KeyError, TypeError, IndexError, ValueError) as e:
             raise ValueError(f"malformed merged weights {d!r:.200}: {e}") from None
-        if len(shape) != 4 or any(x <= 0 for x in shape) or not parts:
+        diagonal = any(p[0] == "diagonal" for p in parts)
+        if (
+            len(shape) not in (2, 4)
+            or (diagonal and len(shape) != 4)
+            or any(x <= 0 for x in shape)
+            or not parts
+        ):
             raise ValueError(f"malformed merged weights of shape {list(shape)}")
         return cls(shape, tuple(parts))
 

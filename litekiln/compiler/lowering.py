@@ -297,8 +297,9 @@ class Lowering:
         emitted at its first sibling as one convolution whose output (a tensor added to this
         lowering's copy of the graph) holds the siblings' channels side by side. Only
         siblings whose outputs cost no kernel as slices merge: read only by convolutions,
-        which fold the slice (``fold``: the folds are on), or by concatenations, which read
-        it in place."""
+        which fold the slice (``fold``: the folds are on), or by concatenations, reshapes and
+        transposes, injective ops that take the slice into their own index arithmetic (a
+        transformer's queries, keys and values on their way to the heads' layout)."""
         from litekiln.compiler.sibling_merge import find_sibling_merges
 
         def keep_apart(t: int) -> bool:
@@ -312,6 +313,13 @@ class Lowering:
             return not users or not all(
                 (fold and self._reads_as_conv_input(u, t))
                 or (u.name == "CONCATENATION" and u.outputs[0] not in self.concat_folds)
+                or (
+                    u.name in ("RESHAPE", "TRANSPOSE")
+                    and u.index not in self.in_attention
+                    and u.index not in self.in_layer_norm
+                    and u.index not in self.layer_norms
+                    and u.index not in self.attentions
+                )
                 for u in users
             )
 
@@ -327,9 +335,9 @@ class Lowering:
             b = self._new_constant(f"siblings_{m.ops[0]}_bias", m.bias)
             y = g.tensors[m.outputs[0]]
             out = len(g.tensors)
-            shape = (*y.shape[:3], m.channels)
+            shape = (*y.shape[:-1], m.channels)
             g.tensors.append(Tensor(out, f"siblings_{m.ops[0]}", shape, np.dtype(np.float32)))
-            conv = Op(first.index, "CONV_2D", first.code, first.version, [first.inputs[0], w, b],
+            conv = Op(first.index, first.name, first.code, first.version, [first.inputs[0], w, b],
                       [out], options=dict(first.options))  # fmt: skip
             self.sibling_merges[m.ops[0]] = (m, conv)
             self.in_sibling_merge |= set(m.ops[1:])
@@ -749,8 +757,9 @@ class Lowering:
         for t, at in zip(m.outputs, m.offsets, strict=True):
             if t in self.sibling_folds:
                 continue
-            n = int(self.graph.tensors[t].shape[3])
-            self.env[t] = self.bb.emit(relax.op.strided_slice(y, [3], [at], [at + n]))
+            shape = self.graph.tensors[t].shape
+            axis, n = len(shape) - 1, int(shape[-1])
+            self.env[t] = self.bb.emit(relax.op.strided_slice(y, [axis], [at], [at + n]))
 
     def _emit(self, i: int, op: Op) -> list[Expr]:
         """Op ``i``'s outputs: its emitter's, or a whole layer norm at its last op."""

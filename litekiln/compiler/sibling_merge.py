@@ -7,19 +7,24 @@ reads the map again. Stacked along the output channels, their weights make one c
 whose output holds every sibling's channels side by side: one kernel, the map read once, and
 a larger product (more output channels per work-group) for the schedules.
 
+Transformers converted from Hugging Face modules compute their queries, keys and values as
+three FULLY_CONNECTEDs of one input: they merge the same way, into one product with three
+times the outputs.
+
 Each sibling's output is then a run of channels of the merged output: a convolution that
-reads it takes its channels at an offset (the lowering's slice folds, `conv_folded`), a
-concatenation reads a slice, which TVM fuses into it. The lowering keeps apart the siblings
-whose slices would cost a kernel (`Lowering._add_sibling_merges`): an output read by an
-elementwise op, which was the sibling's epilogue, or one that leaves the partition (HRNet's
-fuse layers and NASNet's cells have such siblings).
+reads it takes its channels at an offset (the lowering's slice folds, `conv_folded`); a
+concatenation, a reshape or a transpose (the heads' layout) reads a slice, which TVM fuses
+into its index arithmetic. The lowering keeps apart the siblings whose slices would cost a
+kernel (`Lowering._add_sibling_merges`): an output read by an elementwise op, which was the
+sibling's epilogue, or one that leaves the partition (HRNet's fuse layers and NASNet's cells
+have such siblings).
 
 :func:`find_sibling_merges` finds, in a partition, the groups of at least two CONV_2Ds
 (ungrouped) that read the same tensor with the same window, strides, dilations, padding and
-fused activation, with float weights (and biases) that are constants of the model, and
-unquantized float outputs. The merged weights travel as a recipe
-(`litekiln.artifact.weights.MergedTensor`: the siblings' weight tensors at their offsets), as
-the branch merge's do, so that the cache stores no copy of them. The numerics are each
+fused activation, or FULLY_CONNECTEDs with the same options, with float weights (and biases)
+that are constants of the model, and unquantized float outputs. The merged weights travel
+as a recipe (`litekiln.artifact.weights.MergedTensor`: the siblings' weight tensors at their
+offsets), as the branch merge's do, so that the cache stores no copy of them. The numerics are each
 sibling's own: the same products, the same accumulation order per output.
 
 No TVM here: the lowering (`Lowering`) emits the merged convolution through the ordinary
@@ -46,6 +51,12 @@ _GEOMETRY = (
     "dilation_w_factor",
     "fused_activation_function",
 )
+
+
+#: ... and FULLY_CONNECTED's.
+_FC_OPTIONS = ("fused_activation_function", "keep_num_dims", "weights_format")
+#: The ops that merge.
+_KINDS = ("CONV_2D", "FULLY_CONNECTED")
 
 
 @dataclass(frozen=True)
@@ -103,31 +114,36 @@ def find_sibling_merges(
 def _sibling_key(
     op: Op, graph: Subgraph, keep_apart: Callable[[int], bool]
 ) -> tuple[object, ...] | None:
-    """What a CONV_2D must share with its siblings (its input, window and options), or None
-    where it cannot be merged."""
-    if op.name != "CONV_2D" or len(op.outputs) != 1 or len(op.inputs) < 2 or op.folded:
+    """What a CONV_2D or FULLY_CONNECTED must share with its siblings (its input, its kind, its
+    window and options), or None where it cannot be merged."""
+    if op.name not in _KINDS or len(op.outputs) != 1 or len(op.inputs) < 2 or op.folded:
         return None
     data, out = op.inputs[0], op.outputs[0]
     if data < 0 or keep_apart(out):
         return None
     x, y = graph.tensors[data], graph.tensors[out]
-    if x.data is not None or not _float(x) or not _float(y) or len(x.shape) != 4:
+    if x.data is not None or not _float(x) or not _float(y):
         return None
     w = graph.tensors[op.inputs[1]] if op.inputs[1] >= 0 else None
-    if w is None or not _float_constant(w) or len(w.shape) != 4:
+    rank = 4 if op.name == "CONV_2D" else 2
+    if w is None or not _float_constant(w) or len(w.shape) != rank:
         return None
-    if int(w.shape[3]) != int(x.shape[3]):
-        return None  # grouped
     if len(op.inputs) > 2 and op.inputs[2] >= 0:
         b = graph.tensors[op.inputs[2]]
         if not _float_constant(b) or b.size != int(w.shape[0]):
             return None
-    return (
-        data,
-        int(w.shape[1]),
-        int(w.shape[2]),
-        *(int(op.options.get(k, 1 if "factor" in k else 0) or 0) for k in _GEOMETRY),
-    )
+    if op.name == "FULLY_CONNECTED":
+        if int(op.options.get("weights_format", 0) or 0) or int(y.shape[-1]) != int(w.shape[0]):
+            return None
+        return (data, op.name, int(w.shape[1]), *_options(op, _FC_OPTIONS))
+    if len(x.shape) != 4 or int(w.shape[3]) != int(x.shape[3]):
+        return None  # (grouped)
+    return (data, op.name, int(w.shape[1]), int(w.shape[2]), *_options(op, _GEOMETRY))
+
+
+def _options(op: Op, names: Sequence[str]) -> tuple[int, ...]:
+    """The op's integer options ``names`` (a dilation defaults to 1, the rest to 0)."""
+    return tuple(int(op.options.get(k, 1 if "factor" in k else 0) or 0) for k in names)
 
 
 def _merge(ops: Sequence[int], graph: Subgraph) -> SiblingMerge:
@@ -139,9 +155,8 @@ def _merge(ops: Sequence[int], graph: Subgraph) -> SiblingMerge:
         assert w.data is not None
         n = int(w.shape[0])
         offsets.append(at)
-        parts.append(
-            ("tensor", op.inputs[1], (w.data.dtype.str, tuple(w.data.shape)), (at, 0, 0, 0))
-        )
+        origin = (at,) + (0,) * (len(w.shape) - 1)
+        parts.append(("tensor", op.inputs[1], (w.data.dtype.str, tuple(w.data.shape)), origin))
         if len(op.inputs) > 2 and op.inputs[2] >= 0:
             data = graph.tensors[op.inputs[2]].data
             assert data is not None
@@ -150,7 +165,7 @@ def _merge(ops: Sequence[int], graph: Subgraph) -> SiblingMerge:
             biases.append(np.zeros(n, np.float32))
         at += n
     first = graph.tensors[graph.ops[ops[0]].inputs[1]]
-    shape = (at, int(first.shape[1]), int(first.shape[2]), int(first.shape[3]))
+    shape = (at, *(int(d) for d in first.shape[1:]))
     return SiblingMerge(
         ops=tuple(ops),
         outputs=tuple(graph.ops[i].outputs[0] for i in ops),
