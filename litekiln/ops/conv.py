@@ -121,7 +121,8 @@ def check_conv_quantization(
 ) -> None:
     """LiteRT's ``PopulateConvolutionQuantizationParams`` and the kernels' checks around it:
     integer kernels need quantized input, filter and output, a filter with one scale or one
-    per output channel along its quantized dimension (per-channel: int8/int16 inputs only);
+    per output channel along its quantized dimension (per-channel: int8/int16 inputs, int8 or
+    int4 filters);
     hybrid kernels (float input, int8 filter) a quantized filter."""
     q = w.quantization
     if hybrid:
@@ -141,11 +142,13 @@ def check_conv_quantization(
             f"filter {w.name!r} has {n} scales for {channels} output channels",
         )
     if n > 1:
-        if x.type_name not in ("int8", "int16") or w.type_name != "int8":
+        # (int4 filters are unpacked to int8 at load, as LiteRT's per-channel kernels unpack
+        # them: conv.cc, depthwise_conv.cc)
+        if x.type_name not in ("int8", "int16") or w.type_name not in ("int8", "int4"):
             raise c.fail(
                 "quantization-per-channel",
                 f"per-channel filter {w.name!r} ({w.type_name}) with a {x.type_name} input: "
-                "only int8 filters with int8/int16 inputs are quantized per channel",
+                "only int8 and int4 filters with int8/int16 inputs are quantized per channel",
             )
         if w.shape[q.axis] != n:
             raise c.fail(
