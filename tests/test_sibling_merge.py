@@ -156,6 +156,20 @@ def _fc_epilogues() -> bytes:
     return b.build()
 
 
+def _reshaped_outputs() -> bytes:
+    # MediaPipe's landmark heads: 1x1 convolutions of one map, each reshaped into an output.
+    # The reshape of a convolution's own output is a view; of a slice, a copy: kept apart.
+    b = ModelBuilder()
+    x = b.input("x", [1, 1, 1, C])
+    outs = []
+    for n in (6, 4):
+        y = _conv(b, x, n, hw=(1, 1), act="NONE")
+        shape = b.const("shape", np.asarray([1, n], np.int32))
+        outs.append(b.op("RESHAPE", [y, shape], out_shape=[1, n]))
+    b.output(*outs)
+    return b.build()
+
+
 #: name -> (model, kernels the merge saves)
 CASES: dict[str, tuple[Callable[[], bytes], int]] = {
     "inception": (_inception, 2),
@@ -165,6 +179,7 @@ CASES: dict[str, tuple[Callable[[], bytes], int]] = {
     "not_siblings": (_not_siblings, 0),
     "attention_qkv": (_attention_qkv, 2),
     "fc_epilogues": (_fc_epilogues, 0),
+    "reshaped_outputs": (_reshaped_outputs, 0),
 }
 
 

@@ -299,7 +299,9 @@ class Lowering:
         siblings whose outputs cost no kernel as slices merge: read only by convolutions,
         which fold the slice (``fold``: the folds are on), or by concatenations, reshapes and
         transposes, injective ops that take the slice into their own index arithmetic (a
-        transformer's queries, keys and values on their way to the heads' layout)."""
+        transformer's queries, keys and values on their way to the heads' layout), but for a
+        reshape or transpose whose result leaves the partition: a reshape of the sibling's own
+        output is a view there, of a slice a copy (MediaPipe's pose landmark heads)."""
         from litekiln.compiler.sibling_merge import find_sibling_merges
 
         def keep_apart(t: int) -> bool:
@@ -315,6 +317,7 @@ class Lowering:
                 or (u.name == "CONCATENATION" and u.outputs[0] not in self.concat_folds)
                 or (
                     u.name in ("RESHAPE", "TRANSPOSE")
+                    and u.outputs[0] not in self.part.outputs  # (a reshape there is a view)
                     and u.index not in self.in_attention
                     and u.index not in self.in_layer_norm
                     and u.index not in self.layer_norms
