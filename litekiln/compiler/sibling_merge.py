@@ -24,8 +24,8 @@ have such siblings).
 fused activation, or FULLY_CONNECTEDs with the same options, with float weights (and biases)
 that are constants of the model, and unquantized float outputs. The merged weights travel
 as a recipe (`litekiln.artifact.weights.MergedTensor`: the siblings' weight tensors at their
-offsets), as the branch merge's do, so that the cache stores no copy of them. The numerics are each
-sibling's own: the same products, the same accumulation order per output.
+offsets), as the branch merge's do, so that the cache stores no copy of them. The numerics
+are each sibling's own: the same products, the same accumulation order per output.
 
 No TVM here: the lowering (`Lowering`) emits the merged convolution through the ordinary
 convolution emitter.
@@ -61,7 +61,7 @@ _KINDS = ("CONV_2D", "FULLY_CONNECTED")
 
 @dataclass(frozen=True)
 class SiblingMerge:
-    """Convolutions of one map computed as one.
+    """Convolutions of one map (or fully connected layers of one input) computed as one.
 
     Attributes:
         ops: the siblings, in the partition's order (the merged convolution is emitted at the
