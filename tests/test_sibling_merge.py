@@ -268,3 +268,25 @@ def test_stacked_fully_connected_weights_are_a_recipe_of_the_model() -> None:
     )
     with pytest.raises(ValueError, match="malformed"):  # a diagonal needs a 4-D array
         MergedTensor.from_json({"shape": [4, 4], "parts": [["diagonal", [1.0], 0, 0]]})
+
+
+def test_compile_says_how_many_groups_it_merged(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`litekiln compile` counts the merged groups: in its summary line and in ``--json``."""
+    import json
+
+    from litekiln.cli.main import main
+
+    model = tmp_path / "inception.tflite"
+    model.write_bytes(_inception())
+    args = ["compile", str(model), "--cache-dir", str(tmp_path / "c"), "--schedules", "fast-cpu"]
+    assert main([*args, "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "1 group of sibling layers (one input, the same window and options) compiled as one layer"
+        in out
+    ), out
+    assert main([*args, "--json", "--force", "--jobs", "1"]) == 0
+    (info,) = json.loads(capsys.readouterr().out)
+    assert info["sibling_merges"] == 1 and info["merged_convolutions"] == 0

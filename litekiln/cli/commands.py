@@ -78,9 +78,11 @@ def cmd_compile(a: argparse.Namespace) -> int:
                     "as one convolution each"
                 )
             if info.get("sibling_merges"):
+                n = info["sibling_merges"]
+                groups = "1 group" if n == 1 else f"{n} groups"
                 state += (
-                    f"; {info['sibling_merges']} groups of sibling convolutions (one map, one "
-                    "window) compiled as one convolution each"
+                    f"; {groups} of sibling layers (one input, the same window and options) "
+                    f"compiled as one layer{'' if n == 1 else ' each'}"
                 )
             print(
                 f"{path}: token {info['token']}, {info['partitions']} GPU partition(s), "
