@@ -1181,40 +1181,6 @@ def test_tiled_lane_reduction(cl_env: Any, tile: tuple[int, int, int, int], case
     assert res.program.source.count("barrier(") == 1
 
 
-#: The 4x8 tiles on 32 and 16 lanes (variants for the late 1x1 convolutions of small maps):
-#: MobileNetV4-hybrid's 7x7x1024 -> 256 and 14x14x640 -> 160 (32 lanes: 512 terms and
-#: more), its 14x14x160 -> 256 (16 lanes), a 3x3 convolution whose 7-wide rows the 4-pixel
-#: tile does not divide, and a residual added in the epilogue.
-_WIDE_LANE_CASES = {
-    "1x1 7x7x1024->256": ((1, 7, 7, 1024), (256, 1, 1, 1024), 32, ""),
-    "1x1 14x14x640->160 relu": ((1, 14, 14, 640), (160, 1, 1, 640), 32, "relu"),
-    "1x1 14x14x160->256": ((1, 14, 14, 160), (256, 1, 1, 160), 16, ""),
-    "3x3 7x7x64->64 relu6": ((1, 7, 7, 64), (64, 3, 3, 64), 32, "relu6"),
-    "3x3 7x7x64->64 on 16": ((1, 7, 7, 64), (64, 3, 3, 64), 16, ""),
-}
-
-
-@pytest.mark.parametrize("case", list(_WIDE_LANE_CASES))
-def test_tiled_lane_reduction_wide_lanes(cl_env: Any, case: str) -> None:
-    """`variant_rules`' 4x8 tiles on 32 and 16 lanes against numpy: each lane's partial
-    4x8 tile, the 32 (16) partials summed by one (two) outputs a lane after the barrier."""
-    from litekiln.compiler.schedules import TiledLaneReduction, variant_rules
-
-    x_shape, w_shape, lanes, act = _WIDE_LANE_CASES[case]
-    rule = TiledLaneReduction(channels=8, lanes=lanes, min_terms=512 if lanes == 32 else 128)
-    assert any(vars(r) == vars(rule) for r in variant_rules("gpu") if type(r) is type(rule))
-    x, w, b = _rand(*x_shape), _rand(*w_shape) * 0.1, _rand(w_shape[0])
-    k = w_shape[1]
-    pads = same_pads(x_shape[1], x_shape[2], k, 1)
-    ref = conv_ref(x, w, stride=1, pad=pads) + b
-    ref = {"relu": np.maximum(ref, 0), "relu6": np.clip(ref, 0, 6)}.get(act, ref)
-    mod = _conv_module(x.shape, w, 1, pads, bias=b, act=act)
-    res = _check_rule(cl_env, mod, [x], ref, rule)
-    assert res.program.source.count("barrier(") == 1
-    (launch,) = res.program.launches
-    assert launch.local_size[0] == lanes  # (threadIdx.x, axis 0: the lanes)
-
-
 def test_tiled_lane_reduction_limits() -> None:
     """Input channels the lanes (or their vectors) do not divide, unless long, output
     channels that no tile of 2 or 4 divides (19), window-only reductions, short reductions

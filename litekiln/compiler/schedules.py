@@ -2201,12 +2201,6 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
         TiledLaneReduction(channels=8),
         TiledLaneReduction(pixels=2),
         TiledLaneReduction(lanes=16, min_terms=256),
-        # 4x8 tiles on 32 lanes (reductions of 512 terms and more) and on 16 (128 and more):
-        # the late 1x1 convolutions of 14x14 and 7x7 maps (MobileNetV4's 49 x 256 outputs
-        # of 1024 terms, 196 x 160 of 640), where one output per 32 lanes (`LaneReduction`)
-        # reads each weight row once per pixel: 51 MB through the L2 for a 1 MB layer.
-        TiledLaneReduction(channels=8, lanes=32, min_terms=512),
-        TiledLaneReduction(channels=8, lanes=16, min_terms=128),
         # Matrix products through local memory with split-K across the group (the vision
         # transformers' token x channel products, their patch embeddings): 16x16, 16x32
         # and 32x32 tiles on 4 lanes, 16x16 on 8 (the four of seven tried on the H200 that
