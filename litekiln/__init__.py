@@ -31,6 +31,7 @@ def __getattr__(name: str):  # lazy: `import litekiln` stays cheap for the runti
 
         return Interpreter
     if name == "load_model":
+        import litekiln.ops  # noqa: F401  (registers the op checks load_model runs)
         from litekiln.model import load_model
 
         return load_model

@@ -161,11 +161,20 @@ def test_conv_input_rank() -> None:
 
 
 def test_complex64_tensor() -> None:
+    """complex64 tensors load (RFFT2D makes them, litekiln.ops.spectral); an op that does
+    not take them refuses them by its own type rule, as LiteRT's ADD does."""
     model = single_op_model("ADD", [TensorSpec([2], "complex64"), TensorSpec([2], "complex64")])
     with pytest.raises(ModelValidationError, match="complex64") as info:
         load_model(model)
-    assert info.value.rule == "tensor-dtype"
+    assert info.value.rule == "dtype"
     assert litert_refuses(model)
+
+
+def test_complex128_tensor() -> None:
+    model = single_op_model("ADD", [TensorSpec([2], "complex128"), TensorSpec([2], "complex128")])
+    with pytest.raises(ModelValidationError, match="complex128") as info:
+        load_model(model)
+    assert info.value.rule == "tensor-dtype"
 
 
 # -- conv family -----------------------------------------------------------------------------

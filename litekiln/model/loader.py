@@ -61,8 +61,10 @@ _TENSOR_TYPE_OPTIONS = {
 _MAX_TENSOR_TYPE = 22
 
 #: Element types litekiln cannot run: no op of the numpy reference or of the GPU path takes
-#: them (LiteRT runs a handful of complex ops, e.g. RFFT2D, that litekiln does not have).
+#: them. complex64 is the exception (`_RUNNABLE`): the CPU's spectral ops (RFFT2D and the
+#: ops that read its output, :mod:`litekiln.ops.spectral`) take it; complex128 no op makes.
 _UNSUPPORTED_KINDS = {"c": "complex", "O": "string"}
+_RUNNABLE = frozenset({np.dtype(np.complex64)})
 
 _FILE_IDENTIFIER = b"TFL3"
 
@@ -575,6 +577,20 @@ class _Loader:
             "graph output",
             False,
         )
+        # A tensor of no elements that no op writes and no input provides is an empty
+        # constant: TensorFlow's converter writes the shape of `tf.reshape(x, [])` so, an
+        # int32 [0] on the empty buffer (BirdNET's spectrogram framing), and LiteRT reads it.
+        written = {t for op in ops for t in op.outputs}
+        for t in tensors:
+            if (
+                t.data is None
+                and 0 in t.shape
+                and not t.is_variable
+                and t.dtype.kind != "O"
+                and t.index not in written
+                and t.index not in inputs
+            ):
+                t.data = np.empty(t.shape, t.dtype)
         sub = Subgraph(
             index,
             self.string(sg, f["name"].offset, f"name of subgraph {index}"),
@@ -628,7 +644,7 @@ def check_tensors(model_name: str, tensors: Iterable[Tensor]) -> None:
     unsupported = _UNSUPPORTED_KINDS
     for tensor in tensors:
         dtype = tensor.dtype
-        kind = unsupported.get(dtype.kind)
+        kind = unsupported.get(dtype.kind) if dtype not in _RUNNABLE else None
         if tensor.int4 and tensor.data is None:
             kind = "INT4 activation"  # (INT4 constants are unpacked to int8 at load)
         if kind is not None:

@@ -14,6 +14,7 @@ from litekiln.ops import (  # noqa: F401  (imported for their @register side eff
     conv,
     detection,
     elementwise,
+    generate,
     lstm,
     matmul,
     mediapipe,
@@ -23,6 +24,7 @@ from litekiln.ops import (  # noqa: F401  (imported for their @register side eff
     resize,
     seq_lstm,
     shape,
+    spectral,
 )
 from litekiln.ops.base import REGISTRY, Check, OpContext, OpDef, lookup, register, run_op
 from litekiln.ops.base import validate_model as validate_model

@@ -1,0 +1,237 @@
+"""RANGE, FILL, ZEROS_LIKE, RANK, BROADCAST_ARGS, ONE_HOT (litekiln/ops/generate.py) and the
+spectral ops RFFT2D, COMPLEX_ABS, REAL, IMAG and CAST from complex64 (litekiln/ops/spectral.py)
+against LiteRT: with their inputs fed at run time (the CPU reference sizes the output) and as
+constants (folded at load), and LiteRT's refusals. Before them a model holding any of these
+ops was refused at load (BirdNET's V2.4 classifier, which computes its mel spectrogram with
+RANGE and RFFT2D, among them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from oplib import Quant, Spec, check_op, run_litert, run_reference
+from tflite_builder import ModelBuilder
+
+import litekiln
+from litekiln.errors import ModelError
+
+I32, I64, F32 = np.int32, np.int64, np.float32
+
+
+def _scalars(*values: Any, dtype: Any) -> list[np.ndarray]:
+    return [np.asarray(v, dtype) for v in values]
+
+
+@pytest.mark.parametrize(
+    ("start", "limit", "delta", "dtype"),
+    [
+        (0, 10, 1, I32),
+        (3, 18, 4, I32),  # (a last step past the limit: 4 values)
+        (10, -5, -3, I32),
+        (0, 5000000000, 1000000000, I64),
+        (0.0, 1.0, 0.1, F32),  # float32 sums accumulate rounding, as the kernel's
+        (-2.5, 100.25, 0.37, F32),
+        (5.0, -1.0, -0.5, F32),
+    ],
+)
+def test_range_fed_at_run_time(start: Any, limit: Any, delta: Any, dtype: Any) -> None:
+    res = check_op("RANGE", _scalars(start, limit, delta, dtype=dtype), tol=0)
+    assert res.litert[0].dtype == dtype
+
+
+def test_range_of_constants_folds_at_load() -> None:
+    """The shape arithmetic of an STFT's framing: RANGE of constants is a constant once
+    loaded, of the length it computes (the file declares a placeholder), its values
+    LiteRT's."""
+    b = ModelBuilder()
+    x = b.input("x", [4])
+    r = b.op(
+        "RANGE",
+        [np.asarray(0, I32), np.asarray(511, I32), np.asarray(1, I32)],
+        out_shape=[1],  # (a converter's placeholder: LiteRT sizes it at Prepare)
+        out_dtype="int32",
+    )
+    y = b.op("MUL", [r, np.asarray(139, I32)], out_dtype="int32", out_shape=[1])
+    b.output(y, x)
+    model = b.build()
+    graph = litekiln.load_model(model).main
+    (out, _) = graph.outputs
+    assert graph.tensors[out].shape == (511,)
+    assert graph.ops[0].folded  # (the MUL writes a graph output: it stays an op)
+    feeds = [np.zeros(4, F32)]
+    np.testing.assert_array_equal(run_reference(model, feeds)[0], run_litert(model, feeds)[0])
+
+
+@pytest.mark.parametrize(
+    ("start", "limit", "delta"), [(0, 10, 0), (0, 10, -1), (10, 0, 2)], ids=str
+)
+def test_range_refuses_what_litert_refuses(start: int, limit: int, delta: int) -> None:
+    b = ModelBuilder()
+    x = b.input("x", [1])
+    r = b.op("RANGE", _scalars(start, limit, delta, dtype=I32), out_shape=[1], out_dtype="int32")
+    b.output(r, x)
+    model = b.build()
+    with pytest.raises(Exception):  # noqa: B017 - LiteRT's is a RuntimeError
+        run_litert(model, [np.zeros(1, F32)])
+    with pytest.raises(ModelError, match="delta"):
+        litekiln.load_model(model)
+
+
+@pytest.mark.parametrize(
+    ("value", "dims"),
+    [
+        (np.asarray(1.5, F32), [2, 3]),
+        (np.asarray(-7, I32), [4]),
+        (np.asarray(9, I64), [1, 2, 2]),
+        (np.asarray(True), [3]),
+    ],
+    ids=lambda v: str(v),
+)
+def test_fill(value: np.ndarray, dims: list[int]) -> None:
+    check_op("FILL", [np.asarray(dims, I32), value], tol=0)  # dims fed: sized at run time
+    check_op("FILL", [value], consts={0: np.asarray(dims, I64)}, tol=0)  # folded at load
+
+
+def test_fill_quantized_copies_the_stored_value() -> None:
+    q = Quant(scale=0.5, zero_point=3)
+    value = Spec([], "int8", q, np.asarray(-20, np.int8))
+    check_op("FILL", [value], consts={0: np.asarray([2, 2], I32)}, out_quant=q, qtol=0)
+
+
+@pytest.mark.parametrize("dtype", [F32, I32, I64])
+def test_zeros_like(dtype: Any) -> None:
+    x = (np.arange(12).reshape(3, 4) - 5).astype(dtype)
+    check_op("ZEROS_LIKE", [x], tol=0)
+
+
+@pytest.mark.parametrize("shape", [[], [5], [2, 3, 4, 1]], ids=str)
+def test_rank(shape: list[int]) -> None:
+    check_op("RANK", [np.zeros(shape, F32)], out_dtype="int32", out_shape=[])
+
+
+@pytest.mark.parametrize(
+    ("a", "b"), [([2, 1, 3], [4, 1]), ([1], [5, 6]), ([7, 1], [1, 9]), ([3], [3])], ids=str
+)
+@pytest.mark.parametrize("dtype", [I32, I64])
+def test_broadcast_args(a: list[int], b: list[int], dtype: Any) -> None:
+    check_op("BROADCAST_ARGS", [np.asarray(a, dtype), np.asarray(b, dtype)], tol=0)
+
+
+def test_broadcast_args_refuses_shapes_that_do_not_broadcast() -> None:
+    b = ModelBuilder()
+    x = b.input("x", [1])
+    y = b.op(
+        "BROADCAST_ARGS",
+        [np.asarray([2, 3], I32), np.asarray([4], I32)],
+        out_shape=[2],
+        out_dtype="int32",
+    )
+    b.output(y, x)
+    with pytest.raises(ModelError, match="do not broadcast"):
+        litekiln.load_model(b.build())
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+@pytest.mark.parametrize(
+    ("on", "off"),
+    [(np.asarray(1.0, F32), np.asarray(0.0, F32)), (np.asarray(5, I32), np.asarray(-1, I32))],
+    ids=["float", "int32"],
+)
+@pytest.mark.parametrize("idx_dtype", [I32, I64])
+def test_one_hot(axis: int, on: np.ndarray, off: np.ndarray, idx_dtype: Any) -> None:
+    idx = np.asarray([[0, 3, 1], [4, -1, 2]], idx_dtype)  # 4 and -1: outside depth 4, all off
+    check_op("ONE_HOT", [idx], {"axis": axis}, consts={1: np.asarray(4, I32), 2: on, 3: off}, tol=0)
+
+
+def test_one_hot_depth_fed_at_run_time() -> None:
+    idx = np.asarray([2, 0, 1], I32)
+    check_op(
+        "ONE_HOT",
+        [idx, np.asarray(3, I32)],
+        {"axis": -1},
+        consts={2: np.asarray(1.0, F32), 3: np.asarray(0.0, F32)},
+        tol=0,
+    )
+
+
+def _spectral_model(x_shape: list[int], fft: tuple[int, int], then: str) -> bytes:
+    """x -> RFFT2D(fft_length) -> ``then`` (REAL, IMAG, COMPLEX_ABS, or CAST to float32)."""
+    b = ModelBuilder()
+    x = b.input("x", x_shape)
+    spec = b.op(
+        "RFFT2D",
+        [x, np.asarray(fft, I32)],
+        out_shape=[*x_shape[:-2], fft[0], fft[1] // 2 + 1],
+        out_dtype="complex64",
+    )
+    options = {"in_data_type": "COMPLEX64", "out_data_type": "FLOAT32"} if then == "CAST" else None
+    y = b.op(then, [spec], out_dtype="float32", options=options)
+    b.output(y)
+    return b.build()
+
+
+@pytest.mark.parametrize("then", ["REAL", "IMAG", "COMPLEX_ABS", "CAST"])
+@pytest.mark.parametrize(
+    ("x_shape", "fft"),
+    [
+        ([1, 1, 8, 64], (8, 64)),
+        ([2, 3, 16], (4, 32)),  # cropped to 4 rows, zero-padded to 32 columns
+        ([1, 5, 1, 2048], (1, 2048)),  # BirdNET's frames: 2048-point transforms
+    ],
+    ids=str,
+)
+def test_rfft2d_against_litert(then: str, x_shape: list[int], fft: tuple[int, int]) -> None:
+    model = _spectral_model(x_shape, fft, then)
+    x = np.random.default_rng(len(x_shape)).uniform(-1, 1, x_shape).astype(F32)
+    (lit,) = run_litert(model, [x])
+    (ref,) = run_reference(model, [x])
+    assert ref.shape == lit.shape and ref.dtype == lit.dtype == F32
+    # (LiteRT's Ooura FFT and numpy's, both in double, stored as float32)
+    np.testing.assert_allclose(ref, lit, atol=1e-5 * max(1.0, float(np.abs(lit).max())))
+
+
+def test_rfft2d_runs_on_the_cpu_beside_the_gpu_partition() -> None:
+    """A spectrogram before a network: RFFT2D and the complex64 ops stay on the CPU (so
+    does the small network after them here: the placement's cost model keeps a 3-op
+    partition between CPU ops there), and the whole matches LiteRT through the GPU path's
+    interpreter."""
+    from litekiln.artifact.compiled import CompileOptions
+    from litekiln.compiler.driver import plan_partitions
+
+    b = ModelBuilder()
+    x = b.input("x", [1, 4, 1, 64])
+    spec = b.op("RFFT2D", [x, np.asarray([1, 64], I32)], out_shape=[1, 4, 1, 33],
+                out_dtype="complex64")  # fmt: skip
+    mag = b.op("COMPLEX_ABS", [spec], out_dtype="float32")
+    w = np.random.default_rng(0).uniform(-1, 1, [8, 33]).astype(F32)
+    flat = b.op("RESHAPE", [mag, np.asarray([4, 33], I32)], out_shape=[4, 33])
+    y = b.op("FULLY_CONNECTED", [flat, w, None], out_shape=[4, 8])
+    b.output(b.op("LOGISTIC", [y]))
+    model = b.build()
+    plan = plan_partitions(litekiln.load_model(model), CompileOptions())
+    for i in (0, 1):  # RFFT2D, COMPLEX_ABS
+        assert plan.cpu_reasons[i] == "no GPU form in litekiln", plan.cpu_reasons
+    xv = np.random.default_rng(1).uniform(-1, 1, [1, 4, 1, 64]).astype(F32)
+    interp = litekiln.Interpreter(model_content=model, use_cache=False)
+    interp.allocate_tensors()
+    (ours,) = interp.run([xv])
+    (lit,) = run_litert(model, [xv])
+    np.testing.assert_allclose(ours, lit, atol=1e-5)
+
+
+def test_an_empty_constant_shape_reshapes_to_a_scalar() -> None:
+    """TensorFlow's converter writes ``tf.reshape(x, [])``'s shape as an int32 [0] on the
+    empty buffer, which no op writes (BirdNET): an empty constant, as LiteRT reads it."""
+    b = ModelBuilder()
+    x = b.input("x", [1])
+    empty = b.tensor("shape", [0], "int32")  # (no data, no producer)
+    y = b.op("RESHAPE", [x, empty], out_shape=[])
+    b.output(y)
+    model = b.build()
+    feeds = [np.asarray([2.5], F32)]
+    (ref,) = run_reference(model, feeds)
+    (lit,) = run_litert(model, feeds)
+    assert ref.shape == lit.shape == ()
+    assert ref == lit
