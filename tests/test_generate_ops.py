@@ -1,9 +1,10 @@
-"""RANGE, FILL, ZEROS_LIKE, RANK, BROADCAST_ARGS, ONE_HOT (litekiln/ops/generate.py) and the
-spectral ops RFFT2D, COMPLEX_ABS, REAL, IMAG and CAST from complex64 (litekiln/ops/spectral.py)
-against LiteRT: with their inputs fed at run time (the CPU reference sizes the output) and as
-constants (folded at load), and LiteRT's refusals. Before them a model holding any of these
-ops was refused at load (BirdNET's V2.4 classifier, which computes its mel spectrogram with
-RANGE and RFFT2D, among them)."""
+"""Ops that LiteRT runs and litekiln refused at load, against LiteRT: RANGE, FILL,
+ZEROS_LIKE, RANK, BROADCAST_ARGS, ONE_HOT (litekiln/ops/generate.py); RFFT2D, COMPLEX_ABS,
+REAL, IMAG and CAST from complex64 (litekiln/ops/spectral.py); SPACE_TO_BATCH_ND,
+BATCH_TO_SPACE_ND (litekiln/ops/shape.py); LOCAL_RESPONSE_NORMALIZATION
+(litekiln/ops/reduce.py). With inputs fed at run time (the CPU reference sizes the output)
+and as constants (folded at load), and LiteRT's refusals. BirdNET's V2.4 classifier, which
+computes its mel spectrogram with RANGE and RFFT2D, was among the models refused."""
 
 from __future__ import annotations
 
@@ -235,3 +236,49 @@ def test_an_empty_constant_shape_reshapes_to_a_scalar() -> None:
     (lit,) = run_litert(model, feeds)
     assert ref.shape == lit.shape == ()
     assert ref == lit
+
+
+@pytest.mark.parametrize(
+    ("shape", "block", "pads"),
+    [
+        ([1, 4, 4, 3], [2, 2], [[0, 0], [0, 0]]),
+        ([2, 5, 7, 2], [2, 3], [[1, 0], [0, 2]]),  # padded to 6x9
+        ([1, 6, 4], [3], [[0, 3]]),  # rank 3: [batch, space, depth]
+    ],
+    ids=str,
+)
+def test_space_to_batch_and_back(shape: list[int], block: list[int], pads: list[list[int]]) -> None:
+    x = np.random.default_rng(3).uniform(-1, 1, shape).astype(F32)
+    blocks = {1: np.asarray(block, I32), 2: np.asarray(pads, I32)}
+    s2b = check_op("SPACE_TO_BATCH_ND", [x], consts=blocks, tol=0)
+    check_op("BATCH_TO_SPACE_ND", [s2b.litert[0]], consts=blocks, tol=0)  # (the pads as crops)
+
+
+def test_space_to_batch_quantized_pads_with_the_zero_point() -> None:
+    q = Quant(scale=0.1, zero_point=-5)
+    x = Spec([1, 3, 3, 2], "int8", q)
+    consts = {1: np.asarray([2, 2], I32), 2: np.asarray([[1, 0], [0, 1]], I32)}
+    check_op("SPACE_TO_BATCH_ND", [x], consts=consts, out_quant=q, qtol=0)
+
+
+def test_batch_to_space_refuses_a_batch_the_blocks_do_not_divide() -> None:
+    b = ModelBuilder()
+    x = b.input("x", [3, 2, 2, 1])
+    y = b.op(
+        "BATCH_TO_SPACE_ND",
+        [x, np.asarray([2, 2], I32), np.zeros([2, 2], I32)],
+        out_shape=[1, 4, 4, 1],
+    )
+    b.output(y)
+    with pytest.raises(ModelError, match="does not divide"):
+        litekiln.load_model(b.build())
+
+
+@pytest.mark.parametrize(
+    ("radius", "bias", "alpha", "beta"),
+    [(2, 1.0, 1e-4, 0.75), (5, 2.0, 0.5, 0.5), (0, 1.0, 1.0, 1.0)],
+)
+def test_local_response_normalization(radius: int, bias: float, alpha: float, beta: float) -> None:
+    x = Spec([1, 3, 4, 16], low=-3, high=3)
+    options = {"radius": radius, "bias": bias, "alpha": alpha, "beta": beta}
+    check_op("LOCAL_RESPONSE_NORMALIZATION", [x], options, tol=(1e-6, 2e-6))

@@ -1,4 +1,4 @@
-"""Reductions and normalisations: MEAN/SUM/REDUCE_*, SOFTMAX, LOG_SOFTMAX, ARG_MAX/MIN."""
+"""Reductions and normalisations: MEAN/SUM/REDUCE_*, SOFTMAX, LOG_SOFTMAX, ARG_MAX/MIN, LRN."""
 
 from __future__ import annotations
 
@@ -476,3 +476,36 @@ class L2Normalization(OpDef):
         x = required(ctx, inputs, 0).astype(np.float64)
         norm = np.maximum(np.sqrt((x * x).sum(axis=-1, keepdims=True)), 1e-6)
         return [(x / norm).astype(np.float32)]
+
+
+@register
+class LocalResponseNormalization(OpDef):
+    """AlexNet's and the first GoogLeNet's normalisation across channels (older models
+    converted from TensorFlow keep it): each value divided by
+    ``(bias + alpha * sum of the squares of its channel window) ** beta``."""
+
+    name = "LOCAL_RESPONSE_NORMALIZATION"
+    num_inputs = (1, 1)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """local_response_norm.cc: a rank-4 float32 input; the output of its shape."""
+        super().validate(c)
+        x = c.input(0)
+        c.rank(x, 4, None, "input")
+        c.dtype(x, FLOAT32, "input")
+        c.same_dtype(c.output(), x, "output")
+        c.output_shape(x.shape)
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        """The kernel's window: channels ``c - radius`` to ``c + radius`` (TensorFlow's
+        ``depth_radius``), clipped to the map; the power in float32."""
+        x = np.asarray(required(ctx, inputs, 0), np.float32)
+        o = ctx.options
+        r = int(o.get("radius", 0))
+        bias, alpha, beta = (np.float32(o.get(k, 0.0)) for k in ("bias", "alpha", "beta"))
+        sq = np.pad(np.square(x, dtype=np.float64), [(0, 0)] * 3 + [(r, r)])
+        window = np.lib.stride_tricks.sliding_window_view(sq, 2 * r + 1, axis=-1).sum(-1)
+        scale = (bias + alpha * window.astype(np.float32)).astype(np.float32)
+        return [(x * np.power(scale, -beta)).astype(np.float32)]

@@ -1180,6 +1180,138 @@ class SpaceToDepth(_Movement):
         return [y.reshape(n, h // bs, w // bs, c * bs * bs)]
 
 
+def _block_operands(c: Check, what: str) -> tuple[list[int], list[int]] | None:
+    """SPACE_TO_BATCH_ND's and BATCH_TO_SPACE_ND's common rules (space_to_batch_nd.cc,
+    batch_to_space_nd.cc): an input of rank 3 or 4 and the output of its type, quantized as
+    it (an int16 one with zero point 0); an int32 block shape of one value per spatial
+    dimension (rank - 2) and int32 paddings or crops of shape [rank - 2, 2]. Returns (block
+    shape, paddings or crops flattened), None where they are not constants."""
+    x, block_t, pads_t, y = c.input(0), c.input(1), c.input(2), c.output()
+    c.rank(x, 3, 4, "input")
+    c.same_dtype(y, x, "output")
+    if x.type_name in QUANTIZED:
+        _same_quantization(c, y, x, "output")
+        q = x.quantization
+        if x.type_name == "int16" and q is not None and int(q.zero_point[0]) != 0:
+            raise c.fail("zero-point", f"int16 input {x.name!r} has zero point {q.zero_point[0]}")
+    m = len(x.shape) - 2
+    if block_t.shape != (m,):
+        raise c.fail("block-shape", f"block shape {list(block_t.shape)}: expected [{m}]")
+    if pads_t.shape != (m, 2):
+        raise c.fail("shape", f"{what} {list(pads_t.shape)}: expected [{m}, 2]")
+    block = _ints(c, block_t, "block shape", frozenset({"int32"}))
+    pads = _ints(c, pads_t, what, frozenset({"int32"}))
+    if block is None or pads is None:
+        return None
+    if 0 in block:
+        raise c.fail("block-shape", f"block shape {block} has a 0")
+    return block, pads
+
+
+def _as_4d(
+    x: np.ndarray, block: list[int], pairs: list[list[int]]
+) -> tuple[np.ndarray, list[int], list[list[int]]]:
+    """A rank-3 input as LiteRT's kernels take it: [batch, space, 1, depth], with a block of
+    1 and no padding or crop along the added dimension."""
+    if x.ndim == 3:
+        return x[:, :, None, :], [*block, 1], [*pairs, [0, 0]]
+    return x, block, pairs
+
+
+@register
+class SpaceToBatchNd(_Movement):
+    """TensorFlow's ``space_to_batch_nd``: the spatial dimensions padded, then each cut into
+    blocks whose positions go to the batch (older TensorFlow exports write it around the
+    atrous convolutions of DeepLab-style models)."""
+
+    name = "SPACE_TO_BATCH_ND"
+    versions = (1, 4)
+    num_inputs = (3, 3)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """space_to_batch_nd.cc: `_block_operands`; each padded spatial dimension divides by
+        its block; the output's batch is the input's times the blocks."""
+        super().validate(c)
+        got = _block_operands(c, "paddings")
+        if got is None:
+            return  # sized at run time
+        block, pads = got
+        x = c.input(0)
+        if min(pads) < 0:
+            raise c.fail("paddings", f"paddings {pads} has a negative value")
+        shape = [x.shape[0] * math.prod(block)]
+        for i, b in enumerate(block):
+            size = x.shape[i + 1] + pads[2 * i] + pads[2 * i + 1]
+            if size % b:
+                raise c.fail(
+                    "block-shape", f"padded dimension {i + 1} ({size}) does not divide by {b}"
+                )
+            shape.append(size // b)
+        c.output_shape((*shape, x.shape[-1]))
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        """Pad (with the zero point of a quantized input: its stored zero), split each
+        spatial dimension into (size / block, block), move the blocks before the batch."""
+        x = required(ctx, inputs, 0)
+        block = [int(v) for v in int_input(ctx, inputs, 1).reshape(-1)]
+        pads = int_input(ctx, inputs, 2).reshape(-1, 2).tolist()
+        q = ctx.input_tensor(0).quantization  # type: ignore[union-attr]
+        fill = int(q.zero_point[0]) if q is not None and x.dtype.kind in "iu" else 0
+        x4, (bh, bw), pads = _as_4d(x, block, pads)
+        p = np.pad(x4, [(0, 0), *map(tuple, pads), (0, 0)], constant_values=fill)
+        n, h, w, d = p.shape
+        y = p.reshape(n, h // bh, bh, w // bw, bw, d).transpose(2, 4, 0, 1, 3, 5)
+        return [y.reshape(ctx.output_tensor().shape)]
+
+
+@register
+class BatchToSpaceNd(_Movement):
+    """TensorFlow's ``batch_to_space_nd``, SPACE_TO_BATCH_ND's inverse: the batch's blocks
+    back into the spatial dimensions, then cropped."""
+
+    name = "BATCH_TO_SPACE_ND"
+    versions = (1, 4)
+    num_inputs = (3, 3)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """batch_to_space_nd.cc: `_block_operands`; crops not negative; the batch divides by
+        the blocks; each spatial dimension times its block less its crops."""
+        super().validate(c)
+        got = _block_operands(c, "crops")
+        if got is None:
+            return  # sized at run time
+        block, crops = got
+        x = c.input(0)
+        if min(crops) < 0:
+            raise c.fail("crops", f"crops {crops} has a negative value")
+        batch = x.shape[0]
+        shape = []
+        for i, b in enumerate(block):
+            if batch % b:
+                raise c.fail("block-shape", f"batch {x.shape[0]} does not divide by {block}")
+            batch //= b
+            size = x.shape[i + 1] * b - crops[2 * i] - crops[2 * i + 1]
+            if size < 0:
+                raise c.fail("crops", f"crops {crops} remove more than dimension {i + 1} holds")
+            shape.append(size)
+        c.output_shape((batch, *shape, x.shape[-1]))
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        x = required(ctx, inputs, 0)
+        block = [int(v) for v in int_input(ctx, inputs, 1).reshape(-1)]
+        crops = int_input(ctx, inputs, 2).reshape(-1, 2).tolist()
+        x4, (bh, bw), ((top, bottom), (left, right)) = _as_4d(x, block, crops)
+        b, h, w, d = x4.shape
+        n = b // (bh * bw)
+        y = x4.reshape(bh, bw, n, h, w, d).transpose(2, 3, 0, 4, 1, 5)
+        y = y.reshape(n, h * bh, w * bw, d)[:, top : h * bh - bottom, left : w * bw - right]
+        return [np.ascontiguousarray(y).reshape(ctx.output_tensor().shape)]
+
+
 @register
 class Pack(_Movement):
     name = "PACK"
