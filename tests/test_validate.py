@@ -376,6 +376,33 @@ def test_softmax_int8_output_parameters() -> None:
     refused(model, "quantization-params", 0, "SOFTMAX")
 
 
+def test_per_channel_fc_weights_with_a_zero_point() -> None:
+    """LiteRT's per-channel FULLY_CONNECTED never reads its weights' zero points (it takes them
+    as 0): weights with another are refused, naming the channel, where the float view would
+    compute something else than LiteRT (the differential fuzzer's case 1840, seed 31)."""
+    zps = [0, 0, -128, 0]
+    w = TensorSpec(
+        [4, 8], "int8", Quant([0.01, 0.02, 0.03, 0.04], zps, 0),
+        data=np.arange(32, dtype=np.int8).reshape(4, 8),
+    )  # fmt: skip
+    model = single_op_model(
+        "FULLY_CONNECTED",
+        [TensorSpec([1, 8], "int8", Quant(0.1, 3))],
+        consts={1: w},
+        out_shape=[1, 4],
+        out_quant=Quant(0.5, -2),
+        version=4,
+    )
+    with pytest.raises(ModelValidationError, match="-128 at channel 2") as info:
+        load_model(model)
+    assert info.value.rule == "quantization-zero-point"
+    zps[2] = 0  # symmetric weights load
+    w.quant = Quant([0.01, 0.02, 0.03, 0.04], zps, 0)
+    load_model(single_op_model("FULLY_CONNECTED", [TensorSpec([1, 8], "int8", Quant(0.1, 3))],
+                               consts={1: w}, out_shape=[1, 4], out_quant=Quant(0.5, -2),
+                               version=4))  # fmt: skip
+
+
 def test_option_with_an_unknown_tensor_type() -> None:
     model = single_op_model(
         "FULLY_CONNECTED",

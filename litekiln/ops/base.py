@@ -271,10 +271,14 @@ class Check:
         """Every zero point of ``t`` is ``value`` (symmetric quantization)."""
         q = t.quantization
         if q is not None and q.zero_point_range != (value, value):
+            zps = q.zero_point.tolist()
+            if len(zps) == 1:
+                got = f"zero point {zps[0]}"
+            else:
+                i = next(i for i, z in enumerate(zps) if z != value)
+                got = f"{len(zps)} zero points, {zps[i]} at channel {i}"
             raise self.fail(
-                "quantization-zero-point",
-                f"{role} {t.name!r} has zero point {q.zero_point.tolist()[:4]}, the kernel "
-                f"needs {value}",
+                "quantization-zero-point", f"{role} {t.name!r} has {got}, the kernel needs {value}"
             )
 
     def activation(self) -> int:

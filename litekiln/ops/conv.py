@@ -893,6 +893,9 @@ class FullyConnected(_ConvLike):
                         f"weights {w.name!r}: per-channel scales need an int8/int16 input and "
                         f"{units} scales along dimension 0",
                     )
+                # FullyConnectedPerChannel takes the weights as symmetric: it never reads
+                # their zero points (fully_connected.cc), so only 0 means what it computes.
+                c.zero_point(w, 0, "weights")
             else:
                 check_bias_scale(c, x, w, bias, y)
             check_activation_range(c, y)
