@@ -15,6 +15,7 @@ from litekiln.ops import (  # noqa: F401  (imported for their @register side eff
     detection,
     elementwise,
     generate,
+    indexed,
     lstm,
     matmul,
     mediapipe,

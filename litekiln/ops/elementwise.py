@@ -239,6 +239,60 @@ class SquaredDifference(BinaryOp):
         return [np.clip(raw, -128, 127).astype(np.int8)]
 
 
+@register
+class Atan2(BinaryOp):
+    """``atan2(y, x)`` elementwise (atan2.cc: float32 or float64 inputs of one shape; no
+    broadcasting)."""
+
+    name = "ATAN2"
+    fn = staticmethod(np.arctan2)
+    dtypes = frozenset({"float32", "float64"})
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        super().validate(c)
+        c.same_shape(c.input(1), c.input(0), "x", "y")
+
+
+_SHIFTABLE = frozenset({"int8", "uint8", "int16", "uint16", "int32", "uint32"})
+
+
+def _right_shift(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """right_shift.cc: the shift clamped to 0 .. bits - 1, arithmetic for signed types."""
+    bits = x.dtype.itemsize * 8
+    return np.right_shift(x, np.clip(y, 0, bits - 1).astype(x.dtype)).astype(x.dtype)
+
+
+class _BitOp(BinaryOp):
+    """Bit operations on the stored integers (right_shift.cc, bitwise_xor.cc): inputs of
+    one integer type, broadcast, the output of their type; any quantization is ignored, as
+    the kernels ignore it."""
+
+    quant_aware = True
+    dtypes = _SHIFTABLE
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        super(BinaryOp, cls).validate(c)  # (OpDef's: no quantization rules)
+        x, z = c.input(0), c.input(1)
+        c.dtype(x, cls.dtypes, "input")
+        c.same_dtype(z, x, "input 1", "input 0")
+        c.output_dtype(x.dtype)
+        c.output_shape(broadcast_shape(c, x, z))
+
+
+@register
+class RightShift(_BitOp):
+    name = "RIGHT_SHIFT"
+    fn = staticmethod(_right_shift)
+
+
+@register
+class BitwiseXor(_BitOp):
+    name = "BITWISE_XOR"
+    fn = staticmethod(np.bitwise_xor)
+
+
 def _floor_div(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """floor_div.h: ``floor(double(x) / double(y))`` (numpy's float32 floor_divide can differ:
     1 // 0.1f is 9 in both, but floor(1 / 0.1f) in float32 is 10)."""

@@ -201,6 +201,13 @@ class ReduceAny(_Reduce):
     dtypes = frozenset({"bool"})
 
 
+@register
+class ReduceAll(_Reduce):
+    name = "REDUCE_ALL"
+    fn = staticmethod(np.all)
+    dtypes = frozenset({"bool"})
+
+
 def _softmax(x: np.ndarray, beta: float) -> np.ndarray:
     z = (x.astype(np.float64) - x.max(axis=-1, keepdims=True)) * beta
     e = np.exp(z)

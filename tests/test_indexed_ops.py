@@ -1,0 +1,119 @@
+"""DYNAMIC_UPDATE_SLICE, SCATTER_ND, SEGMENT_SUM, UNSORTED_SEGMENT_*, BUCKETIZE, MATRIX_DIAG,
+MATRIX_SET_DIAG, REVERSE_SEQUENCE (litekiln/ops/indexed.py), ATAN2, RIGHT_SHIFT, BITWISE_XOR
+(litekiln/ops/elementwise.py) and REDUCE_ALL (litekiln/ops/reduce.py) against LiteRT; each
+was refused at load before. Inputs fed at run time and, where the output's size depends on
+them, as constants too."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from oplib import Quant, Spec, check_op
+
+I32, I64, F32 = np.int32, np.int64, np.float32
+RNG = np.random.default_rng(7)
+
+
+@pytest.mark.parametrize(
+    ("start", "dtype"),
+    [([1, 2], F32), ([-3, 9], F32), ([0, 0], I32), ([2, 5], I64)],  # (clamped to fit)
+    ids=str,
+)
+def test_dynamic_update_slice(start: list[int], dtype: Any) -> None:
+    x = RNG.uniform(-5, 5, [4, 7]).astype(dtype)
+    upd = RNG.uniform(-5, 5, [2, 3]).astype(dtype)
+    check_op("DYNAMIC_UPDATE_SLICE", [x, upd, np.asarray(start, I32)], tol=0)
+
+
+def test_dynamic_update_slice_of_a_quantized_cache() -> None:
+    """An int8 key-value cache updated in place: the stored integers are copied."""
+    q = Quant(0.05, 2)
+    check_op(
+        "DYNAMIC_UPDATE_SLICE",
+        [Spec([1, 8, 4], "int8", q), Spec([1, 1, 4], "int8", q), np.asarray([0, 3, 0], I64)],
+        out_quant=q,
+        qtol=0,
+    )
+
+
+@pytest.mark.parametrize("dtype", [F32, I32])
+def test_scatter_nd(dtype: Any) -> None:
+    idx = np.asarray([[0, 1], [2, 3], [0, 1]], I32)  # (0, 1) twice: the updates add up
+    upd = RNG.uniform(-3, 3, [3, 5]).astype(dtype)
+    check_op("SCATTER_ND", [idx, upd], consts={2: np.asarray([3, 4, 5], I32)}, tol=1e-6)
+
+
+def test_scatter_nd_rows_fed_at_run_time() -> None:
+    check_op(
+        "SCATTER_ND",
+        [np.asarray([[3], [1]], I32), RNG.uniform(-1, 1, [2, 4]).astype(F32),
+         np.asarray([5, 4], I32)],
+        tol=0,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "op", ["UNSORTED_SEGMENT_SUM", "UNSORTED_SEGMENT_PROD", "UNSORTED_SEGMENT_MAX",
+           "UNSORTED_SEGMENT_MIN"],
+)  # fmt: skip
+@pytest.mark.parametrize("dtype", [F32, I32])
+def test_unsorted_segments(op: str, dtype: Any) -> None:
+    data = RNG.uniform(-4, 4, [6, 3]).astype(dtype)
+    ids = np.asarray([2, 0, -1, 2, 4, 0], I32)  # -1 skipped; segments 1 and 3 stay initial
+    check_op(op, [data, ids], consts={2: np.asarray(5, I32)}, tol=1e-6)
+
+
+def test_segment_sum() -> None:
+    data = RNG.uniform(-4, 4, [5, 2, 3]).astype(F32)
+    check_op("SEGMENT_SUM", [data], consts={1: np.asarray([0, 0, 1, 2, 2], I32)}, tol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [F32, I32, I64])
+def test_bucketize(dtype: Any) -> None:
+    x = np.asarray([[-10, 0, 1, 2.5], [3, 4, 99, 1]]).astype(dtype)  # (values on boundaries)
+    check_op("BUCKETIZE", [x], {"boundaries": [0.0, 1.0, 3.0, 10.0]}, out_dtype="int32", tol=0)
+
+
+@pytest.mark.parametrize("dtype", [F32, I32])
+def test_matrix_diag(dtype: Any) -> None:
+    check_op("MATRIX_DIAG", [RNG.uniform(-2, 2, [2, 3, 4]).astype(dtype)], tol=0)
+
+
+@pytest.mark.parametrize("shape", [[3, 3], [2, 3, 5], [4, 2]], ids=str)
+def test_matrix_set_diag(shape: list[int]) -> None:
+    x = RNG.uniform(-2, 2, shape).astype(F32)
+    d = RNG.uniform(-2, 2, [*shape[:-2], min(shape[-2:])]).astype(F32)
+    check_op("MATRIX_SET_DIAG", [x, d], tol=0)
+
+
+@pytest.mark.parametrize(("seq_dim", "batch_dim"), [(1, 0), (0, 1), (2, 0)])
+def test_reverse_sequence(seq_dim: int, batch_dim: int) -> None:
+    x = RNG.uniform(-2, 2, [3, 4, 5]).astype(F32)
+    lengths = np.asarray([4, 0, 1, 3, 2][: x.shape[batch_dim]], I32)
+    lengths = np.minimum(lengths, x.shape[seq_dim])
+    check_op("REVERSE_SEQUENCE", [x, lengths], {"seq_dim": seq_dim, "batch_dim": batch_dim}, tol=0)
+
+
+def test_atan2() -> None:
+    y = RNG.uniform(-3, 3, [4, 5]).astype(F32)
+    x = RNG.uniform(-3, 3, [4, 5]).astype(F32)
+    x[0, :2] = 0.0
+    check_op("ATAN2", [y, x], tol=(1e-6, 1e-6))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "int32", "uint32"])
+def test_bit_ops(dtype: str) -> None:
+    info = np.iinfo(dtype)
+    x = RNG.integers(info.min, info.max, [3, 4], endpoint=True).astype(dtype)
+    shifts = np.asarray([-1 if info.min < 0 else 0, 0, 3, info.bits + 4]).astype(dtype)
+    check_op("RIGHT_SHIFT", [x, shifts], tol=0)  # (shifts broadcast per column, clamped)
+    y = RNG.integers(info.min, info.max, [3, 4], endpoint=True).astype(dtype)
+    check_op("BITWISE_XOR", [x, y], tol=0)
+
+
+@pytest.mark.parametrize("keep_dims", [False, True])
+def test_reduce_all(keep_dims: bool) -> None:
+    x = RNG.uniform(0, 1, [3, 4, 2]) > 0.2
+    check_op("REDUCE_ALL", [x], {"keep_dims": keep_dims}, consts={1: np.asarray([1], I32)})
