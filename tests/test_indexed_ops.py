@@ -1,5 +1,6 @@
 """DYNAMIC_UPDATE_SLICE, SCATTER_ND, SEGMENT_SUM, UNSORTED_SEGMENT_*, BUCKETIZE, MATRIX_DIAG,
-MATRIX_SET_DIAG, REVERSE_SEQUENCE (litekiln/ops/indexed.py), ATAN2, RIGHT_SHIFT, BITWISE_XOR
+MATRIX_SET_DIAG, REVERSE_SEQUENCE (litekiln/ops/indexed.py), NON_MAX_SUPPRESSION_V4/V5
+(litekiln/ops/nms.py), ATAN2, RIGHT_SHIFT, BITWISE_XOR
 (litekiln/ops/elementwise.py) and REDUCE_ALL (litekiln/ops/reduce.py) against LiteRT; each
 was refused at load before. Inputs fed at run time and, where the output's size depends on
 them, as constants too."""
@@ -117,3 +118,40 @@ def test_bit_ops(dtype: str) -> None:
 def test_reduce_all(keep_dims: bool) -> None:
     x = RNG.uniform(0, 1, [3, 4, 2]) > 0.2
     check_op("REDUCE_ALL", [x], {"keep_dims": keep_dims}, consts={1: np.asarray([1], I32)})
+
+
+def _boxes(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    corner = rng.uniform(0, 1, [n, 2])
+    size = rng.uniform(0.05, 0.4, [n, 2])
+    boxes = np.concatenate([corner, corner + size], axis=1).astype(F32)
+    boxes[::5] = boxes[::5][:, [2, 3, 0, 1]]  # (some given as (max, min): the kernel sorts them)
+    scores = rng.uniform(0, 1, n).astype(F32)
+    scores[3] = scores[7] = scores[11] = 0.9  # ties: the heap's order picks among them
+    return boxes, scores
+
+
+@pytest.mark.parametrize("iou", [0.3, 0.5, 1.0])
+@pytest.mark.parametrize("max_out", [5, 20])
+def test_non_max_suppression_v4(iou: float, max_out: int) -> None:
+    boxes, scores = _boxes(40, int(iou * 10) + max_out)
+    check_op(
+        "NON_MAX_SUPPRESSION_V4",
+        [boxes, scores],
+        consts={2: np.asarray(max_out, I32), 3: np.asarray(iou, F32), 4: np.asarray(0.2, F32)},
+        outputs=[Spec([max_out], "int32"), Spec([], "int32")],
+        tol=0,
+    )
+
+
+@pytest.mark.parametrize("sigma", [0.0, 0.5])
+def test_non_max_suppression_v5_soft(sigma: float) -> None:
+    boxes, scores = _boxes(30, 3)
+    check_op(
+        "NON_MAX_SUPPRESSION_V5",
+        [boxes, scores],
+        consts={2: np.asarray(12, I32), 3: np.asarray(0.6, F32), 4: np.asarray(0.1, F32),
+                5: np.asarray(sigma, F32)},
+        outputs=[Spec([12], "int32"), Spec([12], "float32"), Spec([], "int32")],
+        tol=(1e-6, 1e-6),
+    )  # fmt: skip

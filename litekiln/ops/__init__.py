@@ -19,6 +19,7 @@ from litekiln.ops import (  # noqa: F401  (imported for their @register side eff
     lstm,
     matmul,
     mediapipe,
+    nms,
     pool,
     quant,
     reduce,
