@@ -54,6 +54,25 @@ def ops_md() -> str:
         limits = f"{cls.gpu_max_version} / {cls.gpu_quant_max_version}" if cls.gpu else ""
         emit = "yes" if name in lower.EMITTERS else ""
         rows.append(f"| `{name}` | {gpu} | {vers} | {limits} | {emit} |")
+    from litekiln.model.schema_tables import BUILTIN_OPERATORS
+
+    missing = sorted(
+        n for n in set(BUILTIN_OPERATORS.values()) - set(REGISTRY)
+        if n not in ("CUSTOM", "DELEGATE", "PLACEHOLDER_FOR_GREATER_OP_CODES")
+    )  # fmt: skip
+    rows += [
+        "",
+        "## Not supported",
+        "",
+        "Builtin ops of the TFLite schema that litekiln has no implementation of, not even on",
+        "the CPU: a model holding one is refused at load, naming the op (`WARNING: op code #N",
+        "cannot be handled by this delegate.` is for ops that run on the CPU instead). Most are",
+        "legacy (hash tables, LSH projections, the resource variables of stateful models) or",
+        "StableHLO ops no converter in use writes; an output whose size only run time knows",
+        "(UNIQUE, WHERE) has no place in litekiln's static plans.",
+        "",
+        ", ".join(f"`{n}`" for n in missing),
+    ]
     return "\n".join(rows) + "\n"
 
 

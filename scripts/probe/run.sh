@@ -23,6 +23,7 @@ while read -r line; do
   if [ ! -f "$OUT/$NAME_.tflite" ] && ! grep -q " $NAME_ " "$OUT/conv.log" 2>/dev/null; then
     case $line in  # Keras through the TFLite converter (tensorflow-cpu), the rest litert-torch
       *'"lib":"keras'*) CONV=("$PY" scripts/probe/convert_keras.py) ;;
+      *'"lib":"wheel'*) CONV=("$PY" scripts/probe/from_wheel.py) ;;  # a model a wheel ships
       *) CONV=("$TORCH_PY" scripts/probe/convert.py) ;;
     esac
     timeout 900 "${CONV[@]}" "$OUT" "$line" 2>/dev/null \
