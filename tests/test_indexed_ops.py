@@ -1,6 +1,6 @@
 """DYNAMIC_UPDATE_SLICE, SCATTER_ND, SEGMENT_SUM, UNSORTED_SEGMENT_*, BUCKETIZE, MATRIX_DIAG,
 MATRIX_SET_DIAG, REVERSE_SEQUENCE (litekiln/ops/indexed.py), NON_MAX_SUPPRESSION_V4/V5
-(litekiln/ops/nms.py), ATAN2, RIGHT_SHIFT, BITWISE_XOR
+(litekiln/ops/nms.py), ATAN2, RIGHT_SHIFT, BITWISE_XOR, FAKE_QUANT
 (litekiln/ops/elementwise.py) and REDUCE_ALL (litekiln/ops/reduce.py) against LiteRT; each
 was refused at load before. Inputs fed at run time and, where the output's size depends on
 them, as constants too."""
@@ -155,3 +155,11 @@ def test_non_max_suppression_v5_soft(sigma: float) -> None:
         outputs=[Spec([12], "int32"), Spec([12], "float32"), Spec([], "int32")],
         tol=(1e-6, 1e-6),
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "bits"), [(-1.0, 1.0, 8), (-0.3, 5.7, 8), (-6.0, 0.0, 4), (0.0, 2.5, 16)]
+)
+def test_fake_quant(lo: float, hi: float, bits: int) -> None:
+    x = Spec([4, 33], low=lo - 1, high=hi + 1)
+    check_op("FAKE_QUANT", [x], {"min": lo, "max": hi, "num_bits": bits}, tol=(1e-6, 1e-6))

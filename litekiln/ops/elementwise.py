@@ -293,6 +293,50 @@ class BitwiseXor(_BitOp):
     fn = staticmethod(np.bitwise_xor)
 
 
+@register
+class FakeQuant(OpDef):
+    """Quantization simulated in float (older quantization-aware-trained models keep it):
+    each value clamped to the nudged range and rounded to its grid (fake_quant.cc, after
+    TensorFlow's FakeQuantWithMinMaxArgs), in float32 as the kernel computes."""
+
+    name = "FAKE_QUANT"
+    versions = (1, 2)
+    num_inputs = (1, 1)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """A float32 input, the output its shape; narrow_range refused (LiteRT's Prepare:
+        "only meant to be applied to weights"); num_bits 2-16 and min < max (the kernel's
+        checks in debug builds; beyond, its grid is undefined)."""
+        super().validate(c)
+        x = c.input(0)
+        c.dtype(x, FLOAT32, "input")
+        o = c.op.options
+        if o.get("narrow_range"):
+            raise c.fail("option-value", "narrow_range: LiteRT runs FakeQuant without it only")
+        bits, lo, hi = int(o.get("num_bits", 0)), float(o.get("min", 0)), float(o.get("max", 0))
+        if not 2 <= bits <= 16 or not lo < hi:
+            raise c.fail("option-value", f"num_bits {bits}, min {lo}, max {hi}")
+        c.output_dtype(x.dtype)
+        c.output_shape(x.shape)
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        f = np.float32
+        x = np.asarray(required(ctx, inputs, 0), f)
+        o = ctx.options
+        lo, hi = f(o.get("min", 0.0)), f(o.get("max", 0.0))
+        qmax = f((1 << int(o.get("num_bits", 8))) - 1)
+        scale = f((hi - lo) / qmax)  # NudgeQuantizationRange, quant_min 0
+        zp_from_min = f(f(0.0) - f(lo / scale))
+        zp = f(np.clip(qmath.round_half_away(zp_from_min), 0, qmax))
+        nudged_min, nudged_max = f((f(0.0) - zp) * scale), f((qmax - zp) * scale)
+        inv = f(f(1.0) / scale)
+        shifted = (np.minimum(nudged_max, np.maximum(nudged_min, x)) - nudged_min).astype(f)
+        steps = qmath.round_half_away((shifted * inv).astype(f)).astype(f)
+        return [((steps * scale).astype(f) + nudged_min).astype(f)]
+
+
 def _floor_div(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """floor_div.h: ``floor(double(x) / double(y))`` (numpy's float32 floor_divide can differ:
     1 // 0.1f is 9 in both, but floor(1 / 0.1f) in float32 is 10)."""
