@@ -193,28 +193,61 @@ def test_rfft2d_against_litert(then: str, x_shape: list[int], fft: tuple[int, in
     np.testing.assert_allclose(ref, lit, atol=1e-5 * max(1.0, float(np.abs(lit).max())))
 
 
-def test_rfft2d_runs_on_the_cpu_beside_the_gpu_partition() -> None:
-    """A spectrogram before a network: RFFT2D and the complex64 ops stay on the CPU (so
-    does the small network after them here: the placement's cost model keeps a 3-op
-    partition between CPU ops there), and the whole matches LiteRT through the GPU path's
-    interpreter."""
+def _stft_model(then: str, frame: int, fft: tuple[int, int]) -> bytes:
+    """Frames [1, 6, 1, frame] -> RFFT2D(fft) -> SQUEEZE -> ``then`` -> a FULLY_CONNECTED and
+    LOGISTIC: an audio model's spectrogram before its network."""
+    b = ModelBuilder()
+    x = b.input("x", [1, 6, 1, frame])
+    k = fft[1] // 2 + 1
+    spec = b.op("RFFT2D", [x, np.asarray(fft, I32)], out_shape=[1, 6, fft[0], k],
+                out_dtype="complex64")  # fmt: skip
+    if fft[0] == 1:
+        spec = b.op("SQUEEZE", [spec], out_shape=[1, 6, k], out_dtype="complex64",
+                    options={"squeeze_dims": [2]})  # fmt: skip
+    opts = {"in_data_type": "COMPLEX64", "out_data_type": "FLOAT32"} if then == "CAST" else None
+    real = b.op(then, [spec], out_dtype="float32", options=opts)
+    w = np.random.default_rng(0).uniform(-0.1, 0.1, [8, k]).astype(F32)
+    flat = b.op("RESHAPE", [real, np.asarray([6 * fft[0], k], I32)], out_shape=[6 * fft[0], k])
+    y = b.op("FULLY_CONNECTED", [flat, w, None], out_shape=[6 * fft[0], 8])
+    b.output(b.op("LOGISTIC", [y]))
+    return b.build()
+
+
+@pytest.mark.parametrize("then", ["REAL", "IMAG", "COMPLEX_ABS", "CAST"])
+@pytest.mark.parametrize("frame", [64, 48, 80])  # (the transform zero-pads 48, crops 80)
+def test_an_stft_runs_on_the_gpu_as_dft_products(then: str, frame: int) -> None:
+    """An RFFT2D over single rows, read only through moves to its real part, imaginary part
+    or magnitude, becomes FULLY_CONNECTEDs with the DFT's matrices at load (BirdNET's
+    spectrogram): no complex tensor left, the whole model on the GPU, LiteRT's values."""
     from litekiln.artifact.compiled import CompileOptions
     from litekiln.compiler.driver import plan_partitions
 
-    b = ModelBuilder()
-    x = b.input("x", [1, 4, 1, 64])
-    spec = b.op("RFFT2D", [x, np.asarray([1, 64], I32)], out_shape=[1, 4, 1, 33],
-                out_dtype="complex64")  # fmt: skip
-    mag = b.op("COMPLEX_ABS", [spec], out_dtype="float32")
-    w = np.random.default_rng(0).uniform(-1, 1, [8, 33]).astype(F32)
-    flat = b.op("RESHAPE", [mag, np.asarray([4, 33], I32)], out_shape=[4, 33])
-    y = b.op("FULLY_CONNECTED", [flat, w, None], out_shape=[4, 8])
-    b.output(b.op("LOGISTIC", [y]))
-    model = b.build()
+    model = _stft_model(then, frame, (1, 64))
+    graph = litekiln.load_model(model).main
+    assert not any(op.name == "RFFT2D" for op in graph.live_ops())
+    assert not any(t.dtype.kind == "c" for t in graph.tensors)
+    plan = plan_partitions(litekiln.load_model(model), CompileOptions())
+    assert not plan.cpu_reasons, plan.cpu_reasons
+    xv = np.random.default_rng(1).uniform(-1, 1, [1, 6, 1, frame]).astype(F32)
+    interp = litekiln.Interpreter(model_content=model, use_cache=False)
+    interp.allocate_tensors()
+    (ours,) = interp.run([xv])
+    (lit,) = run_litert(model, [xv])
+    np.testing.assert_allclose(ours, lit, atol=1e-5)
+
+
+def test_a_2d_transform_stays_on_the_cpu() -> None:
+    """An RFFT2D over several rows is no single product: it and its complex64 ops run on
+    the CPU (the reference), the network after it as the placement decides; LiteRT's
+    values."""
+    from litekiln.artifact.compiled import CompileOptions
+    from litekiln.compiler.driver import plan_partitions
+
+    model = _stft_model("COMPLEX_ABS", 64, (4, 64))
     plan = plan_partitions(litekiln.load_model(model), CompileOptions())
     for i in (0, 1):  # RFFT2D, COMPLEX_ABS
         assert plan.cpu_reasons[i] == "no GPU form in litekiln", plan.cpu_reasons
-    xv = np.random.default_rng(1).uniform(-1, 1, [1, 4, 1, 64]).astype(F32)
+    xv = np.random.default_rng(1).uniform(-1, 1, [1, 6, 1, 64]).astype(F32)
     interp = litekiln.Interpreter(model_content=model, use_cache=False)
     interp.allocate_tensors()
     (ours,) = interp.run([xv])

@@ -44,6 +44,11 @@ log = logging.getLogger("litekiln")
 #: of a small constant would otherwise put a large array into the model): beyond it, the op
 #: stays an op that computes its output at run time.
 GROWTH_BYTES = 1 << 20
+#: ... and integer results (index tables) by this many: an op that reads indices computed at
+#: run time stays on the CPU (GATHER's GPU form needs them constant), so a table of an
+#: STFT's frame positions (BirdNET's 511 x 1024 int32: 2 MB, from a RANGE and a broadcast
+#: ADD) is worth its bytes in the compiled model.
+INDEX_GROWTH_BYTES = 8 << 20
 
 
 def check_and_fold(model: Model) -> None:
@@ -130,7 +135,8 @@ def _small_enough(op: Op, graph: Subgraph, results: list[np.ndarray]) -> bool:
     constants = [graph.tensors[t].data for t in op.inputs if t >= 0]
     read = sum(int(c.nbytes) for c in constants if c is not None)
     written = sum(int(r.nbytes) for r in results)
-    if written <= read + GROWTH_BYTES:
+    indices = all(r.dtype.kind in "iu" for r in results)
+    if written <= read + (INDEX_GROWTH_BYTES if indices else GROWTH_BYTES):
         return True
     log.debug("%s not folded: %d bytes of constants from %d", op.describe(), written, read)
     return False
