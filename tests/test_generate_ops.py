@@ -315,3 +315,12 @@ def test_local_response_normalization(radius: int, bias: float, alpha: float, be
     x = Spec([1, 3, 4, 16], low=-3, high=3)
     options = {"radius": radius, "bias": bias, "alpha": alpha, "beta": beta}
     check_op("LOCAL_RESPONSE_NORMALIZATION", [x], options, tol=(1e-6, 2e-6))
+
+
+def test_a_warm_start_rewrites_the_stft_as_a_compile_does() -> None:
+    """A warm start that skipped the op registry would read the RFFT2D the compile made DFT
+    products, and miss its entry: a model holding one loads with the registry's rewrites."""
+    from litekiln.loading import _rewritten_at_load
+    from litekiln.model import load_model
+
+    assert _rewritten_at_load(load_model(_stft_model("REAL", 64, (1, 64)), validate=False))
