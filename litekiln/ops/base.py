@@ -721,6 +721,20 @@ def required(ctx: OpContext, inputs: Sequence[np.ndarray | None], i: int) -> np.
     return x
 
 
+def as_planned(ctx: OpContext, y: np.ndarray, i: int = 0) -> np.ndarray:
+    """Output ``i``'s value ``y`` where its shape is the one planned at load; else the refusal,
+    naming both. An op whose output size depends on values computed at run time (a RANGE of
+    a fed limit, a FILL of fed dims) keeps the shape the model declares: litekiln plans
+    static shapes."""
+    out = ctx.output_tensor(i)
+    if y.shape != out.shape:
+        raise ctx.fail(
+            f"computes an output of shape {list(y.shape)} from values known only at run time; "
+            f"the model declares {list(out.shape)}, and litekiln plans static shapes"
+        )
+    return y
+
+
 def int_input(ctx: OpContext, inputs: Sequence[np.ndarray | None], i: int) -> np.ndarray:
     """An input that must be present (shape, axis, paddings...) as an int64 array."""
     return np.asarray(required(ctx, inputs, i)).astype(np.int64)

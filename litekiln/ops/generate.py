@@ -21,20 +21,9 @@ import math
 import numpy as np
 
 from litekiln.model.ir import Tensor
-from litekiln.ops.base import Check, OpContext, OpDef, register, required
+from litekiln.ops.base import Check, OpContext, OpDef, as_planned, register, required
 
 _INDEX_TYPES = frozenset({"int32", "int64"})
-
-
-def _fits_declared(ctx: OpContext, y: np.ndarray) -> np.ndarray:
-    """``y`` where its shape is the output's planned one; else the refusal, naming both."""
-    out = ctx.output_tensor()
-    if y.shape != out.shape:
-        raise ctx.fail(
-            f"computes an output of shape {list(y.shape)} from values known only at run time; "
-            f"the model declares {list(out.shape)}, and litekiln plans static shapes"
-        )
-    return y
 
 
 def _scalar(t: Tensor) -> int | float | None:
@@ -65,7 +54,7 @@ class Range(OpDef):
         c.output_dtype(start.dtype)
         values = [_scalar(t) for t in (start, limit, delta)]
         if any(v is None for v in values):
-            return  # sized at run time: the declared shape is trusted (`_fits_declared`)
+            return  # sized at run time: the declared shape is trusted (`as_planned`)
         c.output_shape((_count(c.fail, start.dtype, *values),))
 
     @classmethod
@@ -83,7 +72,7 @@ class Range(OpDef):
         if n:
             steps[0] = start
         y = np.add.accumulate(steps, dtype=dtype) if n else steps
-        return [_fits_declared(ctx, y)]
+        return [as_planned(ctx, y)]
 
 
 def _count(fail, dtype: np.dtype, start, limit, delta) -> int:  # noqa: ANN001
@@ -143,7 +132,7 @@ class Fill(OpDef):
         if any(d < 0 for d in dims):
             raise ctx.fail(f"dims {dims} has a negative dimension")
         value = np.asarray(required(ctx, inputs, 1))
-        return [_fits_declared(ctx, np.full(dims, value.reshape(()), value.dtype))]
+        return [as_planned(ctx, np.full(dims, value.reshape(()), value.dtype))]
 
 
 @register
@@ -279,4 +268,4 @@ class OneHot(OpDef):
             (depth,) + (1,) * (idx.ndim - axis)
         )
         y = np.where(hot, on, off).astype(on.dtype)
-        return [_fits_declared(ctx, y)]
+        return [as_planned(ctx, y)]

@@ -17,20 +17,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from litekiln.ops.base import Check, OpContext, OpDef, register, required
+from litekiln.ops.base import Check, OpContext, OpDef, as_planned, register, required
 
 _INDEX_TYPES = frozenset({"int32", "int64"})
-
-
-def _sized(ctx: OpContext, y: np.ndarray) -> np.ndarray:
-    """``y`` where its shape is the output's planned one; else the refusal, naming both."""
-    out = ctx.output_tensor()
-    if y.shape != out.shape:
-        raise ctx.fail(
-            f"computes an output of shape {list(y.shape)} from values known only at run time; "
-            f"the model declares {list(out.shape)}, and litekiln plans static shapes"
-        )
-    return y
 
 
 @register
@@ -129,7 +118,7 @@ class ScatterNd(OpDef):
             np.logical_or.at(y, tuple(flat.T), rows)
         else:
             np.add.at(y, tuple(flat.T), rows)
-        return [_sized(ctx, y)]
+        return [as_planned(ctx, y)]
 
 
 class _Segments(OpDef):
@@ -182,7 +171,7 @@ class _Segments(OpDef):
         y = np.full((n, *rest), cls.initial(x.dtype), x.dtype)
         keep = ids >= 0
         cls.ufunc.at(y, ids[keep], rows[keep])
-        return [_sized(ctx, y)]
+        return [as_planned(ctx, y)]
 
 
 @register
@@ -256,7 +245,7 @@ class SegmentSum(OpDef):
         last = _sorted_ids(lambda _r, m: ctx.fail(m), ids)
         y = np.zeros((last + 1, *x.shape[1:]), x.dtype)
         np.add.at(y, ids.astype(np.int64), x)
-        return [_sized(ctx, y)]
+        return [as_planned(ctx, y)]
 
 
 def _sorted_ids(fail, ids: np.ndarray) -> int:  # noqa: ANN001

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from litekiln.ops.base import Check, OpContext, OpDef, register, required
+from litekiln.ops.base import Check, OpContext, OpDef, as_planned, register, required
 
 _F = np.float32
 
@@ -177,11 +177,6 @@ class _NonMaxSuppression(OpDef):
         fail: Callable[[str], Exception] = ctx.fail
         if size < 0:
             raise fail(f"max_output_size {size} is negative")
-        if ctx.output_tensor(0).shape != (size,):
-            raise fail(
-                f"selects up to {size} boxes (max_output_size, known only at run time); the "
-                f"model declares {list(ctx.output_tensor(0).shape)}"
-            )
         sigma = float(v[5].reshape(-1)[0]) if len(v) == 6 else 0.0
         if sigma < 0:
             raise fail(f"soft_nms_sigma {sigma} is negative")
@@ -189,6 +184,7 @@ class _NonMaxSuppression(OpDef):
             v[0], v[1], size, float(v[3].reshape(-1)[0]), float(v[4].reshape(-1)[0]), sigma
         )
         count = np.asarray(n, np.int32)
+        as_planned(ctx, idx)  # (max_output_size fed at run time: the declared size must hold)
         return [idx, sc, count] if len(v) == 6 else [idx, count]
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from litekiln.model.ir import Op, Subgraph
 from litekiln.model.loader import check_graph
 from litekiln.model.schema import builtin_code
-from litekiln.ops.base import Check, OpContext, OpDef, register, required
+from litekiln.ops.base import Check, OpContext, OpDef, as_planned, register, required
 
 log = logging.getLogger("litekiln")
 
@@ -59,14 +59,7 @@ class Rfft2d(OpDef):
         h, w = (int(v) for v in np.asarray(required(ctx, inputs, 1)).reshape(-1))
         _powers_of_two(lambda _r, m: ctx.fail(m), h, w)
         # (the kernel crops each matrix to fft_length and zero-pads it, as numpy's s= does)
-        y = np.fft.rfft2(x, s=(h, w), axes=(-2, -1)).astype(np.complex64)
-        out = ctx.output_tensor()
-        if y.shape != out.shape:
-            raise ctx.fail(
-                f"computes an output of shape {list(y.shape)} from an fft_length known only at "
-                f"run time; the model declares {list(out.shape)}"
-            )
-        return [y]
+        return [as_planned(ctx, np.fft.rfft2(x, s=(h, w), axes=(-2, -1)).astype(np.complex64))]
 
 
 def _powers_of_two(fail, h: int, w: int) -> None:  # noqa: ANN001
