@@ -53,11 +53,21 @@ _RUNTIME_OPTIONS = {"validate", "use_cache", "progress", "tune", "cpu_first"}
 
 #: Ops that the op registry's load-time rewrite changes into others (`litekiln.ops.unroll`: a
 #: WHILE with a known trip count unrolled into its body's ops, a Keras 2 LSTM layer expanded
-#: into its steps' ops, a CONV_3D made a CONV_2D, an STFT's RFFT2D made DFT products): a
+#: into its steps' ops, a CONV_3D made a CONV_2D, an STFT's RFFT2D made DFT products, a basic
+#: RNN expanded into its steps): a
 #: model holding one is loaded with the registry imported, whatever the process imported
 #: before, so that its graph (and the compiled entry it keys) is the same in a `litekiln
 #: compile` and an app's start.
-_REWRITTEN_AT_LOAD = frozenset({"WHILE", "UNIDIRECTIONAL_SEQUENCE_LSTM", "CONV_3D", "RFFT2D"})
+_REWRITTEN_AT_LOAD = frozenset(
+    {
+        "WHILE",
+        "UNIDIRECTIONAL_SEQUENCE_LSTM",
+        "CONV_3D",
+        "RFFT2D",
+        "RNN",
+        "UNIDIRECTIONAL_SEQUENCE_RNN",
+    }
+)
 
 
 def open_model(

@@ -24,6 +24,7 @@ from litekiln.ops import (  # noqa: F401  (imported for their @register side eff
     quant,
     reduce,
     resize,
+    rnn,
     seq_lstm,
     shape,
     spectral,

@@ -1,0 +1,178 @@
+"""The basic recurrent cell: RNN (one step) and UNIDIRECTIONAL_SEQUENCE_RNN (a sequence),
+``h = act(x W^T + h R^T + b)`` with the hidden state in a variable tensor
+(tflite/kernels/basic_rnn.cc, unidirectional_sequence_rnn.cc; ``RnnBatchStep``).
+
+Each invocation starts from the hidden state the previous one left (zero at first); LiteRT's
+kernels write the new state back into their variable input. Float ops (float32 weights) are
+expanded at load, as a sequence LSTM is (:mod:`litekiln.ops.unroll_lstm`), into ops the GPU
+path runs: per step two FULLY_CONNECTEDs (the input's with the bias, the state's), their ADD
+and the activation (TANH, RELU, RELU6, RELU_N1_TO_1 as ops of their own), a sequence cut
+by UNPACK along its time axis and its steps' states joined by PACK; the last state is the
+variable's new value (``Subgraph.variable_updates``). The hybrid kernels (int8 weights) are
+not implemented: such a model is refused, naming it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from litekiln.model.ir import Op, Subgraph
+from litekiln.ops.base import FLOAT32, Check, OpContext, OpDef, register, required
+
+log = logging.getLogger("litekiln")
+
+_INPUT, _WEIGHTS, _RECURRENT, _BIAS, _STATE = range(5)
+#: The activations the expansion writes as ops (ActivationFunctionType codes).
+_ACTIVATION_OPS = {0: None, 1: "RELU", 2: "RELU_N1_TO_1", 3: "RELU6", 4: "TANH"}
+
+
+def _activation(x: np.ndarray, code: int) -> np.ndarray:
+    """``tensor_utils::ApplyActivationToVector``."""
+    if code == 1:
+        return np.maximum(x, 0)
+    if code == 2:
+        return np.clip(x, -1, 1)
+    if code == 3:
+        return np.clip(x, 0, 6)
+    if code == 4:
+        return np.tanh(x)
+    return x
+
+
+class _Rnn(OpDef):
+    versions = (1, 3)
+    num_inputs = (5, 5)
+    #: Whether the input is a sequence (rank 3) rather than one step (rank 2).
+    sequence = False
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """basic_rnn.cc / unidirectional_sequence_rnn.cc: a float32 input ([batch, input]; a
+        sequence [time, batch, input], or batch-major); float32 weights [units, input],
+        recurrent weights [units, units] and bias [units]; a hidden state [batch, units];
+        the output [batch, units] (a sequence: one per step, as the input is laid out)."""
+        super().validate(c)
+        x, w, r, b, h = (c.input(i) for i in range(5))
+        c.dtype(x, FLOAT32, "input")
+        if w.type_name != "float32" or r.type_name != "float32":
+            raise c.fail(
+                "dtype",
+                f"weights {w.type_name} and {r.type_name}: the hybrid kernel (int8 weights) is "
+                "not implemented in litekiln, only float32 weights",
+            )
+        c.rank(x, 3 if cls.sequence else 2, None, "input")
+        c.rank(w, 2, None, "weights")
+        c.rank(r, 2, None, "recurrent weights")
+        c.rank(b, 1, None, "bias")
+        c.rank(h, 2, None, "hidden state")
+        major = bool(c.op.options.get("time_major")) if cls.sequence else True
+        batch = x.shape[1 if major and cls.sequence else 0]
+        units, depth = w.shape
+        if (
+            x.shape[-1] != depth
+            or b.shape != (units,)
+            or r.shape != (units, units)
+            or h.shape != (batch, units)
+        ):
+            raise c.fail(
+                "shape",
+                f"input {list(x.shape)}, weights {list(w.shape)}, recurrent weights "
+                f"{list(r.shape)}, bias {list(b.shape)} and hidden state {list(h.shape)} do "
+                "not fit one cell",
+            )
+        act = int(c.op.options.get("fused_activation_function", 0) or 0)
+        if act not in _ACTIVATION_OPS:
+            raise c.fail("activation", f"fused activation {act}: not one litekiln applies here")
+        c.output_dtype(np.dtype(np.float32))
+        c.output_shape((*x.shape[:-1], units) if cls.sequence else (batch, units))
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        x, w, r, b, h = (np.asarray(required(ctx, inputs, i), np.float32) for i in range(5))
+        act = int(ctx.options.get("fused_activation_function", 0) or 0)
+        major = bool(ctx.options.get("time_major")) if cls.sequence else True
+        steps = (np.moveaxis(x, 0 if major else 1, 0)) if cls.sequence else x[None]
+        outs = []
+        for xt in steps:
+            h = _activation((xt @ w.T + b) + h @ r.T, act).astype(np.float32)
+            outs.append(h)
+        if not cls.sequence:
+            return [h, h][: len(ctx.op.outputs)]
+        y = np.stack(outs, axis=0 if major else 1)
+        return [y, h][: len(ctx.op.outputs)]
+
+
+@register
+class Rnn(_Rnn):
+    name = "RNN"
+
+
+@register
+class UnidirectionalSequenceRnn(_Rnn):
+    name = "UNIDIRECTIONAL_SEQUENCE_RNN"
+    sequence = True
+
+
+def expand_rnn(op: Op, graph: Subgraph) -> bool:
+    """Replace the RNN or UNIDIRECTIONAL_SEQUENCE_RNN ``op`` by its per-step ops (module
+    docstring); whether it did. Either way its hidden state's new value is recorded: where
+    it stays whole (an activation that has no op here, weights computed at run time), its
+    last state becomes an output of its own."""
+    from litekiln.ops.control import UNROLL_MAX_OPS
+    from litekiln.ops.unroll_lstm import OpBuilder
+
+    sequence = op.name == "UNIDIRECTIONAL_SEQUENCE_RNN"
+    x_t, w_t, r_t, b_t, h_var = op.inputs[:5]
+    x = graph.tensors[x_t]
+    act = int(op.options.get("fused_activation_function", 0) or 0)
+    major = bool(op.options.get("time_major")) if sequence else True
+    steps = x.shape[0 if major else 1] if sequence else 1
+    constant = all(graph.tensors[t].data is not None for t in (w_t, r_t, b_t))
+    out = graph.tensors[op.outputs[0]]
+    if not constant or 5 * steps > UNROLL_MAX_OPS:
+        why = "its weights are computed at run time" if not constant else "too many steps"
+        log.warning("%s stays whole on the CPU: %s", op.describe(), why)
+        if sequence and len(op.outputs) == 1:
+            b = OpBuilder(graph, out.name)
+            op.outputs = [*op.outputs, b.tensor("final_state", graph.tensors[h_var].shape)]
+        graph.variable_updates[h_var] = op.outputs[-1]
+        return False
+    b = OpBuilder(graph, out.name)
+    batch, units = graph.tensors[h_var].shape
+    zeros = b.const("no_bias", np.zeros(units, np.float32))
+    fc = {"fused_activation_function": 0, "weights_format": 0, "keep_num_dims": False,
+          "asymmetric_quantize_inputs": False}  # fmt: skip
+    if sequence:
+        frames = [b.tensor(f"step_{t}/x", (batch, x.shape[-1])) for t in range(steps)]
+        b.op("UNPACK", [x_t], frames, num=steps, axis=0 if major else 1)
+    else:
+        frames = [x_t]
+    h = h_var
+    states = []
+    for t, xt in enumerate(frames):
+        last = t == len(frames) - 1 and not sequence
+        xw = b.tensor(f"step_{t}/input_product", (batch, units))
+        b.op("FULLY_CONNECTED", [xt, w_t, b_t], [xw], **fc)
+        hr = b.tensor(f"step_{t}/state_product", (batch, units))
+        b.op("FULLY_CONNECTED", [h, r_t, zeros], [hr], **fc)
+        name = _ACTIVATION_OPS[act]
+        sum_t = (
+            op.outputs[0] if last and name is None else b.tensor(f"step_{t}/sum", (batch, units))
+        )
+        pre = sum_t
+        b.op("ADD", [xw, hr], [pre], fused_activation_function=0)
+        if name is not None:
+            h = op.outputs[0] if last else b.tensor(f"step_{t}/state", (batch, units))
+            b.op(name, [pre], [h])
+        else:
+            h = pre
+        states.append(h)
+        b.steps += 1
+    if sequence:
+        b.op("PACK", states, [op.outputs[0]], values_count=steps, axis=0 if major else 1)
+    graph.variable_updates[h_var] = h
+    b.replace(op)
+    log.info("%s expanded: %d steps, %d ops", op.describe(), b.steps, len(b.ops))
+    return True
