@@ -1,7 +1,8 @@
-"""RNN and UNIDIRECTIONAL_SEQUENCE_RNN (litekiln/ops/rnn.py) against LiteRT over several
-invocations: the hidden state, a variable tensor, carries from one to the next as LiteRT's
-kernels write it back. Expanded at load into per-step ops, the cell runs on the GPU path;
-both were refused at load before."""
+"""RNN, UNIDIRECTIONAL_SEQUENCE_RNN and SVDF (litekiln/ops/rnn.py) against LiteRT over
+several invocations: the hidden state (SVDF: its memory), a variable tensor, carries from one
+to the next as LiteRT's kernels write it back. Expanded at load into ops the GPU path runs
+(with weights fed at run time, an SVDF stays one op on the CPU); all three were refused at
+load before."""
 
 from __future__ import annotations
 
@@ -100,3 +101,70 @@ def test_hybrid_rnn_is_refused_naming_it() -> None:
     b.output(y)
     with pytest.raises(litekiln.ModelError, match="hybrid"):
         litekiln.load_model(b.build())
+
+
+def _svdf_model(rank: int, memory: int, bias: bool, act: str) -> bytes:
+    rng = np.random.default_rng(rank * 10 + memory)
+    units, filters = 4, 4 * rank
+    b = ModelBuilder()
+    x = b.input("x", [BATCH, DEPTH])
+    wf = b.const("wf", rng.uniform(-0.7, 0.7, [filters, DEPTH]).astype(F32))
+    wt = b.const("wt", rng.uniform(-0.7, 0.7, [filters, memory]).astype(F32))
+    bv = b.const("bias", rng.uniform(-0.5, 0.5, [units]).astype(F32)) if bias else None
+    s = b.tensor("state", [BATCH, filters * memory], "float32", is_variable=True)
+    y = b.op("SVDF", [x, wf, wt, bv, s], out_shape=[BATCH, units],
+             options={"rank": rank, "fused_activation_function": act})  # fmt: skip
+    b.output(y)
+    return b.build()
+
+
+@pytest.mark.parametrize(
+    ("rank", "memory", "bias", "act"),
+    [(1, 3, True, "RELU"), (2, 5, True, "NONE"), (1, 1, False, "TANH"), (3, 4, False, "NONE")],
+)
+@pytest.mark.parametrize("device", ["reference", "opencl"])
+def test_svdf_carries_its_memory_as_litert(
+    rank: int, memory: int, bias: bool, act: str, device: str
+) -> None:
+    """SVDF (Google's keyword spotters) over five invocations: its memory shifts one column
+    a call, as LiteRT's kernel keeps it; expanded into GPU ops at load."""
+    model = _svdf_model(rank, memory, bias, act)
+    graph = litekiln.load_model(model).main
+    assert not any(o.name == "SVDF" for o in graph.live_ops())
+    feeds = _feeds(model, 5)
+    want = _litert(model, feeds)
+    it = litekiln.Interpreter(model_content=model, device=device, use_cache=False)
+    it.allocate_tensors()
+    for k, (f, w) in enumerate(zip(feeds, want, strict=True)):
+        (got,) = it.run([f])
+        np.testing.assert_allclose(got, w, atol=2e-5, err_msg=f"invocation {k}")
+
+
+def test_svdf_with_weights_fed_at_run_time_runs_whole_on_the_cpu() -> None:
+    """Weights fed as inputs: the SVDF stays one op (the numpy reference), its new memory an
+    output of its own that the state variable takes after each invocation."""
+    rng = np.random.default_rng(3)
+    b = ModelBuilder()
+    x = b.input("x", [1, DEPTH])
+    wf = b.input("wf", [2, DEPTH])
+    wt = b.const("wt", rng.uniform(-0.7, 0.7, [2, 3]).astype(F32))
+    s = b.tensor("state", [1, 6], "float32", is_variable=True)
+    y = b.op("SVDF", [x, wf, wt, -1, s], out_shape=[1, 2],
+             options={"rank": 1, "fused_activation_function": "NONE"})  # fmt: skip
+    b.output(y)
+    model = b.build()
+    assert [o.name for o in litekiln.load_model(model).main.live_ops()] == ["SVDF"]
+    from ai_edge_litert.interpreter import Interpreter
+
+    lit = Interpreter(model_content=model)
+    lit.allocate_tensors()
+    ours = litekiln.Interpreter(model_content=model, device="reference")
+    w = rng.uniform(-1, 1, [2, DEPTH]).astype(F32)
+    for k in range(4):
+        xv = rng.uniform(-1, 1, [1, DEPTH]).astype(F32)
+        for d, v in zip(lit.get_input_details(), (xv, w), strict=True):
+            lit.set_tensor(d["index"], v)
+        lit.invoke()
+        want = lit.get_tensor(lit.get_output_details()[0]["index"])
+        (got,) = ours.run([xv, w])
+        np.testing.assert_allclose(got, want, atol=2e-5, err_msg=f"invocation {k}")

@@ -1,4 +1,5 @@
-"""The basic recurrent cell: RNN (one step) and UNIDIRECTIONAL_SEQUENCE_RNN (a sequence),
+"""Stateful cells: the basic recurrent cell, RNN (one step) and UNIDIRECTIONAL_SEQUENCE_RNN
+(a sequence), and SVDF (`Svdf`, `expand_svdf`). The basic cell computes
 ``h = act(x W^T + h R^T + b)`` with the hidden state in a variable tensor
 (tflite/kernels/basic_rnn.cc, unidirectional_sequence_rnn.cc; ``RnnBatchStep``).
 
@@ -175,4 +176,145 @@ def expand_rnn(op: Op, graph: Subgraph) -> bool:
     graph.variable_updates[h_var] = h
     b.replace(op)
     log.info("%s expanded: %d steps, %d ops", op.describe(), b.steps, len(b.ops))
+    return True
+
+
+@register
+class Svdf(OpDef):
+    """A singular-value-decomposition filter (svdf.cc; Google's keyword spotters): each of
+    ``num_units * rank`` filters projects the input (``weights_feature``) into the newest
+    column of its memory, the state, whose columns shift left by one per invocation; each
+    filter's memory is weighted over time (``weights_time``), the ranks of a unit summed, the
+    bias added, the activation applied (``EvalFloatSVDF``). Float weights only."""
+
+    name = "SVDF"
+    versions = (1, 4)
+    num_inputs = (5, 5)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """svdf.cc: a float32 input [batch, input]; float32 weights_feature [filters, input]
+        and weights_time [filters, memory]; rank > 0 dividing the filters; a bias [units]
+        (optional); the state [batch, filters * memory]; the output [batch, units]."""
+        super().validate(c)
+        x, wf, wt, h = c.input(0), c.input(1), c.input(2), c.input(4)
+        bias = c.optional(3)
+        c.dtype(x, FLOAT32, "input")
+        if wf.type_name != "float32" or wt.type_name != "float32":
+            raise c.fail(
+                "dtype",
+                f"weights {wf.type_name} and {wt.type_name}: the hybrid and integer kernels are "
+                "not implemented in litekiln, only float32 weights",
+            )
+        c.rank(x, 2, None, "input")
+        c.rank(wf, 2, None, "weights_feature")
+        c.rank(wt, 2, None, "weights_time")
+        c.rank(h, 2, None, "state")
+        rank = int(c.op.options.get("rank", 0))
+        filters, memory = wf.shape[0], wt.shape[1]
+        if rank <= 0 or filters % rank:
+            raise c.fail("option-value", f"rank {rank} for {filters} filters")
+        units, batch = filters // rank, x.shape[0]
+        if (
+            wf.shape[1] != x.shape[1]
+            or wt.shape[0] != filters
+            or (bias is not None and bias.shape != (units,))
+            or h.shape != (batch, filters * memory)
+        ):
+            raise c.fail("shape", "input, weights, bias and state do not fit one SVDF")
+        act = int(c.op.options.get("fused_activation_function", 0) or 0)
+        if act not in _ACTIVATION_OPS:
+            raise c.fail("activation", f"fused activation {act}: not one litekiln applies here")
+        c.output_dtype(np.dtype(np.float32))
+        c.output_shape((batch, units))
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        x, wf, wt = (np.asarray(required(ctx, inputs, i), np.float32) for i in range(3))
+        bias = inputs[3]
+        state = np.asarray(required(ctx, inputs, 4), np.float32)
+        rank = int(ctx.options.get("rank", 1))
+        filters, memory = wf.shape[0], wt.shape[1]
+        new = _svdf_state(state.reshape(x.shape[0], filters, memory), x @ wf.T)
+        y = (new * wt).sum(axis=2).reshape(x.shape[0], filters // rank, rank).sum(axis=2)
+        if bias is not None:
+            y = y + bias
+        act = int(ctx.options.get("fused_activation_function", 0) or 0)
+        y = _activation(y.astype(np.float32), act).astype(np.float32)
+        flat = new.reshape(state.shape).astype(np.float32)
+        return [y, flat][: len(ctx.op.outputs)]
+
+
+def _svdf_state(state: np.ndarray, newest: np.ndarray) -> np.ndarray:
+    """The memory [batch, filters, memory] shifted left one column, ``newest`` last."""
+    return np.concatenate([state[:, :, 1:], newest[:, :, None]], axis=2)
+
+
+def expand_svdf(op: Op, graph: Subgraph) -> bool:
+    """Replace the float SVDF ``op`` by ops the GPU path runs (FULLY_CONNECTED, SLICE and
+    CONCATENATION for the shifted memory, MUL and SUM for the time weights and the ranks,
+    ADD, the activation); the new memory becomes the state variable's value after each
+    invocation. Where the weights are computed at run time it stays whole (on the CPU),
+    with the new memory as an output of its own. Whether it was replaced."""
+    from litekiln.ops.unroll_lstm import OpBuilder
+
+    x_t, wf_t, wt_t, bias_t, s_var = op.inputs[:5]
+    wf, wt = graph.tensors[wf_t], graph.tensors[wt_t]
+    out = graph.tensors[op.outputs[0]]
+    b = OpBuilder(graph, out.name)
+    if wf.data is None or wt.data is None or (bias_t >= 0 and graph.tensors[bias_t].data is None):
+        log.warning("%s stays whole on the CPU: its weights are computed at run time",
+                    op.describe())  # fmt: skip
+        if len(op.outputs) == 1:
+            op.outputs = [*op.outputs, b.tensor("new_state", graph.tensors[s_var].shape)]
+        graph.variable_updates[s_var] = op.outputs[1]
+        return False
+    rank = int(op.options.get("rank", 1))
+    batch = graph.tensors[x_t].shape[0]
+    filters, memory = wf.shape[0], wt.shape[1]
+    units = filters // rank
+    fc = {"fused_activation_function": 0, "weights_format": 0, "keep_num_dims": False,
+          "asymmetric_quantize_inputs": False}  # fmt: skip
+    newest = b.tensor("newest", (batch, filters))
+    b.op("FULLY_CONNECTED", [x_t, wf_t, b.const("no_bias", np.zeros(filters, np.float32))],
+         [newest], **fc)  # fmt: skip
+    col = b.tensor("newest_column", (batch, filters, 1))
+    b.op("RESHAPE", [newest, b.const("column_shape", [batch, filters, 1], np.int32)], [col])
+    mem3 = b.tensor("memory_3d", (batch, filters, memory))
+    if memory > 1:
+        old = b.tensor("memory", (batch, filters, memory))
+        b.op("RESHAPE", [s_var, b.const("memory_shape", [batch, filters, memory], np.int32)],
+             [old])  # fmt: skip
+        kept = b.tensor("memory_kept", (batch, filters, memory - 1))
+        begin = b.const("kept_begin", [0, 0, 1], np.int32)
+        size = b.const("kept_size", [batch, filters, memory - 1], np.int32)
+        b.op("SLICE", [old, begin, size], [kept])
+        b.op("CONCATENATION", [kept, col], [mem3], axis=2, fused_activation_function=0)
+    else:
+        mem3 = col
+    state = b.tensor("new_state", (batch, filters * memory))
+    b.op("RESHAPE", [mem3, b.const("state_shape", [batch, filters * memory], np.int32)], [state])
+    weighted = b.tensor("time_weighted", (batch, filters, memory))
+    b.op("MUL", [mem3, wt_t], [weighted], fused_activation_function=0)
+    per_filter = b.tensor("per_filter", (batch, filters))
+    b.op("SUM", [weighted, b.const("time_axis", [2], np.int32)], [per_filter], keep_dims=False)
+    y = per_filter
+    if rank > 1:
+        ranks = b.tensor("ranks", (batch, units, rank))
+        b.op("RESHAPE", [per_filter, b.const("ranks_shape", [batch, units, rank], np.int32)],
+             [ranks])  # fmt: skip
+        y = b.tensor("per_unit", (batch, units))
+        b.op("SUM", [ranks, b.const("rank_axis", [2], np.int32)], [y], keep_dims=False)
+    act = _ACTIVATION_OPS[int(op.options.get("fused_activation_function", 0) or 0)]
+    if bias_t >= 0:
+        biased = op.outputs[0] if act is None else b.tensor("biased", (batch, units))
+        b.op("ADD", [y, bias_t], [biased], fused_activation_function=0)
+        y = biased
+    if act is not None:
+        b.op(act, [y], [op.outputs[0]])
+    elif y != op.outputs[0]:
+        b.op("RESHAPE", [y, b.const("out_shape", [batch, units], np.int32)], [op.outputs[0]])
+    graph.variable_updates[s_var] = state
+    b.replace(op)
+    log.info("%s expanded: %d ops", op.describe(), len(b.ops))
     return True

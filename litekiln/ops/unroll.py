@@ -41,7 +41,7 @@ from litekiln.ops.base import validate_model
 from litekiln.ops.control import callees, unroll_plan
 from litekiln.ops.conv3d_as_2d import conv3d_as_2d, conv3d_by_depth
 from litekiln.ops.fold import fold_op
-from litekiln.ops.rnn import expand_rnn
+from litekiln.ops.rnn import expand_rnn, expand_svdf
 from litekiln.ops.spectral import rfft_as_products
 from litekiln.ops.unroll_lstm import expand_sequence_lstm
 
@@ -72,6 +72,8 @@ def check_and_rewrite(model: Model) -> None:
             return  # (the products and the ops around them are checked next)
         if op.name in ("RNN", "UNIDIRECTIONAL_SEQUENCE_RNN") and expand_rnn(op, graph):
             return  # (its steps are checked next)
+        if op.name == "SVDF" and expand_svdf(op, graph):
+            return  # (its ops are checked next)
         if unrolled:
             simplify_op(op, graph)
         fold_op(op, graph)
