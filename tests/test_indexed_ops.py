@@ -1,6 +1,6 @@
 """DYNAMIC_UPDATE_SLICE, SCATTER_ND, SEGMENT_SUM, UNSORTED_SEGMENT_*, BUCKETIZE, MATRIX_DIAG,
 MATRIX_SET_DIAG, REVERSE_SEQUENCE (litekiln/ops/indexed.py), NON_MAX_SUPPRESSION_V4/V5
-(litekiln/ops/nms.py), ATAN2, RIGHT_SHIFT, BITWISE_XOR, FAKE_QUANT
+(litekiln/ops/nms.py), SPARSE_TO_DENSE, BITCAST, ATAN2, RIGHT_SHIFT, BITWISE_XOR, FAKE_QUANT
 (litekiln/ops/elementwise.py) and REDUCE_ALL (litekiln/ops/reduce.py) against LiteRT; each
 was refused at load before. Inputs fed at run time and, where the output's size depends on
 them, as constants too."""
@@ -163,3 +163,29 @@ def test_non_max_suppression_v5_soft(sigma: float) -> None:
 def test_fake_quant(lo: float, hi: float, bits: int) -> None:
     x = Spec([4, 33], low=lo - 1, high=hi + 1)
     check_op("FAKE_QUANT", [x], {"min": lo, "max": hi, "num_bits": bits}, tol=(1e-6, 1e-6))
+
+
+@pytest.mark.parametrize(
+    ("shape", "src", "dst"),
+    [([3, 4], "float32", "int32"), ([2, 3], "int32", "int8"), ([2, 4], "int16", "int64"),
+     ([5], "float32", "uint8")],
+    ids=str,
+)  # fmt: skip
+def test_bitcast(shape: list[int], src: str, dst: str) -> None:
+    x = RNG.integers(-100, 100, shape).astype(src)
+    check_op("BITCAST", [x], out_dtype=dst, tol=0)
+
+
+@pytest.mark.parametrize(
+    ("idx", "shape", "values"),
+    [
+        (np.asarray([[0, 1], [2, 3], [0, 1]], I32), [3, 4], np.asarray([1.5, -2.0, 7.0], F32)),
+        (np.asarray([4, 0, 2], I32), [6], np.asarray(3, I32)),  # a scalar value for all
+        (np.asarray([[1, 0, 2]], I64), [2, 2, 3], np.asarray([9], I64)),
+    ],
+    ids=["2d", "scalar", "int64"],
+)
+def test_sparse_to_dense(idx: np.ndarray, shape: list[int], values: np.ndarray) -> None:
+    default = np.asarray(-1, values.dtype)
+    check_op("SPARSE_TO_DENSE", [idx], consts={1: np.asarray(shape, idx.dtype), 2: values,
+             3: default}, tol=0)  # fmt: skip

@@ -67,6 +67,65 @@ class DynamicUpdateSlice(OpDef):
 
 
 @register
+class SparseToDense(OpDef):
+    """``default_value`` everywhere but at ``indices``, which take ``values`` (one each, or
+    the one scalar), later indices over earlier ones (``sparse_to_dense.cc``; an index
+    outside the output is an error)."""
+
+    name = "SPARSE_TO_DENSE"
+    versions = (1, 3)
+    num_inputs = (4, 4)
+    quant_aware = True  # the stored values, placed
+    copies_values = True
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """int32/int64 indices of rank 0-2 (rank 2: [n, output rank]); a rank-1 int32/int64
+        output shape of at most 4 dimensions; values of rank 0-1 (one per index unless a
+        scalar) and a one-element default of one type (int32, int64, int8, uint8, float32),
+        the output that type."""
+        super().validate(c)
+        idx, shape_t, values, default = (c.input(i) for i in range(4))
+        c.dtype(idx, _INDEX_TYPES, "indices")
+        c.dtype(shape_t, _INDEX_TYPES, "output shape")
+        c.dtype(values, frozenset({"int32", "int64", "int8", "uint8", "float32"}), "values")
+        c.same_dtype(default, values, "default value", "values")
+        c.rank(idx, 0, 2, "indices")
+        c.rank(shape_t, 1, None, "output shape")
+        c.rank(values, 0, 1, "values")
+        if default.size != 1:
+            raise c.fail("shape", f"default value {list(default.shape)}: one value needed")
+        n = idx.shape[0] if len(idx.shape) == 2 else idx.size
+        dims = 1 if len(idx.shape) < 2 else idx.shape[1]
+        if shape_t.shape[0] != dims or shape_t.shape[0] > 4 or (values.shape and values.size != n):
+            raise c.fail(
+                "shape",
+                f"indices {list(idx.shape)}, output shape {list(shape_t.shape)} and values "
+                f"{list(values.shape)} do not fit one another (at most 4 output dimensions)",
+            )
+        c.output_dtype(values.dtype)
+        if shape_t.data is None:
+            return  # sized at run time
+        c.output_shape(tuple(int(v) for v in np.asarray(shape_t.data).reshape(-1)))
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        idx = np.asarray(required(ctx, inputs, 0)).astype(np.int64)
+        shape = tuple(int(v) for v in np.asarray(required(ctx, inputs, 1)).reshape(-1))
+        values = np.asarray(required(ctx, inputs, 2))
+        default = np.asarray(required(ctx, inputs, 3)).reshape(-1)[0]
+        rows = idx.reshape(-1, 1) if idx.ndim < 2 else idx
+        if rows.size and ((rows < 0).any() or (rows >= np.asarray(shape)).any()):
+            raise ctx.fail(f"an index is outside the output's {list(shape)}")
+        y = np.full(shape, default, values.dtype)
+        vals = np.broadcast_to(values.reshape(-1)[:1] if values.ndim == 0 else values,
+                               (rows.shape[0],))  # fmt: skip
+        for r, v in zip(rows.tolist(), vals.tolist(), strict=True):  # (later ones win)
+            y[tuple(r)] = v
+        return [as_planned(ctx, y)]
+
+
+@register
 class ScatterNd(OpDef):
     """Zeros of ``shape`` with each update added at its index (``scatter_nd.cc``:
     repeated indices add up; an index outside the shape is an error)."""

@@ -1313,6 +1313,43 @@ class BatchToSpaceNd(_Movement):
 
 
 @register
+class Bitcast(_Movement):
+    """The bytes of the input read as the output's type (``tf.bitcast``; bitcast.cc): to a
+    narrower type a last dimension of the ratio is added, to a wider one the last dimension
+    (of the ratio) goes."""
+
+    name = "BITCAST"
+    num_inputs = (1, 1)
+    copies_values = False
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        super().validate(c)
+        x, y = c.input(0), c.output()
+        if x.dtype.kind in "OV" or y.dtype.kind in "OV" or x.int4 or y.int4:
+            raise c.fail("dtype", f"bitcast of {x.type_name} to {y.type_name}")
+        a, b = x.dtype.itemsize, y.dtype.itemsize
+        if a > b:
+            c.output_shape((*x.shape, a // b))
+        elif a < b:
+            if not x.shape or x.shape[-1] != b // a:
+                raise c.fail(
+                    "shape",
+                    f"input {list(x.shape)}: {x.type_name} to {y.type_name} needs a last "
+                    f"dimension of {b // a}",
+                )
+            c.output_shape(x.shape[:-1])
+        else:
+            c.output_shape(x.shape)
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        x = np.ascontiguousarray(required(ctx, inputs, 0))
+        out = ctx.output_tensor()
+        return [x.view(out.dtype).reshape(out.shape)]
+
+
+@register
 class Pack(_Movement):
     name = "PACK"
     gpu_extended = True
