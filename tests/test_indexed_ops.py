@@ -1,9 +1,9 @@
-"""DYNAMIC_UPDATE_SLICE, SCATTER_ND, SEGMENT_SUM, UNSORTED_SEGMENT_*, BUCKETIZE, MATRIX_DIAG,
-MATRIX_SET_DIAG, REVERSE_SEQUENCE (litekiln/ops/indexed.py), NON_MAX_SUPPRESSION_V4/V5
-(litekiln/ops/nms.py), SPARSE_TO_DENSE, BITCAST, ATAN2, RIGHT_SHIFT, BITWISE_XOR, FAKE_QUANT
-(litekiln/ops/elementwise.py) and REDUCE_ALL (litekiln/ops/reduce.py) against LiteRT; each
-was refused at load before. Inputs fed at run time and, where the output's size depends on
-them, as constants too."""
+"""Ops that LiteRT runs and litekiln refused at load, against LiteRT: DYNAMIC_UPDATE_SLICE,
+SCATTER_ND, SPARSE_TO_DENSE, SEGMENT_SUM, UNSORTED_SEGMENT_*, BUCKETIZE, MATRIX_DIAG,
+MATRIX_SET_DIAG, REVERSE_SEQUENCE (litekiln/ops/indexed.py); NON_MAX_SUPPRESSION_V4/V5
+(litekiln/ops/nms.py); BITCAST (litekiln/ops/shape.py); ATAN2, RIGHT_SHIFT, BITWISE_XOR,
+FAKE_QUANT (litekiln/ops/elementwise.py); REDUCE_ALL (litekiln/ops/reduce.py). Inputs fed
+at run time and, where the output's size depends on them, as constants too."""
 
 from __future__ import annotations
 
