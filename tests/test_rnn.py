@@ -59,6 +59,21 @@ def _litert(model: bytes, feeds: list[np.ndarray]) -> list[np.ndarray]:
     return out
 
 
+def _invocations_match_litert(
+    model: bytes, n: int, device: str
+) -> tuple[litekiln.Interpreter, list[np.ndarray], list[np.ndarray]]:
+    """``n`` invocations of litekiln on ``device`` against LiteRT's, each output within
+    2e-5; the interpreter, the inputs and LiteRT's outputs."""
+    feeds = _feeds(model, n)
+    want = _litert(model, feeds)
+    it = litekiln.Interpreter(model_content=model, device=device, use_cache=False)
+    it.allocate_tensors()
+    for k, (f, w) in enumerate(zip(feeds, want, strict=True)):
+        (got,) = it.run([f])
+        np.testing.assert_allclose(got, w, atol=2e-5, err_msg=f"invocation {k}")
+    return it, feeds, want
+
+
 @pytest.mark.parametrize(
     ("op", "act", "time_major"),
     [
@@ -78,13 +93,7 @@ def test_rnn_carries_its_state_as_litert(op: str, act: str, time_major: bool, de
     from litekiln.compiler.driver import plan_partitions
 
     assert not plan_partitions(litekiln.load_model(model), CompileOptions()).cpu_reasons
-    feeds = _feeds(model, 3)
-    want = _litert(model, feeds)
-    it = litekiln.Interpreter(model_content=model, device=device, use_cache=False)
-    it.allocate_tensors()
-    for k, (f, w) in enumerate(zip(feeds, want, strict=True)):
-        (got,) = it.run([f])
-        np.testing.assert_allclose(got, w, atol=2e-5, err_msg=f"invocation {k}")
+    it, feeds, want = _invocations_match_litert(model, 3, device)
     it.reset_all_variables()  # (back to a zero state: the first invocation again)
     (again,) = it.run([feeds[0]])
     np.testing.assert_allclose(again, want[0], atol=2e-5)
@@ -131,13 +140,7 @@ def test_svdf_carries_its_memory_as_litert(
     model = _svdf_model(rank, memory, bias, act)
     graph = litekiln.load_model(model).main
     assert not any(o.name == "SVDF" for o in graph.live_ops())
-    feeds = _feeds(model, 5)
-    want = _litert(model, feeds)
-    it = litekiln.Interpreter(model_content=model, device=device, use_cache=False)
-    it.allocate_tensors()
-    for k, (f, w) in enumerate(zip(feeds, want, strict=True)):
-        (got,) = it.run([f])
-        np.testing.assert_allclose(got, w, atol=2e-5, err_msg=f"invocation {k}")
+    _invocations_match_litert(model, 5, device)
 
 
 def test_svdf_with_weights_fed_at_run_time_runs_whole_on_the_cpu() -> None:

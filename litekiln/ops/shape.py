@@ -1205,6 +1205,8 @@ def _block_operands(c: Check, what: str) -> tuple[list[int], list[int]] | None:
         return None
     if 0 in block:
         raise c.fail("block-shape", f"block shape {block} has a 0")
+    if min(pads) < 0:
+        raise c.fail(what, f"{what} {pads} has a negative value")
     return block, pads
 
 
@@ -1230,16 +1232,15 @@ class SpaceToBatchNd(_Movement):
 
     @classmethod
     def validate(cls, c: Check) -> None:
-        """space_to_batch_nd.cc: `_block_operands`; each padded spatial dimension divides by
-        its block; the output's batch is the input's times the blocks."""
+        """space_to_batch_nd.cc: `_block_operands` (paddings not negative); each padded
+        spatial dimension divides by its block; the output's batch is the input's times the
+        blocks."""
         super().validate(c)
         got = _block_operands(c, "paddings")
         if got is None:
             return  # sized at run time
         block, pads = got
         x = c.input(0)
-        if min(pads) < 0:
-            raise c.fail("paddings", f"paddings {pads} has a negative value")
         shape = [x.shape[0] * math.prod(block)]
         for i, b in enumerate(block):
             size = x.shape[i + 1] + pads[2 * i] + pads[2 * i + 1]
@@ -1277,7 +1278,7 @@ class BatchToSpaceNd(_Movement):
 
     @classmethod
     def validate(cls, c: Check) -> None:
-        """batch_to_space_nd.cc: `_block_operands`; crops not negative; the batch divides by
+        """batch_to_space_nd.cc: `_block_operands` (crops not negative); the batch divides by
         the blocks; each spatial dimension times its block less its crops."""
         super().validate(c)
         got = _block_operands(c, "crops")
@@ -1285,8 +1286,6 @@ class BatchToSpaceNd(_Movement):
             return  # sized at run time
         block, crops = got
         x = c.input(0)
-        if min(crops) < 0:
-            raise c.fail("crops", f"crops {crops} has a negative value")
         batch = x.shape[0]
         shape = []
         for i, b in enumerate(block):
