@@ -126,6 +126,75 @@ def activations_zoo(keras: Any) -> Any:
     return keras.Model(x0, L.Dense(3, activation="log_softmax")(x))
 
 
+def stft_audio_classifier(keras: Any) -> Any:
+    """A waveform [16000] -> ``tf.signal.stft`` (400-sample frames, 160 apart, 512-point
+    transform) -> magnitude -> a mel matrix -> log -> Conv1D -> average -> softmax (an audio
+    classifier that keeps its front end inside the model)."""
+    import tensorflow as tf
+
+    class LogMel(keras.layers.Layer):  # type: ignore[misc,name-defined]
+        def call(self, wave: Any) -> Any:
+            spec = tf.abs(tf.signal.stft(wave, 400, 160, fft_length=512))
+            mel = tf.signal.linear_to_mel_weight_matrix(40, 257, 16000, 20.0, 7600.0)
+            return tf.math.log(tf.matmul(spec, mel) + 1e-6)
+
+    L = keras.layers
+    x0 = keras.Input((16000,), batch_size=1, name="wave")
+    x = L.Conv1D(32, 3, padding="same", activation="relu")(LogMel()(x0))
+    x = L.GlobalAveragePooling1D()(x)
+    return keras.Model(x0, L.Dense(10, activation="softmax")(x))
+
+
+def nms_detector(keras: Any) -> Any:
+    """An image -> a small conv head -> 64 boxes and scores -> ``tf.image
+    .non_max_suppression_padded``-style selection (NON_MAX_SUPPRESSION_V4, padded to 10)
+    -> the selected boxes (a detector that keeps its post-processing inside)."""
+    import tensorflow as tf
+
+    class Select(keras.layers.Layer):  # type: ignore[misc,name-defined]
+        def call(self, boxes: Any, scores: Any) -> Any:
+            idx, _ = tf.raw_ops.NonMaxSuppressionV4(
+                boxes=boxes[0], scores=scores[0], max_output_size=10, iou_threshold=0.5,
+                score_threshold=0.2, pad_to_max_output_size=True,
+            )  # fmt: skip
+            return tf.gather(boxes[0], idx)
+
+    L = keras.layers
+    x0 = keras.Input((32, 32, 3), batch_size=1, name="image")
+    x = L.Conv2D(16, 3, strides=2, padding="same", activation="relu")(x0)
+    x = L.Conv2D(5, 3, strides=2, padding="same")(x)  # 8x8 cells of (4 box values, score)
+    x = L.Reshape((64, 5))(x)
+    boxes = L.Activation("sigmoid")(x[..., :4])
+    scores = L.Activation("sigmoid")(x[..., 4])
+    return keras.Model(x0, Select()(boxes, scores))
+
+
+def onehot_positions(keras: Any) -> Any:
+    """Category ids [20] -> ``tf.one_hot`` (depth 50) and ``tf.range`` positions one-hot
+    too -> Dense layers (a tabular model that encodes its categories inside)."""
+    import tensorflow as tf
+
+    class Encode(keras.layers.Layer):  # type: ignore[misc,name-defined]
+        def call(self, ids: Any) -> Any:
+            pos = tf.one_hot(tf.range(tf.shape(ids)[1]), 20)
+            return tf.concat([tf.one_hot(ids, 50), pos[None]], axis=-1)
+
+    L = keras.layers
+    ids = keras.Input((20,), batch_size=1, dtype="int32", name="ids")
+    x = L.Dense(32, activation="relu")(Encode()(ids))
+    x = L.GlobalAveragePooling1D()(x)
+    return keras.Model(ids, L.Dense(3)(x))
+
+
+def simple_rnn(keras: Any) -> Any:
+    """A sequence [15, 6] -> SimpleRNN (sequences) -> SimpleRNN -> Dense."""
+    L = keras.layers
+    x0 = keras.Input((15, 6), batch_size=1, name="seq")
+    x = L.SimpleRNN(16, return_sequences=True)(x0)
+    x = L.SimpleRNN(8)(x)
+    return keras.Model(x0, L.Dense(2)(x))
+
+
 BUILDERS: dict[str, Callable[[Any], Any]] = {
     f.__name__: f
     for f in (
@@ -137,5 +206,9 @@ BUILDERS: dict[str, Callable[[Any], Any]] = {
         two_tower,
         gru_attention,
         activations_zoo,
+        stft_audio_classifier,
+        nms_detector,
+        onehot_positions,
+        simple_rnn,
     )
 }
