@@ -1,7 +1,8 @@
 """Ops that LiteRT runs and litekiln refused at load, against LiteRT: DYNAMIC_UPDATE_SLICE,
 SCATTER_ND, SPARSE_TO_DENSE, SEGMENT_SUM, UNSORTED_SEGMENT_*, BUCKETIZE, MATRIX_DIAG,
 MATRIX_SET_DIAG, REVERSE_SEQUENCE (litekiln/ops/indexed.py); NON_MAX_SUPPRESSION_V4/V5
-(litekiln/ops/nms.py); BITCAST (litekiln/ops/shape.py); ATAN2, RIGHT_SHIFT, BITWISE_XOR,
+(litekiln/ops/nms.py); BITCAST (litekiln/ops/shape.py); CONV_3D_TRANSPOSE
+(litekiln/ops/conv.py); ATAN2, RIGHT_SHIFT, BITWISE_XOR,
 FAKE_QUANT (litekiln/ops/elementwise.py); REDUCE_ALL (litekiln/ops/reduce.py). Inputs fed
 at run time and, where the output's size depends on them, as constants too."""
 
@@ -189,3 +190,39 @@ def test_sparse_to_dense(idx: np.ndarray, shape: list[int], values: np.ndarray) 
     default = np.asarray(-1, values.dtype)
     check_op("SPARSE_TO_DENSE", [idx], consts={1: np.asarray(shape, idx.dtype), 2: values,
              3: default}, tol=0)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "kernel", "out_shape", "options"),
+    [
+        ([1, 2, 3, 3, 4], [2, 2, 2], [1, 4, 6, 6, 5], {"padding": "SAME", "stride_d": 2,
+                                                       "stride_h": 2, "stride_w": 2}),
+        ([1, 3, 4, 4, 2], [3, 3, 3], [1, 3, 4, 4, 3], {"padding": "SAME", "stride_d": 1,
+                                                       "stride_h": 1, "stride_w": 1}),
+        ([2, 2, 2, 3, 3], [3, 2, 3], [2, 5, 4, 7, 2], {"padding": "VALID", "stride_d": 2,
+                                                       "stride_h": 2, "stride_w": 2}),
+        ([1, 3, 3, 3, 2], [2, 3, 2], [1, 5, 9, 5, 4], {"padding": "VALID", "stride_d": 1,
+                                                       "stride_h": 1, "stride_w": 1,
+                                                       "dilation_d_factor": 2,
+                                                       "dilation_h_factor": 3,
+                                                       "dilation_w_factor": 2}),
+    ],
+    ids=["same_s2", "same_s1", "valid_s2", "valid_dilated"],
+)  # fmt: skip
+@pytest.mark.parametrize("bias", [False, True])
+def test_conv3d_transpose(
+    x_shape: list[int],
+    kernel: list[int],
+    out_shape: list[int],
+    options: dict[str, Any],
+    bias: bool,
+) -> None:
+    """CONV_3D_TRANSPOSE (PyTorch's ConvTranspose3d), on the CPU (litekiln/ops/conv.py)."""
+    rng = np.random.default_rng(sum(x_shape))
+    w = rng.uniform(-1, 1, [*kernel, out_shape[4], x_shape[4]]).astype(F32)
+    consts: dict[int, Any] = {0: np.asarray(out_shape, I32), 1: w}
+    if bias:
+        consts[3] = rng.uniform(-1, 1, out_shape[4]).astype(F32)
+    act = "RELU" if bias else "NONE"
+    check_op("CONV_3D_TRANSPOSE", [Spec(x_shape)], {**options, "fused_activation_function": act},
+             consts=consts, out_dtype="float32", tol=1e-5)  # fmt: skip

@@ -590,6 +590,98 @@ class Conv3D(OpDef):
 
 
 @register
+class Conv3DTranspose(OpDef):
+    """CONV_3D_TRANSPOSE (conv3d_transpose.cc): the gradient of a CONV_3D, as PyTorch's
+    ``ConvTranspose3d`` and 3-D U-Nets' decoders convert. Inputs: the output shape (int32
+    [5]), the filter ``[KD, KH, KW, O, I]``, the NDHWC input, an optional bias; float32; on
+    the CPU. Each input value scatters its product with the filter's taps to the output,
+    offset by the padding of the CONV_3D that would map the output back to the input."""
+
+    name = "CONV_3D_TRANSPOSE"
+    versions = (1, 1)
+    num_inputs = (3, 4)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """Prepare's rules: a rank-1 int32 output shape of 5 values (not negative, its batch
+        the input's, its channels the filter's); rank-5 float32 input and filter, the input's
+        channels the filter's last dimension; a bias of one value per output channel; the
+        CONV_3D from that output shape to the input's dimensions (its padding, strides and
+        dilations) fits."""
+        super().validate(c)
+        shape_t, w, x = c.input(0), c.input(1), c.input(2)
+        bias = c.optional(3)
+        c.dtype(shape_t, frozenset({"int32"}), "output shape")
+        if shape_t.shape != (5,):
+            raise c.fail("shape", f"output shape {list(shape_t.shape)}: 5 values needed")
+        c.rank(x, 5, 5, "input")
+        c.rank(w, 5, 5, "filter")
+        for t, role in ((x, "input"), (w, "filter"), (c.output(), "output")):
+            c.dtype(t, FLOAT32, role)
+        if x.shape[4] != w.shape[4]:
+            raise c.fail(
+                "filter-channels",
+                f"input has {x.shape[4]} channels, the filter {list(w.shape)} takes {w.shape[4]}",
+            )
+        if bias is not None:
+            c.dtype(bias, FLOAT32, "bias")
+            if bias.size != w.shape[3]:
+                raise c.fail("bias-size", f"bias has {bias.size} values for {w.shape[3]}")
+        if shape_t.data is None:
+            return  # sized at run time
+        out = [int(v) for v in np.asarray(shape_t.data).reshape(-1)]
+        if min(out) < 0 or out[0] != x.shape[0] or out[4] != w.shape[3]:
+            raise c.fail("output-shape", f"output shape {out} for input {list(x.shape)}")
+        o = c.op.options
+        padding = int(o.get("padding", SAME))
+        for a, axis in enumerate(("depth", "height", "width")):
+            key = axis[0]
+            back = checked_out_size(
+                c, padding, out[1 + a], w.shape[a], int(o.get(f"stride_{key}", 0)),
+                int(o.get(f"dilation_{key}_factor", 1)), axis,
+            )  # fmt: skip
+            if back != x.shape[1 + a]:
+                raise c.fail(
+                    "output-shape",
+                    f"output shape {out}: its {axis} {out[1 + a]} convolves back to {back}, "
+                    f"not the input's {x.shape[1 + a]}",
+                )
+        c.output_shape(tuple(out))
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        o = ctx.options
+        out = [int(v) for v in np.asarray(required(ctx, inputs, 0)).reshape(-1)]
+        w = np.asarray(required(ctx, inputs, 1), np.float32)
+        x = np.asarray(required(ctx, inputs, 2), np.float32)
+        strides = [int(o.get(f"stride_{k}", 1)) for k in "dhw"]
+        dilations = [int(o.get(f"dilation_{k}_factor", 1) or 1) for k in "dhw"]
+        pads = [
+            pad_amounts(out[1 + a], w.shape[a], strides[a], dilations[a], x.shape[1 + a])[0]
+            for a in range(3)
+        ]
+        full = [
+            (x.shape[1 + a] - 1) * strides[a] + (w.shape[a] - 1) * dilations[a] + 1
+            for a in range(3)
+        ]
+        big = np.zeros((x.shape[0], *full, w.shape[3]), np.float32)
+        for kd in range(w.shape[0]):
+            for kh in range(w.shape[1]):
+                for kw in range(w.shape[2]):
+                    at = [k * dilations[a] for a, k in enumerate((kd, kh, kw))]
+                    region = tuple(
+                        slice(at[a], at[a] + (x.shape[1 + a] - 1) * strides[a] + 1, strides[a])
+                        for a in range(3)
+                    )
+                    big[(slice(None), *region)] += x @ w[kd, kh, kw].T
+        y = np.zeros((x.shape[0], *out[1:4], w.shape[3]), np.float32)
+        src = tuple(slice(p, min(p + n, f)) for p, n, f in zip(pads, out[1:4], full, strict=True))
+        dst = tuple(slice(0, r.stop - r.start) for r in src)
+        y[(slice(None), *dst)] = big[(slice(None), *src)]
+        return _finish(ctx, y, _optional(inputs, 3))
+
+
+@register
 class DepthwiseConv2D(_ConvLike):
     """DEPTHWISE_CONV_2D: filter 1HW(C*M); output channel ``c*M + m`` reads input channel c."""
 
