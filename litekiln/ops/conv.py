@@ -681,6 +681,150 @@ class Conv3DTranspose(OpDef):
         return _finish(ctx, y, _optional(inputs, 3))
 
 
+def _hlo_conv_geometry(o: dict, rank: int) -> dict[str, list[int]]:
+    """STABLEHLO_CONVOLUTION's options, with StableHLO's defaults for absent ones."""
+    n = rank - 2
+    return {
+        "strides": list(o.get("window_strides") or [1] * n),
+        "padding": list(o.get("padding") or [0] * (2 * n)),
+        "lhs_dilation": list(o.get("lhs_dilation") or [1] * n),
+        "rhs_dilation": list(o.get("rhs_dilation") or [1] * n),
+        "reversal": [bool(v) for v in (o.get("window_reversal") or [False] * n)],
+        "in_spatial": list(o.get("input_spatial_dimensions") or []),
+        "k_spatial": list(o.get("kernel_spatial_dimensions") or []),
+        "out_spatial": list(o.get("output_spatial_dimensions") or []),
+    }
+
+
+@register
+class StablehloConvolution(OpDef):
+    """StableHLO's general convolution, as litert-torch writes PyTorch's ConvTranspose3d
+    (an input dilated by the stride, padded, convolved with the flipped kernel) and LiteRT
+    has no kernel for: a CPU reference here (float32), so that such a model runs where
+    LiteRT refuses it. Any dimension numbers; window strides, padding (negative crops),
+    input (lhs) and kernel (rhs) dilations, window reversal and feature groups; one batch
+    group."""
+
+    name = "STABLEHLO_CONVOLUTION"
+    versions = (1, 1)
+    num_inputs = (2, 2)
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """float32 operands of one rank (3 or more) whose dimension numbers name every
+        dimension once; the options' lengths the spatial dimensions'; positive strides and
+        dilations; feature groups dividing both feature counts, one batch group; the output
+        the convolution's shape in the output's dimension order."""
+        super().validate(c)
+        x, w = c.input(0), c.input(1)
+        for t, role in ((x, "lhs"), (w, "rhs"), (c.output(), "output")):
+            c.dtype(t, FLOAT32, role)
+        rank = len(x.shape)
+        if rank < 3 or len(w.shape) != rank:
+            raise c.fail("rank", f"lhs {list(x.shape)} and rhs {list(w.shape)}: one rank >= 3")
+        o = c.op.options
+        g = _hlo_conv_geometry(o, rank)
+        n = rank - 2
+        names = {
+            "input": [int(o.get("input_batch_dimension", 0)),
+                      int(o.get("input_feature_dimension", 0)), *g["in_spatial"]],
+            "kernel": [int(o.get("kernel_output_feature_dimension", 0)),
+                       int(o.get("kernel_input_feature_dimension", 0)), *g["k_spatial"]],
+            "output": [int(o.get("output_batch_dimension", 0)),
+                       int(o.get("output_feature_dimension", 0)), *g["out_spatial"]],
+        }  # fmt: skip
+        lengths = [len(g[k]) for k in ("strides", "lhs_dilation", "rhs_dilation", "reversal")]
+        if (
+            any(sorted(v) != list(range(rank)) for v in names.values())
+            or lengths != [n] * 4
+            or len(g["padding"]) != 2 * n
+            or min(g["strides"] + g["lhs_dilation"] + g["rhs_dilation"]) <= 0
+        ):
+            raise c.fail("option-value", f"dimension numbers or window options {o}")
+        groups = int(o.get("feature_group_count", 1) or 1)
+        if int(o.get("batch_group_count", 1) or 1) != 1:
+            raise c.fail("option-value", "batch_group_count above 1 is not implemented")
+        xs = [x.shape[d] for d in names["input"]]
+        ks = [w.shape[d] for d in names["kernel"]]
+        if groups < 1 or xs[1] != ks[1] * groups or ks[0] % groups:
+            raise c.fail(
+                "feature-groups",
+                f"lhs features {xs[1]}, rhs {ks[1]} in and {ks[0]} out, {groups} groups",
+            )
+        spatial = []
+        for i in range(n):
+            size = (xs[2 + i] - 1) * g["lhs_dilation"][i] + 1
+            size += g["padding"][2 * i] + g["padding"][2 * i + 1]
+            window = (ks[2 + i] - 1) * g["rhs_dilation"][i] + 1
+            if size < window:
+                raise c.fail("window", f"spatial dimension {i}: window {window} over {size}")
+            spatial.append((size - window) // g["strides"][i] + 1)
+        canonical = [xs[0], ks[0], *spatial]
+        out = [0] * rank
+        for d, v in zip(names["output"], canonical, strict=True):
+            out[d] = v
+        c.output_shape(tuple(out))
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        o = ctx.options
+        x = np.asarray(required(ctx, inputs, 0), np.float32)
+        w = np.asarray(required(ctx, inputs, 1), np.float32)
+        rank, n = x.ndim, x.ndim - 2
+        g = _hlo_conv_geometry(o, rank)
+        lhs = x.transpose(
+            [
+                int(o.get("input_batch_dimension", 0)),
+                int(o.get("input_feature_dimension", 0)),
+                *g["in_spatial"],
+            ]
+        )
+        out_f = int(o.get("kernel_output_feature_dimension", 0))
+        in_f = int(o.get("kernel_input_feature_dimension", 0))
+        rhs = w.transpose([out_f, in_f, *g["k_spatial"]])
+        flip = tuple(2 + i for i in range(n) if g["reversal"][i])
+        if flip:
+            rhs = np.flip(rhs, flip)
+        if max(g["lhs_dilation"]) > 1:  # zeros between the input's elements
+            dil = g["lhs_dilation"]
+            sizes = [(sz - 1) * d + 1 for sz, d in zip(lhs.shape[2:], dil, strict=True)]
+            grown = np.zeros((*lhs.shape[:2], *sizes), np.float32)
+            grown[(slice(None), slice(None), *(slice(None, None, d) for d in dil))] = lhs
+            lhs = grown
+        pad = [(0, 0), (0, 0)]
+        crop = [slice(None), slice(None)]
+        for i in range(n):
+            lo, hi = g["padding"][2 * i], g["padding"][2 * i + 1]
+            pad.append((max(lo, 0), max(hi, 0)))
+            size = lhs.shape[2 + i] + max(lo, 0) + max(hi, 0)
+            crop.append(slice(max(-lo, 0), size - max(-hi, 0)))
+        lhs = np.pad(lhs, pad)[tuple(crop)]
+        groups = int(o.get("feature_group_count", 1) or 1)
+        n_out, c_in = rhs.shape[0], rhs.shape[1]
+        strides, rd = g["strides"], g["rhs_dilation"]
+        spatial = [
+            (lhs.shape[2 + i] - ((rhs.shape[2 + i] - 1) * rd[i] + 1)) // strides[i] + 1
+            for i in range(n)
+        ]
+        y = np.zeros((lhs.shape[0], n_out, *spatial), np.float32)
+        per = n_out // groups
+        for taps in np.ndindex(*rhs.shape[2:]):
+            window = tuple(
+                slice(t * rd[i], t * rd[i] + (spatial[i] - 1) * strides[i] + 1, strides[i])
+                for i, t in enumerate(taps)
+            )
+            for k in range(groups):
+                part = lhs[(slice(None), slice(k * c_in, (k + 1) * c_in), *window)]
+                kern = rhs[(slice(k * per, (k + 1) * per), slice(None), *taps)]
+                y[:, k * per : (k + 1) * per] += np.einsum("nc...,oc->no...", part, kern)
+        order = [0] * rank
+        for canonical, d in enumerate([int(o.get("output_batch_dimension", 0)),
+                                       int(o.get("output_feature_dimension", 0)),
+                                       *g["out_spatial"]]):  # fmt: skip
+            order[d] = canonical
+        return [np.ascontiguousarray(y.transpose(order))]
+
+
 @register
 class DepthwiseConv2D(_ConvLike):
     """DEPTHWISE_CONV_2D: filter 1HW(C*M); output channel ``c*M + m`` reads input channel c."""
