@@ -510,6 +510,19 @@ def conv3d_ndhwc(
     return acc.astype(np.float32).reshape(out.shape)
 
 
+def _check_3d_filter(
+    c: Check, x: Tensor, w: Tensor, bias: Tensor | None, *, in_axis: int, out_axis: int
+) -> None:
+    """CONV_3D's and CONV_3D_TRANSPOSE's filter rules: its ``in_axis`` holds the input's
+    channels; the bias (`check_bias`) one value per output channel (its ``out_axis``)."""
+    if x.shape[4] != w.shape[in_axis]:
+        raise c.fail(
+            "filter-channels",
+            f"input has {x.shape[4]} channels, the filter {list(w.shape)} takes {w.shape[in_axis]}",
+        )
+    check_bias(c, bias, x, w.shape[out_axis], "bias")
+
+
 @register
 class Conv3D(OpDef):
     """CONV_3D (conv3d.cc): float32 NDHWC input, ``[KD, KH, KW, I, O]`` filter, optional bias,
@@ -545,18 +558,7 @@ class Conv3D(OpDef):
         for t, role in ((x, "input"), (w, "filter")):
             c.dtype(t, FLOAT32, role)
         c.output_dtype(np.dtype(np.float32))
-        if x.shape[4] != w.shape[3]:
-            raise c.fail(
-                "filter-channels",
-                f"input has {x.shape[4]} channels, the filter {list(w.shape)} takes {w.shape[3]}",
-            )
-        if bias is not None:
-            c.dtype(bias, FLOAT32, "bias")
-            if bias.size != w.shape[4]:
-                raise c.fail(
-                    "bias-size",
-                    f"bias {bias.name!r} has {bias.size} values for {w.shape[4]} output channels",
-                )
+        _check_3d_filter(c, x, w, bias, in_axis=3, out_axis=4)
         o = c.op.options
         padding = int(o.get("padding", SAME))
         sizes = []
@@ -618,15 +620,7 @@ class Conv3DTranspose(OpDef):
         c.rank(w, 5, 5, "filter")
         for t, role in ((x, "input"), (w, "filter"), (c.output(), "output")):
             c.dtype(t, FLOAT32, role)
-        if x.shape[4] != w.shape[4]:
-            raise c.fail(
-                "filter-channels",
-                f"input has {x.shape[4]} channels, the filter {list(w.shape)} takes {w.shape[4]}",
-            )
-        if bias is not None:
-            c.dtype(bias, FLOAT32, "bias")
-            if bias.size != w.shape[3]:
-                raise c.fail("bias-size", f"bias has {bias.size} values for {w.shape[3]}")
+        _check_3d_filter(c, x, w, bias, in_axis=4, out_axis=3)
         if shape_t.data is None:
             return  # sized at run time
         out = [int(v) for v in np.asarray(shape_t.data).reshape(-1)]

@@ -188,10 +188,6 @@ class _Segments(OpDef):
     num_inputs = (3, 3)
     ufunc: ClassVar[np.ufunc]
 
-    @staticmethod
-    def initial(dtype: np.dtype) -> float | int:
-        raise NotImplementedError
-
     @classmethod
     def validate(cls, c: Check) -> None:
         """int32 or float32 data; int32 segment ids whose shape leads the data's; an int32
@@ -227,10 +223,22 @@ class _Segments(OpDef):
             raise ctx.fail(f"a segment id is {int(ids.max())}, of {n} segments")
         rest = x.shape[len(ctx.input_tensor(1).shape) :]  # type: ignore[union-attr]
         rows = x.reshape(ids.size, *rest)
-        y = np.full((n, *rest), cls.initial(x.dtype), x.dtype)
+        y = np.full((n, *rest), _initial(cls.ufunc, x.dtype), x.dtype)
         keep = ids >= 0
         cls.ufunc.at(y, ids[keep], rows[keep])
         return [as_planned(ctx, y)]
+
+
+def _initial(ufunc: np.ufunc, dtype: np.dtype) -> float | int:
+    """Each segment's start (``Op<T>::kInitialValue``): the sum's 0 and the product's 1 (the
+    ufuncs' identities), the lowest value for the maximum, the highest for the minimum."""
+    if ufunc.identity is not None:
+        return int(ufunc.identity)
+    if dtype.kind == "f":
+        fi = np.finfo(dtype)
+        return float(fi.min if ufunc is np.maximum else fi.max)
+    ii = np.iinfo(dtype)
+    return int(ii.min if ufunc is np.maximum else ii.max)
 
 
 @register
@@ -238,19 +246,11 @@ class UnsortedSegmentSum(_Segments):
     name = "UNSORTED_SEGMENT_SUM"
     ufunc = np.add
 
-    @staticmethod
-    def initial(dtype: np.dtype) -> float | int:
-        return 0
-
 
 @register
 class UnsortedSegmentProd(_Segments):
     name = "UNSORTED_SEGMENT_PROD"
     ufunc = np.multiply
-
-    @staticmethod
-    def initial(dtype: np.dtype) -> float | int:
-        return 1
 
 
 @register
@@ -258,19 +258,11 @@ class UnsortedSegmentMax(_Segments):
     name = "UNSORTED_SEGMENT_MAX"
     ufunc = np.maximum
 
-    @staticmethod
-    def initial(dtype: np.dtype) -> float | int:  # (std::numeric_limits<T>::lowest())
-        return float(np.finfo(dtype).min) if dtype.kind == "f" else int(np.iinfo(dtype).min)
-
 
 @register
 class UnsortedSegmentMin(_Segments):
     name = "UNSORTED_SEGMENT_MIN"
     ufunc = np.minimum
-
-    @staticmethod
-    def initial(dtype: np.dtype) -> float | int:
-        return float(np.finfo(dtype).max) if dtype.kind == "f" else int(np.iinfo(dtype).max)
 
 
 @register

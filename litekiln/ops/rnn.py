@@ -143,8 +143,6 @@ def expand_rnn(op: Op, graph: Subgraph) -> bool:
     b = OpBuilder(graph, out.name)
     batch, units = graph.tensors[h_var].shape
     zeros = b.const("no_bias", np.zeros(units, np.float32))
-    fc = {"fused_activation_function": 0, "weights_format": 0, "keep_num_dims": False,
-          "asymmetric_quantize_inputs": False}  # fmt: skip
     if sequence:
         frames = [b.tensor(f"step_{t}/x", (batch, x.shape[-1])) for t in range(steps)]
         b.op("UNPACK", [x_t], frames, num=steps, axis=0 if major else 1)
@@ -154,10 +152,8 @@ def expand_rnn(op: Op, graph: Subgraph) -> bool:
     states = []
     for t, xt in enumerate(frames):
         last = t == len(frames) - 1 and not sequence
-        xw = b.tensor(f"step_{t}/input_product", (batch, units))
-        b.op("FULLY_CONNECTED", [xt, w_t, b_t], [xw], **fc)
-        hr = b.tensor(f"step_{t}/state_product", (batch, units))
-        b.op("FULLY_CONNECTED", [h, r_t, zeros], [hr], **fc)
+        xw = b.fully_connected(xt, w_t, b_t, f"step_{t}/input_product", (batch, units))
+        hr = b.fully_connected(h, r_t, zeros, f"step_{t}/state_product", (batch, units))
         name = _ACTIVATION_OPS[act]
         sum_t = (
             op.outputs[0] if last and name is None else b.tensor(f"step_{t}/sum", (batch, units))
@@ -273,11 +269,8 @@ def expand_svdf(op: Op, graph: Subgraph) -> bool:
     batch = graph.tensors[x_t].shape[0]
     filters, memory = wf.shape[0], wt.shape[1]
     units = filters // rank
-    fc = {"fused_activation_function": 0, "weights_format": 0, "keep_num_dims": False,
-          "asymmetric_quantize_inputs": False}  # fmt: skip
-    newest = b.tensor("newest", (batch, filters))
-    b.op("FULLY_CONNECTED", [x_t, wf_t, b.const("no_bias", np.zeros(filters, np.float32))],
-         [newest], **fc)  # fmt: skip
+    zeros = b.const("no_bias", np.zeros(filters, np.float32))
+    newest = b.fully_connected(x_t, wf_t, zeros, "newest", (batch, filters))
     col = b.tensor("newest_column", (batch, filters, 1))
     b.op("RESHAPE", [newest, b.const("column_shape", [batch, filters, 1], np.int32)], [col])
     mem3 = b.tensor("memory_3d", (batch, filters, memory))

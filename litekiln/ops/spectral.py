@@ -197,11 +197,7 @@ def rfft_as_products(op: Op, graph: Subgraph) -> bool:
     for part in _ENDS[end.name]:
         mat = np.zeros((k, w), np.float32)
         mat[:, : len(cols)] = mats[part]
-        out = b.tensor(part, (m, k))
-        b.op("FULLY_CONNECTED", [rows, b.const(f"dft_{part}", mat), -1], [out],
-             fused_activation_function=0, weights_format=0, keep_num_dims=False,
-             asymmetric_quantize_inputs=False)  # fmt: skip
-        parts[part] = out
+        parts[part] = b.fully_connected(rows, b.const(f"dft_{part}", mat), -1, part, (m, k))
     if end.name == "COMPLEX_ABS":
         power = b.binary(
             "ADD",

@@ -121,6 +121,16 @@ class OpBuilder:
     def op(self, name: str, inputs: list[int], outputs: list[int], **options: Any) -> None:
         self.ops.append(Op(-1, name, builtin_code(name), 1, inputs, outputs, options))
 
+    def fully_connected(
+        self, x: int, w: int, bias: int, out: str, shape: tuple[int, ...], into: int = -1
+    ) -> int:
+        """A plain FULLY_CONNECTED ``x @ w^T + bias`` (``bias`` -1: none; no activation) into
+        a new tensor ``out`` of ``shape``, or into tensor ``into``; its output."""
+        y = into if into >= 0 else self.tensor(out, shape)
+        self.op("FULLY_CONNECTED", [x, w, bias], [y], fused_activation_function=0,
+                weights_format=0, keep_num_dims=False)  # fmt: skip
+        return y
+
     def unary(self, name: str, x: int, out: str, **options: Any) -> int:
         y = self.tensor(out, self.graph.tensors[x].shape)
         self.op(name, [x], [y], **options)
@@ -206,15 +216,7 @@ def _expand(op: Op, graph: Subgraph, b: OpBuilder, s: LstmShape) -> tuple[int, i
         p = f"step_{t}"
         cat = b.tensor(f"{p}/concat", (batch, s.n_input + n_out))
         b.op("CONCATENATION", [xs[t], h], [cat], axis=1, fused_activation_function=0)
-        pre = b.tensor(f"{p}/gates", (batch, gates * cells))
-        b.op(
-            "FULLY_CONNECTED",
-            [cat, w_t, bias_t],
-            [pre],
-            fused_activation_function=0,
-            weights_format=0,
-            keep_num_dims=False,
-        )
+        pre = b.fully_connected(cat, w_t, bias_t, f"{p}/gates", (batch, gates * cells))
         names = ("forget", "cell", "output") if s.cifg else ("input", "forget", "cell", "output")
         parts = [b.tensor(f"{p}/{n}_pre", (batch, cells)) for n in names]
         b.op("SPLIT", [axis_t, pre], parts, num_splits=gates)
@@ -247,16 +249,10 @@ def _expand(op: Op, graph: Subgraph, b: OpBuilder, s: LstmShape) -> tuple[int, i
         h = b.binary("MUL", o, act(c, f"{p}/cell_act"), f"{p}/hidden")
         if s.projection:
             proj_b = opt(PROJECTION_BIAS)
-            projected = b.tensor(f"{p}/projected", (batch, n_out))
-            b.op(
-                "FULLY_CONNECTED",
-                [h, op.inputs[PROJECTION_WEIGHTS], -1 if proj_b is None else proj_b],
-                [projected],
-                fused_activation_function=0,
-                weights_format=0,
-                keep_num_dims=False,
-            )
-            h = projected
+            h = b.fully_connected(
+                h, op.inputs[PROJECTION_WEIGHTS], -1 if proj_b is None else proj_b,
+                f"{p}/projected", (batch, n_out),
+            )  # fmt: skip
             if s.proj_clip > 0:
                 h = clip(h, s.proj_clip, f"{p}/projected_clipped")
         outs.append(h)
