@@ -35,8 +35,8 @@ from litekiln.loading import open_device
 from litekiln.runtime.threads import cpu_thread_limit
 
 if TYPE_CHECKING:
-    from litekiln.model import Model, Tensor
-    from litekiln.runtime.device import DeviceHandle
+    from litekiln.model import Model, SignatureDef, Tensor
+    from litekiln.runtime.device import DeviceHandle, DeviceOpener
 
 # The rest of litekiln (the flatbuffer readers, the op registry the parser checks every op
 # against, the compiled-model format, the runtime session: ~100 ms of imports on the H100) is
@@ -125,22 +125,12 @@ class Interpreter:
         # The driver starts up (and the context is made) in the background while the model is
         # parsed; allocate_tensors() waits for it. (On a GPU known from an earlier start, the
         # CUDA driver alone: `litekiln.runtime.device.CudaStart`.)
-        self._opener = (
-            open_device(
-                self._device_choice or None,
-                cache_dir,
-                use_cache=bool(options.get("use_cache", True)),
-            )
-            if self._device_choice != REFERENCE
-            else None
-        )
+        self._opener = _opener(self._device_choice, cache_dir, options)
         from litekiln.loading import open_model, split_options
 
         source = model_path if model_path is not None else model_content
         assert source is not None
-        self._original: Model = open_model(source, token=model_token)
-        self._model = self._original
-        self._graph = self._model.main
+        model = open_model(source, token=model_token)
         self._precision = config.PRECISION.get(precision)
         self._cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
         self._options = {k: v for k, v in options.items() if k not in _LITERT_FLAGS}
@@ -148,6 +138,16 @@ class Interpreter:
             self._options["preserve_all_tensors"] = True
         self._preserve_all = bool(experimental_preserve_all_tensors)
         split_options(self._options, self._precision)  # unknown options fail here, now
+        self._adopt(model)
+
+    def _adopt(self, model: Model) -> None:
+        """The model-dependent state of a new interpreter (of the model's entry subgraph)."""
+        self._original: Model = model
+        self._model = model
+        self._graph = model.main
+        #: The interpreters of the signatures whose subgraph is not the primary one
+        #: (`get_signature_runner`), by subgraph index.
+        self._entries: dict[int, Interpreter] = {}
         self._shapes: dict[int, tuple[int, ...]] = {}  # resized inputs (resize_tensor_input)
         self._lock = threading.RLock()
         self._states: weakref.WeakKeyDictionary[threading.Thread, _ThreadState] = (
@@ -519,9 +519,32 @@ class Interpreter:
     def get_signature_runner(self, signature_key: str | None = None) -> SignatureRunner:
         """The runner of one signature (LiteRT's ``SignatureRunner``).
 
+        A signature of another subgraph than the primary one (a generative model's
+        ``decode`` beside its ``prefill``) runs that subgraph as a model of its own:
+        `for_signature`.
+
         Raises:
             ValueError: no such signature, or None with several signatures.
+            ModelError: the signature's subgraph breaks a rule litekiln or LiteRT checks.
         """
+        sig = self._signature(signature_key)
+        return SignatureRunner(self.for_signature(sig.key), sig.inputs, sig.outputs)
+
+    def for_signature(self, signature_key: str | None = None) -> Interpreter:
+        """The interpreter whose graph is the signature's subgraph (litekiln's; LiteRT has
+        only the runner): this one for the primary subgraph's signatures, else one made at
+        the first call and kept, with this one's options and device choice, compiled and
+        cached on its own (its token is the model's with ``#<subgraph index>``). Its
+        tensor indices, details and ``invoke`` are those of that subgraph.
+
+        Raises:
+            ValueError: no such signature, or None with several signatures.
+            ModelError: the subgraph breaks a rule litekiln or LiteRT checks.
+        """
+        index = self._signature(signature_key).subgraph_index
+        return self if index == self._original.main.index else self._entry(index)
+
+    def _signature(self, signature_key: str | None) -> SignatureDef:
         sigs = {s.key: s for s in self._original.signatures}
         if signature_key is None:
             if len(sigs) != 1:
@@ -534,13 +557,36 @@ class Interpreter:
             raise ValueError(
                 f"invalid signature_key {signature_key!r}; the model has {sorted(sigs)}"
             )
-        sig = sigs[signature_key]
-        if sig.subgraph_index != 0:
-            raise ValueError(
-                f"signature {signature_key!r} runs subgraph {sig.subgraph_index}; litekiln runs "
-                "the primary subgraph (0) only"
-            )
-        return SignatureRunner(self, sig.inputs, sig.outputs)
+        return sigs[signature_key]
+
+    def _entry(self, index: int) -> Interpreter:
+        """The interpreter of subgraph ``index`` as an entry point of its own (a signature's
+        subgraph: a generative model's ``decode`` beside its ``prefill``): the same model
+        file, options and device choice; compiled and cached on its own (its token is the
+        model's with ``#<index>``), on a device context of its own. Made once, at the first
+        runner that asks for it.
+
+        Raises:
+            ModelError: the subgraph breaks a rule litekiln or LiteRT checks.
+        """
+        with self._lock:
+            child = self._entries.get(index)
+            if child is not None:
+                return child
+            from litekiln.loading import entry_model
+
+            model = entry_model(self._original, index)
+            child = object.__new__(Interpreter)
+            child.num_threads = self.num_threads
+            child._device_choice = self._device_choice
+            child._opener = _opener(self._device_choice, self._cache_dir, self._options)
+            child._precision = self._precision
+            child._cache_dir = self._cache_dir
+            child._options = dict(self._options)
+            child._preserve_all = self._preserve_all
+            child._adopt(model)
+            self._entries[index] = child
+            return child
 
     # -- device buffers: LiteRT's tensor buffers, bound once ----------------------------------
 
@@ -925,6 +971,15 @@ class Interpreter:
             },
             "sparsity_parameters": {},
         }
+
+
+def _opener(
+    choice: str, cache_dir: str | os.PathLike[str] | None, options: Mapping[str, Any]
+) -> DeviceOpener | None:
+    """The device ``choice`` names, opening in the background (None: the numpy reference)."""
+    if choice == REFERENCE:
+        return None
+    return open_device(choice or None, cache_dir, use_cache=bool(options.get("use_cache", True)))
 
 
 class SignatureRunner:

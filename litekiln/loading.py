@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from litekiln import config
-from litekiln.errors import CompileError, DeviceError
+from litekiln.errors import CompileError, DeviceError, InputError
 from litekiln.runtime.device import (
     KNOWN_CHOICES,
     CudaStart,
@@ -66,6 +66,8 @@ _REWRITTEN_AT_LOAD = frozenset(
         "RFFT2D",
         "RNN",
         "UNIDIRECTIONAL_SEQUENCE_RNN",
+        "SVDF",
+        "STABLEHLO_COMPOSITE",
     }
 )
 
@@ -100,6 +102,60 @@ def open_model(
 
         run_model_checks(model)  # (what load_model runs once they are registered)
     return model
+
+
+def entry_model(model: Model, index: int) -> Model:
+    """``model`` entered at subgraph ``index`` (of the file): a signature's subgraph run as a
+    model of its own (litert-torch's generative models: ``prefill`` in subgraph 0, ``decode``
+    in 1), with the checks and rewrites the loader gives subgraph 0 (`open_model`). Its token is the
+    model's with ``#<index>``, so that it is compiled and cached beside the primary graph;
+    its name is the model's with the subgraph's (``model:decode``). The subgraph is checked
+    and rewritten in place: enter each index of a loaded model once.
+
+    Raises:
+        ModelError: the subgraph breaks a rule litekiln or LiteRT checks.
+        ValueError: no such subgraph.
+    """
+    found = [g for g in model.subgraphs if g.index == index]
+    if not found:
+        raise ValueError(f"subgraph {index}: the model has {len(model.subgraphs)} subgraphs")
+    graph = found[0]
+    if graph is model.main:
+        return model
+    import litekiln.ops  # noqa: F401  (registers the checks)
+    from litekiln.model.loader import check_graph, run_model_checks
+
+    label = graph.name or str(index)
+    check_graph(graph, f"{model.name} subgraph {index} ({label!r})")
+    rest = [g for g in model.subgraphs if g is not graph]
+    entry = dataclasses.replace(
+        model,
+        subgraphs=[graph, *rest],
+        token=f"{model.token}#{index}",
+        name=f"{model.name}:{label}",
+    )
+    run_model_checks(entry)
+    return entry
+
+
+def signature_entry(model: Model, key: str) -> Model:
+    """`entry_model` at the subgraph of signature ``key``.
+
+    Raises:
+        InputError: the model has no such signature (the message lists those it has).
+    """
+    keys = {s.key: s.subgraph_index for s in model.signatures}
+    if key not in keys:
+        have = ", ".join(repr(k) for k in keys) or "none"
+        raise InputError(f"{model.name} has no signature {key!r}; its signatures: {have}")
+    return entry_model(model, keys[key])
+
+
+def entry_indices(model: Model) -> list[int]:
+    """The subgraphs a caller may enter: the primary one (0) and every other one a
+    signature names, in order."""
+    others = {s.subgraph_index for s in model.signatures} - {model.main.index}
+    return [model.main.index, *sorted(others)]
 
 
 def _rewritten_at_load(model: Model) -> bool:
@@ -581,7 +637,9 @@ def precompile(
             the device to build the program on: its binary and tuning choices are stored too.
 
     Returns:
-        A summary: token, cached (bool), partitions, kernels, gpu/cpu op counts, seconds.
+        A summary: token, cached (bool), partitions, kernels, gpu/cpu op counts, seconds;
+        ``entries``: the same for each other subgraph a signature enters (`entry_indices`:
+        a generative model's ``decode`` beside its ``prefill``), compiled and cached too.
 
     Raises:
         ModelError, CompileError, CacheError: as their names say.
@@ -596,6 +654,32 @@ def precompile(
         options["schedules"] = schedules_for(device)
     copts, _ = split_options(options, config.PRECISION.get(precision))
     cache = ModelCache.open(cache_dir)
+    summaries = []
+    for index in entry_indices(model):
+        entry = entry_model(model, index)
+        summaries.append(_precompile_entry(entry, copts, cache, device, cache_dir, options, force))
+    info = summaries[0]
+    return {
+        "model": os.fspath(model_path),
+        "token": model.token,
+        **info,
+        "seconds": round(time.perf_counter() - t0, 3),
+        # the other subgraphs a signature enters (a generative model's decode), each
+        # compiled and cached on its own: their summaries
+        "entries": summaries[1:],
+    }
+
+
+def _precompile_entry(
+    model: Model,
+    copts: CompileOptions,
+    cache: ModelCache,
+    device: str | None,
+    cache_dir: str | os.PathLike[str] | None,
+    options: Mapping[str, Any],
+    force: bool,
+) -> dict[str, Any]:
+    """`precompile` of one entry subgraph: its summary."""
     compiled = None if force else cache.load_model(model.token, copts, model)
     hit = compiled is not None
     ahead = config.AHEAD_OF_TIME.set(True)  # (LITEKILN_PTX=auto: PTX for NVIDIA GPUs too)
@@ -605,7 +689,8 @@ def precompile(
         config.AHEAD_OF_TIME.reset(ahead)
     built = device not in (None, "") and _build_on_device(model, device, copts, cache_dir, options)
     return {
-        "model": os.fspath(model_path),
+        "subgraph": model.main.index,
+        "name": model.name,
         "token": model.token,
         "cached": hit,
         "options": copts.to_dict(),
@@ -616,11 +701,10 @@ def precompile(
         "merged_convolutions": info.stats.get("merged_convolutions", 0),
         "sibling_merges": info.stats.get("sibling_merges", 0),
         "compile_seconds": info.stats.get("timings_s", {}).get("total"),
-        "seconds": round(time.perf_counter() - t0, 3),
-        "cache_dir": str(cache.store.directory),
         "device_binary": bool(built),
         # partitions whose default kernels are also NVIDIA PTX (LITEKILN_PTX)
         "ptx_partitions": sum(1 for p in info.partitions if p.program.ptx),
+        "cache_dir": str(cache.store.directory),
     }
 
 

@@ -240,3 +240,16 @@ def test_a_warm_start_runs_the_checks_exactly_when_they_would_fold(
     checked = load_model(data).main
     assert [op.name for op in checked.ops if op.folded] == folds
     assert _rewritten_at_load(load_model(data, validate=False)) == bool(folds)
+
+
+def test_every_op_the_checks_rewrite_makes_a_warm_start_run_them() -> None:
+    """The ops whose check replaces them at load (an op definition's ``rewritten_at_load``)
+    are the ones `litekiln.loading` lists for a warm start to run the checks on (it does
+    not import the registry to ask: a list of its own). SVDF's and STABLEHLO_COMPOSITE's
+    were missing from it once: a warm start's graph then kept the op, and missed the
+    entry a compile had made from the rewritten graph."""
+    from litekiln.loading import _REWRITTEN_AT_LOAD
+    from litekiln.ops.base import REGISTRY
+
+    rewritten = {name for name, cls in REGISTRY.items() if cls.rewritten_at_load}
+    assert rewritten == set(_REWRITTEN_AT_LOAD)

@@ -192,13 +192,11 @@ def _find(store: CacheStore, query: str) -> tuple[list[dict[str, Any]], bool]:
         (their `CacheStore.info` records, whether `query` was a key prefix).
     """
     from litekiln.cache import CacheError
+    from litekiln.model.token import made_from, model_token
 
-    token = query
-    if os.path.isfile(query):
-        from litekiln.model.token import model_token
-
-        token = model_token(Path(query).read_bytes())
-    matches = [s.key for s in store.ls() if s.token is not None and str(s.token) == token]
+    token = model_token(Path(query).read_bytes()) if os.path.isfile(query) else query
+    # (a model's entries include those of its resized shapes and of its other signatures)
+    matches = [s.key for s in store.ls() if s.token is not None and made_from(str(s.token), token)]
     if matches:
         return [store.info(k) for k in matches], False
     try:

@@ -63,35 +63,37 @@ def cmd_compile(a: argparse.Namespace) -> int:
         info = precompile(path, force=a.force, **kw)
         results.append(info)
         if not a.json:
-            state = (
-                "already cached"
-                if info["cached"]
-                else f"compiled in {info['compile_seconds']:.1f} s"
-            )
-            if info.get("device_binary"):
-                state += "; device binary stored"
-            if info.get("ptx_partitions"):
-                state += f"; PTX for NVIDIA GPUs in {info['ptx_partitions']} partition(s)"
-            if info.get("merged_convolutions"):
-                state += (
-                    f"; {info['merged_convolutions']} sums of parallel convolutions compiled "
-                    "as one convolution each"
-                )
-            if info.get("sibling_merges"):
-                n = info["sibling_merges"]
-                groups = "1 group" if n == 1 else f"{n} groups"
-                state += (
-                    f"; {groups} of sibling layers (one input, the same window and options) "
-                    f"compiled as one layer{'' if n == 1 else ' each'}"
-                )
-            print(
-                f"{path}: token {info['token']}, {info['partitions']} GPU partition(s), "
-                f"{info['kernels']} kernels, {info['gpu_ops']} ops on the GPU / "
-                f"{info['cpu_ops']} on the CPU; {state} -> {info['cache_dir']}"
-            )
+            print(f"{path}: token {info['token']}, {_compiled_line(info)}")
+            for entry in info["entries"]:
+                print(f"{path} [{entry['name']}]: token {entry['token']}, {_compiled_line(entry)}")
     if a.json:
         print_json(results)
     return 0
+
+
+def _compiled_line(info: dict[str, Any]) -> str:
+    """What `precompile` made of one entry subgraph, for `litekiln compile`'s line."""
+    state = "already cached" if info["cached"] else f"compiled in {info['compile_seconds']:.1f} s"
+    if info.get("device_binary"):
+        state += "; device binary stored"
+    if info.get("ptx_partitions"):
+        state += f"; PTX for NVIDIA GPUs in {info['ptx_partitions']} partition(s)"
+    if info.get("merged_convolutions"):
+        state += (
+            f"; {info['merged_convolutions']} sums of parallel convolutions compiled "
+            "as one convolution each"
+        )
+    if info.get("sibling_merges"):
+        n = info["sibling_merges"]
+        groups = "1 group" if n == 1 else f"{n} groups"
+        state += (
+            f"; {groups} of sibling layers (one input, the same window and options) "
+            f"compiled as one layer{'' if n == 1 else ' each'}"
+        )
+    return (
+        f"{info['partitions']} GPU partition(s), {info['kernels']} kernels, {info['gpu_ops']} "
+        f"ops on the GPU / {info['cpu_ops']} on the CPU; {state} -> {info['cache_dir']}"
+    )
 
 
 def cmd_run(a: argparse.Namespace) -> int:
@@ -105,6 +107,11 @@ def cmd_run(a: argparse.Namespace) -> int:
         # program goes nowhere. It waits for the build and runs on the device instead.
         kw["cpu_first"] = False
     interp = Interpreter(model_path=a.model, **kw)
+    if a.signature:
+        try:
+            interp = interp.for_signature(a.signature)
+        except ValueError as exc:
+            raise LitekilnError(f"{a.model}: {exc}") from None
     details = interp.get_input_details()
     if a.inputs:
         try:
@@ -191,6 +198,10 @@ def cmd_inspect(a: argparse.Namespace) -> int:
     from litekiln.placement import cached_kernels, placement
 
     model = load_model(a.model, token=a.token)
+    if a.signature:
+        from litekiln.loading import signature_entry
+
+        model = signature_entry(model, a.signature)
     kw = interpreter_kwargs(a)
     info, plan = placement(model, **kw)
     info = {"model": a.model, **info}
@@ -369,7 +380,7 @@ def add_run_parser(sub: _Subcommands) -> None:
             "  litekiln run face_detection.tflite                     # seeded random inputs\n"
             "  litekiln run model.tflite --inputs in.npz --save out.npz\n"
             "  litekiln run model.tflite --device reference --json    # numpy, no OpenCL\n"
-            "  litekiln run model.tflite --no-cache                   # stores nothing\n"
+            "  litekiln run llm.tflite --signature decode             # another subgraph\n"
         ),
     )
     p.add_argument("model", metavar="MODEL", type=existing_file)
@@ -387,6 +398,12 @@ def add_run_parser(sub: _Subcommands) -> None:
         default=0,
         metavar="N",
         help="seed of the random inputs (default 0)",
+    )
+    p.add_argument(
+        "--signature",
+        metavar="KEY",
+        help="the signature whose subgraph to run (default: the primary subgraph, 0); "
+        "a generative model's 'decode' beside its 'prefill'",
     )
     add_json_option(p)
     add_model_options(p)
@@ -428,6 +445,12 @@ def add_inspect_parser(sub: _Subcommands) -> None:
         metavar="BENCH.json",
         type=existing_file,
         help="with --view: kernel times from `litekiln bench --profile --out BENCH.json`",
+    )
+    p.add_argument(
+        "--signature",
+        metavar="KEY",
+        help="the signature whose subgraph to inspect (default: the primary subgraph, 0); "
+        "a generative model's 'decode' beside its 'prefill'",
     )
     add_json_option(p)
     add_model_options(p)

@@ -1228,7 +1228,10 @@ class _Repair:
                 bad = type(rule).__name__  # the schedule that failed
                 continue
             if _lowering_error(gv, new, self.target) is None:
-                return new, f"{bad}'s schedule replaced by {type(rule).__name__}'s"
+                taken = type(rule).__name__
+                if taken == bad:  # (the same rule, on the function before fusion's rewrites)
+                    return new, f"{taken}'s schedule made again from the unscheduled function"
+                return new, f"{bad}'s schedule replaced by {taken}'s"
         return None
 
 

@@ -19,3 +19,12 @@ def model_token(data: bytes) -> str:
         The token, e.g. ``"9ae16a3b2f90404f"``.
     """
     return f"{farmhash.fingerprint64(data):016x}"
+
+
+def made_from(token: str, base: str) -> bool:
+    """Whether ``token`` names ``base``'s model or one derived from it: the same model
+    resized (``<base>@<shapes>``, `litekiln.resize`) or entered at another subgraph
+    (``<base>#<index>``, `litekiln.loading.entry_model`), or both."""
+    return token == base or (
+        token.startswith(base) and token[len(base) : len(base) + 1] in ("@", "#")
+    )

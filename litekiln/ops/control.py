@@ -1,4 +1,5 @@
-"""Control flow: WHILE and IF, the ops that call other subgraphs of the model by index.
+"""Control flow: WHILE, IF and STABLEHLO_COMPOSITE, the ops that call other subgraphs of the
+model by index.
 
 Keras' recurrent layers (LSTM, GRU, SimpleRNN, Bidirectional) convert to a WHILE over the
 time steps: a cond subgraph compares a step counter with the sequence length, a body
@@ -263,6 +264,59 @@ class If(OpDef):
     @classmethod
     def cpu_reason(cls, op: Op, graph: Subgraph) -> str:
         return "a branch (IF): its subgraphs run on the CPU"
+
+
+@register
+class StablehloComposite(OpDef):
+    """STABLEHLO_COMPOSITE: a named op (``odml.scaled_dot_product_attention``,
+    ``odml.rms_norm``...) whose meaning is its decomposition subgraph, run on the op's
+    inputs (stablehlo_composite.cc). litert-torch writes one for each attention of its
+    generative models; a runtime that knows the name may run a kernel of its own, any other
+    runs the decomposition. litekiln inlines the decomposition into the graph at load
+    (:func:`litekiln.ops.unroll.inline_composite`), so that its ops are partitioned like any
+    other; the numpy reference runs the subgraph (a composite inside a loop kept as a loop)."""
+
+    name = "STABLEHLO_COMPOSITE"
+    rewritten_at_load = "inlined at load: its decomposition's ops take its place"
+    quant_aware = True  # the decomposition's own ops dequantize
+    foldable = False  # (inlined: its ops fold one by one)
+    num_inputs = (1, 1 << 16)
+    num_outputs = None
+
+    @classmethod
+    def validate(cls, c: Check) -> None:
+        """stablehlo_composite.cc: at least one input; the decomposition subgraph exists and
+        takes as many inputs and returns as many outputs as the op has. litekiln also wants
+        the decomposition's inputs declared at the operands' types and shapes (LiteRT resizes
+        them at each run; litekiln compiles static shapes)."""
+        super().validate(c)
+        op = c.op
+        index = int(op.options.get("decomposition_subgraph_index", 0))
+        callee = check_callee(c, index, "decomposition subgraph")
+        check_operands(c, callee, op.inputs, "decomposition subgraph")
+        if len(callee.outputs) != len(op.outputs):
+            raise c.fail(
+                "subgraph-arity",
+                f"decomposition subgraph {index} has {len(callee.outputs)} outputs, the op "
+                f"{len(op.outputs)}",
+            )
+        for k, t in enumerate(callee.outputs):
+            c.output_dtype(callee.tensors[t].dtype, k)
+            c.output_shape(callee.tensors[t].shape, k)
+
+    @classmethod
+    def reference(cls, ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        return run_subgraph(decomposition(ctx.op, ctx.graph), inputs)
+
+    @classmethod
+    def cpu_reason(cls, op: Op, graph: Subgraph) -> str:
+        name = op.options.get("name") or "unnamed"
+        return f"a composite ({name}) whose decomposition could not be inlined: it runs on the CPU"
+
+
+def decomposition(op: Op, graph: Subgraph) -> Subgraph:
+    """A STABLEHLO_COMPOSITE's decomposition subgraph."""
+    return graph.called(int(op.options.get("decomposition_subgraph_index", 0)))
 
 
 def callees(op: Op, graph: Subgraph) -> tuple[Subgraph, Subgraph]:

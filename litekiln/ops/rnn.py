@@ -43,6 +43,7 @@ def _activation(x: np.ndarray, code: int) -> np.ndarray:
 
 
 class _Rnn(OpDef):
+    rewritten_at_load = "expanded into per-step ops at load (float weights)"
     versions = (1, 3)
     num_inputs = (5, 5)
     #: Whether the input is a sequence (rank 3) rather than one step (rank 2).
@@ -184,6 +185,7 @@ class Svdf(OpDef):
     bias added, the activation applied (``EvalFloatSVDF``). Float weights only."""
 
     name = "SVDF"
+    rewritten_at_load = "expanded at load into products over its state (float weights)"
     versions = (1, 4)
     num_inputs = (5, 5)
 

@@ -32,6 +32,7 @@ _COMPLEX = frozenset({"complex64"})
 @register
 class Rfft2d(OpDef):
     name = "RFFT2D"
+    rewritten_at_load = "DFT products at load where each transform is over single rows"
     num_inputs = (2, 2)
 
     @classmethod

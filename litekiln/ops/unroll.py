@@ -38,7 +38,7 @@ from litekiln.model.ir import Model, Op, Subgraph, Tensor
 from litekiln.model.loader import check_graph
 from litekiln.model.schema import builtin_code
 from litekiln.ops.base import validate_model
-from litekiln.ops.control import callees, unroll_plan
+from litekiln.ops.control import callees, decomposition, unroll_plan
 from litekiln.ops.conv3d_as_2d import conv3d_as_2d, conv3d_by_depth
 from litekiln.ops.fold import fold_op
 from litekiln.ops.rnn import expand_rnn, expand_svdf
@@ -74,6 +74,8 @@ def check_and_rewrite(model: Model) -> None:
             return  # (its steps are checked next)
         if op.name == "SVDF" and expand_svdf(op, graph):
             return  # (its ops are checked next)
+        if op.name == "STABLEHLO_COMPOSITE" and inline_composite(op, graph):
+            return  # (its decomposition's ops are checked next)
         if unrolled:
             simplify_op(op, graph)
         fold_op(op, graph)
@@ -124,6 +126,43 @@ def unroll_while(op: Op, graph: Subgraph, *, where: str = "") -> bool:
     return True
 
 
+def inline_composite(op: Op, graph: Subgraph) -> bool:
+    """Replace the STABLEHLO_COMPOSITE ``op`` of ``graph`` by its decomposition's ops (once,
+    as one step of a loop); whether it was. The decomposition's activations become new
+    tensors named ``<its tensor>/<composite name>_<op index>``, its constants are new
+    tensors sharing the decomposition's arrays, and its outputs are
+    written to the op's own output tensors. A composite whose output is a graph output that
+    the decomposition does not compute (an input passed through, a constant) stays an op,
+    run on the CPU by the numpy reference."""
+    callee = decomposition(op, graph)
+    written = {t for b in callee.live_ops() for t in b.outputs}
+    targets: dict[int, int] = {}
+    for t, dst in zip(callee.outputs, op.outputs, strict=True):
+        if t in written and t not in targets:
+            targets[t] = dst
+        elif dst in graph.kept_outputs:
+            log.warning(
+                "%s stays an op on the CPU: graph output %r is an input or constant of its "
+                "decomposition",
+                op.describe(),
+                graph.tensors[dst].name,
+            )
+            return False
+    inliner = _Inliner(graph, callee)
+    label = str(op.options.get("name") or "composite").rsplit(".", 1)[-1]
+    results = inliner.step(list(op.inputs), op.index, targets, tag=label)
+    rest = graph.ops[op.index + 1 :]
+    alias = {dst: t for dst, t in zip(op.outputs, results, strict=True) if dst != t}
+    for later in rest:
+        later.inputs = [alias.get(t, t) for t in later.inputs]
+    graph.ops = [*graph.ops[: op.index], *inliner.ops, *rest]
+    for i, o in enumerate(graph.ops):
+        o.index = i
+    graph.__dict__.pop("is_quantized", None)  # (a cached property: the callee's tensors count)
+    log.info("%s (%s) inlined: %d ops", op.describe(), op.options.get("name"), len(inliner.ops))
+    return True
+
+
 class _Inliner:
     """Copies of a body's ops into a graph, step by step."""
 
@@ -133,10 +172,13 @@ class _Inliner:
         self.constants: dict[int, int] = {}  # body constant -> its one copy in the graph
         self.ops: list[Op] = []
 
-    def step(self, current: Sequence[int], k: int, targets: dict[int, int]) -> list[int]:
+    def step(
+        self, current: Sequence[int], k: int, targets: dict[int, int], tag: str = "step"
+    ) -> list[int]:
         """Inline one step reading the loop variables ``current`` (tensor indices of the
-        graph); body tensors in ``targets`` are written to the given graph tensors.
-        Returns the tensors that hold the loop variables after the step."""
+        graph); body tensors in ``targets`` are written to the given graph tensors; the
+        step's new tensors are named ``<body tensor>/<tag>_<k>``. Returns the tensors that
+        hold the loop variables after the step."""
         body = self.body
         names = dict(zip(body.inputs, current, strict=True))
         for b in body.live_ops():
@@ -145,7 +187,9 @@ class _Inliner:
             for t in b.outputs:
                 if t >= 0:
                     names[t] = (
-                        targets[t] if t in targets else self._tensor(body.tensors[t], k).index
+                        targets[t]
+                        if t in targets
+                        else self._tensor(body.tensors[t], f"{tag}_{k}").index
                     )
                 outputs.append(names.get(t, -1))
             self.ops.append(
@@ -176,13 +220,14 @@ class _Inliner:
             self.constants[t] = copy.index
         return self.constants[t]
 
-    def _tensor(self, src: Tensor, step: int | None) -> Tensor:
-        """A new tensor of the graph like the body's ``src`` (a step's copy, or the one copy
-        of a constant when ``step`` is None), appended after the graph's tensors."""
+    def _tensor(self, src: Tensor, step: str | None) -> Tensor:
+        """A new tensor of the graph like the body's ``src`` (a step's copy, named
+        ``<name>/<step>``, or the one copy of a constant when ``step`` is None), appended
+        after the graph's tensors."""
         tensors = self.graph.tensors
         copy = Tensor(
             index=len(tensors),
-            name=src.name if step is None else f"{src.name}/step_{step}",
+            name=src.name if step is None else f"{src.name}/{step}",
             shape=src.shape,
             dtype=src.dtype,
             shape_signature=src.shape,  # static: the checks give it the shape the op computes
