@@ -114,12 +114,15 @@ def litert_outputs(
     *,
     builtin: bool = False,
     extra: tuple[int, ...] = (),
+    signature: tuple[str, Any] | None = None,
 ) -> list[np.ndarray]:
     """Run LiteRT's CPU interpreter on the inputs (XNNPACK, or its builtin kernels).
 
     Args:
         extra: further tensor indices whose values to append after the outputs (LiteRT then
             keeps every tensor, ``experimental_preserve_all_tensors``).
+        signature: (key, the subgraph it runs): run that signature's runner instead, the
+            inputs and outputs in the subgraph's order.
     """
     from ai_edge_litert.interpreter import Interpreter as LiteRT
     from ai_edge_litert.interpreter import OpResolverType
@@ -131,6 +134,17 @@ def litert_outputs(
         # preserve_all_tensors warns that it is meant for debugging, which this is.
         warnings.simplefilter("ignore", UserWarning)
         li = LiteRT(model_path=model_path, **kw)
+    if signature is not None:
+        key, graph = signature
+        sig = li.get_signature_list()[key]
+        details = li.get_signature_runner(key).get_input_details()
+        by_index = {d["index"]: n for n, d in details.items()}
+        got = li.get_signature_runner(key)(
+            **{by_index[t]: x for t, x in zip(graph.inputs, inputs, strict=True)}
+        )
+        outs = li.get_signature_runner(key).get_output_details()
+        named = {outs[n]["index"]: got[n] for n in sig["outputs"]}
+        return [named[t] for t in graph.outputs]
     li.allocate_tensors()
     for d, x in zip(li.get_input_details(), inputs, strict=True):
         li.set_tensor(d["index"], x)
@@ -212,6 +226,7 @@ def _second_opinion(
     default: list[np.ndarray],
     judge: Callable[[list[np.ndarray], list[np.ndarray]], tuple[bool, float]],
     unit: str,
+    signature: tuple[str, Any] | None = None,
 ) -> tuple[bool, str]:
     """A quantized model that misses the bounds against LiteRT's default CPU path (XNNPACK)
     is judged again against LiteRT's builtin kernels, which the reference implements to the
@@ -222,7 +237,7 @@ def _second_opinion(
 
     ``judge(a, b)`` gives (within the bounds, distance in ``unit``). Returns (ok, a note
     naming the figures)."""
-    builtin = litert_outputs(path, inputs, builtin=True)
+    builtin = litert_outputs(path, inputs, builtin=True, signature=signature)
     ok_b, to_builtin = judge(ours, builtin)
     if ok_b:
         return True, f"within the bounds of LiteRT's builtin kernels: {to_builtin:.3g} {unit}"
@@ -238,12 +253,20 @@ def _second_opinion(
     return False, figures
 
 
-def check_model(model_path: str | Path, *, seed: int = 0, **interpreter_kwargs: Any) -> CheckResult:
+def check_model(
+    model_path: str | Path,
+    *,
+    seed: int = 0,
+    signature: str | None = None,
+    **interpreter_kwargs: Any,
+) -> CheckResult:
     """Compare litekiln's outputs with LiteRT's on seeded random inputs.
 
     Args:
         model_path: the .tflite file.
         seed: seed of the random inputs.
+        signature: the signature whose subgraph to compare (its runner in LiteRT; the
+            result is named ``model[key]``); None: the primary subgraph.
         interpreter_kwargs: passed to :class:`litekiln.Interpreter` (device, precision, ...).
 
     Returns:
@@ -255,10 +278,14 @@ def check_model(model_path: str | Path, *, seed: int = 0, **interpreter_kwargs: 
     path = str(model_path)
     name = Path(path).stem
     tol = tolerance_for(name, interpreter_kwargs.get("precision") or "fp32")
+    if signature is not None:
+        name = f"{name}[{signature}]"
     t0 = time.perf_counter()
     try:
         # (the device's outputs are checked: no first inferences on the CPU while it builds)
         interp = Interpreter(model_path=path, **{"cpu_first": False, **interpreter_kwargs})
+        if signature is not None:
+            interp = interp.for_signature(signature)
         inputs = interp.random_inputs(seed)
         ours = interp.run(inputs)
         device = interp.device
@@ -266,7 +293,8 @@ def check_model(model_path: str | Path, *, seed: int = 0, **interpreter_kwargs: 
         return CheckResult(name, False, float("inf"), tol, error=str(exc))
     seconds = time.perf_counter() - t0
     ranked = ranking_inputs(interp.model) if interpreter_kwargs.get("precision") == "fp16" else ()
-    ref = litert_outputs(path, inputs, extra=ranked)
+    keyed = None if signature is None else (signature, interp.model.main)
+    ref = litert_outputs(path, inputs, extra=ranked, signature=keyed)
     if ranked:
         # Compare what feeds the ranking op instead of its reordered rows (RANKING_OPS).
         n_out = len(ours)
@@ -309,13 +337,15 @@ def check_model(model_path: str | Path, *, seed: int = 0, **interpreter_kwargs: 
                 m, w = integer_step_stats(a, b)
                 return within_integer_bounds(m, w), m
 
-            ok, note = _second_opinion(path, inputs, ours, ref, steps, "steps")
+            ok, note = _second_opinion(path, inputs, ours, ref, steps, "steps", keyed)
         return CheckResult(name, ok, err, tol, device, time.perf_counter() - t0, outs, note=note)
     outs = [
         {"shape": list(r.shape), "max_abs_ref": float(np.abs(r).max()) if r.size else 0.0}
         for r in ref
     ]
     if hybrid and err > tol:
-        ok, note = _second_opinion(path, inputs, ours, ref, range_share, "of the output range")
+        ok, note = _second_opinion(
+            path, inputs, ours, ref, range_share, "of the output range", keyed
+        )
         return CheckResult(name, ok, err, tol, device, seconds, outs, note=note)
     return CheckResult(name, err <= tol, err, tol, device, seconds, outs)

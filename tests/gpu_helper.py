@@ -66,12 +66,14 @@ class G:
         dtype: Any = "float32",
         *,
         quant: Any = None,
-        low: float = -1.0,
-        high: float = 1.0,
+        low: float | None = None,
+        high: float | None = None,
     ) -> TensorRef:
-        """A graph input (random data in [low, high], or over the whole integer range)."""
+        """A graph input (random data in [low, high], default [-1, 1]; integers over their
+        whole range, or in [low, high) where both are given)."""
         ref = self.b.input(f"{self.prefix}/x", list(shape), dtype, quant=quant)
-        self.ranges[ref.index] = (low, high)
+        if low is not None and high is not None:
+            self.ranges[ref.index] = (low, high)
         return ref
 
     def w(
@@ -173,6 +175,8 @@ def build_model(cases: Sequence[Case], seed: int = 0) -> _Built:
                 built.feeds.append(rng.random(tensor.shape) < 0.5)
             elif dt.kind == "f":
                 built.feeds.append(rng.uniform(lo, hi, tensor.shape).astype(dt))
+            elif t in g.ranges:  # (indices: in [low, high))
+                built.feeds.append(rng.integers(int(lo), int(hi), tensor.shape).astype(dt))
             else:
                 info = np.iinfo(dt)
                 built.feeds.append(

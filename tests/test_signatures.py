@@ -11,11 +11,16 @@ given) and attends over the whole cache through a composite; the two composites 
 decomposition subgraphs of their own shapes (4 query rows in prefill, 1 in decode).
 
 Each signature must match LiteRT's runner of the same signature, on the numpy reference
-and on the GPU path (PoCL), with the composite's ops (BATCH_MATMUL, SOFTMAX) on the GPU; a
+and on the GPU path (PoCL), whole on the GPU (decode's cache write at its run-time position
+included: `OpDef.runtime_indices`); a
 LiteRT-style script that runs prefill, then decode steps that feed the cache back, must
 print what it prints with LiteRT. `litekiln compile` stores both signatures' subgraphs
 (the decode entry's token is the model's with ``#1``) and `cache info MODEL` lists both.
 The composite's rules (stablehlo_composite.cc) are checked on models made wrong.
+litert-torch's own composite, ``odml.scaled_dot_product_attention``, is computed from its
+inputs and attributes as LiteRT's XNNPACK computes it (multi-head, grouped and multi-query,
+masked, logit-capped), not from its decomposition (`litekiln.ops.sdpa`: the converter's
+decomposition of a multi-query attention is wrong).
 
 Tolerance: ``1e-4`` of the output's range (fp32 on both sides).
 """
@@ -162,20 +167,18 @@ def test_each_signature_matches_litert_on_the_reference(key: str) -> None:
 @pytest.mark.parametrize("key", ["prefill", "decode"])
 def test_each_signature_matches_litert_with_its_attention_on_the_gpu(key: str) -> None:
     model = _model()
-    # (every partition delegated: these are too small to beat a round trip by the cost model)
-    it = litekiln.Interpreter(model_content=model, use_cache=False, min_partition_ops=1)
+    it = litekiln.Interpreter(model_content=model, use_cache=False)
     runner = it.get_signature_runner(key)
     feeds = _feeds(key, 1)
     _assert_close(runner(**feeds), _litert(model, key, feeds), f"{key} (GPU path)")
     entry = it.for_signature(key)
     assert (entry is it) == (key == "prefill")
     compiled = entry._backend.compiled  # noqa: SLF001 - what the session really runs
-    graph = entry.model.main
-    on_cpu = {graph.ops[i].name for i in compiled.cpu_reasons}
-    live = {op.name for op in graph.live_ops()}
+    live = {op.name for op in entry.model.main.live_ops()}
     assert "STABLEHLO_COMPOSITE" not in live, "the composite was not inlined"
-    assert {"BATCH_MATMUL", "SOFTMAX"} <= live
-    assert on_cpu.isdisjoint({"BATCH_MATMUL", "SOFTMAX", "FULLY_CONNECTED"}), on_cpu
+    assert {"BATCH_MATMUL", "SOFTMAX", "DYNAMIC_UPDATE_SLICE"} <= live
+    # (decode's cache write at its run-time position too: an int32 input of the partition)
+    assert compiled.cpu_reasons == {} and compiled.steps == [("gpu", 0)], compiled.cpu_reasons
 
 
 DECODE_LOOP = """
@@ -302,3 +305,96 @@ def test_the_loader_checks_composites_as_litert_does(
         load_model(_llm(mutate=mutate))
     assert err.value.rule == rule, str(err.value)
     assert err.value.op_name == "STABLEHLO_COMPOSITE", str(err.value)
+
+
+# -- litert-torch's attention composite -------------------------------------------------------
+
+
+def _sdpa_model(groups: int, *, mask: bool, cap: float | None, scale: float | None) -> bytes:
+    """q [1, 3, 4, 8], k and v [1, 6, groups, 8] -> odml.scaled_dot_product_attention, whose
+    decomposition is deliberately wrong (2 q): LiteRT's XNNPACK and litekiln compute the
+    attention from the inputs and attributes, never from the decomposition."""
+    from flatbuffers import flexbuffers
+
+    t, n, h, s = 3, 4, 8, 6
+    b = ModelBuilder()
+    q = b.input("q", [1, t, n, h])
+    k = b.input("k", [1, s, groups, h])
+    v = b.input("v", [1, s, groups, h])
+    inputs = [q, k, v]
+    if mask:
+        causal = np.triu(np.full([t, s], -1e9, np.float32), 1 + s - t)[None, None]
+        inputs.append(b.const("mask", causal))
+    dec = b.subgraph("wrong_decomposition")
+    dq = dec.input("q", [1, t, n, h])
+    for name in ["k", "v", "mask"][: len(inputs) - 1]:
+        shape = [1, 1, t, s] if name == "mask" else [1, s, groups, h]
+        dec.input(name, shape)
+    dec.output(dec.op("MUL", [dq, np.full([1], 2, np.float32)]))
+    # (float32 values, as litert-torch writes them: XNNPACK reads them through a float
+    # pointer, and a 64-bit value, which flexbuffers picks for 0.3, reads as another number)
+    fbb = flexbuffers.Builder()
+    with fbb.Map():
+        for key, value in (("scale", scale), ("logit_cap", cap)):
+            if value is not None:
+                fbb.Key(key)
+                fbb.Float(value, 4)
+    y = b.op(
+        "STABLEHLO_COMPOSITE",
+        inputs,
+        out_shape=[1, t, n, h],
+        options={
+            "name": "odml.scaled_dot_product_attention",
+            "decomposition_subgraph_index": dec.index,
+            "composite_attributes": list(fbb.Finish()),
+            "version": 0,
+        },
+    )
+    b.output(y)
+    return b.build()
+
+
+def _sdpa_numpy(q, k, v, mask, scale, cap):
+    n, g = q.shape[2], k.shape[2]
+    kk = np.repeat(k, n // g, axis=2).transpose(0, 2, 1, 3)
+    vv = np.repeat(v, n // g, axis=2).transpose(0, 2, 1, 3)
+    logits = (q * scale).transpose(0, 2, 1, 3) @ kk.transpose(0, 1, 3, 2)
+    if cap is not None:
+        logits = cap * np.tanh(logits / cap)
+    if mask is not None:
+        logits = logits + mask
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return ((e / e.sum(-1, keepdims=True)) @ vv).transpose(0, 2, 1, 3)
+
+
+@pytest.mark.parametrize(
+    ("groups", "mask", "cap", "scale"),
+    [(4, True, None, 0.125), (2, True, 30.0, None), (1, True, None, 0.3), (1, False, 5.0, None)],
+    ids=["multi-head", "grouped-capped", "multi-query", "multi-query-unmasked"],
+)
+def test_the_attention_composite_is_computed_as_litert_computes_it(
+    groups: int, mask: bool, cap: float | None, scale: float | None
+) -> None:
+    from ai_edge_litert.interpreter import Interpreter as LiteRT
+
+    model = _sdpa_model(groups, mask=mask, cap=cap, scale=scale)
+    rng = np.random.default_rng(groups)
+    feeds = [
+        rng.uniform(-1, 1, s).astype(np.float32) for s in ([1, 3, 4, 8], *[[1, 6, groups, 8]] * 2)
+    ]
+    li = LiteRT(model_content=model)
+    li.allocate_tensors()
+    for d, x in zip(li.get_input_details(), feeds, strict=True):
+        li.set_tensor(d["index"], x)
+    li.invoke()
+    want = li.get_tensor(li.get_output_details()[0]["index"])
+    causal = np.triu(np.full([3, 6], -1e9, np.float32), 4)[None, None] if mask else None
+    expected = _sdpa_numpy(*feeds, causal, scale or 1 / np.sqrt(8), cap)
+    assert np.abs(want - expected).max() < 1e-5, "LiteRT ran the decomposition, not its kernel"
+    from litekiln.loading import open_model
+
+    loaded = open_model(model, checks=True)
+    assert "STABLEHLO_COMPOSITE" not in loaded.op_histogram()
+    assert loaded.op_histogram()["BATCH_MATMUL"] == 2
+    got = litekiln.Interpreter(model_content=model, device="reference").run(feeds)[0]
+    assert np.abs(got - want).max() < 1e-5

@@ -297,6 +297,8 @@ for _name, _fn, _combine in [
     ("REDUCE_PROD", relax.op.prod, lambda a, b: a * b),
     ("REDUCE_MAX", relax.op.max, tirx.max),
     ("REDUCE_MIN", relax.op.min, tirx.min),
+    ("REDUCE_ANY", relax.op.max, tirx.max),  # (booleans as float 0/1)
+    ("REDUCE_ALL", relax.op.min, tirx.min),
 ]:
     EMITTERS[_name] = _reduce(_fn, _combine, mean=_name == "MEAN")
 

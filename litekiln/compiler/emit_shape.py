@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from tvm import relax
+from tvm import relax, te, tirx
 
 from litekiln.compiler.lowering import (
     ACC_DTYPE,
@@ -205,12 +205,70 @@ def _take_rows(ctx: Ctx, rows: GatherRows) -> list[Expr]:
 
 @emitter("GATHER")
 def _gather(ctx: Ctx) -> list[Expr]:
+    if ctx.is_runtime(1):  # positions from the host (int32): clamped into the axis
+        axis = int(ctx.options.get("axis", 0) or 0) % len(ctx.tensor(0).shape)
+        y = relax.op.take(ctx.arg_stored(0), ctx.index(1), axis=axis, mode="clip")
+        return [ctx.emit(y)]
     return _take_rows(ctx, gather_rows(ctx.tensor(0).shape, ctx.const(1), ctx.options))
+
+
+@emitter("EMBEDDING_LOOKUP")
+def _embedding_lookup(ctx: Ctx) -> list[Expr]:
+    """The table's rows at the ids (an id outside it is refused on the host before the run:
+    `Session`; the kernel clamps, so that it never reads outside)."""
+    return [ctx.emit(relax.op.take(ctx.arg_stored(1), ctx.index(0), axis=0, mode="clip"))]
+
+
+@emitter("DYNAMIC_UPDATE_SLICE")
+def _dynamic_update_slice(ctx: Ctx) -> list[Expr]:
+    """The operand with the update written at the start indices, each clamped so that the
+    update fits (dynamic_update_slice.cc): one kernel over the operand's elements, each
+    taking the update's element where it falls in the window."""
+    dims, sizes = ctx.tensor(0).shape, ctx.tensor(1).shape
+
+    def update(x: te.Tensor, u: te.Tensor, start: te.Tensor) -> te.Tensor:
+        at = [
+            tirx.max(tirx.min(start[k].astype("int32"), d - n), 0)
+            for k, (d, n) in enumerate(zip(dims, sizes, strict=True))
+        ]
+
+        def element(*i: tirx.PrimExpr) -> tirx.PrimExpr:
+            inside = tirx.all(
+                *[tirx.all(a <= j, j < a + n) for j, a, n in zip(i, at, sizes, strict=True)]
+            )
+            # (the update's index clamped too: both operands of the select are read)
+            window = zip(i, at, sizes, strict=True)
+            src = [tirx.max(tirx.min(j - a, n - 1), 0) for j, a, n in window]
+            return tirx.Select(inside, u[tuple(src)].astype(x.dtype), x[i])
+
+        return te.compute(x.shape, element, name="dynamic_update_slice")
+
+    y = ctx.bb.call_te(
+        update, ctx.arg_stored(0), ctx.arg_stored(1), ctx.index(2),
+        primfunc_name_hint="dynamic_update_slice",
+    )  # fmt: skip
+    return [ctx.emit(y)]
 
 
 @emitter("GATHER_ND")
 def _gather_nd(ctx: Ctx) -> list[Expr]:
-    return _take_rows(ctx, gather_nd_rows(ctx.tensor(0).shape, ctx.const(1)))
+    if not ctx.is_runtime(1):
+        return _take_rows(ctx, gather_nd_rows(ctx.tensor(0).shape, ctx.const(1)))
+    dims, lead = ctx.tensor(0).shape, ctx.tensor(1).shape[:-1]
+    q = ctx.tensor(1).shape[-1]
+
+    def gather(x: te.Tensor, idx: te.Tensor) -> te.Tensor:
+        def element(*i: tirx.PrimExpr) -> tirx.PrimExpr:
+            at = [
+                tirx.max(tirx.min(idx[(*i[: len(lead)], k)].astype("int32"), dims[k] - 1), 0)
+                for k in range(q)
+            ]  # (clamped: indices outside are refused on the host before the run)
+            return x[(*at, *i[len(lead) :])]
+
+        return te.compute((*lead, *dims[q:]), element, name="gather_nd")
+
+    y = ctx.bb.call_te(gather, ctx.arg_stored(0), ctx.index(1), primfunc_name_hint="gather_nd")
+    return [ctx.emit(y)]
 
 
 @emitter("PADV2")

@@ -169,6 +169,18 @@ class Ctx:
         and for convolutions, which convert while they accumulate."""
         return self.lw.stored(self.op.inputs[i])
 
+    def index(self, i: int) -> Expr:
+        """Index operand ``i`` as int32: a partition input the kernel reads at run time
+        (`OpDef.runtime_indices`), or a constant."""
+        t = self.op.inputs[i]
+        if self.lw.graph.tensors[t].data is None:
+            return self.lw.stored(t)
+        return relax.const(np.asarray(self.lw.graph.tensors[t].data, np.int32), "int32")
+
+    def is_runtime(self, i: int) -> bool:
+        """Whether operand ``i`` is computed at run time (not a constant)."""
+        return self.lw.graph.tensors[self.op.inputs[i]].data is None
+
     def emit(self, expr: Expr) -> Expr:
         return self.bb.emit(expr)
 
@@ -681,15 +693,18 @@ class Lowering:
         for t in self.part.inputs:
             tensor = self.graph.tensors[t]
             # Booleans (LOGICAL_AND) travel as float 0/1: the session converts them both ways.
-            if tensor.dtype.kind not in "fb" and not is_quantized(tensor):
+            # int32 inputs are run-time indices (`OpDef.runtime_indices`), read as they are.
+            index = tensor.dtype == np.int32 and not is_quantized(tensor)
+            if tensor.dtype.kind not in "fb" and not is_quantized(tensor) and not index:
                 raise CompileError(
                     f"partition {self.part.index}: input tensor {t} ({tensor.name!r}) is "
-                    f"{tensor.dtype.name}; GPU partitions take float (or bool) tensors"
+                    f"{tensor.dtype.name}; GPU partitions take float (or bool) tensors and "
+                    "int32 indices"
                 )
             # An 8- or 16-bit input travels as its integers (a quarter of the bytes) and is
             # dequantized on the device (`_dequantize_input`), not on the CPU.
             raw = is_quantized(tensor) and tensor.dtype.name in INTEGER_IO_DTYPES
-            dtype = tensor.dtype.name if raw else ACC_DTYPE
+            dtype = tensor.dtype.name if raw or index else ACC_DTYPE
             v = relax.Var(f"t{t}", relax.TensorType(shape=tuple(tensor.shape), dtype=dtype))
             params.append(v)
             if raw:

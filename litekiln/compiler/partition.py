@@ -306,7 +306,10 @@ def worth_a_round_trip(graph: Subgraph, run: list[int]) -> str | None:
 
 
 def _clustered_order(graph: Subgraph, live: list[Op], cpu: set[int]) -> list[int]:
-    """Topological order of ``live`` that stays on one side (GPU/CPU) as long as it can."""
+    """Topological order of ``live`` that stays on one side (GPU/CPU) as long as it can,
+    the CPU ops that depend on no GPU op first (a language model's masks and cache positions,
+    computed from its integer inputs: left for when the GPU ops that wait for them are all
+    that is ready, they split the GPU ops in two)."""
     producers = graph.producers()
     deps: dict[int, set[int]] = {op.index: set() for op in live}
     users: dict[int, list[int]] = defaultdict(list)
@@ -316,13 +319,18 @@ def _clustered_order(graph: Subgraph, live: list[Op], cpu: set[int]) -> list[int
             if p is not None and p != op.index and p not in deps[op.index]:
                 deps[op.index].add(p)
                 users[p].append(op.index)
+    host: set[int] = set()  # CPU ops with no GPU op upstream
+    for op in live:  # (file order is topological)
+        if op.index in cpu and deps[op.index] <= host:
+            host.add(op.index)
     pending = {i: len(d) for i, d in deps.items()}
     position = {op.index: k for k, op in enumerate(live)}
     ready = sorted((i for i, n in pending.items() if n == 0), key=position.__getitem__)
     order: list[int] = []
     side_gpu = True
     while ready:
-        same = [i for i in ready if (i not in cpu) == side_gpu]
+        first = [i for i in ready if i in host]
+        same = first or [i for i in ready if (i not in cpu) == side_gpu]
         pick = same[0] if same else ready[0]
         side_gpu = pick not in cpu
         ready.remove(pick)

@@ -248,9 +248,12 @@ _VALUE_PRESERVING = frozenset({"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "CAST", "IDE
 
 def index_bounds(graph: Subgraph) -> dict[int, int]:
     """Integer graph inputs that index a table, and its number of rows: the ids of an
-    EMBEDDING_LOOKUP or the positions of a GATHER (along its axis), reached directly or
-    through reshapes and casts. A random input must stay in ``[0, rows)`` there, or the
-    lookup fails (in LiteRT too): a text model's token ids."""
+    EMBEDDING_LOOKUP or the positions of a GATHER (along its axis) or a GATHER_ND (the
+    smallest of the dimensions its index vectors address), reached directly or through
+    reshapes, casts and the branches of a SELECT (litert-torch's generative models wrap a
+    negative position: ``select(pos < 0, pos + rows, pos)``). A random input must stay in
+    ``[0, rows)`` there, or the lookup fails (in LiteRT too): a text model's token ids, a
+    language model's positions."""
     readers = graph.readers()
     bounds: dict[int, int] = {}
     for start in graph.inputs:
@@ -260,13 +263,23 @@ def index_bounds(graph: Subgraph) -> dict[int, int]:
         while todo:
             t = todo.pop()
             for op in readers.get(t, []):
-                if op.name in _VALUE_PRESERVING and op.inputs[0] == t:
+                passes = (
+                    op.inputs[0] == t
+                    if op.name in _VALUE_PRESERVING
+                    else (op.name in ("SELECT", "SELECT_V2") and t in op.inputs[1:3])
+                )
+                if passes:
                     for o in op.outputs:
                         if o not in seen:
                             seen.add(o)
                             todo.append(o)
                 elif op.name == "EMBEDDING_LOOKUP" and op.inputs[0] == t and len(op.inputs) > 1:
                     rows.append(graph.tensors[op.inputs[1]].shape[0])
+                elif op.name == "GATHER_ND" and len(op.inputs) > 1 and op.inputs[1] == t:
+                    params = graph.tensors[op.inputs[0]].shape
+                    depth = (graph.tensors[t].shape or (1,))[-1]
+                    if 0 < depth <= len(params):
+                        rows.append(min(params[:depth]))
                 elif op.name == "GATHER" and len(op.inputs) > 1 and op.inputs[1] == t:
                     params = graph.tensors[op.inputs[0]].shape
                     axis = int(op.options.get("axis", 0) or 0)

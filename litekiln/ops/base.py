@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeGuard
 
@@ -429,6 +429,12 @@ class OpDef:
     #: What of the op the GPU form leaves to the CPU, where that is a whole version or mode
     #: ("version 1 on the CPU"); shown in the op table (docs/ops.md).
     gpu_limits: ClassVar[str] = ""
+    #: Operands the GPU form reads at run time as int32 indices (operand index -> role): a
+    #: token's ids, a gather's positions, a cache write's start. Computed on the CPU (the GPU
+    #: path computes float tensors) or given as graph inputs, they enter the partition as
+    #: int32 inputs; the kernel clamps them into its table, and the session checks on the
+    #: host those that LiteRT refuses outside it (`index_limit`).
+    runtime_indices: ClassVar[dict[int, str]] = {}
     num_inputs: ClassVar[tuple[int, int] | None] = None
     num_outputs: ClassVar[tuple[int, int] | None] = (1, 1)
 
@@ -503,13 +509,36 @@ class OpDef:
         if quantized and not allow_quantized:
             return "quantized tensors, and quantized models are not allowed"
         integers = cls.integer_operands(op)
+        indices = cls.runtime_index_tensors(op, graph)
         for t in [*op.inputs, *op.outputs]:
-            if t < 0:
+            if t < 0 or t in indices:
                 continue
             tensor = graph.tensors[t]
             if tensor.dtype.kind == "f" or tensor.quantization is not None:
                 continue
             return _integer_reason(tensor, t in integers, t in op.outputs)
+        return None
+
+    @classmethod
+    def runtime_index_tensors(cls, op: Op, graph: Subgraph) -> set[int]:
+        """The tensors of ``op`` the GPU form takes as run-time int32 indices
+        (`runtime_indices`): int32, not constant, not also read as data by the op."""
+        out = set()
+        for i in cls.runtime_indices:
+            t = op.inputs[i] if i < len(op.inputs) else -1
+            if t < 0 or graph.tensors[t].dtype != np.int32 or graph.tensors[t].is_constant:
+                continue
+            if any(u == t for k, u in enumerate(op.inputs) if k not in cls.runtime_indices):
+                continue
+            out.add(t)
+        return out
+
+    @classmethod
+    def index_limit(cls, op: Op, graph: Subgraph, i: int) -> tuple[int, ...] | None:
+        """The exclusive upper bounds of run-time index operand ``i`` where an index outside
+        them is an error (LiteRT's kernel fails; the numpy reference raises): one bound for
+        every element, or one per position along the operand's last axis (GATHER_ND's index
+        vectors); None where the op clamps it."""
         return None
 
     @classmethod
@@ -541,6 +570,42 @@ class OpDef:
     def integer_operands(cls, op: Op) -> set[int]:
         """Tensor indices that are legitimately integer constants (shapes, axes, paddings)."""
         return set()
+
+
+def index_limits(graph: Subgraph, ops: Iterable[int]) -> dict[int, list[tuple[np.ndarray, str]]]:
+    """The run-time index tensors that ``ops`` (GPU ops of ``graph``) read with bounds
+    (`OpDef.index_limit`): tensor -> [(bounds, what reads it)]. The session checks them on
+    the host before a GPU partition reads them (`check_indices`), as the CPU path would."""
+    out: dict[int, list[tuple[np.ndarray, str]]] = {}
+    for i in ops:
+        op = graph.ops[i]
+        cls = lookup(op)
+        tensors = cls.runtime_index_tensors(op, graph)
+        for k, role in cls.runtime_indices.items():
+            t = op.inputs[k] if k < len(op.inputs) else -1
+            limit = cls.index_limit(op, graph, k) if t in tensors else None
+            if limit:
+                out.setdefault(t, []).append(
+                    (np.asarray(limit, np.int64), f"{op.describe()}: {role}")
+                )
+    return out
+
+
+def check_indices(x: np.ndarray, limits: list[tuple[np.ndarray, str]]) -> None:
+    """Refuse run-time indices outside their bounds (`index_limits`), naming the op, as
+    the op's CPU form refuses them.
+
+    Raises:
+        ModelError: an index is outside.
+    """
+    for bounds, what in limits:
+        v = np.asarray(x).reshape(-1, bounds.size)
+        bad = (v < 0) | (v >= bounds)
+        if v.size and bool(bad.any()):
+            row = v[int(np.flatnonzero(bad.any(axis=1))[0])]
+            if bounds.size == 1:
+                raise ModelError(f"{what} {int(row[0])} outside [0, {int(bounds[0])})")
+            raise ModelError(f"{what} {row.tolist()} outside {bounds.tolist()}")
 
 
 def _integer_reason(tensor: Tensor, operand: bool, output: bool) -> str | None:

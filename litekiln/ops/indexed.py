@@ -17,6 +17,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from litekiln.model.ir import Op
 from litekiln.ops.base import Check, OpContext, OpDef, as_planned, register, required
 
 _INDEX_TYPES = frozenset({"int32", "int64"})
@@ -28,10 +29,17 @@ class DynamicUpdateSlice(OpDef):
     fits (``dynamic_update_slice.cc``)."""
 
     name = "DYNAMIC_UPDATE_SLICE"
+    gpu_extended = True
+    gpu_limits = "int64 start indices computed at run time on the CPU"
+    runtime_indices = {2: "start indices"}  # (clamped, as LiteRT clamps them)
     versions = (1, 6)
     num_inputs = (3, 3)
     quant_aware = True  # the stored values, copied
     copies_values = True
+
+    @classmethod
+    def integer_operands(cls, op: Op) -> set[int]:
+        return {op.inputs[2]}  # (constant start indices: read at compile time)
 
     @classmethod
     def validate(cls, c: Check) -> None:

@@ -20,6 +20,7 @@ from litekiln.ops.base import (
     register,
     required,
 )
+from litekiln.ops.elementwise import bools_as_floats
 
 _NUMERIC = frozenset({"float32", "int32", "int64", "uint8", "int8", "int16"})
 
@@ -194,18 +195,29 @@ class ReduceMin(_Reduce):
     dtypes = _NUMERIC | {"bool"}
 
 
+class _BoolReduce(_Reduce):
+    """A reduction of booleans; on the GPU over their float 0/1 (the GPU path's booleans):
+    a maximum (any) or a minimum (all). litert-torch's language models reduce their
+    position masks with REDUCE_ALL."""
+
+    gpu_extended = True
+    dtypes = frozenset({"bool"})
+
+    @classmethod
+    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
+        return super().gpu_support(op, bools_as_floats(op, graph), allow_quantized=allow_quantized)
+
+
 @register
-class ReduceAny(_Reduce):
+class ReduceAny(_BoolReduce):
     name = "REDUCE_ANY"
     fn = staticmethod(np.any)
-    dtypes = frozenset({"bool"})
 
 
 @register
-class ReduceAll(_Reduce):
+class ReduceAll(_BoolReduce):
     name = "REDUCE_ALL"
     fn = staticmethod(np.all)
-    dtypes = frozenset({"bool"})
 
 
 def _softmax(x: np.ndarray, beta: float) -> np.ndarray:

@@ -23,6 +23,7 @@ from litekiln.ops.base import (
     register,
     required,
 )
+from litekiln.ops.elementwise import bools_as_floats
 
 #: Types LiteRT's data-movement kernels take (their Eval switches, broadly).
 _ANY = frozenset(
@@ -85,15 +86,18 @@ class _Movement(OpDef):
 
     @classmethod
     def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
-        """The base's checks (integer operands and data computed at run time among them),
-        then the operands the GPU form needs as constants (``gpu_constants``) and outputs
-        with elements to compute."""
-        reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
+        """The base's checks (integer operands and data computed at run time among them;
+        booleans are float 0/1 on the GPU, moved as any value), then the operands the GPU
+        form needs as constants (``gpu_constants``) and outputs with elements to compute."""
+        reason = super().gpu_support(
+            op, bools_as_floats(op, graph), allow_quantized=allow_quantized
+        )
         if reason:
             return reason
+        indices = cls.runtime_index_tensors(op, graph)
         for i, role in cls.gpu_constants.items():
             t = op.inputs[i] if i < len(op.inputs) else -1
-            if t >= 0 and not graph.tensors[t].is_constant:
+            if t >= 0 and not graph.tensors[t].is_constant and t not in indices:
                 return f"its {role} is computed at run time: the GPU path needs a constant"
         for t in op.outputs:
             if graph.tensors[t].size == 0:
@@ -888,8 +892,23 @@ class Gather(_Movement):
     gpu_extended = True
     # v2-v8: int8, bool, int16, batch_dims (v5), int16 positions, int4, float8.
     gpu_constants = {1: "positions"}
+    runtime_indices = {1: "positions"}  # (int32, without batch_dims: take() on the device)
     versions = (1, 8)
     num_inputs = (2, 2)
+
+    @classmethod
+    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
+        reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
+        batch_dims = int(op.options.get("batch_dims", 0) or 0)
+        if reason is None and batch_dims and cls.runtime_index_tensors(op, graph):
+            return "positions computed at run time with batch_dims: the GPU form has none"
+        return reason
+
+    @classmethod
+    def index_limit(cls, op: Op, graph: Subgraph, i: int) -> tuple[int, ...] | None:
+        shape = graph.tensors[op.inputs[0]].shape
+        axis = int(op.options.get("axis", 0) or 0)
+        return (shape[axis % len(shape)],)
 
     @classmethod
     def validate(cls, c: Check) -> None:
@@ -939,14 +958,29 @@ class EmbeddingLookup(OpDef):
     reads them), times the table's scale -- its row's where the scales are per row -- and the
     zero point is not used. An id outside the table is an error at run time, as in LiteRT.
 
-    CPU only: the ids are integers computed at run time (the GPU path computes float tensors),
-    as in LiteRT's GPU delegate, which has no form of the op either.
+    On the GPU (LiteRT's GPU delegate has no form of it): a float32 table, the ids an int32
+    input of the partition (a graph input, or computed on the CPU), read by the kernel; an
+    id outside the table is refused on the host before the run, as on the CPU.
     """
 
     name = "EMBEDDING_LOOKUP"
+    gpu_extended = True
+    gpu_limits = "an 8-bit or int4 table (LiteRT's hybrid kernel) on the CPU"
+    runtime_indices = {0: "ids"}
     quant_aware = True  # the stored integers, scaled as LiteRT's hybrid kernel does
     versions = (1, 4)  # v2 int8 (hybrid), v3 per-channel scales, v4 int4
     num_inputs = (2, 2)
+
+    @classmethod
+    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
+        table = graph.tensors[op.inputs[1]]
+        if table.dtype != np.float32 or table.quantization is not None:
+            return f"its table {table.name!r} is {table.type_name}: the GPU form takes float32"
+        return super().gpu_support(op, graph, allow_quantized=allow_quantized)
+
+    @classmethod
+    def index_limit(cls, op: Op, graph: Subgraph, i: int) -> tuple[int, ...] | None:
+        return (graph.tensors[op.inputs[1]].shape[0],)
 
     @classmethod
     def validate(cls, c: Check) -> None:
@@ -1080,8 +1114,14 @@ class GatherNd(_Movement):
     gpu_extended = True
     # v2-v6: string, int16 params, int16 indices, bool, float8.
     gpu_constants = {1: "indices"}
+    runtime_indices = {1: "indices"}  # (int32: a language model's rows at its positions)
     versions = (1, 6)
     num_inputs = (2, 2)
+
+    @classmethod
+    def index_limit(cls, op: Op, graph: Subgraph, i: int) -> tuple[int, ...] | None:
+        q = graph.tensors[op.inputs[1]].shape[-1]
+        return tuple(graph.tensors[op.inputs[0]].shape[:q])
 
     @classmethod
     def validate(cls, c: Check) -> None:

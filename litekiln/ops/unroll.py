@@ -42,6 +42,7 @@ from litekiln.ops.control import callees, decomposition, unroll_plan
 from litekiln.ops.conv3d_as_2d import conv3d_as_2d, conv3d_by_depth
 from litekiln.ops.fold import fold_op
 from litekiln.ops.rnn import expand_rnn, expand_svdf
+from litekiln.ops.sdpa import SDPA, expand_sdpa
 from litekiln.ops.spectral import rfft_as_products
 from litekiln.ops.unroll_lstm import expand_sequence_lstm
 
@@ -134,6 +135,8 @@ def inline_composite(op: Op, graph: Subgraph) -> bool:
     written to the op's own output tensors. A composite whose output is a graph output that
     the decomposition does not compute (an input passed through, a constant) stays an op,
     run on the CPU by the numpy reference."""
+    if op.options.get("name") == SDPA and expand_sdpa(op, graph):
+        return True  # (computed from its inputs, as LiteRT's XNNPACK does: `litekiln.ops.sdpa`)
     callee = decomposition(op, graph)
     written = {t for b in callee.live_ops() for t in b.outputs}
     targets: dict[int, int] = {}

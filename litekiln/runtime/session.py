@@ -26,7 +26,7 @@ from litekiln.artifact.compiled import CompiledModel, PartitionArtifact
 from litekiln.artifact.program import GpuProgram
 from litekiln.errors import DeviceError, InputError
 from litekiln.model.ir import Model
-from litekiln.ops.base import dequantize, is_quantized, quantize
+from litekiln.ops.base import check_indices, dequantize, is_quantized, quantize
 from litekiln.reference import FLOAT_VIEW_RANGE_SHARE, run_graph, run_ops
 from litekiln.runtime.buffers import (
     CudaBuffer,
@@ -967,6 +967,19 @@ class Session:
         return stages
 
     @functools.cached_property
+    def _index_limits(self) -> dict[int, list[tuple[np.ndarray, str]]]:
+        """The host tensors that GPU partitions read as run-time indices with bounds (a
+        token's ids, a gather's positions: `litekiln.ops.base.index_limits`), checked before
+        each upload: the kernels clamp, the CPU path would refuse."""
+        g = self.graph
+        parts = [self.compiled.partitions[i] for kind, i in self.compiled.steps if kind == "gpu"]
+        if not any(g.tensors[t].dtype == np.int32 for p in parts for t in p.inputs):
+            return {}  # (none: the op registry stays unimported on a warm start)
+        from litekiln.ops.base import index_limits
+
+        return index_limits(g, [i for p in parts for i in p.ops])
+
+    @functools.cached_property
     def _step_plan(self) -> list[tuple[Any, ...]]:
         """`compiled.steps` with what `_run` looks up for each made once: a CPU step's op; a
         GPU step's partition, its (input position, tensor, tensor if 8-bit and dequantized
@@ -1014,6 +1027,7 @@ class Session:
                 buf.before_run()
             for t, buf in bound.host_reads:
                 values[t] = buf.read()
+        limits = self._index_limits
         for step in self._step_plan:
             t0 = clock() if times is not None else 0.0
             if step[0] == "cpu":
@@ -1027,6 +1041,8 @@ class Session:
                 if direct_in and (idx, i) in direct_in:
                     continue  # read from its bound buffer
                 x = values[t]
+                if t in limits:
+                    check_indices(x, limits[t])
                 if quantized is not None:
                     # (a program that takes the float view, made here: an older compiler's,
                     # or an integer wider than the compiler's INTEGER_IO_DTYPES)

@@ -24,6 +24,7 @@ while read -r line; do
     case $line in  # Keras through the TFLite converter (tensorflow-cpu), the rest litert-torch
       *'"lib":"keras'*) CONV=("$PY" scripts/probe/convert_keras.py) ;;
       *'"lib":"wheel'*) CONV=("$PY" scripts/probe/from_wheel.py) ;;  # a model a wheel ships
+      *'"lib":"generative'*) CONV=("$TORCH_PY" scripts/probe/generative.py) ;;  # litert-torch LLMs
       *) CONV=("$TORCH_PY" scripts/probe/convert.py) ;;
     esac
     timeout 900 "${CONV[@]}" "$OUT" "$line" 2>/dev/null \

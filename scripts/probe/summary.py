@@ -16,7 +16,23 @@ _ERROR = re.compile(r"^\S+\s+ERROR\s+(.*)$", re.M)
 _WHERE = re.compile(r"(\d+) ops run on the GPU in (\d+) partitions?, (\d+) ops on the CPU")
 
 
-def row(out: Path, spec: dict[str, object], conv: dict[str, str]) -> str:
+def rows(out: Path, spec: dict[str, object], conv: dict[str, str]) -> list[str]:
+    """The model's rows: one, or one per signature the check compared (``model[decode]``:
+    its log holds a result line for each, after the placement of each)."""
+    log = out / f"check_{spec['out']}.log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    results = list(_CHECK.finditer(text))
+    if len(results) <= 1:
+        return [row(out, spec, conv)]
+    out_rows, start = [], 0
+    for match in results:
+        part = text[start : match.end()]
+        start = match.end()
+        out_rows.append(row(out, {**spec, "entry": match.group(1)}, conv, part))
+    return out_rows
+
+
+def row(out: Path, spec: dict[str, object], conv: dict[str, str], part: str | None = None) -> str:
     name = str(spec["out"])
     if spec["lib"] == "aeq":  # AI Edge Quantizer's recipe on a float model
         source = f"AEQ {spec['recipe']} of {Path(str(spec['base'])).stem}"
@@ -30,7 +46,8 @@ def row(out: Path, spec: dict[str, object], conv: dict[str, str]) -> str:
         tool = "AI Edge Quantizer" if spec["lib"] == "aeq" else "litert-torch"
         return f"| {name} | {source} | {tool} fails: {why[:90]} | | | |"
     log = out / f"check_{name}.log"
-    text = log.read_text(errors="replace") if log.exists() else ""
+    text = part if part is not None else log.read_text(errors="replace") if log.exists() else ""
+    name = str(spec.get("entry", name))
     where = _WHERE.search(text)
     placed = f"{where.group(1)} / {where.group(3)}" if where else ""
     check = _CHECK.search(text)
@@ -72,7 +89,7 @@ def main() -> None:
     print("| --- | --- | ---: | --- | --- | --- |")
     for spec in specs:  # (the models this run converted or checked)
         if str(spec["out"]) in conv or (out / f"check_{spec['out']}.log").exists():
-            print(row(out, spec, conv))
+            print("\n".join(rows(out, spec, conv)))
 
 
 if __name__ == "__main__":
