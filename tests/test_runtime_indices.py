@@ -3,7 +3,7 @@
 A language model reads tables at integers only run time knows: EMBEDDING_LOOKUP of its token
 ids, GATHER / GATHER_ND of its rope and mask tables at the positions, DYNAMIC_UPDATE_SLICE of
 its KV cache at the position, and it reduces its boolean position masks (REDUCE_ALL) and
-reshapes them. Those integers come from the graph inputs or from the CPU (the GPU path
+reshapes them; a classifier of fed ids one-hot encodes them (ONE_HOT). Those integers come from the graph inputs or from the CPU (the GPU path
 computes float tensors); the GPU forms take them as int32 inputs of the partition
 (`OpDef.runtime_indices`), so that the model's float work stays in one partition.
 
@@ -75,6 +75,18 @@ def _bool_reduce(name):
     return build
 
 
+def _one_hot(shape, depth, axis):
+    def build(g):
+        idx = g.x(shape, "int32", low=-1, high=depth + 1)  # (outside: a row of off values)
+        out = list(shape)
+        out.insert(len(shape) if axis == -1 else axis, depth)
+        values = [g.w(np.full([], v, np.float32)) for v in (2.5, -1.0)]
+        return g.op("ONE_HOT", [idx, g.ints([depth]), *values], out, {"axis": axis},
+                    dtype="float32")  # fmt: skip
+
+    return build
+
+
 CASES = Batch(
     "runtime_indices",
     [
@@ -86,6 +98,8 @@ CASES = Batch(
         Case("gather_nd_elements", _gather_nd([5, 5, 3], [2, 4, 2])),
         Case("dus_inside", _dus([1, 8, 4], [1, 3, 4], 0, 5)),
         Case("dus_clamped", _dus([2, 6, 5], [1, 2, 5], -4, 12)),
+        Case("one_hot_last_axis", _one_hot([2, 5], 6, -1)),
+        Case("one_hot_axis0", _one_hot([4], 3, 0)),
         Case("reduce_all", _bool_reduce("REDUCE_ALL")),
         Case("reduce_any", _bool_reduce("REDUCE_ANY")),
     ],

@@ -219,6 +219,28 @@ def _embedding_lookup(ctx: Ctx) -> list[Expr]:
     return [ctx.emit(relax.op.take(ctx.arg_stored(1), ctx.index(0), axis=0, mode="clip"))]
 
 
+@emitter("ONE_HOT")
+def _one_hot(ctx: Ctx) -> list[Expr]:
+    """on where the index equals the position along the new axis, off elsewhere (an index
+    outside [0, depth) matches none, as in one_hot.cc)."""
+    lead = ctx.tensor(0).shape
+    depth = int(np.asarray(ctx.const(1)).reshape(-1).astype(np.int32)[0])
+    axis = int(ctx.options.get("axis", -1))
+    axis = len(lead) if axis == -1 else axis
+
+    def one_hot(idx: te.Tensor, on: te.Tensor, off: te.Tensor) -> te.Tensor:
+        def element(*i: tirx.PrimExpr) -> tirx.PrimExpr:
+            at = idx[(*i[:axis], *i[axis + 1 :])].astype("int32")
+            return tirx.Select(at == i[axis], on[(0,) * len(on.shape)], off[(0,) * len(off.shape)])
+
+        return te.compute((*lead[:axis], depth, *lead[axis:]), element, name="one_hot")
+
+    y = ctx.bb.call_te(
+        one_hot, ctx.index(0), ctx.arg_stored(2), ctx.arg_stored(3), primfunc_name_hint="one_hot"
+    )
+    return [ctx.emit(y)]
+
+
 @emitter("DYNAMIC_UPDATE_SLICE")
 def _dynamic_update_slice(ctx: Ctx) -> list[Expr]:
     """The operand with the update written at the start indices, each clamped so that the

@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from litekiln.model.ir import Tensor
+from litekiln.model.ir import Op, Subgraph, Tensor
 from litekiln.ops.base import Check, OpContext, OpDef, as_planned, register, required
 
 _INDEX_TYPES = frozenset({"int32", "int64"})
@@ -217,9 +217,29 @@ def _broadcast(fail, a: np.ndarray, b: np.ndarray) -> np.ndarray:  # noqa: ANN00
 
 @register
 class OneHot(OpDef):
+    """On the GPU (float32 on/off values, a constant depth): the indices an int32 input of
+    the partition, compared in the kernel with each position (an index outside matches
+    none, as in LiteRT)."""
+
     name = "ONE_HOT"
+    gpu_extended = True
+    gpu_limits = "integer or bool values, or a depth computed at run time, on the CPU"
+    runtime_indices = {0: "indices"}
     num_inputs = (4, 4)
     quant_aware = True  # on and off values are copied as stored
+
+    @classmethod
+    def integer_operands(cls, op: Op) -> set[int]:
+        return {op.inputs[1]}  # (the depth: read at compile time)
+
+    @classmethod
+    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
+        depth, on = graph.tensors[op.inputs[1]], graph.tensors[op.inputs[2]]
+        if on.dtype != np.float32 or on.quantization is not None:
+            return f"its values are {on.type_name}: the GPU form writes float32"
+        if depth.data is None:
+            return "its depth is computed at run time: the GPU path needs a constant"
+        return super().gpu_support(op, graph, allow_quantized=allow_quantized)
 
     @classmethod
     def validate(cls, c: Check) -> None:
