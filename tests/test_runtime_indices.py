@@ -3,9 +3,10 @@
 A language model reads tables at integers only run time knows: EMBEDDING_LOOKUP of its token
 ids, GATHER / GATHER_ND of its rope and mask tables at the positions, DYNAMIC_UPDATE_SLICE of
 its KV cache at the position, and it reduces its boolean position masks (REDUCE_ALL) and
-reshapes them; a classifier of fed ids one-hot encodes them (ONE_HOT). Those integers come from the graph inputs or from the CPU (the GPU path
-computes float tensors); the GPU forms take them as int32 inputs of the partition
-(`OpDef.runtime_indices`), so that the model's float work stays in one partition.
+reshapes them; a classifier of fed ids one-hot encodes them (ONE_HOT). Those integers come
+from the graph inputs or from the CPU (the GPU path computes float tensors); the GPU forms
+take them as int32 inputs of the partition (`OpDef.runtime_indices`), so that the model's
+float work stays in one partition.
 
 Each case must run on the GPU (the batch helper checks every op's placement) and match the
 numpy reference and LiteRT (tests/gpu_helper.py: 1e-4 of the output range; bools exact). A
