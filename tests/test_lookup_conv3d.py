@@ -1,4 +1,4 @@
-"""EMBEDDING_LOOKUP and CONV_3D, two CPU-only ops that converters emit for users' models.
+"""EMBEDDING_LOOKUP and CONV_3D, two ops that converters emit for users' models.
 
 litert-torch writes PyTorch's ``nn.Embedding`` (every text model's token embedding) as an
 EMBEDDING_LOOKUP, and timm's lambda layers' ``nn.Conv3d`` as a CONV_3D; before these tests
@@ -6,8 +6,9 @@ litekiln refused both ("not supported by litekiln, not even on the CPU"). Each i
 against LiteRT's own kernels (``oplib.check_op``): the float copy, LiteRT's hybrid kernel
 (8-bit bytes read as signed, times the table's scale, per row where there are several, the
 zero point unused), the 8-bit copy, and 3-D windows of every option. A text model whose ids
-feed the lookup runs with its transformer on the GPU path (PoCL) and its lookup on the CPU,
-against LiteRT, on the inputs ``random_inputs`` draws for it (ids within the table). A
+feed the lookup runs whole on the GPU path (PoCL), its lookup included (the ids an int32
+input of the partition: `OpDef.runtime_indices`), against LiteRT, on the inputs
+``random_inputs`` draws for it (ids within the table). A
 CONV_3D with a constant filter becomes a CONV_2D at load (`litekiln.ops.conv3d_as_2d`: over
 two axes where its window is one cell along the third, else over its depth taps stacked as
 channels): those run whole on the GPU path, against LiteRT, on every test device.
@@ -134,12 +135,12 @@ def test_random_inputs_draw_ids_within_the_table() -> None:
 
 
 @opencl
-def test_text_model_runs_its_lookup_on_the_cpu_and_the_rest_on_the_gpu() -> None:
+def test_text_model_runs_whole_on_the_gpu_its_lookup_included() -> None:
     from litekiln.compiler.partition import partition
 
     data = _lookup_model(rows=100, n=64, width=256)
     plan = partition(load_model(data).main)
-    assert list(plan.cpu_reasons) == [0] and [len(p.ops) for p in plan.partitions] == [3]
+    assert plan.cpu_reasons == {} and [len(p.ops) for p in plan.partitions] == [4]
     got, want = _run_ids(data, seed=3)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 

@@ -213,6 +213,14 @@ class Subgraph:
                 out[t.index] = np.full(t.shape, zero, t.dtype)
         return out
 
+    def replace_op(self, op: Op, ops: list[Op]) -> None:
+        """Put ``ops`` in ``op``'s place and renumber every op (a rewrite at load: a loop
+        unrolled, a composite inlined, an LSTM expanded); the ops after it move."""
+        self.ops = [*self.ops[: op.index], *ops, *self.ops[op.index + 1 :]]
+        for i, o in enumerate(self.ops):
+            o.index = i
+        self.__dict__.pop("is_quantized", None)  # (a cached property: new tensors count)
+
     def live_ops(self) -> list[Op]:
         """Ops that executors run (everything the loader did not fold)."""
         return [op for op in self.ops if not op.folded]

@@ -216,10 +216,7 @@ def rfft_as_products(op: Op, graph: Subgraph) -> bool:
         graph.tensors[move.outputs[0]].dtype = np.dtype(np.float32)
     end.name, end.code, end.version = "CAST", builtin_code("CAST"), 1
     end.options = {}
-    graph.ops = [*graph.ops[: op.index], *b.ops, *graph.ops[op.index + 1 :]]
-    for i, o in enumerate(graph.ops):
-        o.index = i
-    graph.__dict__.pop("is_quantized", None)  # (a cached property)
+    graph.replace_op(op, b.ops)
     check_graph(graph, graph.name)
     log.info("%s and the %d ops after it: DFT products of %d frames (%d ops)",
              op.describe(), len(chain), m, len(b.ops))  # fmt: skip

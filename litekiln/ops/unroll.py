@@ -112,10 +112,7 @@ def unroll_while(op: Op, graph: Subgraph, *, where: str = "") -> bool:
     for later in rest:
         later.inputs = [alias.get(t, t) for t in later.inputs]
     steps = _needed(inliner.ops, rest, graph.kept_outputs)
-    graph.ops = [*graph.ops[: op.index], *steps, *rest]
-    for i, o in enumerate(graph.ops):
-        o.index = i
-    graph.__dict__.pop("is_quantized", None)  # (a cached property: the body's tensors count)
+    graph.replace_op(op, steps)
     check_graph(graph, where or graph.name)
     log.info(
         "%s unrolled: %d steps of %d ops, %d ops kept",
@@ -158,10 +155,7 @@ def inline_composite(op: Op, graph: Subgraph) -> bool:
     alias = {dst: t for dst, t in zip(op.outputs, results, strict=True) if dst != t}
     for later in rest:
         later.inputs = [alias.get(t, t) for t in later.inputs]
-    graph.ops = [*graph.ops[: op.index], *inliner.ops, *rest]
-    for i, o in enumerate(graph.ops):
-        o.index = i
-    graph.__dict__.pop("is_quantized", None)  # (a cached property: the callee's tensors count)
+    graph.replace_op(op, inliner.ops)
     log.info("%s (%s) inlined: %d ops", op.describe(), op.options.get("name"), len(inliner.ops))
     return True
 

@@ -107,12 +107,8 @@ class OpBuilder:
     def replace(self, op: Op) -> None:
         """Put the ops built so far in ``op``'s place in the graph, renumber the graph's ops
         and check it (the loader checks the new ops next, in order)."""
-        graph = self.graph
-        graph.ops = [*graph.ops[: op.index], *self.ops, *graph.ops[op.index + 1 :]]
-        for i, o in enumerate(graph.ops):
-            o.index = i
-        graph.__dict__.pop("is_quantized", None)  # (a cached property)
-        check_graph(graph, graph.name)
+        self.graph.replace_op(op, self.ops)
+        check_graph(self.graph, self.graph.name)
 
     def const(self, name: str, value: Any, dtype: Any = np.float32) -> int:
         data = np.ascontiguousarray(np.asarray(value, dtype))
