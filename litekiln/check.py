@@ -136,15 +136,11 @@ def litert_outputs(
         li = LiteRT(model_path=model_path, **kw)
     if signature is not None:
         key, graph = signature
-        sig = li.get_signature_list()[key]
-        details = li.get_signature_runner(key).get_input_details()
-        by_index = {d["index"]: n for n, d in details.items()}
-        got = li.get_signature_runner(key)(
-            **{by_index[t]: x for t, x in zip(graph.inputs, inputs, strict=True)}
-        )
-        outs = li.get_signature_runner(key).get_output_details()
-        named = {outs[n]["index"]: got[n] for n in sig["outputs"]}
-        return [named[t] for t in graph.outputs]
+        runner = li.get_signature_runner(key)
+        names = {d["index"]: n for n, d in runner.get_input_details().items()}
+        got = runner(**{names[t]: x for t, x in zip(graph.inputs, inputs, strict=True)})
+        by_index = {d["index"]: got[n] for n, d in runner.get_output_details().items()}
+        return [by_index[t] for t in graph.outputs]
     li.allocate_tensors()
     for d, x in zip(li.get_input_details(), inputs, strict=True):
         li.set_tensor(d["index"], x)

@@ -93,13 +93,16 @@ def random_array(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
     raise ValueError(f"no random data for dtype {spec.dtype!r}")
 
 
-def run_litert(model: bytes, feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Run a model in LiteRT (builtin kernels) and return its outputs in graph order."""
+def run_litert(
+    model: bytes, feeds: Sequence[np.ndarray], resolver: str = LITERT_RESOLVER
+) -> list[np.ndarray]:
+    """Run a model in LiteRT (its builtin kernels, or ``resolver``: ``"AUTO"`` for its default
+    path, XNNPACK) and return its outputs in graph order."""
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
     it = Interpreter(
         model_content=model,
-        experimental_op_resolver_type=getattr(OpResolverType, LITERT_RESOLVER),
+        experimental_op_resolver_type=getattr(OpResolverType, resolver),
     )
     details = it.get_input_details()
     for d, x in zip(details, feeds, strict=True):

@@ -58,17 +58,12 @@ def _inputs(shape: list[int], upd_shape: list[int]) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_reference_matches_litert(name: str) -> None:
-    from ai_edge_litert.interpreter import Interpreter
+    from oplib import run_litert
 
     shape, idx, upd_shape, body, options = CASES[name]
     data = _model(shape, idx, upd_shape, body, **options)
     xs = _inputs(shape, upd_shape)
-    it = Interpreter(model_content=data)
-    it.allocate_tensors()
-    for d, v in zip(it.get_input_details(), xs, strict=True):
-        it.set_tensor(d["index"], v)
-    it.invoke()
-    want = it.get_tensor(it.get_output_details()[0]["index"])
+    (want,) = run_litert(data, xs, resolver="AUTO")
     got = litekiln.Interpreter(model_content=data, device="reference").run(xs)[0]
     np.testing.assert_array_equal(got, want)
 

@@ -277,7 +277,10 @@ class StablehloComposite(OpDef):
     other; the numpy reference runs the subgraph (a composite inside a loop kept as a loop)."""
 
     name = "STABLEHLO_COMPOSITE"
-    rewritten_at_load = "inlined at load: its decomposition's ops take its place"
+    rewritten_at_load = (
+        "inlined at load: its decomposition's ops take its place (odml.scaled_dot_product_"
+        "attention: computed from its inputs, as LiteRT's XNNPACK does)"
+    )
     quant_aware = True  # the decomposition's own ops dequantize
     foldable = False  # (inlined: its ops fold one by one)
     num_inputs = (1, 1 << 16)
