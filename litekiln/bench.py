@@ -995,11 +995,30 @@ def _node_cost(handle: Any, path: str, ex: Any) -> Any:
 
 
 def _litert_cpu(
-    path: str, inputs: dict[int, np.ndarray], runs: int, warmup: int
+    path: str,
+    inputs: dict[int, np.ndarray],
+    runs: int,
+    warmup: int,
+    signature: tuple[str, Any] | None = None,
 ) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """LiteRT's CPU path (XNNPACK, every core); with ``signature`` (key, its subgraph), that
+    signature's runner. Outputs in graph output order."""
     from ai_edge_litert.interpreter import Interpreter as LiteRT
 
     li = LiteRT(model_path=path, num_threads=os.cpu_count())
+    if signature is not None:
+        key, graph = signature
+        runner = li.get_signature_runner(key)
+        feeds = {n: inputs[d["index"]] for n, d in runner.get_input_details().items()}
+        names = {d["index"]: n for n, d in runner.get_output_details().items()}
+        order = [names[t] for t in graph.outputs]
+
+        def run_signature() -> list[np.ndarray]:
+            got = runner(**feeds)
+            return [got[n] for n in order]
+
+        ref = run_signature()
+        return time_runs(run_signature, runs, warmup), ref
     li.allocate_tensors()
     ins = [(d["index"], inputs[d["index"]]) for d in li.get_input_details()]
     outs = [d["index"] for d in li.get_output_details()]
@@ -1015,15 +1034,23 @@ def _litert_cpu(
 
 
 def _litert_gpu(
-    path: str, model: Any, inputs: dict[int, np.ndarray], runs: int, warmup: int
+    path: str,
+    model: Any,
+    inputs: dict[int, np.ndarray],
+    runs: int,
+    warmup: int,
+    signature: str | None = None,
 ) -> tuple[dict[str, Any], list[np.ndarray]]:
-    """LiteRT's GPU path; outputs in graph output order."""
+    """LiteRT's GPU path (the first signature, or ``signature``); outputs in the graph output
+    order of ``model`` (entered at that signature's subgraph)."""
     from ai_edge_litert.compiled_model import CompiledModel
     from ai_edge_litert.hardware_accelerator import HardwareAccelerator as HA
 
     cm = CompiledModel.from_file(path, hardware_accel=HA.GPU | HA.CPU)
-    key = next(iter(cm.get_signature_list()))
-    sig = cm.get_signature_by_index(0)
+    keys = list(cm.get_signature_list())
+    at = keys.index(signature) if signature is not None else 0
+    key = keys[at]
+    sig = cm.get_signature_by_index(at)
     g = model.main
     sigs = {s.key: s for s in model.signatures}
     if key in sigs:
@@ -1031,8 +1058,8 @@ def _litert_gpu(
     else:  # no signature in the model: LiteRT names them after the tensors
         in_ix = {g.tensors[t].name: t for t in g.inputs}
         out_ix = {g.tensors[t].name: t for t in g.outputs}
-    in_bufs = cm.create_input_buffers(0)
-    out_bufs = cm.create_output_buffers(0)
+    in_bufs = cm.create_input_buffers(at)
+    out_bufs = cm.create_output_buffers(at)
     feeds = [(b, inputs[in_ix[n]]) for b, n in zip(in_bufs, sig["inputs"], strict=True)]
     reads = []
     for b in out_bufs:
@@ -1043,7 +1070,7 @@ def _litert_gpu(
     def step() -> list[np.ndarray]:
         for b, x in feeds:
             b.write(x)
-        cm.run_by_index(0, in_bufs, out_bufs)
+        cm.run_by_index(at, in_bufs, out_bufs)
         return [b.read(n, dt).reshape(shape) for b, n, dt, shape in reads]
 
     got = dict(zip((out_ix[n] for n in sig["outputs"]), step(), strict=True))
@@ -1064,6 +1091,7 @@ def latency_model(
     peak_gbps: float | None = None,
     peak_gflops: float | None = None,
     peers: tuple[Any, ...] = (),
+    signature: str | None = None,
 ) -> dict[str, Any]:
     """Warm latency of litekiln and LiteRT CPU/GPU on one model, same process, same inputs.
 
@@ -1081,6 +1109,8 @@ def latency_model(
         peak_gflops: the roofline's fp32 rate, GFLOP/s (None: measured on the device).
         peers: more peers (`litekiln.peers`, e.g. `TorchPeer`): each one's ``measure`` gets
             the same inputs and litekiln's outputs and median; its record goes under its name.
+        signature: time this signature's subgraph (``Interpreter.for_signature``; LiteRT's
+            runner of it), named ``model[key]``; the peers time the primary subgraph only.
 
     Returns:
         A JSON-ready record; a peer that cannot load or run the model leaves its figures None
@@ -1089,9 +1119,12 @@ def latency_model(
     from litekiln.check import relative_error
     from litekiln.interpreter import Interpreter
 
-    name = _model_name(path)
+    name = _model_name(path) + (f"[{signature}]" if signature else "")
     warmup = min(20, max(3, runs // 10))
     interp = Interpreter(model_path=path, **kwargs)
+    if signature is not None:
+        interp = interp.for_signature(signature)
+        peers = ()
     interp.allocate_tensors()
     # Time the launch path every later inference takes: on NVIDIA the session starts on
     # OpenCL and moves to CUDA graphs in the background (Session.wait_for_graph).
@@ -1139,7 +1172,8 @@ def latency_model(
     failure: tuple[str, str] | None = None
     with peer_logs(quiet_peers) as said:
         try:
-            cpu, ref = _litert_cpu(path, inputs, runs, warmup)
+            keyed = None if signature is None else (signature, g)
+            cpu, ref = _litert_cpu(path, inputs, runs, warmup, keyed)
         except Exception as exc:  # noqa: BLE001 - LiteRT cannot load or run it: report, go on
             failure = (type(exc).__name__, str(exc))
     if ref is not None:
@@ -1153,7 +1187,7 @@ def latency_model(
         failure = None
         with peer_logs(quiet_peers) as said:
             try:
-                gpu, gout = _litert_gpu(path, interp.model, inputs, runs, warmup)
+                gpu, gout = _litert_gpu(path, interp.model, inputs, runs, warmup, signature)
             except Exception as exc:  # noqa: BLE001 - no GPU path here (no Vulkan adapter...)
                 failure = (type(exc).__name__, str(exc))
         if gout is not None:
@@ -1193,7 +1227,8 @@ def latency_main(a: Any, kwargs: dict[str, Any], *, quiet_peers: bool = True) ->
         "back on the host; speedup = peer_ms / litekiln_ms",
         "models": [],
     }
-    for path in a.models:
+    entries = [(path, sig) for path in a.models for sig in [None, *_entry_signatures(path)]]
+    for path, signature in entries:
         rec = latency_model(
             path,
             kwargs,
@@ -1204,6 +1239,7 @@ def latency_main(a: Any, kwargs: dict[str, Any], *, quiet_peers: bool = True) ->
             peak_gbps=getattr(a, "peak_gbps", None),
             peak_gflops=getattr(a, "peak_gflops", None),
             peers=peers,
+            signature=signature,
         )
         results["device"] = results["device"] or rec["device"]
         results["models"].append(rec)
@@ -1223,6 +1259,15 @@ def latency_main(a: Any, kwargs: dict[str, Any], *, quiet_peers: bool = True) ->
     if getattr(a, "plot", None):
         plot_latency(results, a.plot)
     return 0
+
+
+def _entry_signatures(path: str) -> list[str]:
+    """The model's signatures of other subgraphs (a generative model's ``decode``), timed
+    after its primary subgraph, each a row of its own."""
+    from litekiln.loading import entry_signatures
+    from litekiln.model import load_model
+
+    return entry_signatures(load_model(path, validate=False))
 
 
 def _peers(a: Any) -> tuple[Any, ...]:

@@ -151,6 +151,17 @@ def signature_entry(model: Model, key: str) -> Model:
     return entry_model(model, keys[key])
 
 
+def entry_signatures(model: Model) -> list[str]:
+    """The signatures that enter another subgraph than the primary one (the first such
+    signature of each subgraph, in the file's order): what a check or a benchmark of a
+    model runs besides its primary subgraph (a generative model's ``decode``)."""
+    first: dict[int, str] = {}
+    for s in model.signatures:
+        if s.subgraph_index != model.main.index:
+            first.setdefault(s.subgraph_index, s.key)
+    return list(first.values())
+
+
 def entry_indices(model: Model) -> list[int]:
     """The subgraphs a caller may enter: the primary one (0) and every other one a
     signature names, in order."""

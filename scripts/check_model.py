@@ -60,20 +60,15 @@ def main() -> int:
 
 
 def _other_signatures(path: str) -> list[str]:
-    """The signatures of ``path`` that run another subgraph than the primary one (the
-    first signature of each such subgraph); none for a file litekiln cannot read."""
+    """`litekiln.loading.entry_signatures` of ``path``; none for a file litekiln cannot read."""
     from litekiln.errors import LitekilnError
+    from litekiln.loading import entry_signatures
     from litekiln.model import load_model
 
     try:
-        model = load_model(path, validate=False)
+        return entry_signatures(load_model(path, validate=False))
     except LitekilnError:
         return []
-    first: dict[int, str] = {}
-    for s in model.signatures:
-        if s.subgraph_index != model.main.index:
-            first.setdefault(s.subgraph_index, s.key)
-    return list(first.values())
 
 
 if __name__ == "__main__":

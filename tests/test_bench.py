@@ -247,3 +247,20 @@ def test_bench_skip_litert_gpu_leaves_its_column_empty(smoke_path: Path, tmp_pat
     (rec,) = json.loads(out.read_text())["models"]
     assert rec["litert_cpu_ms"] > 0
     assert rec["litert_gpu_ms"] is None and "litert_gpu_error" not in rec
+
+
+def test_bench_times_every_signature_of_a_language_model(tmp_path: Path) -> None:
+    """A model whose signatures run two subgraphs (litert-torch's prefill and decode) gets a
+    row each, the second named ``model[decode]``, each against LiteRT's runner of it."""
+    pytest.importorskip("ai_edge_litert.interpreter")
+    from test_signatures import _model
+
+    from litekiln.cli import main
+
+    path, out = tmp_path / "llm.tflite", tmp_path / "b.json"
+    path.write_bytes(_model())
+    argv = ["bench", "--device", "reference", "--runs", "2", "--skip-litert-gpu"]
+    assert main([*argv, "--out", str(out), str(path)]) == 0
+    rows = json.loads(out.read_text())["models"]
+    assert [r["model"] for r in rows] == ["llm", "llm[decode]"]
+    assert all(r["litert_cpu_ms"] > 0 and r["max_rel_err_vs_litert_cpu"] < 1e-4 for r in rows)

@@ -199,7 +199,9 @@ def _take_rows(ctx: Ctx, rows: GatherRows) -> list[Expr]:
         y = ctx.emit(relax.op.strided_slice(x, axes=[0], begin=[first], end=[end]))
     else:
         idx = relax.const(rows.indices.astype(np.int32), "int32")
-        y = ctx.emit(relax.op.take(x, idx, axis=0))
+        # (in range, checked at load: "clip" only keeps TVM from warning that "fast" would
+        # read outside with indices that are not)
+        y = ctx.emit(relax.op.take(x, idx, axis=0, mode="clip"))
     return [ctx.emit(relax.op.reshape(y, rows.output))]
 
 
