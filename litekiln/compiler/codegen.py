@@ -1225,14 +1225,17 @@ class _Repair:
             for key, value in (failed.attrs or {}).items():
                 new = new.with_attr(key, value)
             if tvm_ffi.structural_equal(new, failed):
-                bad = type(rule).__name__  # the schedule that failed
+                bad = _rule_name(rule)  # the schedule that failed
                 continue
             if _lowering_error(gv, new, self.target) is None:
-                taken = type(rule).__name__
-                if taken == bad:  # (the same rule, on the function before fusion's rewrites)
-                    return new, f"{taken}'s schedule made again from the unscheduled function"
-                return new, f"{bad}'s schedule replaced by {taken}'s"
+                return new, f"{bad}'s schedule replaced by {_rule_name(rule)}'s"
         return None
+
+
+def _rule_name(rule: Any) -> str:
+    """A schedule rule's name in messages: the dlight rule a `Declining` wraps (every rule of
+    the GPU profile is one), else the rule's class."""
+    return type(getattr(rule, "inner", rule)).__name__
 
 
 @dataclass
