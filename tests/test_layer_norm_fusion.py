@@ -3,7 +3,8 @@
 The forms models write (litert-torch's ``(x - mean) * rstd * gamma + beta``, with the
 variance as SQUARED_DIFFERENCE or SUB then MUL; mobilevit's MEAN over ``[0, 2]`` without
 ``keep_dims`` and RESHAPEs of the statistics; Keras' ``x * (gamma * rstd) + (beta - mean *
-gamma * rstd)``) are found in the partition and lowered as one call; each must be ONE
+gamma * rstd)``; the language models' RMS norm, ``x * rsqrt(mean(x * x) + eps) * w``) are
+found in the partition and lowered as one call; each must be ONE
 kernel (`Launch.func` ``layer_norm*``) under the GPU schedules (``fast``:
 `schedules.RowNormalization`) and the CPU ones (``fast-cpu``: `schedules.SerialRows`), and
 equal a float64 numpy layer norm within ``1e-4 * max(1, max|ref|)`` (fp32; 1e-2 under fp16)
@@ -115,6 +116,34 @@ def mobilevit_ln(rows: int, n: int) -> Callable[[G], TensorRef]:
     return build
 
 
+#: case id -> the weight of the RMS norm cases (set when the case is built)
+RMS: dict[str, np.ndarray] = {}
+
+
+def rms_norm(
+    shape: Sequence[int], square: bool = False, keep: bool = False
+) -> Callable[[G], TensorRef]:
+    """litert-torch's ``odml.rms_norm`` decomposition (the LLMs' RMSNorm): x * x (or SQUARE),
+    MEAN over the last axis (without keep_dims, then a RESHAPE of the row statistic), + eps,
+    RSQRT, x * it, * the weight."""
+
+    def build(g: G) -> TensorRef:
+        s = list(shape)
+        x = g.x(s, low=-3.0, high=3.0)
+        sq = g.op("SQUARE", [x], s) if square else g.op("MUL", [x, x], s, NONE)
+        stat = [*s[:-1], 1]
+        ms = g.op("MEAN", [sq, g.ints([-1])], stat if keep else s[:-1], {"keep_dims": keep})
+        ms = g.op("ADD", [ms, g.w(np.array(EPS, np.float32))], stat if keep else s[:-1], NONE)
+        if not keep:
+            ms = g.op("RESHAPE", [ms, g.ints(stat)], stat)
+        w = g.rng.uniform(0.5, 1.5, s[-1]).astype(np.float32)
+        RMS[g.prefix] = w
+        y = g.op("MUL", [x, g.op("RSQRT", [ms], stat)], s, NONE)
+        return g.op("MUL", [y, g.w(w)], s, NONE)
+
+    return build
+
+
 CASES = [
     Case("n1", torch_ln([4, 1])),
     Case("n2", torch_ln([3, 2], affine=False)),
@@ -131,12 +160,18 @@ CASES = [
     Case("keras", keras_ln([3, 7, 80])),
     Case("mobilevit", mobilevit_ln(1024, 64)),
     Case("mobilevit_144", mobilevit_ln(256, 144)),
+    Case("rms_n64", rms_norm([1, 8, 64])),
+    Case("rms_n640_one_row", rms_norm([1, 1, 640])),
+    Case("rms_square_keep", rms_norm([3, 5, 256], square=True, keep=True)),
 ]
 
 
 def _oracle(case: str, x: np.ndarray) -> np.ndarray:
     """The layer norm in float64 (eps as float32 holds it)."""
     x = x.astype(np.float64)
+    if case in RMS:
+        ms = (x * x).mean(axis=-1, keepdims=True)
+        return x / np.sqrt(ms + np.float64(np.float32(EPS))) * RMS[case].astype(np.float64)
     mean = x.mean(axis=-1, keepdims=True)
     var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
     y = (x - mean) / np.sqrt(var + np.float64(np.float32(EPS)))
@@ -166,10 +201,12 @@ def test_one_kernel_per_layer_norm(schedules: str, precision: str) -> None:
 
 @pytest.mark.parametrize("schedules", ["fast", "fast-cpu"])
 def test_rule_for_the_layer_norm(schedules: str) -> None:
-    """`RowNormalization` schedules the fused function on GPUs, `SerialRows` on PoCL."""
-    rules = rules_of_first_partition(torch_ln([1, 256, 80]), schedules)
+    """`RowNormalization` schedules the fused function on GPUs, `SerialRows` on PoCL, an
+    RMS norm's (one sum) as a layer norm's (two)."""
     expected = "RowNormalization" if schedules == "fast" else "SerialRows"
-    assert rules == [expected], rules
+    for build in (torch_ln([1, 256, 80]), rms_norm([1, 8, 640])):
+        rules = rules_of_first_partition(build, schedules)
+        assert rules == [expected], rules
 
 
 @pytest.mark.opencl

@@ -22,6 +22,12 @@ of the decomposed ops (the same eps, the biased variance, float32 throughout); o
 intermediate tensors are gone. The schedules give that function one kernel
 (`schedules.RowNormalization` on GPUs, `schedules.SerialRows` on CPU OpenCL).
 
+An RMS norm (the language models' RMSNorm: litert-torch's ``odml.rms_norm`` decomposes into
+``x * x``, a MEAN over the last axis, ``+ eps``, RSQRT, ``x * rstd * w``) is found the same
+way from its one statistic, the MEAN of ``x * x`` (`_Finder.rms_core`; ``mean`` None), and
+emitted with one sum per row, of the squares: four to six kernels become one (litert-torch's
+Gemma 3 test configuration: 61 kernels to 44 in its decode step).
+
 Anything else stays op by op: a group whose statistics or intermediates are read outside
 it, quantized or non-float tensors, another reduction axis.
 """
@@ -74,8 +80,9 @@ class LayerNorm:
 
     Attributes:
         x: the normalised tensor (rows along its last axis).
-        mean: the MEAN of ``x`` (the first statistic).
-        var: the MEAN of the squared differences (the second).
+        mean: the MEAN of ``x`` (the first statistic); None for an RMS norm.
+        var: the MEAN of the squared differences (the second); of ``x``'s squares for an
+            RMS norm.
         ops: indices of every op of the group (emitted as one call, at ``last``).
         out: the one tensor that leaves the group (shape of ``x``).
         last: index of the op that writes ``out``.
@@ -83,7 +90,7 @@ class LayerNorm:
     """
 
     x: int
-    mean: int
+    mean: int | None  # (None: an RMS norm, whose statistic is the mean of squares)
     var: int
     ops: set[int]
     out: int
@@ -131,7 +138,19 @@ class LayerNorm:
             def row_of(idx: Sequence[Any]) -> list[Any]:
                 return list(idx[:-1]) if len(shape) > 1 else [0]
 
-            if n == 1:  # one term: the mean is x itself, the variance 0
+            if self.mean is None:  # an RMS norm: the mean of the squares, one pass
+                k = te.reduce_axis((0, n), "k")
+                squares = te.compute(
+                    rows,
+                    lambda *r: te.sum(
+                        x(*r[: len(shape) - 1], k) * x(*r[: len(shape) - 1], k), axis=k
+                    ),
+                    name="ln_squares",
+                )
+                nf = tirx.const(float(n), "float32")
+                mean_of = lambda idx: tirx.const(0.0, "float32")  # noqa: E731  (unused)
+                var_of = lambda idx: squares(*row_of(idx)) / nf  # noqa: E731
+            elif n == 1:  # one term: the mean is x itself, the variance 0
                 mean_of = lambda idx: x(*idx)  # noqa: E731
                 var_of = lambda idx: tirx.const(0.0, "float32")  # noqa: E731
             else:
@@ -299,6 +318,25 @@ class _Finder:
                     return x, mean, ops | {mi} | path
         return None
 
+    def rms_core(self, v_op: int) -> tuple[int, None, set[int]] | None:
+        """``(x, None, ops)`` when MEAN op ``v_op`` is the statistic of an RMS norm (the
+        LLMs' RMSNorm: litert-torch's ``odml.rms_norm``): a MEAN over the last axis of
+        ``x * x`` (a MUL of one tensor by itself, or SQUARE)."""
+        g = self.g
+        q = g.ops[v_op].inputs[0]
+        qi = self.producer.get(q)
+        if qi is None or not self.mean_over_last(v_op):
+            return None
+        qop = g.ops[qi]
+        if qop.name not in ("MUL", "SQUARE") or len(set(qop.inputs)) != 1:
+            return None
+        if int(qop.options.get("fused_activation_function", 0) or 0):
+            return None
+        x = qop.inputs[0]
+        if self.tensor(x).shape != self.tensor(q).shape or not self.float_activation(x):
+            return None
+        return x, None, {v_op, qi}
+
     def _reshape_sources(self, t: int) -> list[int]:
         """The ops that computed ``t`` through RESHAPEs only."""
         for _ in range(8):
@@ -377,7 +415,7 @@ class _Finder:
         return computed
 
     def grow(
-        self, x: int, mean: int, var: int, core_ops: set[int], taken: set[int]
+        self, x: int, mean: int | None, var: int, core_ops: set[int], taken: set[int]
     ) -> LayerNorm | None:
         """The layer norm around the statistics: the elementwise ops that compute from them,
         as long as one tensor of the shape of ``x`` is all that leaves the group."""
@@ -390,7 +428,7 @@ class _Finder:
             if k is None or not self.float_activation(t):
                 return None
             region[t] = k
-        if region[mean] != "row" and x_shape[-1] != 1:
+        if region[var if mean is None else mean] != "row" and x_shape[-1] != 1:
             return None
         added: list[int] = []
         order = [i for i in self.part.ops if i not in core_ops and i not in taken]
@@ -439,7 +477,7 @@ def find_layer_norms(graph: Subgraph, part: Partition) -> list[LayerNorm]:
     for i in part.ops:
         if graph.ops[i].name != "MEAN" or i in taken:
             continue
-        core = finder.core(i)
+        core = finder.core(i) or finder.rms_core(i)
         if core is None:
             continue
         x, mean, ops = core

@@ -1555,8 +1555,9 @@ class RowNormalization(_GuardedRule):
     of 256 threads, most of them idle on rows of 64-240 terms.
 
     Applies to functions of two sums over one trailing axis, then one injective block (see
-    `_row_reductions`): a softmax (a max first) and single reductions (`RowReduction`'s,
-    dlight's GEMV) are left to the other rules.
+    `_row_reductions`), and to an RMS norm's one sum of squares (``ln_squares``): a softmax
+    (a max first) and other single reductions (`RowReduction`'s, dlight's GEMV) are left to
+    the other rules.
 
     Args:
         lanes: Threads per row, at most (a power of two).
@@ -1577,8 +1578,9 @@ class RowNormalization(_GuardedRule):
         reductions, last, n_s, dom = found
         if (
             len(dom) - n_s != 1
-            or len(reductions) != 2
+            or len(reductions) not in (1, 2)
             or not all(_is_sum(sch.get(b.block_rv)) for b in reductions)
+            or (len(reductions) == 1 and sch.get(reductions[0].block_rv).name_hint != "ln_squares")
         ):
             return None
         rows, terms = math.prod(dom[:n_s]), dom[-1]
