@@ -37,7 +37,7 @@ def test_second_opinion(monkeypatch, ours, default, builtin, ok, says) -> None:
         return [np.full(50, v, np.int8)]
 
     monkeypatch.setattr(
-        check, "litert_outputs", lambda path, inputs, builtin=False: full(builtin_v)
+        check, "litert_outputs", lambda path, inputs, builtin=False, signature=None: full(builtin_v)
     )
     builtin_v = builtin
     got, note = check._second_opinion("m.tflite", [], full(ours), full(default), _steps, "steps")
