@@ -295,9 +295,7 @@ class _Finder:
         ops = {v_op, qi}
         if qop.name == "SQUARED_DIFFERENCE":
             pairs = [(qop.inputs[0], qop.inputs[1]), (qop.inputs[1], qop.inputs[0])]
-        elif qop.name in ("MUL", "SQUARE") and len(set(qop.inputs)) == 1:
-            if int(qop.options.get("fused_activation_function", 0) or 0):
-                return None
+        elif self._square(qi):
             di = self.producer.get(qop.inputs[0])
             if di is None or g.ops[di].name != "SUB":
                 return None
@@ -322,20 +320,23 @@ class _Finder:
         """``(x, None, ops)`` when MEAN op ``v_op`` is the statistic of an RMS norm (the
         LLMs' RMSNorm: litert-torch's ``odml.rms_norm``): a MEAN over the last axis of
         ``x * x`` (a MUL of one tensor by itself, or SQUARE)."""
-        g = self.g
-        q = g.ops[v_op].inputs[0]
+        q = self.g.ops[v_op].inputs[0]
         qi = self.producer.get(q)
-        if qi is None or not self.mean_over_last(v_op):
+        if qi is None or not self.mean_over_last(v_op) or not self._square(qi):
             return None
-        qop = g.ops[qi]
-        if qop.name not in ("MUL", "SQUARE") or len(set(qop.inputs)) != 1:
-            return None
-        if int(qop.options.get("fused_activation_function", 0) or 0):
-            return None
-        x = qop.inputs[0]
+        x = self.g.ops[qi].inputs[0]
         if self.tensor(x).shape != self.tensor(q).shape or not self.float_activation(x):
             return None
         return x, None, {v_op, qi}
+
+    def _square(self, i: int) -> bool:
+        """Op ``i`` squares one tensor: a MUL of it by itself or a SQUARE, no activation."""
+        op = self.g.ops[i]
+        return (
+            op.name in ("MUL", "SQUARE")
+            and len(set(op.inputs)) == 1
+            and not int(op.options.get("fused_activation_function", 0) or 0)
+        )
 
     def _reshape_sources(self, t: int) -> list[int]:
         """The ops that computed ``t`` through RESHAPEs only."""
