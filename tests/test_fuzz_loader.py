@@ -222,3 +222,21 @@ def test_differential_verdicts() -> None:
     assert fz.judge(ran, ran, nan, nan, spec, spec, 1e-4)[0] == "same"
     escape = fz.Side("escape", "invoke", "ZeroDivisionError", "trace")
     assert fz.judge(escape, ran, None, x, [], spec, 1e-4)[0] == "litekiln-escape"
+
+
+def test_an_axis_tensor_with_quantization_is_read_as_stored() -> None:
+    """LiteRT reads ARG_MAX's axis as the integers stored, whatever quantization the file
+    gives the tensor; litekiln's reference dequantized it into another axis (0 for 1) and
+    refused its own output's shape (saved: diff-run-but-refused-871b0adbf002)."""
+    from oplib import run_litert, run_reference
+    from tflite_builder import ModelBuilder
+
+    b = ModelBuilder()
+    x = b.input("x", [2, 3])
+    axis = b.const("axis", np.array([1], np.int32), quant={"scale": [0.37], "zero_point": [2]})
+    b.output(b.op("ARG_MAX", [x, axis], out_shape=[2], out_dtype="int32",
+                  options={"output_type": "INT32"}))  # fmt: skip
+    model = b.build()
+    feeds = [np.random.default_rng(0).uniform(-1, 1, [2, 3]).astype(np.float32)]
+    want = run_litert(model, feeds)
+    np.testing.assert_array_equal(run_reference(model, feeds)[0], want[0])

@@ -340,6 +340,12 @@ class _Arg(OpDef):
     num_inputs = (2, 2)
 
     @classmethod
+    def integer_operands(cls, op: Op) -> set[int]:
+        # The axis as stored, as LiteRT reads it: a quantized axis tensor was dequantized
+        # into another axis (a fuzzed model: diff-run-but-refused-871b0adbf002).
+        return set(op.inputs[1:2])
+
+    @classmethod
     def validate(cls, c: Check) -> None:
         """arg_min_max.cc: one int32/int64 axis value in range; the output is of the
         ``output_type`` option's type (INT32 or INT64) and the input's shape without the
