@@ -19,7 +19,7 @@ import logging
 
 import numpy as np
 
-from litekiln.model.ir import Op, Subgraph
+from litekiln.model.ir import Op, Subgraph, Tensor
 from litekiln.ops.base import FLOAT32, Check, OpContext, OpDef, register, required
 
 log = logging.getLogger("litekiln")
@@ -42,6 +42,16 @@ def _activation(x: np.ndarray, code: int) -> np.ndarray:
     return x
 
 
+def _float_weights(c: Check, a: Tensor, b: Tensor, refused: str) -> None:
+    """Both weight tensors float32: the float kernel is the one litekiln implements."""
+    if a.type_name != "float32" or b.type_name != "float32":
+        raise c.fail(
+            "dtype",
+            f"weights {a.type_name} and {b.type_name}: {refused} not implemented in litekiln, "
+            "only float32 weights",
+        )
+
+
 class _Rnn(OpDef):
     rewritten_at_load = "expanded into per-step ops at load (float weights)"
     versions = (1, 3)
@@ -58,12 +68,7 @@ class _Rnn(OpDef):
         super().validate(c)
         x, w, r, b, h = (c.input(i) for i in range(5))
         c.dtype(x, FLOAT32, "input")
-        if w.type_name != "float32" or r.type_name != "float32":
-            raise c.fail(
-                "dtype",
-                f"weights {w.type_name} and {r.type_name}: the hybrid kernel (int8 weights) is "
-                "not implemented in litekiln, only float32 weights",
-            )
+        _float_weights(c, w, r, "the hybrid kernel (int8 weights) is")
         c.rank(x, 3 if cls.sequence else 2, None, "input")
         c.rank(w, 2, None, "weights")
         c.rank(r, 2, None, "recurrent weights")
@@ -198,12 +203,7 @@ class Svdf(OpDef):
         x, wf, wt, h = c.input(0), c.input(1), c.input(2), c.input(4)
         bias = c.optional(3)
         c.dtype(x, FLOAT32, "input")
-        if wf.type_name != "float32" or wt.type_name != "float32":
-            raise c.fail(
-                "dtype",
-                f"weights {wf.type_name} and {wt.type_name}: the hybrid and integer kernels are "
-                "not implemented in litekiln, only float32 weights",
-            )
+        _float_weights(c, wf, wt, "the hybrid and integer kernels are")
         c.rank(x, 2, None, "input")
         c.rank(wf, 2, None, "weights_feature")
         c.rank(wt, 2, None, "weights_time")
