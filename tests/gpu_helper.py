@@ -343,13 +343,14 @@ class Batch:
                     f"{what}: LiteRT shape {lit.shape}, reference {ref.shape}"
                 )
             q = res.quant[k]
-            if gpu.dtype == np.bool_:
+            if gpu.dtype == np.bool_ or (q is None and gpu.dtype.kind in "iu"):
+                kind = "booleans" if gpu.dtype == np.bool_ else "integers"
                 for other, name in [(ref, "reference"), (lit, "LiteRT")]:
                     if other is not None:
                         if name == "LiteRT":
                             worst_lit = 0.0
                         bad = int((gpu != other).sum())
-                        assert bad == 0, f"{what}: {bad} of {gpu.size} booleans differ from {name}"
+                        assert bad == 0, f"{what}: {bad} of {gpu.size} {kind} differ from {name}"
                 continue
             if q is not None:
                 unit = "steps"

@@ -581,12 +581,12 @@ def _reason(build) -> str:
     "build, expected",
     [
         (
-            lambda g: g.op("CAST", [g.x([2, 3])], [2, 3], dtype="int32"),
-            "it casts to int32 ('c/cast', computed at run time)",
+            lambda g: g.op("CAST", [g.x([2, 3])], [2, 3], dtype="int64"),
+            "it casts to int64 ('c/cast', computed at run time)",
         ),
         (
-            lambda g: g.op("CAST", [g.x([2, 3], "int32")], [2, 3], dtype="float32"),
-            "it casts from int32",
+            lambda g: g.op("CAST", [g.x([2, 3], "uint8")], [2, 3], dtype="float32"),
+            "it casts from uint8",
         ),
         (
             lambda g: g.op(
@@ -623,8 +623,8 @@ def _reason(build) -> str:
         ),
     ],
     ids=[
-        "cast_to_int32",
-        "cast_from_int32",
+        "cast_to_int64",
+        "cast_from_uint8",
         "int8_floor_div",
         "int8_less_scales",
         "int8_select_requant",

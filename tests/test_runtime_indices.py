@@ -4,9 +4,9 @@ A language model reads tables at integers only run time knows: EMBEDDING_LOOKUP 
 ids, GATHER / GATHER_ND of its rope and mask tables at the positions, DYNAMIC_UPDATE_SLICE of
 its KV cache at the position, and it reduces its boolean position masks (REDUCE_ALL) and
 reshapes them; a classifier of fed ids one-hot encodes them (ONE_HOT). Those integers come
-from the graph inputs or from the CPU (the GPU path computes float tensors); the GPU forms
-take them as int32 inputs of the partition (`OpDef.runtime_indices`), so that the model's
-float work stays in one partition.
+from the graph inputs, from the CPU, or from int32 ops on the GPU (tests/test_int32_gpu.py);
+the GPU forms take them as int32 tensors of the partition (`OpDef.runtime_indices`), so that
+the model's float work stays in one partition.
 
 Each case must run on the GPU (the batch helper checks every op's placement) and match the
 numpy reference and LiteRT (tests/gpu_helper.py: 1e-4 of the output range; bools exact). A
@@ -142,9 +142,9 @@ def test_an_id_outside_the_table_is_refused_on_the_gpu_path_as_on_the_cpu() -> N
 
 
 def test_cpu_ops_that_need_no_gpu_op_run_first() -> None:
-    """An integer mask from an input (CPU) read after a GPU op that does not need it: one
-    partition, the CPU ops before it (the GPU-first order made two). (Every partition
-    delegated: the cost model would keep ops this small on the CPU.)"""
+    """An integer from an input (FLOOR_DIV: int32 on the CPU) read after a GPU op that does
+    not need it: one partition, the CPU op before it (the GPU-first order made two). (Every
+    partition delegated: the cost model would keep ops this small on the CPU.)"""
     from litekiln.compiler.partition import partition
     from litekiln.model import load_model
 
@@ -152,11 +152,11 @@ def test_cpu_ops_that_need_no_gpu_op_run_first() -> None:
     x = b.input("x", [1, 4], "float32")
     pos = b.input("pos", [4], "int32")
     y = b.op("MUL", [x, np.full([1], 3, np.float32)])
-    shifted = b.op("ADD", [pos, np.ones([1], np.int32)])
+    shifted = b.op("FLOOR_DIV", [pos, np.full([1], 2, np.int32)])  # (int32: on the CPU)
     limit = b.op("LESS", [shifted, np.full([1], 3, np.int32)], out_dtype="bool")
     mask = b.op("RESHAPE", [limit, np.array([1, 4], np.int32)], out_shape=[1, 4])
     b.output(b.op("SELECT_V2", [mask, y, x], out_shape=[1, 4], out_dtype="float32"))
     plan = partition(load_model(b.build()).main, min_partition_ops=1)
     assert len(plan.partitions) == 1, plan.summary()
     kinds = [s.kind for s in plan.steps]
-    assert kinds == ["cpu", "cpu", "gpu"], kinds
+    assert kinds == ["cpu", "gpu"], kinds

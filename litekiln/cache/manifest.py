@@ -282,7 +282,7 @@ def encode_part(name: str, value: Any) -> tuple[bytes, dict[str, Any]]:
         if value.dtype.kind not in ARRAY_KINDS:
             raise TypeError(f"part {name!r}: dtype {value.dtype} cannot be stored raw")
         # Little-endian on disk whatever the host; '|' dtypes (1 byte) are unchanged.
-        arr = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<"))
+        arr = np.asarray(value, dtype=value.dtype.newbyteorder("<"), order="C")
         return arr.tobytes(), {"dtype": arr.dtype.str, "shape": list(arr.shape)}
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value), {}

@@ -167,7 +167,7 @@ class ModelCache:
         blob = bytearray()
         shared_bytes = 0
         for name, arr in compiled.stored_constants().items():
-            arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+            arr = np.asarray(arr, dtype=arr.dtype.newbyteorder("<"), order="C")
             if arr.nbytes >= SHARED_MIN_BYTES:
                 shared_key = self._save_shared(arr)
                 if shared_key is None:

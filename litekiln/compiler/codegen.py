@@ -352,7 +352,7 @@ class _MainPlanner:
             raise CodegenError(
                 f"constant of kind {type(value).__name__} used as a tensor: `{const}`"
             )
-        arr = np.ascontiguousarray(value.numpy())
+        arr = np.asarray(value.numpy(), order="C")  # (0-d stays 0-d: not ascontiguousarray)
         name = f"const_{len(self.constant_arrays)}"
         sid = self.new_storage(arr.nbytes, "constant")
         tid = self.new_tensor(sid, 0, arr.shape, str(arr.dtype), name)

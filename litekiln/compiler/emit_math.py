@@ -1,7 +1,8 @@
 """Emitters of the elementwise math and reduction ops (one per TFLite op name; the op's
 semantics live in its :mod:`litekiln.ops` definition).
 
-Everything computes in float32 (``ctx.arg``). Booleans travel as float 0/1 on the GPU path
+Everything computes in float32 (``ctx.arg``) but int32 values (the arithmetic of positions
+and masks, `OpDef.int32_data`), which stay int32. Booleans travel as float 0/1 on the GPU path
 (``Lowering.build`` takes bool partition inputs as floats; the session turns bool outputs
 back): a comparison gives 0/1, a condition is "not 0", LOGICAL_OR is a maximum.
 
@@ -22,7 +23,7 @@ import numpy as np
 from tvm import relax, te, tirx
 from tvm.ir.expr import Constant
 
-from litekiln.compiler.lowering import BROADCAST_BARRIER, EMITTERS, Ctx, Expr, emitter
+from litekiln.compiler.lowering import ACC_DTYPE, BROADCAST_BARRIER, EMITTERS, Ctx, Expr, emitter
 
 #: A TIR expression of the operands' elements (tirx.PrimExpr; TVM's typing is dynamic).
 Scalar = Any
@@ -113,7 +114,8 @@ def _leaky_relu(ctx: Ctx) -> list[Expr]:
 
 @emitter("CAST")
 def _cast(ctx: Ctx) -> list[Expr]:
-    """float32/float16/bool to float32/float16/bool (ops.elementwise.Cast.gpu_support)."""
+    """float32/float16/bool/int32 to float32/float16/bool/int32
+    (ops.elementwise.Cast.gpu_support)."""
     src, dst = ctx.tensor(0).dtype, ctx.out().dtype
     x = _arg(ctx, 0)
     if dst == np.bool_:
@@ -121,7 +123,13 @@ def _cast(ctx: Ctx) -> list[Expr]:
             return [x]
         # A select, not relax's astype of a bool: TVM's OpenCL code converts a vectorized
         # comparison (-1 for true) with convert_float4, which gives -1.0.
-        return [_broadcast_op(ctx, "cast_to_bool", lambda a: _one(a != _f32(0.0)), [x])]
+        zero = tirx.const(0, "int32") if src == np.int32 else _f32(0.0)
+        return [_broadcast_op(ctx, "cast_to_bool", lambda a: _one(a != zero), [x])]
+    if dst == np.int32:
+        # C's conversion, as cast.cc's static_cast: toward zero (bool's 0/1 exactly).
+        return [x if src == np.int32 else ctx.emit(relax.op.astype(x, "int32"))]
+    if src == np.int32:
+        x = ctx.emit(relax.op.astype(x, ACC_DTYPE))
     if dst == np.float16 and src != np.float16:
         # Rounded with integer ops (ties to even, saturating at +-65504): no half arithmetic
         # in the kernel, which some drivers cannot build.

@@ -651,7 +651,7 @@ class Lowering:
     def half_stored(self, t: int) -> bool:
         """Whether op result / partition input ``t`` is stored as fp16 (half storage under
         native fp16, rounded float32 under emulated): not a boundary or guarded tensor."""
-        return self.fp16 and t not in self.float_storage
+        return self.fp16 and t not in self.float_storage and not int_valued(self.graph.tensors[t])
 
     def const_array(self, data: np.ndarray, dtype: str) -> Expr:
         """A Relax constant; floats rounded to fp16 first under either fp16 mode."""
@@ -675,14 +675,19 @@ class Lowering:
             raise CompileError(
                 f"tensor {t} ({tensor.name!r}) has no value in partition {self.part.index}"
             )
+        if int_valued(tensor):  # (an int32 operand of integer arithmetic: `OpDef.int32_data`)
+            c = relax.const(np.array(tensor.data, np.int32, order="C"), "int32")
+            self.env[t] = c
+            return c
         data = dequantize(tensor.data, tensor) if is_quantized(tensor) else tensor.data
         c = self.const_array(data, ACC_DTYPE)
         self.env[t] = c
         return c
 
     def value(self, t: int) -> Expr:
-        """Tensor ``t`` in float32: a half tensor gets a conversion of its own per use, so
-        that each consumer's kernel converts as it loads."""
+        """Tensor ``t`` in float32 (int32 values as they are: `int_valued`): a half tensor
+        gets a conversion of its own per use, so that each consumer's kernel converts as it
+        loads."""
         x = self.stored(t)
         if dtype_of(x) == "float16":
             return self.bb.emit(relax.op.astype(x, ACC_DTYPE))
@@ -693,7 +698,8 @@ class Lowering:
         for t in self.part.inputs:
             tensor = self.graph.tensors[t]
             # Booleans (LOGICAL_AND) travel as float 0/1: the session converts them both ways.
-            # int32 inputs are run-time indices (`OpDef.runtime_indices`), read as they are.
+            # int32 inputs (run-time indices, `OpDef.runtime_indices`, and the operands of
+            # int32 arithmetic, `OpDef.int32_data`) are read as they are.
             index = tensor.dtype == np.int32 and not is_quantized(tensor)
             if tensor.dtype.kind not in "fb" and not is_quantized(tensor) and not index:
                 raise CompileError(
@@ -938,6 +944,12 @@ class Lowering:
 
 
 # -- helpers ----------------------------------------------------------------------------------
+
+
+def int_valued(tensor: Tensor) -> bool:
+    """Whether the GPU path holds ``tensor`` as int32 (integer arithmetic on positions and
+    masks, `OpDef.int32_data`; run-time indices): an int32 tensor with no quantization."""
+    return tensor.dtype == np.int32 and tensor.quantization is None
 
 
 def dtype_of(expr: Expr) -> str:

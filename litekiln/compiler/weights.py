@@ -109,7 +109,8 @@ class _Tracer:
     def _base(self, tensor: Tensor, steps: tuple[Step, ...]) -> tuple[np.ndarray, int]:
         key = (tensor.index, steps)
         if key not in self.bases:
-            value = run_steps(tensor, steps)
+            with np.errstate(over="ignore"):  # (a large float rounded to fp16: inf, no match)
+                value = run_steps(tensor, steps)
             self.bases[key] = (value, _checksum(value))
         return self.bases[key]
 

@@ -435,6 +435,11 @@ class OpDef:
     #: int32 inputs; the kernel clamps them into its table, and the session checks on the
     #: host those that LiteRT refuses outside it (`index_limit`).
     runtime_indices: ClassVar[dict[int, str]] = {}
+    #: Whether the GPU form computes int32 data (not quantized) as int32: integer
+    #: arithmetic, comparisons, selects, casts and moves of a language model's positions
+    #: and masks (`Lowering` keeps such tensors int32). Other ops read int32 tensors only
+    #: as constant shapes and axes, or as run-time indices (``runtime_indices``).
+    int32_data: ClassVar[bool] = False
     num_inputs: ClassVar[tuple[int, int] | None] = None
     num_outputs: ClassVar[tuple[int, int] | None] = (1, 1)
 
@@ -516,6 +521,10 @@ class OpDef:
             tensor = graph.tensors[t]
             if tensor.dtype.kind == "f" or tensor.quantization is not None:
                 continue
+            if cls.int32_data and tensor.dtype == np.int32 and t not in integers:
+                if t in op.outputs and fused_activation(op):
+                    return "a fused activation on int32 values: the GPU form clamps floats only"
+                continue
             return _integer_reason(tensor, t in integers, t in op.outputs)
         return None
 
@@ -577,8 +586,10 @@ def index_limits(graph: Subgraph, ops: Iterable[int]) -> dict[int, list[tuple[np
     (`OpDef.index_limit`): tensor -> [(bounds, what reads it)]. The session checks them on
     the host before a GPU partition reads them (`check_indices`), as the CPU path would."""
     out: dict[int, list[tuple[np.ndarray, str]]] = {}
+    made_by: dict[int, Op] = {}
     for i in ops:
         op = graph.ops[i]
+        made_by.update((t, op) for t in op.outputs)
         cls = lookup(op)
         tensors = cls.runtime_index_tensors(op, graph)
         for k, role in cls.runtime_indices.items():
@@ -588,7 +599,26 @@ def index_limits(graph: Subgraph, ops: Iterable[int]) -> dict[int, list[tuple[np
                 out.setdefault(t, []).append(
                     (np.asarray(limit, np.int64), f"{op.describe()}: {role}")
                 )
+    # Indices reshaped on the GPU (a token's ids: RESHAPE of the fed ids, now int32 data of
+    # the partition) are checked where they enter: the values are the same. Indices
+    # computed there (a position plus one) are only clamped by the kernel.
+    todo = list(out)
+    while todo:
+        t = todo.pop()
+        op = made_by.get(t)  # type: ignore[assignment]
+        if op is None or op.name not in _SAME_VALUES or not op.inputs:
+            continue
+        src = op.inputs[0]
+        last = graph.tensors[src].shape[-1:] == graph.tensors[t].shape[-1:]
+        kept = [(b, what) for b, what in out[t] if b.size == 1 or last]
+        if kept and graph.tensors[src].dtype == np.int32:
+            out.setdefault(src, []).extend(kept)
+            todo.append(src)
     return out
+
+
+#: Ops whose output holds its input's values (reshaped): run-time index bounds pass through.
+_SAME_VALUES = frozenset({"RESHAPE", "SQUEEZE", "EXPAND_DIMS"})
 
 
 def check_indices(x: np.ndarray, limits: list[tuple[np.ndarray, str]]) -> None:

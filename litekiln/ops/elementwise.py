@@ -121,6 +121,7 @@ def _mul_quantized(ctx: OpContext, inputs: list[np.ndarray | None]) -> list[np.n
 class Add(BinaryOp):
     name = "ADD"
     gpu = True
+    int32_data = True
     gpu_quant_max_version = 2  # ADD v2 is the int8 kernel (docs/architecture.md, "Op tables")
     fn = staticmethod(np.add)
     versions = (1, 6)
@@ -137,6 +138,7 @@ class Add(BinaryOp):
 class Sub(BinaryOp):
     name = "SUB"
     gpu = True
+    int32_data = True
     gpu_quant_max_version = 2
     fn = staticmethod(np.subtract)
     versions = (1, 5)
@@ -153,6 +155,7 @@ class Sub(BinaryOp):
 class Mul(BinaryOp):
     name = "MUL"
     gpu = True
+    int32_data = True
     gpu_quant_max_version = 2
     fn = staticmethod(np.multiply)
     versions = (1, 8)
@@ -183,6 +186,7 @@ class Div(BinaryOp):
 class Maximum(BinaryOp):
     name = "MAXIMUM"
     gpu = True
+    int32_data = True
     gpu_quant_max_version = 2
     fn = staticmethod(np.maximum)
     versions = (1, 4)
@@ -193,6 +197,7 @@ class Maximum(BinaryOp):
 class Minimum(BinaryOp):
     name = "MINIMUM"
     gpu = True
+    int32_data = True
     gpu_quant_max_version = 2
     fn = staticmethod(np.minimum)
     versions = (1, 4)
@@ -424,6 +429,7 @@ class _Compare(_BoolsAsFloats, BinaryOp):
     dtypes = _NUMERIC | {"bool", "float16"}
     output_dtype = "bool"
     gpu_extended = True
+    int32_data = True
     gpu_quant_max_version = 2  # v2: int8 (v3/v4: int16, strings)
 
     @classmethod
@@ -791,21 +797,24 @@ class Cast(OpDef):
 
     name = "CAST"
     gpu_extended = True
-    # The GPU form: float32, float16 (v5) and bool (float 0/1) on either side.
+    # The GPU form: float32, float16 (v5), bool (float 0/1) and int32 on either side.
     gpu_max_version = gpu_quant_max_version = 5
     versions = (1, 9)
     num_inputs = (1, 1)
     quant_aware = True
+    int32_data = True
 
     @classmethod
     def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
         for t, side in ((op.inputs[0], "from"), (op.outputs[0], "to")):
             tensor = graph.tensors[t]
-            if tensor.dtype.kind in "iu":
+            if tensor.dtype.kind in "iu" and not (
+                tensor.dtype == np.int32 and tensor.quantization is None
+            ):
                 where = "a constant" if tensor.is_constant else "computed at run time"
                 return (
                     f"it casts {side} {tensor.type_name} ({tensor.name!r}, {where}); the GPU "
-                    "path holds only float and bool tensors"
+                    "path holds only float, bool and int32 tensors"
                 )
             if tensor.dtype == np.float64:
                 return (
@@ -862,6 +871,7 @@ class Select(OpDef):
 
     name = "SELECT"
     gpu_extended = True
+    int32_data = True
     # v2: int8 data (float view), v3: rank 5; v4 (uint32) is refused by its type.
     gpu_max_version = gpu_quant_max_version = 3
     versions = (1, 4)

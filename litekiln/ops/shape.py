@@ -108,6 +108,7 @@ class _Movement(OpDef):
 @register
 class Reshape(_Movement):
     name = "RESHAPE"
+    int32_data = True
     gpu = True
     num_inputs = (1, 2)
 
@@ -168,6 +169,7 @@ class Reshape(_Movement):
 @register
 class Squeeze(_Movement):
     name = "SQUEEZE"
+    int32_data = True
     gpu_extended = True
     versions = (1, 2)
     num_inputs = (1, 1)
@@ -206,6 +208,7 @@ class Squeeze(_Movement):
 @register
 class ExpandDims(_Movement):
     name = "EXPAND_DIMS"
+    int32_data = True
     gpu_extended = True
     gpu_constants = {1: "axis"}
     num_inputs = (2, 2)
@@ -234,6 +237,7 @@ class ExpandDims(_Movement):
 @register
 class Transpose(_Movement):
     name = "TRANSPOSE"
+    int32_data = True
     gpu_extended = True
     # v2-v9 add types (int8, bool, int16, int4, bfloat16, float16) and ranks 5 and 6 (v4,
     # v6; v8 also names ranks > 6, which the kernel refuses at load): the GPU path permutes
@@ -272,6 +276,7 @@ class ReverseV2(_Movement):
     (Keras' Bidirectional layers run the backward direction on the reversed sequence)."""
 
     name = "REVERSE_V2"
+    int32_data = True
     gpu_extended = True
     # v2 adds int8 and uint8, v3 int16: moved as stored integers, like the float view.
     gpu_constants = {1: "axes"}
@@ -310,6 +315,7 @@ _REVERSE_TYPES = frozenset({"float32", "uint8", "int8", "int16", "int32", "int64
 @register
 class Concatenation(_Movement):
     name = "CONCATENATION"
+    int32_data = True
     gpu = True
     # Documented table: v1, v2 (int8). v3-v7 add types (int16, uint32, int4, float16, float8):
     # the extended table takes them all (quantized ones through the float view), any rank.
@@ -553,6 +559,7 @@ class MirrorPad(_Movement):
 @register
 class Split(_Movement):
     name = "SPLIT"
+    int32_data = True
     gpu_extended = True
     gpu_constants = {0: "axis"}
     versions = (1, 5)
@@ -594,6 +601,7 @@ class Split(_Movement):
 @register
 class SplitV(_Movement):
     name = "SPLIT_V"
+    int32_data = True
     gpu_extended = True
     gpu_constants = {1: "size_splits", 2: "axis"}
     versions = (1, 3)
@@ -640,6 +648,7 @@ class SplitV(_Movement):
 @register
 class Slice(_Movement):
     name = "SLICE"
+    int32_data = True
     gpu_extended = True
     # v2-v8 add types (int8, string, int16, uint32, int4, float16) and rank 5 (v5).
     gpu_constants = {1: "begin", 2: "size"}
@@ -833,6 +842,7 @@ def strided_slice_plan(
 @register
 class StridedSlice(_Movement):
     name = "STRIDED_SLICE"
+    int32_data = True
     gpu = True
     # Documented table: v1, v2 (int8). v3-v8 add types (bool, string, uint32), rank 5 (v4),
     # ellipsis and new-axis masks (v6) and offset (v8): the GPU path slices what the plan
@@ -889,6 +899,7 @@ class StridedSlice(_Movement):
 @register
 class Gather(_Movement):
     name = "GATHER"
+    int32_data = True
     gpu_extended = True
     # v2-v8: int8, bool, int16, batch_dims (v5), int16 positions, int4, float8.
     gpu_constants = {1: "positions"}
@@ -1111,6 +1122,7 @@ def gather_nd_rows(shape: tuple[int, ...], indices: np.ndarray) -> GatherRows:
 @register
 class GatherNd(_Movement):
     name = "GATHER_ND"
+    int32_data = True
     gpu_extended = True
     # v2-v6: string, int16 params, int16 indices, bool, float8.
     gpu_constants = {1: "indices"}
@@ -1391,6 +1403,7 @@ class Bitcast(_Movement):
 @register
 class Pack(_Movement):
     name = "PACK"
+    int32_data = True
     gpu_extended = True
     versions = (1, 5)
 
@@ -1427,6 +1440,7 @@ class Pack(_Movement):
 @register
 class Unpack(_Movement):
     name = "UNPACK"
+    int32_data = True
     gpu_extended = True
     versions = (1, 6)
     num_inputs = (1, 1)
@@ -1469,6 +1483,7 @@ class Unpack(_Movement):
 @register
 class Tile(_Movement):
     name = "TILE"
+    int32_data = True
     gpu_extended = True
     gpu_constants = {1: "multiples"}
     versions = (1, 3)
@@ -1497,6 +1512,7 @@ class Tile(_Movement):
 @register
 class BroadcastTo(_Movement):
     name = "BROADCAST_TO"
+    int32_data = True
     gpu_extended = True
     gpu_constants = {1: "shape"}
     versions = (2, 4)

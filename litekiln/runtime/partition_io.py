@@ -77,7 +77,7 @@ def constant_arrays(
         if name not in constants:
             raise error(f"constant {name!r} (tensor {tid}) missing")
         spec = specs[tid]
-        arr = np.ascontiguousarray(constants[name], dtype=spec.dtype)
+        arr = np.asarray(constants[name], dtype=spec.dtype, order="C")
         if arr.shape != spec.shape:
             raise error(f"constant {name!r}: shape {arr.shape}, program expects {spec.shape}")
         yield tid, arr
