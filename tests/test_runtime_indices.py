@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gpu_helper import Batch, Case
-from tflite_builder import ModelBuilder
+from tflite_builder import ModelBuilder, Quant
 
 import litekiln
 from litekiln.errors import ModelError
@@ -32,6 +32,22 @@ def _embedding(ids: int, rows: int, width: int):
         table = g.w([rows, width])
         x = g.x([ids], "int32", low=0, high=rows)
         return g.op("EMBEDDING_LOOKUP", [x, table], [ids, width], dtype="float32")
+
+    return build
+
+
+def _embedding_int8(per_row: bool):
+    """litert-torch's dynamic-int8 token embedding: an int8 table looked up as float32
+    (LiteRT's hybrid kernel: each byte times its row's scale, or the table's)."""
+
+    def build(g):
+        rows, width = 12, 16
+        scale = [0.01 * (r + 1) for r in range(rows)] if per_row else 0.03
+        quant = Quant(scale, [0] * rows if per_row else 0, 0)
+        table = g.w([rows, width], "int8", quant=quant)
+        x = g.x([5], "int32", low=0, high=rows)
+        version = 3 if per_row else 2
+        return g.op("EMBEDDING_LOOKUP", [x, table], [5, width], dtype="float32", version=version)
 
     return build
 
@@ -93,6 +109,8 @@ CASES = Batch(
     [
         Case("embedding", _embedding(7, 12, 16)),
         Case("embedding_one_id", _embedding(1, 50, 8)),
+        Case("embedding_int8", _embedding_int8(False)),
+        Case("embedding_int8_per_row", _embedding_int8(True)),
         Case("gather_axis0", _gather([9, 5], [4], 0)),
         Case("gather_axis1_2d_positions", _gather([2, 7, 3], [2, 3], 1)),
         Case("gather_nd_rows", _gather_nd([6, 5, 4], [3, 1])),

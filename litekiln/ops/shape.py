@@ -969,14 +969,17 @@ class EmbeddingLookup(OpDef):
     reads them), times the table's scale -- its row's where the scales are per row -- and the
     zero point is not used. An id outside the table is an error at run time, as in LiteRT.
 
-    On the GPU (LiteRT's GPU delegate has no form of it): a float32 table, the ids an int32
-    input of the partition (a graph input, or computed on the CPU), read by the kernel; an
-    id outside the table is refused on the host before the run, as on the CPU.
+    On the GPU (LiteRT's GPU delegate has no form of it): a float32 table, or an int8 one
+    read as float32 (the hybrid kernel of litert-torch's dynamic-int8 language models: the
+    table dequantized once, as every constant of the float view, to the values the hybrid
+    kernel computes); the ids an int32 tensor of the partition (a graph input, or computed
+    there or on the CPU), read by the kernel; an id entering the partition outside the table
+    is refused on the host before the run, as on the CPU.
     """
 
     name = "EMBEDDING_LOOKUP"
     gpu_extended = True
-    gpu_limits = "an 8-bit or int4 table (LiteRT's hybrid kernel) on the CPU"
+    gpu_limits = "uint8 and int4 tables, and 8-bit tables looked up as 8-bit rows, on the CPU"
     runtime_indices = {0: "ids"}
     quant_aware = True  # the stored integers, scaled as LiteRT's hybrid kernel does
     versions = (1, 4)  # v2 int8 (hybrid), v3 per-channel scales, v4 int4
@@ -985,8 +988,15 @@ class EmbeddingLookup(OpDef):
     @classmethod
     def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
         table = graph.tensors[op.inputs[1]]
-        if table.dtype != np.float32 or table.quantization is not None:
-            return f"its table {table.name!r} is {table.type_name}: the GPU form takes float32"
+        float_table = table.dtype == np.float32 and table.quantization is None
+        # int8 x its (row's) scale with zero point 0 (validate): `dequantize`'s values, the
+        # float64 product rounded once; uint8 bytes LiteRT reads as signed, which it does not.
+        hybrid = table.type_name == "int8" and graph.tensors[op.outputs[0]].dtype == np.float32
+        if not (float_table or hybrid):
+            return (
+                f"its table {table.name!r} is {table.type_name}: the GPU form takes float32, "
+                "or int8 looked up as float32"
+            )
         return super().gpu_support(op, graph, allow_quantized=allow_quantized)
 
     @classmethod

@@ -13,7 +13,7 @@ from pathlib import Path
 
 _CHECK = re.compile(r"^(\S+)\s+(ok|FAIL|ERROR)\s+(rel_err=\S+|mean [0-9.]+ steps, [0-9.]+%)", re.M)
 _ERROR = re.compile(r"^\S+\s+ERROR\s+(.*)$", re.M)
-_WHERE = re.compile(r"(\d+) ops run on the GPU in (\d+) partitions?, (\d+) ops on the CPU")
+_WHERE = re.compile(r"(\d+) ops? run on the GPU in (\d+) partitions?, (\d+) ops? on the CPU")
 
 
 def rows(out: Path, spec: dict[str, object], conv: dict[str, str]) -> list[str]:
