@@ -1121,7 +1121,7 @@ def latency_model(
 
     name = _model_name(path) + (f"[{signature}]" if signature else "")
     warmup = min(20, max(3, runs // 10))
-    interp = Interpreter(model_path=path, **kwargs)
+    parent = interp = Interpreter(model_path=path, **kwargs)
     if signature is not None:
         interp = interp.for_signature(signature)
         peers = ()
@@ -1201,7 +1201,65 @@ def latency_model(
     for peer in peers:
         args = ([inputs[t] for t in g.inputs], ours, lk["median_ms"])
         rec[peer.name] = peer.measure(path, *args, runs=runs, warmup=warmup)
+    key = signature if signature is not None else _primary_signature(parent)
+    if key is not None:
+        rec["carried"] = _carried_step(parent, key, inputs, ours, runs, warmup)
+        if rec["carried"] is not None and rec["litert_cpu_ms"] is not None:
+            rec["carried"]["speedup_vs_litert_cpu"] = _ratio(
+                rec["litert_cpu_ms"], rec["carried"]["litekiln_ms"]
+            )
     return rec
+
+
+def _primary_signature(interp: Any) -> str | None:
+    """The key of the one signature of the model's primary subgraph (a generative model's
+    ``prefill``), if it has exactly one."""
+    model = interp._original  # noqa: SLF001
+    keys = [s.key for s in model.signatures if s.subgraph_index == model.main.index]
+    return keys[0] if len(keys) == 1 else None
+
+
+def _carried_step(
+    parent: Any,
+    signature: str,
+    inputs: dict[int, np.ndarray],
+    ours: list[np.ndarray],
+    runs: int,
+    warmup: int,
+) -> dict[str, Any] | None:
+    """The signature's step as a language model's loop runs it: the outputs that are inputs
+    of the same name (its KV caches) carried on the device (`carry_signature_state`), the
+    other inputs set and the other outputs read (``set_tensor``, ``invoke``, ``get_tensor``).
+    None where nothing is carried. The first step, from the same inputs, must give the
+    uncarried run's outputs (``max_rel_err_vs_uncarried``). Run last: the carries stay."""
+    from litekiln.check import relative_error
+
+    names = parent.carry_signature_state(signature)
+    if not names:
+        return None
+    sig = parent._signature(signature)  # noqa: SLF001
+    interp = parent.for_signature(signature)
+    carried_in = {sig.inputs[n] for n in names}
+    carried_out = {sig.outputs[n] for n in names}
+    for t, x in inputs.items():  # (the states too: the same start as the uncarried run)
+        interp.set_tensor(t, x)
+    feed = [(t, x) for t, x in inputs.items() if t not in carried_in]
+    outs = [k for k, t in enumerate(interp.model.main.outputs) if t not in carried_out]
+    tensors = [interp.model.main.outputs[k] for k in outs]
+
+    def step() -> list[np.ndarray]:
+        for t, x in feed:
+            interp.set_tensor(t, x)
+        interp.invoke()
+        return [interp.get_tensor(t) for t in tensors]
+
+    first = step()
+    timed = time_runs(step, runs, warmup)
+    return {
+        "states": names,
+        "litekiln_ms": round(timed["median_ms"], 4),
+        "max_rel_err_vs_uncarried": relative_error(first, [ours[k] for k in outs]),
+    }
 
 
 def latency_main(a: Any, kwargs: dict[str, Any], *, quiet_peers: bool = True) -> int:
@@ -1312,6 +1370,13 @@ def _print_latency_row(rec: dict[str, Any], *, header: bool, device: str) -> Non
     for k in ("litert_cpu_error", "litert_gpu_error"):
         if rec.get(k):
             print(f"  {k.replace('_error', '').replace('_', ' ')}: n/a ({rec[k][:160]})")
+    carried = rec.get("carried")
+    if carried:
+        print(
+            f"  with {len(carried['states'])} states carried on the device "
+            f"(carry_signature_state): {_fmt(carried['litekiln_ms'], '.3f')} ms, "
+            f"{_fmt(carried.get('speedup_vs_litert_cpu'), '.3g')}x LiteRT CPU"
+        )
 
 
 def _print_profile(rec: dict[str, Any]) -> None:

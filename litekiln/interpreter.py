@@ -510,6 +510,40 @@ class Interpreter:
             for state in self._states.values():
                 state.inputs.pop(input_index, None)  # zero, like a reset
 
+    def carry_signature_state(self, signature_key: str | None = None) -> list[str]:
+        """Carry each output of a signature into the signature's input of the same name, on
+        the device (`carry_state` for each pair of the same shape and dtype).
+
+        litert-torch's language models take their KV caches as inputs of their ``prefill``
+        and ``decode`` signatures and return the updated caches as outputs of the same names:
+        a LiteRT app copies every cache out and back in at every step (tens of MB a token for
+        a model of a real size). Carried, the caches stay where the step left them: the app
+        sets only the tokens and the position and reads only the logits. ``set_tensor`` on a
+        carried input (of the signature's interpreter, `for_signature`) sets its state (the
+        caches ``prefill`` returned, for ``decode``); its runner may then be called without
+        the carried inputs.
+
+        Returns:
+            The names carried.
+
+        Raises:
+            ValueError: no such signature, or None with several signatures.
+            InputError: an input of that name already carries a state, or is bound.
+        """
+        sig = self._signature(signature_key)
+        entry = self.for_signature(sig.key)
+        g = entry._graph
+        names = []
+        for name, out in sig.outputs.items():
+            inp = sig.inputs.get(name)
+            if inp is None:
+                continue
+            a, b = g.tensors[out], entry._input_view(inp)
+            if tuple(a.shape) == tuple(b.shape) and a.dtype == b.dtype:
+                entry.carry_state(out, inp)
+                names.append(name)
+        return names
+
     def get_signature_list(self) -> dict[str, dict[str, list[str]]]:
         return {
             s.key: {"inputs": list(s.inputs), "outputs": list(s.outputs)}
@@ -997,21 +1031,24 @@ class SignatureRunner:
         self._outputs = dict(outputs)
 
     def __call__(self, **kwargs: Any) -> dict[str, np.ndarray]:
-        """Run the signature.
+        """Run the signature. Inputs that carry a state (`Interpreter.carry_signature_state`)
+        may be left out: they keep the state; given, they set it.
 
         Raises:
             ValueError: a wrong number of inputs or an unknown input name.
             InputError: a value of the wrong dtype.
         """
-        if len(kwargs) != len(self._inputs):
-            raise ValueError(
-                f"invalid number of inputs for the signature: expected {len(self._inputs)} "
-                f"({sorted(self._inputs)}), got {len(kwargs)}"
-            )
+        interp = self._interpreter
+        carried = {n for n, t in self._inputs.items() if t in interp._carries}
         unknown = sorted(set(kwargs) - set(self._inputs))
         if unknown:
             raise ValueError(f"invalid input names {unknown}; expected {sorted(self._inputs)}")
-        interp = self._interpreter
+        missing = sorted(set(self._inputs) - set(kwargs) - carried)
+        if missing:
+            raise ValueError(
+                f"invalid number of inputs for the signature: expected {len(self._inputs)} "
+                f"({sorted(self._inputs)}), got {len(kwargs)}; missing {missing}"
+            )
         with interp._lock:
             arrays = {name: np.asarray(v) for name, v in kwargs.items()}
             for name, arr in arrays.items():

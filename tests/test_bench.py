@@ -264,3 +264,8 @@ def test_bench_times_every_signature_of_a_language_model(tmp_path: Path) -> None
     rows = json.loads(out.read_text())["models"]
     assert [r["model"] for r in rows] == ["llm", "llm[decode]"]
     assert all(r["litert_cpu_ms"] > 0 and r["max_rel_err_vs_litert_cpu"] < 1e-4 for r in rows)
+    # Each step timed again as a decode loop runs it: its cache carried, and the same output.
+    for r in rows:
+        carried = r["carried"]
+        assert carried["states"] == ["cache"] and carried["litekiln_ms"] > 0, carried
+        assert carried["max_rel_err_vs_uncarried"] == 0.0, carried

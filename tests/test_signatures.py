@@ -227,6 +227,38 @@ def test_a_decode_loop_prints_what_it_prints_with_litert(tmp_path: Path) -> None
 
 
 @pytest.mark.opencl
+def test_a_decode_loop_with_its_cache_carried_on_the_device_matches_litert(
+    tmp_path: Path,
+) -> None:
+    """``carry_signature_state``: the decode step's cache output fed back into its cache
+    input on the device; the runner then takes the step without the cache (given, it sets
+    it: here prefill's), and each step gives what LiteRT gives with the cache copied by hand."""
+    from ai_edge_litert.interpreter import Interpreter as LiteRT
+
+    model = _model()
+    lit = LiteRT(model_content=model)
+    it = litekiln.Interpreter(model_content=model, cache_dir=tmp_path)
+    assert it.carry_signature_state("decode") == ["cache"]
+    ours = {k: it.get_signature_runner(k) for k in ("prefill", "decode")}
+    theirs = {k: lit.get_signature_runner(k) for k in ("prefill", "decode")}
+    rng = np.random.default_rng(5)
+    feeds = _feeds("prefill", 0)
+    got, want = ours["prefill"](**feeds), theirs["prefill"](**feeds)
+    _assert_close(got, want, "prefill")
+    cache = want["cache"]
+    for step in range(PROMPT, ROWS):
+        x = rng.uniform(-1, 1, [1, 1, D]).astype(np.float32)
+        pos = np.array([0, step, 0], np.int32)
+        first = {"cache": got["cache"]} if step == PROMPT else {}
+        got = ours["decode"](x=x, pos=pos, **first)
+        want = theirs["decode"](x=x, pos=pos, cache=cache)
+        cache = want["cache"]
+        _assert_close(got, want, f"decode step {step}, its cache carried")
+    with pytest.raises(ValueError, match=r"missing \['x'\]"):
+        ours["decode"](pos=np.zeros([3], np.int32))
+
+
+@pytest.mark.opencl
 def test_compile_stores_every_signature_and_cache_info_lists_them(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
