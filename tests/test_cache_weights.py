@@ -105,6 +105,22 @@ def test_tracer_finds_every_relayout_and_leaves_the_rest() -> None:
     assert np.shares_memory(recipes["conv"].apply(g.tensors[0]), g.tensors[0].data)
 
 
+def test_a_scalar_constant_is_rebuilt_a_scalar() -> None:
+    """A program's 0-d constant (an int32 position's offset) traced to a [1] tensor of the
+    model comes back 0-d at a warm start: numpy's ascontiguousarray made it [1], and the
+    program refused the rebuilt constant ("shape (1,), program expects ()")."""
+    from litekiln.compiler.weights import trace_weights
+
+    g = _graph(_tensor(0, np.array([3], np.int32)), _tensor(1, np.array([0.5], np.float32)))
+    consts = {"offset": np.array(3, np.int32), "half": np.array(0.5, np.float32)}
+    recipes = trace_weights(g, consts)
+    assert set(recipes) == set(consts)
+    for name, recipe in recipes.items():
+        got = recipe.apply(g.tensors[recipe.tensor])
+        assert got.shape == () and got.dtype == consts[name].dtype, (name, recipe)
+        assert got.tobytes() == consts[name].tobytes(), name
+
+
 def test_recipe_json_round_trip_and_malformed_recipes() -> None:
     steps = (("float",), ("astype", "float16"), ("transpose", (1, 0)))
     r = WeightRecipe(3, steps, "float16", (5, 6), ("|i1", (6, 5)))

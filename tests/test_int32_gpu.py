@@ -157,3 +157,31 @@ def test_an_id_reshaped_on_the_gpu_is_still_checked_and_positions_stay_exact(
     refusal = r"op #1 EMBEDDING_LOOKUP \(v1\): ids 10 outside \[0, 10\)"
     with pytest.raises(ModelError, match=refusal):
         gpu.run([np.array([[0, 10, 3, 3]], np.int32), pos])
+
+
+def _scalar_constants() -> bytes:
+    """pos [1] -> +1 -> RESHAPE [] -> PACK with two 0-d constants -> [3]: int32 scalars
+    that the compiled program holds as constants (traced back to the model's tensors)."""
+    b = ModelBuilder()
+    pos = b.input("pos", [1], "int32")
+    nxt = b.op("RESHAPE", [b.op("ADD", [pos, np.ones([1], np.int32)]), np.array([], np.int32)],
+               out_shape=[])  # fmt: skip
+    zero, seven = (b.const(n, np.array(v, np.int32)) for n, v in (("zero", 0), ("seven", 7)))
+    b.output(b.op("PACK", [zero, nxt, seven], out_shape=[3], options={"values_count": 3}))
+    b.output(b.op("ADD", [pos, seven]))  # (a kernel's 0-d operand)
+    return b.build()
+
+
+@pytest.mark.opencl
+def test_scalar_int32_constants_keep_their_shape_through_the_cache(tmp_path) -> None:
+    """A warm start rebuilds the program's constants from the model (`WeightRecipe`): a 0-d
+    constant must come back 0-d (numpy's ascontiguousarray made it [1], which the program
+    refused: "constant ...: shape (1,), program expects ()")."""
+    model = _scalar_constants()
+    for start in ("cold", "warm"):
+        it = litekiln.Interpreter(model_content=model, cache_dir=tmp_path)
+        it.allocate_tensors()
+        assert it._backend.compiled.cpu_reasons == {}, start  # noqa: SLF001
+        packed, added = it.run([np.array([4], np.int32)])
+        assert packed.dtype == np.int32 and packed.tolist() == [0, 5, 7], start
+        assert added.dtype == np.int32 and added.tolist() == [11], start

@@ -48,7 +48,7 @@ def trace_weights(
     tracer = _Tracer(graph, merged)
     out = {}
     for name, array in constants.items():
-        recipe = tracer.find(np.ascontiguousarray(array))
+        recipe = tracer.find(np.asarray(array, order="C"))  # (0-d stays 0-d)
         if recipe is not None:
             out[name] = recipe
     return out
