@@ -2,7 +2,8 @@
 # The probe: models nobody here designed, outside the corpus (scripts/probe/models.jsonl),
 # converted from PyTorch with litert-torch (Keras ones with the TFLite converter, quantized
 # variants among them: scripts/probe/convert_keras.py) and checked against LiteRT on this machine's
-# OpenCL (PoCL: `scripts/check_model.py --device opencl`, a fresh cache per model), then
+# OpenCL (PoCL: `scripts/check_model.py --device opencl --warm`, a fresh cache per model, each
+# model checked at its first start and again at a warm start from that cache), then
 # summarised (scripts/probe/summary.py). Needs the corpus virtualenv (build/corpus-venv,
 # scripts/corpus.py's) and the project's (.venv).
 #
@@ -33,7 +34,7 @@ while read -r line; do
   if [ -f "$OUT/$NAME_.tflite" ] && ! grep -qE "^$NAME_ +[0-9.]+ s$" "$OUT/check_$NAME_.log" 2>/dev/null; then
     rm -rf "$OUT/cache_$NAME_"
     /usr/bin/time -f "$NAME_ %e s" timeout 1500 "$PY" scripts/check_model.py "$OUT/$NAME_.tflite" \
-      --device opencl --cache-dir "$OUT/cache_$NAME_" > "$OUT/check_$NAME_.log" 2>&1
+      --device opencl --cache-dir "$OUT/cache_$NAME_" --warm > "$OUT/check_$NAME_.log" 2>&1
     rm -rf "$OUT/cache_$NAME_"
   fi
 done < scripts/probe/models.jsonl

@@ -51,6 +51,8 @@ def row(out: Path, spec: dict[str, object], conv: dict[str, str], part: str | No
     where = _WHERE.search(text)
     placed = f"{where.group(1)} / {where.group(3)}" if where else ""
     check = _CHECK.search(text)
+    full = log.read_text(errors="replace") if log.exists() else ""
+    warm = re.search(rf"^{re.escape(name)} \(warm\)\s+(ok|FAIL|ERROR)\s*(.*)$", full, re.M)
     if "Segfault" in text or "Segmentation fault" in text:
         verdict = "crash (segfault)"
     elif check:
@@ -67,6 +69,8 @@ def row(out: Path, spec: dict[str, object], conv: dict[str, str], part: str | No
         verdict = "not checked"
     else:
         verdict = "error: " + text.strip().splitlines()[-1][:90]
+    if warm and warm.group(1) != "ok":  # (run.sh checks each model again at a warm start)
+        verdict += f"; warm start {warm.group(1)}: {warm.group(2)[:100]}"
     err = (
         check.group(3).removeprefix("rel_err=") + (" within 2" if "%" in check.group(3) else "")
         if check
