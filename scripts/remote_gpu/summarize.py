@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import lzma
 import math
 from pathlib import Path
 from typing import Any
@@ -33,8 +34,13 @@ def _verdict(r: dict) -> str:
 
 
 def _load(d: Path, name: str) -> Any:
+    """``d/name``, or ``d/name.xz`` (the large raw files of older calls are kept in xz, so
+    that the carried tree fits the device call's 64 MiB)."""
     p = d / name
-    return json.loads(p.read_text()) if p.exists() else None
+    if p.exists():
+        return json.loads(p.read_text())
+    xz = d / f"{name}.xz"
+    return json.loads(lzma.decompress(xz.read_bytes())) if xz.exists() else None
 
 
 def _geomean(xs: list[float]) -> float | None:
