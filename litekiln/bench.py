@@ -1021,16 +1021,22 @@ def _litert_cpu(
         return time_runs(run_signature, runs, warmup), ref
     li.allocate_tensors()
     ins = [(d["index"], inputs[d["index"]]) for d in li.get_input_details()]
-    outs = [d["index"] for d in li.get_output_details()]
-
-    def step() -> list[np.ndarray]:
-        for i, x in ins:
-            li.set_tensor(i, x)
-        li.invoke()
-        return [li.get_tensor(o) for o in outs]
-
+    step = _step(li, ins, [d["index"] for d in li.get_output_details()])
     ref = step()
     return time_runs(step, runs, warmup), ref
+
+
+def _step(interp: Any, feed: list[tuple[int, np.ndarray]], outs: list[int]) -> Any:
+    """One inference as an app drives an interpreter (LiteRT's or litekiln's): ``feed`` set,
+    ``invoke``, ``outs`` read."""
+
+    def step() -> list[np.ndarray]:
+        for i, x in feed:
+            interp.set_tensor(i, x)
+        interp.invoke()
+        return [interp.get_tensor(o) for o in outs]
+
+    return step
 
 
 def _litert_gpu(
@@ -1245,14 +1251,7 @@ def _carried_step(
         interp.set_tensor(t, x)
     feed = [(t, x) for t, x in inputs.items() if t not in carried_in]
     outs = [k for k, t in enumerate(interp.model.main.outputs) if t not in carried_out]
-    tensors = [interp.model.main.outputs[k] for k in outs]
-
-    def step() -> list[np.ndarray]:
-        for t, x in feed:
-            interp.set_tensor(t, x)
-        interp.invoke()
-        return [interp.get_tensor(t) for t in tensors]
-
+    step = _step(interp, feed, [interp.model.main.outputs[k] for k in outs])
     first = step()
     timed = time_runs(step, runs, warmup)
     return {
