@@ -120,16 +120,28 @@ def mobilevit_ln(rows: int, n: int) -> Callable[[G], TensorRef]:
 RMS: dict[str, np.ndarray] = {}
 
 
+#: case id -> the slice of its input the case normalises (set when the case is built)
+SLICED: dict[str, tuple[int, int]] = {}
+
+
 def rms_norm(
-    shape: Sequence[int], square: bool = False, keep: bool = False
+    shape: Sequence[int], square: bool = False, keep: bool = False, of_slice: int = 0
 ) -> Callable[[G], TensorRef]:
     """litert-torch's ``odml.rms_norm`` decomposition (the LLMs' RMSNorm): x * x (or SQUARE),
     MEAN over the last axis (without keep_dims, then a RESHAPE of the row statistic), + eps,
-    RSQRT, x * it, * the weight."""
+    RSQRT, x * it, * the weight. ``of_slice``: of a slice of a wider input (its last axis
+    that much longer, the slice from offset ``of_slice // 2``): a query norm reading its
+    slice of a merged query/key/value product."""
 
     def build(g: G) -> TensorRef:
         s = list(shape)
-        x = g.x(s, low=-3.0, high=3.0)
+        if not of_slice:
+            x = g.x(s, low=-3.0, high=3.0)
+        else:
+            wide = g.x([*s[:-1], s[-1] + of_slice], low=-3.0, high=3.0)
+            begin = [0] * (len(s) - 1) + [of_slice // 2]
+            x = g.op("SLICE", [wide, g.ints(begin), g.ints(s)], s)
+            SLICED[g.prefix] = (of_slice // 2, of_slice // 2 + s[-1])
         sq = g.op("SQUARE", [x], s) if square else g.op("MUL", [x, x], s, NONE)
         stat = [*s[:-1], 1]
         ms = g.op("MEAN", [sq, g.ints([-1])], stat if keep else s[:-1], {"keep_dims": keep})
@@ -163,12 +175,15 @@ CASES = [
     Case("rms_n64", rms_norm([1, 8, 64])),
     Case("rms_n640_one_row", rms_norm([1, 1, 640])),
     Case("rms_square_keep", rms_norm([3, 5, 256], square=True, keep=True)),
+    Case("rms_of_a_slice", rms_norm([1, 4, 64], of_slice=32)),
 ]
 
 
 def _oracle(case: str, x: np.ndarray) -> np.ndarray:
     """The layer norm in float64 (eps as float32 holds it)."""
     x = x.astype(np.float64)
+    if case in SLICED:
+        x = x[..., SLICED[case][0] : SLICED[case][1]]
     if case in RMS:
         ms = (x * x).mean(axis=-1, keepdims=True)
         return x / np.sqrt(ms + np.float64(np.float32(EPS))) * RMS[case].astype(np.float64)

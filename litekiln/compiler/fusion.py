@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 import tvm
@@ -168,6 +169,11 @@ class _Fuser:
             p == _OUT_ELEMWISE_FUSABLE and ("matmul" in name or "attention" in name)
             for p, name in pats
         )
+
+    def _is_norm(self, func: relax.Function) -> bool:
+        """A layer or RMS norm's group (`compiler.layer_norm`'s PrimFuncs)."""
+        pats = self._prim_patterns(func) or []
+        return any(name.startswith("layer_norm") for _, name in pats)
 
     def _is_conv(self, func: relax.Function) -> bool:
         """A convolution's group (its epilogue takes plain copies, `_block`)."""
@@ -335,6 +341,14 @@ class _Fuser:
             if func is not None and self._is_conv(func) and not self._is_product(func):
                 self._conv_epilogue_inputs(bindings, i, func, by_var)
                 continue
+            if func is not None and self._is_norm(func) and not self._is_product(func):
+                # The copies a norm reads (the slices of a merged query/key/value product
+                # that a language model's query and key norms read: Gemma 3, two kernels a
+                # layer copying a few KB each). Its row is read twice (the sums, then the
+                # normalised row): a slice or a reshape computed twice costs nothing; its
+                # rule inlines them into its reads (`schedules.RowNormalization`).
+                self._merge_plain_copies(bindings, i, func, by_var, lambda f: set())
+                continue
             if func is None or not self._is_product(func):
                 continue
             args = self._args(b.value)
@@ -428,15 +442,29 @@ class _Fuser:
         convolution's loads (computed again at every read of an element) was measured on the
         H200 and lost as often as it won (selfie_segmentation +6%, palm_detection_lite +4%,
         keras_densenet121 -3%: docs/benchmarks.md, twenty-first session)."""
+        self._merge_plain_copies(bindings, i, func, by_var, self._operands)
+
+    def _merge_plain_copies(
+        self,
+        bindings: list[Any],
+        i: int,
+        func: relax.Function,
+        by_var: dict[Any, int],
+        skip: Callable[[relax.Function], set[int]],
+    ) -> None:
+        """Merge into group ``bindings[i]`` (``func``) the groups of plain copies (`_is_copy`,
+        no transcendental math, no more elements than its output) whose results it reads as
+        arguments not in ``skip(func)`` (asked again after each merge: the arguments move);
+        up to `_MAX_MERGES`."""
         b = bindings[i]
         args = self._args(b.value)
         merges = 0
         changed = True
         while changed and merges < _MAX_MERGES:
             changed = False
-            operands = self._operands(func)
+            skipped = skip(func)
             for k in range(len(args)):
-                found = None if k in operands else self._copy_producer(bindings, by_var, args, i, k)
+                found = None if k in skipped else self._copy_producer(bindings, by_var, args, i, k)
                 if found is None:
                     continue
                 src, prod = found
