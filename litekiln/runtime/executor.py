@@ -77,6 +77,17 @@ class ExecutorError(RuntimeError):
 _Prepared = tuple[cl.Kernel, tuple[int, ...], tuple[int, ...]]
 
 
+def _device_time(events: Sequence[Any]) -> float | None:
+    """The device time of ``events`` (finished), ns; None where the driver has none to give:
+    NVIDIA's OpenCL now and then answers PROFILING_INFO_NOT_AVAILABLE for a finished kernel
+    of a profiling queue (seen on the H200 in the background tuning of two models), which
+    stopped the session's tuning whole."""
+    try:
+        return float(sum(e.profile.end - e.profile.start for e in events))
+    except cl.RuntimeError:
+        return None
+
+
 class PartitionExecutor(PartitionIO):
     """Loads a `GpuProgram` onto an OpenCL device and runs it.
 
@@ -296,10 +307,12 @@ class PartitionExecutor(PartitionIO):
                             cl.enqueue_nd_range_kernel(pq, k, g, loc) for k, g, loc in launches
                         ]
                         pq.finish()
-                        if r:  # the first run is the warm-up
-                            samples.append(sum(e.profile.end - e.profile.start for e in events))
-                    timings.append(float(np.median(samples)))
-            choices.append(int(np.argmin(timings)))
+                        t = _device_time(events) if r else None  # (the first: a warm-up)
+                        if t is not None:
+                            samples.append(t)
+                    timings.append(float(np.median(samples)) if samples else float("inf"))
+            # (an option never timed is never chosen; nor is any where the default was not)
+            choices.append(int(np.argmin(timings)) if np.isfinite(timings[0]) else 0)
             measured.append([t * 1e-6 for t in timings])
         with guard:
             self.select(choices)
