@@ -700,7 +700,7 @@ class Lowering:
             # Booleans (LOGICAL_AND) travel as float 0/1: the session converts them both ways.
             # int32 inputs (run-time indices, `OpDef.runtime_indices`, and the operands of
             # int32 arithmetic, `OpDef.int32_data`) are read as they are.
-            index = tensor.dtype == np.int32 and not is_quantized(tensor)
+            index = int_valued(tensor)
             if tensor.dtype.kind not in "fb" and not is_quantized(tensor) and not index:
                 raise CompileError(
                     f"partition {self.part.index}: input tensor {t} ({tensor.name!r}) is "
