@@ -256,10 +256,39 @@ def _fully_connected(ctx: Ctx) -> list[Expr]:
     if src is not None:
         return _fully_connected_by_columns(ctx, w, src)
     rows = ctx.tensor(0).size // n_in
+    if rows < ROW_MAJOR_WEIGHTS_ROWS:
+        x, wn = data_and_weights(ctx, 0, w)
+        x2 = ctx.emit(relax.op.reshape(x, (rows, n_in)))
+        return epilogue(ctx, ctx.emit(_product_by_rows(ctx, x2, wn)), 2)
     x, wt = data_and_weights(ctx, 0, np.ascontiguousarray(w.T))
     x2 = ctx.emit(relax.op.reshape(x, (rows, n_in)))
     y = ctx.emit(relax.op.matmul(x2, wt, out_dtype=ACC_DTYPE))
     return epilogue(ctx, y, 2)
+
+
+#: A FULLY_CONNECTED of fewer rows than this (a language model's decode step: one; its
+#: prefill: a few tokens) keeps TFLite's ``[out, in]`` weights and sums along their rows
+#: (`_product_by_rows`); more rows take them as ``[in, out]`` for the matrix-product tiles.
+ROW_MAJOR_WEIGHTS_ROWS = 16
+
+
+def _product_by_rows(ctx: Ctx, x: Expr, w: Expr) -> Expr:
+    """``x @ w.T`` for ``x: [rows, in]`` and ``w: [out, in]`` as stored (half under native
+    fp16), summed in float32: each output reads one row of the weights, contiguous, so the
+    lanes that share it read consecutive floats (`schedules.RowReduction`, dlight's GEMV).
+    Transposed to ``[in, out]`` they read one float per row of the weights, 4-8 KB apart
+    (measured on the H200: scripts/remote_gpu/gemv_probe.py, docs/benchmarks.md)."""
+    from tvm import te
+
+    def fn(a: te.Tensor, b: te.Tensor) -> te.Tensor:
+        k = te.reduce_axis((0, a.shape[1]), name="k")
+        return te.compute(
+            (a.shape[0], b.shape[0]),
+            lambda i, j: te.sum(a[i, k].astype(ACC_DTYPE) * b[j, k].astype(ACC_DTYPE), axis=k),
+            name="matmul",
+        )
+
+    return ctx.bb.call_te(fn, x, w, primfunc_name_hint="matmul_rows")
 
 
 def _swapped_source(ctx: Ctx, n_in: int) -> int | None:
