@@ -71,6 +71,11 @@ _MATH_MIN_ROWS = 16
 #: unrolled LSTM's recurrent product computes the previous step's output, o * tanh(c), from
 #: the gates and the cell state in memory (64 x 256 evaluations) and saves a launch a step.
 _MATH_MAX_EVALS = 1 << 16
+#: Name of `compiler.layer_norm`'s PrimFuncs (no TVM-free import of it here: the same string).
+_NORM_NAME = "layer_norm"
+#: Longest row a norm merged into a one-row product may have (`_Fuser._norm_into_product`):
+#: every work-group of the product sums it again.
+_NORM_MAX_TERMS = 16384
 #: TVMScript calls of transcendental math (`_Fuser._has_math`).
 _TRANSCENDENTAL = re.compile(
     r"\bT\.(?:exp|exp2|exp10|expm1|log|log2|log10|log1p|tanh|sigmoid|erf|pow|sqrt|rsqrt|"
@@ -173,7 +178,7 @@ class _Fuser:
     def _is_norm(self, func: relax.Function) -> bool:
         """A layer or RMS norm's group (`compiler.layer_norm`'s PrimFuncs)."""
         pats = self._prim_patterns(func) or []
-        return any(name.startswith("layer_norm") for _, name in pats)
+        return any(name.startswith(_NORM_NAME) for _, name in pats)
 
     def _is_conv(self, func: relax.Function) -> bool:
         """A convolution's group (its epilogue takes plain copies, `_block`)."""
@@ -380,6 +385,12 @@ class _Fuser:
                     merges += 1
                     changed = True
                     break
+            normed = None if self._is_norm(func) else self._norm_into_product(
+                bindings, by_var, args, i, b.var
+            )
+            if normed is not None:  # (after the copies: a reshape between them)
+                func, args = self._merge(normed[0], self._args(normed[1]), func, args, normed[2])
+                merges += 1
             # an epilogue of copies: the product's only reader, as many elements
             for j in range(i + 1, len(bindings)):
                 nxt = bindings[j]
@@ -408,6 +419,38 @@ class _Fuser:
                     self._took_math.append(gv)
                 bindings[i] = relax.VarBinding(b.var, relax.Call(gv, args))
         return relax.DataflowBlock([b for b in bindings if b is not None])
+
+    def _norm_into_product(
+        self, bindings: list[Any], by_var: dict[Any, int], args: list[Any], i: int, out: Any
+    ) -> tuple[relax.Function, Any, int] | None:
+        """A layer or RMS norm (`_is_norm`) whose result is an operand of the one-row
+        product ``bindings[i]`` (a language model's decode step: the norm before the
+        attention's query/key/value product, the one before the MLP's products): ``(norm
+        group, its call, the argument's index)``, else None. Merged, the product's kernel
+        computes the row's statistics itself (`schedules.NormedRowReduction`: each
+        work-group sums the row's few KB again, from the cache) and normalises each term as
+        it reads it: the norm's launch and its output's round trip are gone (two launches a
+        layer of every decoder, ~4 us each in a CUDA graph on the H200). The norm stays for
+        its other readers (the residual), and goes where the products were its only ones."""
+        if _rows(out) != 1:
+            return None
+        for k, a in enumerate(args):
+            j = by_var.get(a)
+            if j is None or j >= i or sum(1 for x in args if x.same_as(a)) != 1:
+                continue
+            src = bindings[j]
+            if src is None or not isinstance(src.var, relax.DataflowVar):
+                continue
+            prod = self._group(src.value)
+            if prod is None or not self._is_norm(prod) or self._is_product(prod):
+                continue
+            pats = self._prim_patterns(prod) or []
+            if sum(1 for _, n in pats if n.startswith(_NORM_NAME)) != 1 or _rows(a) != 1:
+                continue
+            if _numel(a) > _NORM_MAX_TERMS:
+                continue
+            return prod, src.value, k
+        return None
 
     def _copy_producer(
         self, bindings: list[Any], by_var: dict[Any, int], args: list[Any], i: int, k: int

@@ -1615,6 +1615,106 @@ class RowNormalization(_GuardedRule):
         return sch
 
 
+class NormedRowReduction(_GuardedRule):
+    """A one-row product that normalises its operand itself (`fusion._Fuser._norm_into_product`:
+    a decoder's RMS or layer norm merged into the matrix-vector product after it): the
+    norm's row statistics, then the product over the normalised row, in one kernel.
+
+    The product is scheduled as `RowReduction` schedules one (``lanes`` threads along each
+    row of the ``[out, in]`` weights, reading it coalesced; ``threads / lanes`` outputs a
+    work-group along ``threadIdx.y``), the norm's elementwise stage inlined into its loads
+    (``x * rstd * gamma`` computed as each term is read). Each output's lanes first sum the
+    statistics of the operand row over the same lanes (a cross-thread reduction, as
+    `RowNormalization` does): the row, a few KB, is read again by every output from the
+    cache, which costs far less than the norm's own launch and its output's round trip.
+
+    Applies to functions of one or two sums over the operand's one row (the norm's
+    statistics: the squares of an RMS norm; a layer norm's sum, then its squared
+    differences), then one reduction over one axis that reads some input whole (the
+    weights) with its terms along that input's innermost axis, then at most one epilogue.
+
+    Args:
+        lanes: Threads per output row, at most (a power of two).
+        threads: Threads per work-group, at most (the target's limit applies too).
+        min_terms: Terms per lane the lanes aim at, at least.
+        unroll: Unroll each lane's serial loop over the weights by up to this many steps.
+    """
+
+    def __init__(
+        self, lanes: int = 32, threads: int = 256, min_terms: int = 2, unroll: int = 0
+    ) -> None:
+        self.lanes = lanes
+        self.threads = threads
+        self.min_terms = min_terms
+        self.unroll = unroll
+
+    def _apply(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+        sch = s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        if infos is None:
+            return None
+        reductions = [b for b in infos if b.is_reduction()]
+        if len(reductions) not in (2, 3):
+            return None
+        stats, main = reductions[:-1], reductions[-1]
+        for st in stats:
+            dom = _static_dom(st)
+            kinds = st.dom_kind()
+            n_s = len(kinds) - len(kinds.lstrip("S"))
+            if (
+                dom is None
+                or kinds != "S" * n_s + "R"
+                or math.prod(dom[:n_s]) != 1
+                or not _is_sum(sch.get(st.block_rv))
+            ):
+                return None  # not one row's statistics
+        kinds = main.dom_kind()
+        n_s = len(kinds) - len(kinds.lstrip("S"))
+        dom = _static_dom(main)
+        if dom is None or n_s == 0 or kinds != "S" * n_s + "R":
+            return None
+        outputs, terms = math.prod(dom[:n_s]), dom[-1]
+        block = sch.get(main.block_rv)
+        if terms < _COLUMN_TERMS or not _no_reuse(block, outputs, terms):
+            return None
+        k = block.iter_vars[n_s].var
+        if not any(last.same_as(k) for last in _last_indices(block)):
+            return None  # the weights not read along their rows
+        names = {sch.get(st.block_rv).name_hint for st in stats}
+        remaining = try_inline(sch, [b for b in infos if not b.is_reduction()])
+        if any(sch.get(b.block_rv).name_hint in names for b in remaining) or len(remaining) > 1:
+            return None
+        red = sch.get_sblock(main.name)
+        # (the inlined norm now reads the statistics in the product's own loads)
+        last = sch.get(red)
+        if not all(
+            last.same_as(k) or not _uses_var(last, k) for last in _last_indices(last)
+        ):
+            return None
+        epilogue = remaining[0].block_rv if remaining else None
+        if epilogue is not None:
+            consumers = sch.get_consumers(red)
+            if len(consumers) != 1 or sch.get(consumers[0]).name_hint != sch.get(
+                epilogue
+            ).name_hint:
+                return None
+        cap = max(1, min(self.threads, int(max_threads_per_block(target))))
+        lanes = min(self.lanes, cap, _floor_pow2(max(1, terms // self.min_terms)))
+        _lanes_per_row(sch, target, main.name, epilogue, n_s, outputs, lanes, cap, self.unroll)
+        red = sch.get_sblock(main.name)
+        ty = sch.get_loops(red)[1]
+        for st in reversed(stats):
+            st_block = sch.get_sblock(sch.get(st.block_rv).name_hint)
+            for i, _ in enumerate(sch.get(st_block).writes):
+                sch.set_scope(st_block, i, "local" if lanes == 1 else "shared")
+            sch.compute_at(st_block, ty, preserve_unit_loops=False)
+            if lanes > 1:
+                r_o, r_tx = sch.split(sch.get_loops(st_block)[-1], factors=[None, lanes])
+                sch.reorder(r_tx, r_o)
+                sch.bind(r_tx, "threadIdx.x")
+        return sch
+
+
 def _attention_blocks(sch: s_tir.Schedule) -> list[Any] | None:
     """The blocks of a fused attention (`compiler.attention.BLOCKS`, in order), once every
     other block (the operands' layout copies, an epilogue) is inlined; else None."""
@@ -1946,6 +2046,9 @@ def fast_rules(
     rules: list[GPUScheduleRule] = [SerialAttention() if profile == "cpu" else FusedAttention()]
     if cfg.get("window_reduction"):
         rules.append(WindowReduction())
+    # (a one-row product with its operand's norm: `NormedRowReduction`, one work-item per
+    # output on CPUs)
+    rules.append(NormedRowReduction(lanes=32 if profile == "gpu" else 1))
     if cfg.get("coalesced_reductions"):
         rules += [ColumnReduction(), RowReduction(), RowNormalization()]
     if cfg.get("shared_matmul"):
