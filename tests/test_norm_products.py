@@ -166,3 +166,30 @@ def test_normed_products_match_numpy(schedules: str, precision: str) -> None:
         if not err <= tol:
             bad.append(f"{case.id}: {err:.2e}")
     assert not bad, bad
+
+
+@pytest.mark.opencl
+def test_every_tuning_option_matches_numpy() -> None:
+    """The GPU profile's variants of a merged norm and product (64 and 128 lanes an output,
+    beside the default 32) compute the same outputs."""
+    import litekiln
+
+    cases = [Case("t640", normed_product(640, 64)), Case("t2048", normed_product(2048, 32,
+             layer_norm=True))]  # fmt: skip
+    built = build_model(cases)
+    it = litekiln.Interpreter(
+        model_content=built.model, use_cache=False, schedules="fast", tune=False
+    )
+    it.allocate_tensors()
+    ex = it._backend.executors[0]  # noqa: SLF001 - the test drives the executor's options
+    variants = [v for v in ex.program.variants if "layer_norm" in v.func]
+    assert len(variants) == 2 and all(len(v.options) >= 2 for v in variants), variants
+    for i, v in enumerate(ex.program.variants):
+        for c in range(len(v.options) + 1):
+            choices = [0] * len(ex.program.variants)
+            choices[i] = c
+            ex.select(choices)
+            outs = it.run(built.feeds)
+            for k, case in enumerate(cases):
+                err = relative_error([outs[k]], _oracle(case.id, built.feeds[k]))
+                assert err <= 1e-4, f"{v.func} option {c}: {case.id} {err:.2e}"

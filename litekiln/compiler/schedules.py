@@ -2223,7 +2223,8 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
       no barrier), with 32 lanes on rows of any length, and with a group of 256 threads per
       row (split-K); dlight's GEMV and Reduction (what some of these kernels had before our
       rules took them).
-    * layer norms: `RowNormalization` with one work-item per row and with 128 lanes per row.
+    * layer norms: `RowNormalization` with one work-item per row and with 128 lanes per row;
+      one-row products with their norm: `NormedRowReduction` with 64 and 128 lanes.
     * attentions: `FusedAttention` with 1, 2 and 8 query rows per group, and 8 rows of 16
       lanes; with 4, 2 and 8 rows, the key and term loops unrolled whole; and unrolled whole
       with the keys, the values or both staged in local memory (4 rows; both also with 8),
@@ -2345,6 +2346,12 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
         # no barrier), and 128 lanes per row (rows of 256 terms and more).
         RowNormalization(lanes=1),
         RowNormalization(lanes=128),
+        # One-row products with their operand's norm (`NormedRowReduction`, 32 lanes per
+        # output): 64 and 128 lanes (two to four warps an output; hand-written kernels of
+        # [N, K] weights were fastest so on the H200 for K of 640 and 2048:
+        # scripts/remote_gpu/gemv_probe.py).
+        NormedRowReduction(lanes=64),
+        NormedRowReduction(lanes=128),
         # Attentions (`FusedAttention`, 4 query rows of 32 lanes per group): 1, 2 and 8 rows
         # (more groups, or the keys and values read by fewer), 8 rows of 16 lanes.
         FusedAttention(rows=1),
