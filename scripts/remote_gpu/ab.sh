@@ -19,11 +19,13 @@
 # serve), carry .abpack instead of .devkitB, and start the device command with
 #   mkdir -p .devkitB && tar -xJf .abpack/devkitB.tar.xz -C .devkitB \
 #     && cp -r .devcache/wheels .devkitB/.devcache/ && ...
+# STEPS=latency (default torchpeer) times the rounds with `litekiln bench` instead (LiteRT CPU
+# the peer; AB_GREP, an extended regex, adds the log lines to print, e.g. "^(gemma|g_|smoke)").
 # Each round prints its rows and leaves $OUT/<round>.tgz (run.sh's outputs: one file a round,
 # the device tool returns few files).
 set -u
 ROOT=$PWD
-export RUNS=${RUNS:-200} STEPS=torchpeer TORCH_MODES=${TORCH_MODES:-eager,cuda_graph} NO_LITERT_GPU=1
+export RUNS=${RUNS:-200} STEPS=${STEPS:-torchpeer} TORCH_MODES=${TORCH_MODES:-eager,cuda_graph} NO_LITERT_GPU=1
 for round in $ROUNDS; do
   t=$(date +%s)
   case $round in
@@ -35,6 +37,6 @@ for round in $ROUNDS; do
     *) echo "ab.sh: a round is A<n> or B<n>, not $round"; exit 2 ;;
   esac
   echo "== $round $(( $(date +%s) - t )) s"
-  grep -h -E "^(timm|tv|keras|mp)_|eager \+ CUDA graph|kit .*(match|other)" "$OUT/$round/log.txt"
+  grep -h -E "^(timm|tv|keras|mp)_|eager \+ CUDA graph|kit .*(match|other)${AB_GREP:+|$AB_GREP}" "$OUT/$round/log.txt"
   tar czf "$OUT/$round.tgz" -C "$OUT" "$round" && rm -rf "${OUT:?}/$round"
 done
