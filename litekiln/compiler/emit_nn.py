@@ -256,7 +256,7 @@ def _fully_connected(ctx: Ctx) -> list[Expr]:
     if src is not None:
         return _fully_connected_by_columns(ctx, w, src)
     rows = ctx.tensor(0).size // n_in
-    if rows < ROW_MAJOR_WEIGHTS_ROWS:
+    if rows < ROW_MAJOR_WEIGHTS_ROWS and n_in > 1:  # (one term: `unit_reductions` takes it)
         x, wn = data_and_weights(ctx, 0, w)
         x2 = ctx.emit(relax.op.reshape(x, (rows, n_in)))
         return epilogue(ctx, ctx.emit(_product_by_rows(ctx, x2, wn)), 2)
