@@ -8,9 +8,7 @@ sums the row's statistics itself and normalises each term as it reads it
 launch is gone. Each case is checked against float64 numpy on OpenCL (PoCL) under both
 schedule profiles and both precisions, and its kernels counted: one where the norm's only
 readers are one-row products, two where something else reads the norm too (the norm stays
-for it), and the norm apart where the product has several rows (a prefill's tokens). A gated
-MLP's gate and up products (``silu(gate) * up``: the up product's epilogue reads the gate)
-are one kernel, with their norm or without (`fusion._Fuser._sibling_product`).
+for it), and the norm apart where the product has several rows (a prefill's tokens).
 """
 
 from __future__ import annotations
@@ -83,23 +81,6 @@ def normed_product(
     return build
 
 
-def gated(n_in: int, n_out: int, *, norm: bool = True) -> Callable[[G], list[TensorRef]]:
-    """A gated MLP's first half (Llama's): x [1, 1, n_in] -> RMS norm (``norm``) -> gate
-    and up FULLY_CONNECTEDs -> silu(gate) * up."""
-
-    def build(g: G) -> list[TensorRef]:
-        _PARAMS[g.prefix] = {"rows": 1, "gated": True}
-        shape = [1, 1, n_in]
-        x = g.x(shape, low=-3.0, high=3.0)
-        y = _rms(g, x, shape) if norm else x
-        gate = _fc(g, y, 1, n_in, n_out, "fc0")
-        up = _fc(g, y, 1, n_in, n_out, "fc1")
-        silu = g.op("MUL", [gate, g.op("LOGISTIC", [gate], [1, n_out])], [1, n_out], NONE)
-        return [g.op("MUL", [silu, up], [1, n_out], NONE)]
-
-    return build
-
-
 #: (case, kernels it launches under either profile)
 CASES: list[tuple[Case, int]] = [
     (Case("rms_128x96", normed_product(128, 96)), 1),
@@ -109,8 +90,6 @@ CASES: list[tuple[Case, int]] = [
     (Case("rms_gate_and_up", normed_product(256, 128, products=2)), 2),
     (Case("rms_read_elsewhere", normed_product(256, 128, residual=True)), 2),
     (Case("rms_rows4", normed_product(128, 96, rows=4)), 2),
-    (Case("gated_640x128", gated(640, 128)), 1),
-    (Case("gated_no_norm", gated(256, 64, norm=False)), 1),
 ]
 
 
@@ -119,18 +98,13 @@ def _oracle(case: str, x: np.ndarray) -> list[np.ndarray]:
     p = _PARAMS[case]
     x = x.astype(np.float64).reshape(p["rows"], -1)
     eps = np.float64(np.float32(EPS))
-    if "gamma" not in p:
-        y = x
-    elif p.get("mean"):
+    if p.get("mean"):
         c = x - x.mean(axis=-1, keepdims=True)
         y = c / np.sqrt((c * c).mean(axis=-1, keepdims=True) + eps) * p["gamma"] + p["beta"]
     else:
         y = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * p["gamma"]
     outs = [y @ p[f"fc{i}"][0].T.astype(np.float64) + p[f"fc{i}"][1]
             for i in range(sum(1 for name in p if name.startswith("fc")))]  # fmt: skip
-    if p.get("gated"):
-        gate, up = outs
-        return [gate / (1.0 + np.exp(-gate)) * up]
     return [*outs, y[None]] if case == "rms_read_elsewhere" else outs
 
 
@@ -151,11 +125,8 @@ def test_the_norm_runs_in_the_product(schedules: str) -> None:
     assert len(kernels) == sum(n for _, n in CASES), kernels
     fused = [k for k in kernels if "layer_norm" in k and "matmul" in k]
     # one-row products with their norm: 128x96, 640x256, 2048x64, the layer norm, gate and
-    # up, the product whose norm another reader keeps, and the gated MLP's (one kernel:
-    # both products)
-    assert len(fused) == 8, kernels
-    gated = [k for k in kernels if "sigmoid" in k]
-    assert len(gated) == 2 and all(k.count("matmul") >= 1 for k in gated), kernels
+    # up, and the product whose norm another reader keeps
+    assert len(fused) == 7, kernels
     alone = [k for k in kernels if "layer_norm" in k and "matmul" not in k]
     assert len(alone) == 2, kernels  # the residual's norm, the four-row product's
 
@@ -199,12 +170,12 @@ def test_normed_products_match_numpy(schedules: str, precision: str) -> None:
 
 @pytest.mark.opencl
 def test_every_tuning_option_matches_numpy() -> None:
-    """The GPU profile's variants of a merged norm and product, and of a gated pair (64 and
-    128 lanes an output, beside the default 32), compute the same outputs."""
+    """The GPU profile's variants of a merged norm and product (64 and 128 lanes an output,
+    beside the default 32) compute the same outputs."""
     import litekiln
 
     cases = [Case("t640", normed_product(640, 64)), Case("t2048", normed_product(2048, 32,
-             layer_norm=True)), Case("tgated", gated(640, 64))]  # fmt: skip
+             layer_norm=True))]  # fmt: skip
     built = build_model(cases)
     it = litekiln.Interpreter(
         model_content=built.model, use_cache=False, schedules="fast", tune=False
@@ -212,7 +183,7 @@ def test_every_tuning_option_matches_numpy() -> None:
     it.allocate_tensors()
     ex = it._backend.executors[0]  # noqa: SLF001 - the test drives the executor's options
     variants = [v for v in ex.program.variants if "layer_norm" in v.func]
-    assert len(variants) == 3 and all(len(v.options) >= 2 for v in variants), variants
+    assert len(variants) == 2 and all(len(v.options) >= 2 for v in variants), variants
     for i, v in enumerate(ex.program.variants):
         for c in range(len(v.options) + 1):
             choices = [0] * len(ex.program.variants)

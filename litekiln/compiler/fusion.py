@@ -385,17 +385,11 @@ class _Fuser:
                     merges += 1
                     changed = True
                     break
-            # (after the copies: a reshape between the norm and the product)
             normed = None if self._is_norm(func) else self._norm_into_product(
                 bindings, by_var, args, i, b.var
             )
-            sibling = self._sibling_product(bindings, by_var, uses, args, i, b.var, func)
-            if sibling is not None:
-                func, args = self._merge(sibling[0], self._args(sibling[1]), func, args, sibling[2])
-                merges += 1
-            if normed is not None:
-                k = next(n for n, x in enumerate(args) if x.same_as(normed[2]))
-                func, args = self._merge(normed[0], self._args(normed[1]), func, args, k)
+            if normed is not None:  # (after the copies: a reshape between them)
+                func, args = self._merge(normed[0], self._args(normed[1]), func, args, normed[2])
                 merges += 1
             # an epilogue of copies: the product's only reader, as many elements
             for j in range(i + 1, len(bindings)):
@@ -428,11 +422,11 @@ class _Fuser:
 
     def _norm_into_product(
         self, bindings: list[Any], by_var: dict[Any, int], args: list[Any], i: int, out: Any
-    ) -> tuple[relax.Function, Any, Any] | None:
+    ) -> tuple[relax.Function, Any, int] | None:
         """A layer or RMS norm (`_is_norm`) whose result is an operand of the one-row
         product ``bindings[i]`` (a language model's decode step: the norm before the
         attention's query/key/value product, the one before the MLP's products): ``(norm
-        group, its call, the argument)``, else None. Merged, the product's kernel
+        group, its call, the argument's index)``, else None. Merged, the product's kernel
         computes the row's statistics itself (`schedules.NormedRowReduction`: each
         work-group sums the row's few KB again, from the cache) and normalises each term as
         it reads it: the norm's launch and its output's round trip are gone (two launches a
@@ -454,50 +448,6 @@ class _Fuser:
             if sum(1 for _, n in pats if n.startswith(_NORM_NAME)) != 1 or _rows(a) != 1:
                 continue
             if _numel(a) > _NORM_MAX_TERMS:
-                continue
-            return prod, src.value, a
-        return None
-
-    def _sibling_product(
-        self,
-        bindings: list[Any],
-        by_var: dict[Any, int],
-        uses: dict[Any, int],
-        args: list[Any],
-        i: int,
-        out: Any,
-        func: relax.Function,
-    ) -> tuple[relax.Function, Any, int] | None:
-        """Another one-row product whose result the epilogue of the one-row product
-        ``bindings[i]`` (``func``) reads, element by element, and nothing else reads, over
-        the same terms: a gated MLP's gate, read as ``gelu(gate) * up`` by the up product's
-        epilogue (Gemma, Llama: every decoder layer). ``(its group, its call, the
-        argument's index)``, else None. Merged, the kernel sums both rows of weights for
-        each output (`schedules.NormedRowReduction`): one launch a layer fewer, and the
-        gate's round trip through memory."""
-        if _rows(out) != 1:
-            return None
-        operands = self._operands(func)
-        terms = {_last(args[n]) for n in operands}
-        for k, a in enumerate(args):
-            j = by_var.get(a)
-            if k in operands or j is None or j >= i or uses.get(a, 0) != 1:
-                continue
-            src = bindings[j]
-            if src is None or not isinstance(src.var, relax.DataflowVar):
-                continue
-            prod = self._group(src.value)
-            if prod is None or not self._is_product(prod) or self._is_attention(prod):
-                continue
-            pats = self._prim_patterns(prod) or []
-            if sum(1 for p, n in pats if p == _OUT_ELEMWISE_FUSABLE and "matmul" in n) != 1:
-                continue  # one product (a norm merged into it may be there too)
-            prod_args = self._args(src.value)
-            if (
-                _rows(a) != 1
-                or _numel(a) != _numel(out)
-                or {_last(prod_args[n]) for n in self._operands(prod)} != terms
-            ):
                 continue
             return prod, src.value, k
         return None
@@ -593,12 +543,6 @@ def _rows(var: Any) -> int:
     """``var``'s element count over its last axis (-1 if not static)."""
     shape = _static_shape(var)
     return -1 if not shape else math.prod(shape[:-1])
-
-
-def _last(var: Any) -> int:
-    """``var``'s last axis (-1 if not static)."""
-    shape = _static_shape(var)
-    return -1 if not shape else shape[-1]
 
 
 def _numel(var: Any) -> int:

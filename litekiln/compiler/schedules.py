@@ -1518,15 +1518,6 @@ def _is_sum(block: s_tir.SBlock) -> bool:
     )
 
 
-def _is_product_sum(block: s_tir.SBlock) -> bool:
-    """Whether a reduction block sums products (`_is_sum` of ``acc + a * b``): a matrix
-    product's, not a softmax's sum of exponentials."""
-    if not _is_sum(block):
-        return False
-    update = block.body.value
-    return isinstance(update.b, tirx.Mul) or isinstance(update.a, tirx.Mul)
-
-
 def _row_reductions(sch: s_tir.Schedule) -> tuple[list[Any], Any, int, list[int]] | None:
     """The blocks of a function of row reductions (after inlining the spatial blocks that
     inline): ``(reductions, last, n_s, dom)``, the reductions sharing the leading spatial
@@ -1663,100 +1654,65 @@ class NormedRowReduction(_GuardedRule):
         if infos is None:
             return None
         reductions = [b for b in infos if b.is_reduction()]
-        if not 2 <= len(reductions) <= _MOST_PROLOGUE + 1:
+        if len(reductions) not in (2, 3):
             return None
-        main, prologue = reductions[-1], reductions[:-1]
+        stats, main = reductions[:-1], reductions[-1]
+        for st in stats:
+            dom = _static_dom(st)
+            kinds = st.dom_kind()
+            n_s = len(kinds) - len(kinds.lstrip("S"))
+            if (
+                dom is None
+                or kinds != "S" * n_s + "R"
+                or math.prod(dom[:n_s]) != 1
+                or not _is_sum(sch.get(st.block_rv))
+            ):
+                return None  # not one row's statistics
         kinds = main.dom_kind()
         n_s = len(kinds) - len(kinds.lstrip("S"))
         dom = _static_dom(main)
         if dom is None or n_s == 0 or kinds != "S" * n_s + "R":
             return None
         outputs, terms = math.prod(dom[:n_s]), dom[-1]
-        if terms < _COLUMN_TERMS:
+        block = sch.get(main.block_rv)
+        if terms < _COLUMN_TERMS or not _no_reuse(block, outputs, terms):
             return None
-        products = [main]
-        for r in prologue:
-            r_dom, r_kinds = _static_dom(r), r.dom_kind()
-            if r_dom == dom and r_kinds == kinds:
-                products.append(r)  # a sibling product (a gated MLP's gate)
-                continue
-            r_s = len(r_kinds) - len(r_kinds.lstrip("S"))
-            if (
-                r_dom is None
-                or r_kinds != "S" * r_s + "R"
-                or math.prod(r_dom[:r_s]) != 1
-                or not _is_sum(sch.get(r.block_rv))
-            ):
-                return None  # neither one row's statistics nor a sibling product
-        for r in products:
-            block = sch.get(r.block_rv)
-            k = block.iter_vars[n_s].var
-            if (
-                not _is_product_sum(block)
-                or not _no_reuse(block, outputs, terms)
-                or not any(last.same_as(k) for last in _last_indices(block))
-            ):
-                return None  # not a sum of products, its weights read whole along their rows
-        names = {sch.get(r.block_rv).name_hint for r in reductions}
+        k = block.iter_vars[n_s].var
+        if not any(last.same_as(k) for last in _last_indices(block)):
+            return None  # the weights not read along their rows
+        names = {sch.get(st.block_rv).name_hint for st in stats}
         remaining = try_inline(sch, [b for b in infos if not b.is_reduction()])
-        if len(remaining) > 1 or any(sch.get(b.block_rv).name_hint in names for b in remaining):
+        if any(sch.get(b.block_rv).name_hint in names for b in remaining) or len(remaining) > 1:
             return None
-        for r in products:  # (the inlined norm reads its statistics in the products' loads)
-            block = sch.get(sch.get_sblock(sch.get(r.block_rv).name_hint))
-            k = block.iter_vars[n_s].var
-            if not all(x.same_as(k) or not _uses_var(x, k) for x in _last_indices(block)):
-                return None
         red = sch.get_sblock(main.name)
+        # (the inlined norm now reads the statistics in the product's own loads)
+        last = sch.get(red)
+        if not all(
+            last.same_as(k) or not _uses_var(last, k) for last in _last_indices(last)
+        ):
+            return None
         epilogue = remaining[0].block_rv if remaining else None
         if epilogue is not None:
-            consumers = {sch.get(c).name_hint for c in sch.get_consumers(red)}
-            if consumers != {sch.get(epilogue).name_hint} or _non_unit(
-                sch.get(epilogue).writes[0].source.shape
-            ) != _non_unit(sch.get(red).writes[0].source.shape):
-                return None  # an epilogue over other elements than the outputs
+            consumers = sch.get_consumers(red)
+            if len(consumers) != 1 or sch.get(consumers[0]).name_hint != sch.get(
+                epilogue
+            ).name_hint:
+                return None
         cap = max(1, min(self.threads, int(max_threads_per_block(target))))
         lanes = min(self.lanes, cap, _floor_pow2(max(1, terms // self.min_terms)))
-        # Everything under the epilogue's loop over the outputs (a write-back where there is
-        # no epilogue): the products' sums in registers, the statistics in local memory.
-        if epilogue is None:
-            epilogue = sch.cache_write(red, 0, "local")
-        else:
-            sch.set_scope(red, 0, "local")
-        e_loops = sch.get_loops(epilogue)
-        e = sch.fuse(*e_loops) if len(e_loops) > 1 else e_loops[0]
-        sch.compute_at(red, e, preserve_unit_loops=False)
-        stats = {sch.get(r.block_rv).name_hint for r in prologue} - {
-            sch.get(r.block_rv).name_hint for r in products
-        }
-        blocks = [sch.get_sblock(main.name)]
-        for r in reversed(prologue):
-            name = sch.get(r.block_rv).name_hint
-            block = sch.get_sblock(name)
-            scope = "shared" if name in stats and lanes > 1 else "local"
-            for i, _ in enumerate(sch.get(block).writes):
-                sch.set_scope(block, i, scope)
-            sch.compute_at(block, e, preserve_unit_loops=False)
-            blocks.append(block)
-        per_group = max(1, min(_threads_per_group(outputs * lanes, target), cap) // lanes)
-        bx, ty = sch.split(e, factors=[None, min(per_group, outputs)])
-        sch.bind(bx, "blockIdx.x")
-        if lanes == 1:
-            sch.bind(ty, "threadIdx.x")
-            return sch
-        sch.bind(ty, "threadIdx.y")
-        for n, block in enumerate(blocks):
-            r_o, r_tx = sch.split(sch.get_loops(block)[-1], factors=[None, lanes])
-            sch.reorder(r_tx, r_o)
-            sch.bind(r_tx, "threadIdx.x")
-            if n == 0 and self.unroll:
-                sch.annotate(r_o, "pragma_auto_unroll_max_step", self.unroll)
-                sch.annotate(r_o, "pragma_unroll_explicit", 1)
+        _lanes_per_row(sch, target, main.name, epilogue, n_s, outputs, lanes, cap, self.unroll)
+        red = sch.get_sblock(main.name)
+        ty = sch.get_loops(red)[1]
+        for st in reversed(stats):
+            st_block = sch.get_sblock(sch.get(st.block_rv).name_hint)
+            for i, _ in enumerate(sch.get(st_block).writes):
+                sch.set_scope(st_block, i, "local" if lanes == 1 else "shared")
+            sch.compute_at(st_block, ty, preserve_unit_loops=False)
+            if lanes > 1:
+                r_o, r_tx = sch.split(sch.get_loops(st_block)[-1], factors=[None, lanes])
+                sch.reorder(r_tx, r_o)
+                sch.bind(r_tx, "threadIdx.x")
         return sch
-
-
-#: Most reductions before a `NormedRowReduction`'s product: the statistics of two norms (a
-#: layer norm's sum and squares) and a sibling product with its own.
-_MOST_PROLOGUE = 5
 
 
 def _attention_blocks(sch: s_tir.Schedule) -> list[Any] | None:
