@@ -415,6 +415,20 @@ def _dump_errors() -> None:
             f.write(f"{k}\t{names}\t{e_ref:.3g}\t{lit}\t{unit}\n")
 
 
+def run_uncached(
+    model: bytes, feeds: Sequence[np.ndarray], schedules: str, precision: str = "fp32"
+) -> list[np.ndarray]:
+    """``model`` run once on the default OpenCL device, compiled with ``schedules`` and
+    ``precision`` and no cache."""
+    import litekiln
+
+    it = litekiln.Interpreter(
+        model_content=model, use_cache=False, schedules=schedules, precision=precision
+    )
+    it.allocate_tensors()
+    return list(it.run(list(feeds)))
+
+
 def launched_kernels(model: bytes, schedules: str, precision: str = "fp32") -> list[str]:
     """The kernels ``model`` launches, in order, compiled with ``schedules`` (tuning off);
     the model must run whole on the GPU."""

@@ -26,6 +26,7 @@ from gpu_helper import (
     launched_kernels,
     planned,
     rules_of_first_partition,
+    run_uncached,
 )
 from tflite_builder import TensorRef
 
@@ -150,14 +151,8 @@ def test_rule_for_the_attention(schedules: str) -> None:
 @pytest.mark.parametrize("schedules", ["fast", "fast-cpu"])
 def test_attentions_match_numpy(schedules: str, precision: str) -> None:
     """Each case's output against a float64 attention of its inputs, on OpenCL."""
-    import litekiln
-
     built = _built()
-    it = litekiln.Interpreter(
-        model_content=built.model, use_cache=False, schedules=schedules, precision=precision
-    )
-    it.allocate_tensors()
-    outs = it.run(built.feeds)
+    outs = run_uncached(built.model, built.feeds, schedules, precision)
     tol = 1e-4 if precision == "fp32" else 1e-2
     bad = []
     for k, case in enumerate(CASES):

@@ -27,6 +27,7 @@ from gpu_helper import (
     launched_kernels,
     planned,
     rules_of_first_partition,
+    run_uncached,
 )
 from tflite_builder import TensorRef
 
@@ -219,7 +220,9 @@ def test_rule_for_the_layer_norm(schedules: str) -> None:
     """`RowNormalization` schedules the fused function on GPUs, `SerialRows` on PoCL, an
     RMS norm's (one sum) as a layer norm's (two)."""
     expected = "RowNormalization" if schedules == "fast" else "SerialRows"
-    for build in (torch_ln([1, 256, 80]), rms_norm([1, 8, 640])):
+    # (one row of a layer norm too: its two sums are not a norm and a product,
+    # `NormedRowReduction`'s)
+    for build in (torch_ln([1, 256, 80]), rms_norm([1, 8, 640]), torch_ln([1, 1, 256])):
         rules = rules_of_first_partition(build, schedules)
         assert rules == [expected], rules
 
@@ -229,14 +232,8 @@ def test_rule_for_the_layer_norm(schedules: str) -> None:
 @pytest.mark.parametrize("schedules", ["fast", "fast-cpu"])
 def test_layer_norms_match_numpy(schedules: str, precision: str) -> None:
     """Each case's output against a float64 layer norm of its input, on OpenCL."""
-    import litekiln
-
     built = _built()
-    it = litekiln.Interpreter(
-        model_content=built.model, use_cache=False, schedules=schedules, precision=precision
-    )
-    it.allocate_tensors()
-    outs = it.run(built.feeds)
+    outs = run_uncached(built.model, built.feeds, schedules, precision)
     tol = 1e-4 if precision == "fp32" else 1e-2
     bad = []
     for k, case in enumerate(CASES):

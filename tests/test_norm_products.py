@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gpu_helper import Case, G, build_model, launched_kernels, planned
+from gpu_helper import Case, G, build_model, launched_kernels, planned, run_uncached
 from tflite_builder import TensorRef
 
 from litekiln.check import relative_error
@@ -148,14 +148,8 @@ def test_rule(schedules: str) -> None:
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("schedules", ["fast", "fast-cpu"])
 def test_normed_products_match_numpy(schedules: str, precision: str) -> None:
-    import litekiln
-
     built = _built()
-    it = litekiln.Interpreter(
-        model_content=built.model, use_cache=False, schedules=schedules, precision=precision
-    )
-    it.allocate_tensors()
-    outs = it.run(built.feeds)
+    outs = run_uncached(built.model, built.feeds, schedules, precision)
     tol = 1e-4 if precision == "fp32" else 1e-2
     bad = []
     for k, (case, _) in enumerate(CASES):

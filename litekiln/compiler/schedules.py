@@ -1518,6 +1518,29 @@ def _is_sum(block: s_tir.SBlock) -> bool:
     )
 
 
+def _is_product_sum(block: s_tir.SBlock) -> bool:
+    """Whether a reduction block sums products (`_is_sum` of ``acc + a * b``): a matrix
+    product's sum, not a mean's nor a softmax's sum of exponentials."""
+    if not _is_sum(block):
+        return False
+    update = block.body.value
+    return isinstance(update.b, tirx.Mul) or isinstance(update.a, tirx.Mul)
+
+
+def _sums_under(sch: s_tir.Schedule, blocks: list[Any], loop: Any, lanes: int) -> None:
+    """Compute the sum blocks ``blocks`` (producers first) under ``loop``, each output in a
+    register (``lanes == 1``) or in local memory, its terms summed across ``lanes`` lanes
+    (``threadIdx.x``: a cross-thread reduction whose result every lane reads)."""
+    for block in reversed(blocks):
+        for i, _ in enumerate(sch.get(block).writes):
+            sch.set_scope(block, i, "local" if lanes == 1 else "shared")
+        sch.compute_at(block, loop, preserve_unit_loops=False)
+        if lanes > 1:
+            r_o, r_tx = sch.split(sch.get_loops(block)[-1], factors=[None, lanes])
+            sch.reorder(r_tx, r_o)
+            sch.bind(r_tx, "threadIdx.x")
+
+
 def _row_reductions(sch: s_tir.Schedule) -> tuple[list[Any], Any, int, list[int]] | None:
     """The blocks of a function of row reductions (after inlining the spatial blocks that
     inline): ``(reductions, last, n_s, dom)``, the reductions sharing the leading spatial
@@ -1603,15 +1626,7 @@ class RowNormalization(_GuardedRule):
             sch.reorder(tx, c_o)
             sch.bind(ty, "threadIdx.y")
             sch.bind(tx, "threadIdx.x")
-        for info in reversed(reductions):
-            block = info.block_rv
-            for i, _ in enumerate(sch.get(block).writes):
-                sch.set_scope(block, i, "local" if lanes == 1 else "shared")
-            sch.compute_at(block, ty, preserve_unit_loops=False)
-            if lanes > 1:
-                r_o, r_tx = sch.split(sch.get_loops(block)[-1], factors=[None, lanes])
-                sch.reorder(r_tx, r_o)
-                sch.bind(r_tx, "threadIdx.x")
+        _sums_under(sch, [info.block_rv for info in reductions], ty, lanes)
         return sch
 
 
@@ -1675,43 +1690,41 @@ class NormedRowReduction(_GuardedRule):
             return None
         outputs, terms = math.prod(dom[:n_s]), dom[-1]
         block = sch.get(main.block_rv)
-        if terms < _COLUMN_TERMS or not _no_reuse(block, outputs, terms):
-            return None
+        if (
+            terms < _COLUMN_TERMS
+            or not _is_product_sum(block)
+            or not _no_reuse(block, outputs, terms)
+        ):
+            return None  # (a one-row layer norm's two sums: `RowNormalization`'s)
         k = block.iter_vars[n_s].var
         if not any(last.same_as(k) for last in _last_indices(block)):
             return None  # the weights not read along their rows
-        names = {sch.get(st.block_rv).name_hint for st in stats}
+        stat_names = [sch.get(st.block_rv).name_hint for st in stats]
         remaining = try_inline(sch, [b for b in infos if not b.is_reduction()])
-        if any(sch.get(b.block_rv).name_hint in names for b in remaining) or len(remaining) > 1:
+        if len(remaining) > 1 or any(sch.get(b.block_rv).name_hint in stat_names
+                                     for b in remaining):  # fmt: skip
             return None
         red = sch.get_sblock(main.name)
         # (the inlined norm now reads the statistics in the product's own loads)
         last = sch.get(red)
-        if not all(
-            last.same_as(k) or not _uses_var(last, k) for last in _last_indices(last)
-        ):
+        if not all(last.same_as(k) or not _uses_var(last, k) for last in _last_indices(last)):
             return None
         epilogue = remaining[0].block_rv if remaining else None
         if epilogue is not None:
             consumers = sch.get_consumers(red)
-            if len(consumers) != 1 or sch.get(consumers[0]).name_hint != sch.get(
-                epilogue
-            ).name_hint:
-                return None
+            if (
+                len(consumers) != 1
+                or sch.get(consumers[0]).name_hint != sch.get(epilogue).name_hint
+                or _non_unit(sch.get(epilogue).writes[0].source.shape)
+                != _non_unit(sch.get(red).writes[0].source.shape)
+            ):
+                return None  # an epilogue over other elements than the outputs
         cap = max(1, min(self.threads, int(max_threads_per_block(target))))
         lanes = min(self.lanes, cap, _floor_pow2(max(1, terms // self.min_terms)))
         _lanes_per_row(sch, target, main.name, epilogue, n_s, outputs, lanes, cap, self.unroll)
-        red = sch.get_sblock(main.name)
-        ty = sch.get_loops(red)[1]
-        for st in reversed(stats):
-            st_block = sch.get_sblock(sch.get(st.block_rv).name_hint)
-            for i, _ in enumerate(sch.get(st_block).writes):
-                sch.set_scope(st_block, i, "local" if lanes == 1 else "shared")
-            sch.compute_at(st_block, ty, preserve_unit_loops=False)
-            if lanes > 1:
-                r_o, r_tx = sch.split(sch.get_loops(st_block)[-1], factors=[None, lanes])
-                sch.reorder(r_tx, r_o)
-                sch.bind(r_tx, "threadIdx.x")
+        ty = sch.get_loops(sch.get_sblock(main.name))[1]
+        blocks = [sch.get_sblock(name) for name in stat_names]
+        _sums_under(sch, blocks, ty, lanes)
         return sch
 
 
