@@ -385,8 +385,10 @@ class _Fuser:
                     merges += 1
                     changed = True
                     break
-            normed = None if self._is_norm(func) else self._norm_into_product(
-                bindings, by_var, args, i, b.var
+            normed = (
+                None
+                if self._is_norm(func)
+                else self._norm_into_product(bindings, by_var, args, i, b.var)
             )
             if normed is not None:  # (after the copies: a reshape between them)
                 func, args = self._merge(normed[0], self._args(normed[1]), func, args, normed[2])
