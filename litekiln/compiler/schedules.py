@@ -1564,7 +1564,23 @@ def _row_reductions(sch: s_tir.Schedule) -> tuple[list[Any], Any, int, list[int]
     return reductions, last, n_s, dom
 
 
-class RowNormalization(_GuardedRule):
+class _LanesPerRow(_GuardedRule):
+    """The arguments of the rules that give each row up to ``lanes`` threads
+    (`RowNormalization`, `NormedRowReduction`): see theirs."""
+
+    def __init__(self, lanes: int = 32, threads: int = 256, min_terms: int = 2) -> None:
+        self.lanes = lanes
+        self.threads = threads
+        self.min_terms = min_terms
+
+    def _lanes(self, target: Target, terms: int) -> tuple[int, int]:
+        """``(cap, lanes)``: the threads a work-group may have, and the lanes a row of
+        ``terms`` terms gets (each sums ``min_terms`` or more where it can)."""
+        cap = max(1, min(self.threads, int(max_threads_per_block(target))))
+        return cap, min(self.lanes, cap, _floor_pow2(max(1, terms // self.min_terms)))
+
+
+class RowNormalization(_LanesPerRow):
     """A layer norm as one kernel (`compiler.layer_norm`): a row's sum, the sum of its
     squared differences from the mean, then the normalised row, ``lanes`` threads per row.
 
@@ -1588,11 +1604,6 @@ class RowNormalization(_GuardedRule):
         min_terms: Terms per lane the lanes aim at, at least.
     """
 
-    def __init__(self, lanes: int = 32, threads: int = 256, min_terms: int = 2) -> None:
-        self.lanes = lanes
-        self.threads = threads
-        self.min_terms = min_terms
-
     def _apply(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
         sch = s_tir.Schedule(func)
         found = _row_reductions(sch)
@@ -1607,8 +1618,7 @@ class RowNormalization(_GuardedRule):
         ):
             return None
         rows, terms = math.prod(dom[:n_s]), dom[-1]
-        cap = max(1, min(self.threads, int(max_threads_per_block(target))))
-        lanes = min(self.lanes, cap, _floor_pow2(max(1, terms // self.min_terms)))
+        cap, lanes = self._lanes(target, terms)
         per_group = max(1, min(_threads_per_group(rows * lanes, target), cap) // lanes)
         per_group = min(per_group, rows)
         if n_s > 1:
@@ -1630,7 +1640,7 @@ class RowNormalization(_GuardedRule):
         return sch
 
 
-class NormedRowReduction(_GuardedRule):
+class NormedRowReduction(_LanesPerRow):
     """A one-row product that normalises its operand itself (`fusion._Fuser._norm_into_product`:
     a decoder's RMS or layer norm merged into the matrix-vector product after it): the
     norm's row statistics, then the product over the normalised row, in one kernel.
@@ -1652,16 +1662,7 @@ class NormedRowReduction(_GuardedRule):
         lanes: Threads per output row, at most (a power of two).
         threads: Threads per work-group, at most (the target's limit applies too).
         min_terms: Terms per lane the lanes aim at, at least.
-        unroll: Unroll each lane's serial loop over the weights by up to this many steps.
     """
-
-    def __init__(
-        self, lanes: int = 32, threads: int = 256, min_terms: int = 2, unroll: int = 0
-    ) -> None:
-        self.lanes = lanes
-        self.threads = threads
-        self.min_terms = min_terms
-        self.unroll = unroll
 
     def _apply(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
         sch = s_tir.Schedule(func)
@@ -1719,9 +1720,8 @@ class NormedRowReduction(_GuardedRule):
                 != _non_unit(sch.get(red).writes[0].source.shape)
             ):
                 return None  # an epilogue over other elements than the outputs
-        cap = max(1, min(self.threads, int(max_threads_per_block(target))))
-        lanes = min(self.lanes, cap, _floor_pow2(max(1, terms // self.min_terms)))
-        _lanes_per_row(sch, target, main.name, epilogue, n_s, outputs, lanes, cap, self.unroll)
+        cap, lanes = self._lanes(target, terms)
+        _lanes_per_row(sch, target, main.name, epilogue, n_s, outputs, lanes, cap)
         ty = sch.get_loops(sch.get_sblock(main.name))[1]
         blocks = [sch.get_sblock(name) for name in stat_names]
         _sums_under(sch, blocks, ty, lanes)
