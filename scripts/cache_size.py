@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import lzma
 import os
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from litekiln.artifact.texts import decompress  # noqa: E402
 from litekiln.cache import CacheStore  # noqa: E402
 from litekiln.zoo import ZOO, zoo_dir  # noqa: E402
 
@@ -80,8 +80,8 @@ def _kernel_text(store: CacheStore, key: str) -> dict[str, int]:
 
     def texts(part: str, field: str) -> list[str]:
         if part in entry.part_names:
-            return list(json.loads(lzma.decompress(entry.part(part))))
-        doc = json.loads(lzma.decompress(entry.part("artifact.json.lzma")))
+            return list(json.loads(decompress(entry.part(part))))
+        doc = json.loads(decompress(entry.part("artifact.json.lzma")))
         return [p["program"].get(field, "") for p in doc["compiled"]["partitions"]]
 
     return {

@@ -15,7 +15,6 @@ when only the compiler's version differs, 1 otherwise.
 from __future__ import annotations
 
 import json
-import lzma
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ _IGNORED = {"timings_s"}  # (when each phase ran: never the same twice)
 
 def programs(cache_dir: str) -> list[Any]:
     """The manifests of the compiled-model entries of ``cache_dir``."""
+    from litekiln.artifact.texts import decompress
     from litekiln.cache.store import CacheStore
 
     store = CacheStore.open(Path(cache_dir))
@@ -38,7 +38,7 @@ def programs(cache_dir: str) -> list[Any]:
         assert entry is not None
         for name in entry.part_names:
             if name.startswith("artifact"):
-                out.append(json.loads(lzma.decompress(entry.part(name))))
+                out.append(json.loads(decompress(entry.part(name))))
     return out
 
 

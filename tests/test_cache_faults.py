@@ -16,7 +16,6 @@ import contextlib
 import errno
 import hashlib
 import json
-import lzma
 import multiprocessing
 import os
 import shutil
@@ -51,6 +50,8 @@ from cache_fault_helpers import (
 )
 
 import litekiln.loading as loading
+from litekiln.artifact import texts
+from litekiln.artifact.texts import compress, decompress
 from litekiln.cache import CacheError, CacheStore, CacheWarning, make_key
 from litekiln.cache.backend import DiskcacheBackend
 from litekiln.cache.manifest import manifest_body, pack_body
@@ -223,6 +224,27 @@ def test_model_file_changed_under_a_pinned_token_is_detected_and_rebuilt(
     # The original file under that token no longer fits the entry either.
     with pytest.warns(CacheWarning, match="does not fit the weights"):
         assert same(infer(cache, SMOKE, model_token=token), template.outputs)
+
+
+def test_entry_primed_with_a_dictionary_not_shipped_is_rebuilt(
+    template: Template,
+    cache: Path,
+    calls: Calls,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    # A runtime whose package lacks the text dictionaries the entry's plan was written with
+    # (litekiln.artifact.texts): unreadable, dropped, recompiled under the same key.
+    key = the_key(cache, "model")
+    monkeypatch.setattr(texts, "_DICTIONARY_DIR", tmp_path / "none")
+    texts.dictionaries.cache_clear()
+    try:
+        with pytest.warns(CacheWarning, match=f"{key[:12]} is unreadable .*does not ship"):
+            assert same(infer(cache), template.outputs)
+        assert calls.compiles == 1 and the_key(cache, "model") == key
+        _assert_clean(cache)
+    finally:
+        texts.dictionaries.cache_clear()
 
 
 def test_entry_from_another_driver_version(
@@ -544,9 +566,9 @@ def _in_artifact(edit):
     """A change to the compiled model's manifest (an LZMA-compressed JSON part)."""
 
     def change(data: bytes) -> bytes:
-        doc = json.loads(lzma.decompress(data))
+        doc = json.loads(decompress(data))
         edit(doc["compiled"])
-        return lzma.compress(json.dumps(doc).encode())
+        return compress(json.dumps(doc).encode(), "plan")
 
     return change
 

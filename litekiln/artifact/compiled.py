@@ -192,6 +192,19 @@ class CompiledModel:
             "model_bytes": self.model_bytes,
         }
 
+    def split_texts(self) -> tuple[dict[str, Any], list[str], list[str]]:
+        """`manifest`, with each program's texts taken out (what a reader needs to know of
+        them left in their place, `GpuProgram.text_facts`), and the texts: each partition's
+        OpenCL C and PTX (``""`` where it has none). The cache stores the three apart
+        (`litekiln.cache.models`); the compiler's variant budget measures them as it will."""
+        manifest = self.manifest()
+        sources, ptx = [], []
+        for p, part in zip(manifest["partitions"], self.partitions, strict=True):
+            sources.append(p["program"].pop("source"))
+            ptx.append(p["program"].pop("ptx", ""))
+            p["program"]["texts"] = part.program.text_facts()
+        return manifest, sources, ptx
+
     @classmethod
     def from_manifest(cls, m: dict[str, Any], constants: dict[str, np.ndarray]) -> CompiledModel:
         """Rebuild from :meth:`manifest` output and the constant arrays (those with a recipe

@@ -53,4 +53,9 @@ def compiler_hash() -> str:
         for f in sorted((root / sub).glob("*.py")):
             h.update(f"{sub}/{f.name}".encode())
             h.update(f.read_bytes())
+    # The dictionaries the cache's texts are primed with (`litekiln.artifact.texts`): an entry
+    # written with others is stale.
+    for f in sorted((root / "artifact" / "dictionaries").glob("*")):
+        h.update(f"artifact/dictionaries/{f.name}".encode())
+        h.update(f.read_bytes())
     return h.hexdigest()[:16]

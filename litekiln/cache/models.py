@@ -11,8 +11,9 @@
 (c) device programs (`load_program`/`save_program`): the driver's binary of one partition's
     program and the tuning choices made with it on that device.
 
-A compiled model's entry has these parts: ``artifact.json.lzma`` (the manifest, LZMA), its
-programs' texts apart (``source.json.lzma``: the OpenCL C, ~100x compressed; ``ptx.json.lzma``
+A compiled model's entry has these parts: ``artifact.json.lzma`` (the manifest, LZMA primed
+with the plans' dictionary, `litekiln.artifact.texts`), its programs' texts apart
+(``source.json.lzma``: the OpenCL C, ~100x compressed; ``ptx.json.lzma``
 where the compiler made PTX), read only when a program is built from source (`_Texts`: a
 warm start keys its device binary by the source's digest), and ``constants.bin`` (the small
 constants without a recipe, packed; absent when there are none). Its meta records the model
@@ -36,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from litekiln.artifact.compiled import CompiledModel, CompileOptions
-from litekiln.artifact.texts import compress, packed_texts
+from litekiln.artifact.texts import compress, decompress, packed_texts
 from litekiln.artifact.versions import tvm_version
 from litekiln.artifact.weights import WeightMismatch
 from litekiln.cache import gpu
@@ -108,7 +109,7 @@ class ModelCache:
         if entry is None:
             return None
         try:
-            doc = json.loads(lzma.decompress(entry.part(_ARTIFACT_PART)))
+            doc = json.loads(decompress(entry.part(_ARTIFACT_PART)))
             manifest = doc["compiled"]
             have = tvm_version()
             made_by = manifest.get("versions", {}).get("tvm", "")
@@ -178,20 +179,15 @@ class ModelCache:
             blob.extend(b"\0" * (-len(blob) % _ALIGN))
             packed[name] = [len(blob), arr.dtype.str, list(arr.shape)]
             blob.extend(arr.tobytes())
-        manifest = compiled.manifest()
+        manifest, sources, ptx = compiled.split_texts()
         stats = manifest["stats"] = _stored_stats(compiled.stats)
-        sources, ptx = [], []
-        for p, part in zip(manifest["partitions"], compiled.partitions, strict=True):
-            sources.append(p["program"].pop("source"))
-            ptx.append(p["program"].pop("ptx", ""))
-            p["program"]["texts"] = part.program.text_facts()
         doc = {"compiled": manifest, "packed": packed, "shared": shared}
         parts: dict[str, Any] = {
-            _ARTIFACT_PART: compress(json.dumps(doc, separators=(",", ":")).encode()),
+            _ARTIFACT_PART: compress(json.dumps(doc, separators=(",", ":")).encode(), "plan"),
             _SOURCE_PART: packed_texts(sources),
         }
         if any(ptx):
-            parts[_PTX_PART] = packed_texts(ptx)
+            parts[_PTX_PART] = packed_texts(ptx, dictionary=None)
         if blob:
             parts[_PACKED_PART] = bytes(blob)
         meta = {
@@ -380,7 +376,7 @@ class _Texts:
         with self._lock:
             texts = self._lists.get(part)
             if texts is None:
-                texts = json.loads(lzma.decompress(self._raw[part]))
+                texts = json.loads(decompress(self._raw[part]))
                 if not isinstance(texts, list) or len(texts) != self._partitions:
                     raise ValueError(f"cache part {part} does not list one text per partition")
                 self._lists[part] = texts
