@@ -1,13 +1,10 @@
 """The tuning variants' budget in the cache entry (`litekiln.compiler.budget`, issue 16).
 
 A compiled model's variant kernels may take `VARIANT_SHARE` of the model file's size (at
-least `VARIANT_FLOOR` bytes) in the entry's compressed source, and no more than the entry
-without them leaves under `ENTRY_SHARE` of the model file. These tests compile the zoo's smoke
-model (four calls with variants, 6.4 KB of them) without that cap and give it budgets it does
-or does not fit: the bytes are measured in the cache entry the model is then stored as, the
-calls dropped must be those doing the least work, and what is left must still run every option
-correctly. The cap itself is tested on smoke as a user compiles it: its 31 KB leave no room
-for its variants.
+least `VARIANT_FLOOR` bytes) in the entry's compressed source. These tests compile the zoo's
+smoke model (four calls with variants, 6.4 KB of them) and give it budgets it does or does not
+fit: the bytes are measured in the cache entry the model is then stored as, the calls dropped
+must be those doing the least work, and what is left must still run every option correctly.
 """
 
 from __future__ import annotations
@@ -39,11 +36,8 @@ Compiled = tuple[Model, CompiledModel]
 
 @pytest.fixture(scope="module")
 def smoke_compiled(smoke_path_module: Path) -> Compiled:
-    """smoke with every variant: compiled without the entry's cap."""
     model = load_tflite(smoke_path_module)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(budget, "ENTRY_SHARE", 100.0)
-        return model, compile_model(model, CompileOptions(schedules="fast"), warn=False)
+    return model, compile_model(model, CompileOptions(schedules="fast"), warn=False)
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +135,6 @@ def test_the_stored_entry_holds_the_trimmed_program_and_every_option_runs(
     the budget says, and every option left computes what the numpy reference does."""
     monkeypatch.setattr(budget, "VARIANT_FLOOR", 0)
     monkeypatch.setattr(budget, "VARIANT_SHARE", 0.1)  # 3.1 KB: about half of smoke's variants
-    monkeypatch.setattr(budget, "ENTRY_SHARE", 100.0)
     interp = litekiln.Interpreter(
         model_path=smoke_path_module, cache_dir=tmp_path, schedules="fast", tune=False
     )
@@ -174,33 +167,3 @@ def test_the_stored_entry_holds_the_trimmed_program_and_every_option_runs(
                 for o, r in zip(got, expected, strict=True)  # type: ignore[arg-type]
             )
             assert err <= TOL, f"{v.func} option {c}"
-
-
-def test_the_budget_fills_what_the_entry_leaves_under_its_bound() -> None:
-    # A model of 1 MB: 7% of it (70 000 bytes), the entry without variants far under 15%.
-    assert budget.variant_budget(1_000_000, 40_000) == 70_000
-    # 100 KB: the 10 KB floor, but only 3 000 bytes left under 15 000.
-    assert budget.variant_budget(100_000, 12_000) == 3_000
-    # Nothing left, or less than nothing: no variants at all.
-    assert budget.variant_budget(100_000, 15_000) == 0
-    assert budget.variant_budget(31_100, 20_000) == 0
-    # Not measured: the share and the floor alone.
-    assert budget.variant_budget(100_000) == budget.VARIANT_FLOOR
-
-
-def test_a_tiny_model_keeps_its_entry_within_the_bound(
-    smoke_path_module: Path, tmp_path: Path
-) -> None:
-    """smoke as a user compiles it: its default kernels take most of 15% of its 31 KB, so the
-    cap drops variants, and the stored entry (measured by the cache, not the compiler) is
-    within the bound."""
-    interp = litekiln.Interpreter(
-        model_path=smoke_path_module, cache_dir=tmp_path, schedules="fast", tune=False
-    )
-    interp.allocate_tensors()
-    with CacheStore.open(tmp_path) as store:
-        (row,) = [r for r in store.ls() if r.kind == "model"]
-        info = store.info(row.key)
-    assert info["meta"]["stats"]["variants_trimmed"] > 0
-    ptx = {p["name"]: p["size"] for p in info["parts"]}.get("ptx.json.lzma", 0)
-    assert row.size - ptx <= budget.ENTRY_SHARE * smoke_path_module.stat().st_size

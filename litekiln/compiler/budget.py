@@ -8,12 +8,9 @@ where issue 16 allows 15%. On larger models they are a small share of the file.
 
 `trim_variants` keeps the variants' share of the entry (their kernels' bytes in the
 compressed source, measured exactly as the cache will store it) within `VARIANT_SHARE` of the
-model file's size, or `VARIANT_FLOOR` bytes where that is more, and never past what the entry
-without them leaves under `ENTRY_SHARE` of the model file (`variant_budget`: a model of a
-few KB, whose default kernels alone take most of that, keeps few variants or none). Where
-they cost more, it drops whole calls' variants, the calls that do the least work first (FLOPs,
-or bytes moved weighed as FLOPs), as few as the budget allows: those calls run in
-microseconds, launch-bound, where
+model file's size, or `VARIANT_FLOOR` bytes where that is more. Where they cost more, it drops
+whole calls' variants, the calls that do the least work first (FLOPs, or bytes moved weighed
+as FLOPs), as few as the budget allows: those calls run in microseconds, launch-bound, where
 a tuned schedule gains least. Calls whose default kernel runs only a few work-groups go last:
 however little their work, their default leaves the device idle and a variant can fill it.
 What it dropped is counted in the compiled model's stats (``variants_trimmed``).
@@ -23,39 +20,25 @@ No TVM here: it reads and cuts plain `GpuProgram`s.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from litekiln.artifact.compiled import CompiledModel, PartitionArtifact
+from litekiln.artifact.compiled import PartitionArtifact
 from litekiln.artifact.program import FUNCTION_MARKER, GpuProgram, Launch, Variant, buffer_bytes
-from litekiln.artifact.texts import compress, packed_texts
+from litekiln.artifact.texts import packed_texts
 
 #: The variants' compressed kernels may take this share of the model file's size...
 VARIANT_SHARE = 0.07
 #: ... or this many bytes, where that is more: a small model keeps the tuning of its few
-#: calls, as far as `ENTRY_SHARE` leaves room (the synthetic zoo model `smoke`: 8.2 KB of
-#: variants for its four calls, more than its 31 KB file leaves: it keeps none).
+#: calls (the synthetic zoo model `smoke`: 8.2 KB of variants for its four calls since its
+#: depthwise convolution has three options, 9.1 KB for `smoke_int8`'s four).
 VARIANT_FLOOR = 10 << 10
-
-#: What a compiled entry may take against its model file (issue 16's bound on the fp32
-#: entry, without PTX): the variants fill at most what the entry without them leaves under it.
-ENTRY_SHARE = 0.15
-
-#: What an entry stores besides its plan, its OpenCL C and its packed constants: the signed
-#: entry manifest (deflated against its preset dictionary: 349 bytes for smoke's entry,
-#: `litekiln.cache.manifest`), rounded up.
-_ENTRY_OVERHEAD = 512
 
 #: OpenCL C from TVM compresses at least this much (selfie_segmentation's 1.07 M characters:
 #: 34x; dlight's and litekiln's schedules of one op print alike): a program whose variant
 #: kernels are within the budget by this ratio needs no measuring.
 _SURE_RATIO = 8
-
-#: A compiled model's plan compresses at least this much (smoke's, the smallest: 8.7x with
-#: the plans' dictionary, 3.8x without).
-_SURE_PLAN_RATIO = 3
 
 #: A call whose default kernel runs fewer work-groups than this leaves most of a large GPU
 #: idle (mp_hand_recrop's late convolutions: dlight's 32x32 tiles give 1-8 groups, 15-35 us
@@ -81,46 +64,12 @@ class _Group:
     starved: bool = False
 
 
-def variant_budget(model_bytes: int, fixed_bytes: int | None = None) -> int:
-    """The bytes the variants may take in the compressed source of a model of
-    ``model_bytes``, whose entry without them is ``fixed_bytes`` (`entry_bytes`; None: not
-    measured, no cap)."""
-    budget = max(VARIANT_FLOOR, int(VARIANT_SHARE * model_bytes))
-    if fixed_bytes is not None:
-        budget = min(budget, int(ENTRY_SHARE * model_bytes) - fixed_bytes)
-    return max(budget, 0)
-
-
-def entry_bytes_at_most(compiled: CompiledModel) -> int:
-    """An upper bound of `entry_bytes`, without compressing anything (which takes seconds on
-    a large model's kernels): the OpenCL C compresses at least `_SURE_RATIO`-fold, the plan at
-    least `_SURE_PLAN_RATIO`-fold."""
-    manifest, sources, _ = compiled.split_texts()
-    plan = len(json.dumps(manifest, separators=(",", ":"))) // _SURE_PLAN_RATIO
-    kernels = sum(len(s) for s in sources) // _SURE_RATIO
-    constants = sum(a.nbytes for a in compiled.stored_constants().values())
-    return plan + kernels + constants + 2 * _ENTRY_OVERHEAD
-
-
-def entry_bytes(compiled: CompiledModel) -> int:
-    """What ``compiled``'s cache entry will take without PTX, as `litekiln.cache.models`
-    stores it: the plan and the OpenCL C compressed with their dictionaries, the constants no
-    recipe rebuilds, and the entry manifest (`_ENTRY_OVERHEAD`)."""
-    manifest, sources, _ = compiled.split_texts()
-    stored = compiled.stored_constants()
-    index = {n: [0, a.dtype.str, list(a.shape)] for n, a in stored.items()}
-    doc = {"compiled": manifest, "packed": index, "shared": {}}
-    plan = compress(json.dumps(doc, separators=(",", ":")).encode(), "plan")
-    constants = sum(a.nbytes for a in stored.values())
-    return len(plan) + len(packed_texts(sources)) + constants + _ENTRY_OVERHEAD
-
-
 def trim_variants(
-    partitions: Sequence[PartitionArtifact], model_bytes: int, fixed_bytes: int | None = None
+    partitions: Sequence[PartitionArtifact], model_bytes: int
 ) -> tuple[list[PartitionArtifact], int]:
-    """The partitions with their variants' bytes within the budget (`variant_budget`), and
-    how many calls lost their variants (0: the partitions as they were)."""
-    budget = variant_budget(model_bytes, fixed_bytes)
+    """The partitions with their variants' bytes within the budget, and how many calls lost
+    their variants (0: the partitions as they were)."""
+    budget = max(VARIANT_FLOOR, int(VARIANT_SHARE * model_bytes))
     programs = [p.program for p in partitions]
     variant_chars = sum(_variant_chars(p) for p in programs)
     if variant_chars <= budget * _SURE_RATIO:
@@ -129,9 +78,6 @@ def trim_variants(
     bare = [b for b in cuts if b is not None]
     if len(bare) < len(cuts):
         return list(partitions), 0  # a source that cannot be cut: leave it whole
-    if budget == 0:
-        trimmed = sum(len(p.variants) for p in programs)
-        return [replace(a, program=b) for a, b in zip(partitions, bare, strict=True)], trimmed
     base = len(packed_texts([b.source for b in bare]))
     if len(packed_texts([p.source for p in programs])) - base <= budget:
         return list(partitions), 0

@@ -65,7 +65,7 @@ def compile_model(
     partitions, constants, failed = run.compile_partitions(plan, fp16_plan)
     if failed:
         plan, partitions = run.demote(plan, partitions, failed)
-    partitions = run.trim_variants(partitions, plan, constants, fp16_plan)
+    partitions = run.trim_variants(partitions)
     return run.artifact(plan, partitions, constants, fp16_plan)
 
 
@@ -285,33 +285,13 @@ class _Compilation:
                     )
         return "code generation failed with every schedule (" + "; ".join(errors) + ")"
 
-    def trim_variants(
-        self,
-        partitions: list[PartitionArtifact],
-        plan: PartitionPlan,
-        constants: dict[str, np.ndarray],
-        fp16_plan: Fp16Plan | None,
-    ) -> list[PartitionArtifact]:
+    def trim_variants(self, partitions: list[PartitionArtifact]) -> list[PartitionArtifact]:
         """The partitions with their tuning variants within the cache budget
-        (`litekiln.compiler.budget`): what the entry would take without them is measured on
-        the compiled model without them."""
-        from litekiln.compiler import budget
+        (`litekiln.compiler.budget`)."""
+        from litekiln.compiler.budget import trim_variants
 
         t = time.perf_counter()
-        without = []
-        for p in partitions:
-            bare = p.program.with_variants([])
-            if bare is not None:
-                without.append(replace(p, program=bare))
-        fixed = None
-        nbytes = self.model.nbytes
-        if len(without) == len(partitions) and any(p.program.variants for p in partitions):
-            unvaried = self.artifact(plan, without, constants, fp16_plan)
-            # measured only where it could leave the variants less than their share
-            room = int(budget.ENTRY_SHARE * nbytes) - budget.variant_budget(nbytes)
-            if budget.entry_bytes_at_most(unvaried) > room:
-                fixed = budget.entry_bytes(unvaried)
-        partitions, self.variants_trimmed = budget.trim_variants(partitions, nbytes, fixed)
+        partitions, self.variants_trimmed = trim_variants(partitions, self.model.nbytes)
         self.timings["variant_budget"] = time.perf_counter() - t
         return partitions
 
