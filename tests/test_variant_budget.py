@@ -1,7 +1,8 @@
 """The tuning variants' budget in the cache entry (`litekiln.compiler.budget`, issue 16).
 
 A compiled model's variant kernels may take `VARIANT_SHARE` of the model file's size (at
-least `VARIANT_FLOOR` bytes) in the entry's compressed source. These tests compile the zoo's
+least `VARIANT_FLOOR` bytes) in the entry's compressed source, or what the entry without them
+leaves under `ENTRY_FILL` of the model file where that is more. These tests compile the zoo's
 smoke model (four calls with variants, 6.4 KB of them) and give it budgets it does or does not
 fit: the bytes are measured in the cache entry the model is then stored as, the calls dropped
 must be those doing the least work, and what is left must still run every option correctly.
@@ -9,6 +10,7 @@ must be those doing the least work, and what is left must still run every option
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -167,3 +169,50 @@ def test_the_stored_entry_holds_the_trimmed_program_and_every_option_runs(
                 for o, r in zip(got, expected, strict=True)  # type: ignore[arg-type]
             )
             assert err <= TOL, f"{v.func} option {c}"
+
+
+def test_the_budget_is_the_share_the_floor_or_what_the_bound_leaves() -> None:
+    floor, share, fill = budget.VARIANT_FLOOR, budget.VARIANT_SHARE, budget.ENTRY_FILL
+    assert budget.variant_budget(100_000) == floor  # 7 000 < 10 240
+    assert budget.variant_budget(1_000_000) == int(share * 1_000_000)
+    # the entry without variants is 20 000 bytes: 140 000 - 20 000 are left under 14%
+    assert budget.variant_budget(1_000_000, 20_000) == int(fill * 1_000_000) - 20_000
+    # nothing left under the bound: the share and the floor still hold
+    assert budget.variant_budget(100_000, 50_000) == floor
+    assert budget.variant_budget(1_000_000, 500_000) == int(share * 1_000_000)
+
+
+def test_variants_fill_what_the_entry_leaves_under_its_bound(
+    smoke_compiled: Compiled, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model file for which the share keeps half of smoke's variants, but whose 14% holds
+    them all beside the entry without them: the compiler measures that entry (on the compiled
+    model it is given without the variants) and keeps every variant; the whole entry, as the
+    compiler measures it, is within issue 16's 15%."""
+    model, compiled = smoke_compiled
+    monkeypatch.setattr(budget, "VARIANT_FLOOR", 0)
+    programs = [a.program for a in compiled.partitions]
+    full = _variant_bytes(programs)
+    made = []
+
+    def unvaried(parts: list) -> CompiledModel:
+        made.append(parts)
+        return replace(compiled, partitions=parts)
+
+    bare = budget.entry_bytes(replace(compiled, partitions=[
+        replace(a, program=a.program.with_variants([])) for a in compiled.partitions
+    ]))  # fmt: skip
+    model_bytes = int((bare + full) / budget.ENTRY_FILL) + 1
+    assert budget.VARIANT_SHARE * model_bytes < full  # the share alone would drop some
+    _, trimmed = budget.trim_variants(compiled.partitions, model_bytes)
+    assert trimmed > 0
+    out, trimmed = budget.trim_variants(compiled.partitions, model_bytes, unvaried)
+    assert trimmed == 0 and [a.program for a in out] == programs
+    ((only,),) = made
+    assert only.program.variants == [] and only.program.launches == programs[0].launches
+    assert budget.entry_bytes(compiled) <= 0.15 * model_bytes
+    # a smaller file: the bound leaves less, some variants go, fewer than the share drops
+    smaller = int(model_bytes * 0.8)
+    _, by_share = budget.trim_variants(compiled.partitions, smaller)
+    _, by_fill = budget.trim_variants(compiled.partitions, smaller, unvaried)
+    assert 0 < by_fill <= by_share

@@ -8,7 +8,10 @@ where issue 16 allows 15%. On larger models they are a small share of the file.
 
 `trim_variants` keeps the variants' share of the entry (their kernels' bytes in the
 compressed source, measured exactly as the cache will store it) within `VARIANT_SHARE` of the
-model file's size, or `VARIANT_FLOOR` bytes where that is more. Where they cost more, it drops
+model file's size, or `VARIANT_FLOOR` bytes where that is more, or what the entry without them
+leaves under `ENTRY_FILL` of the model file where that is more still (`variant_budget`: a
+model of a few hundred KB, whose variants would take it over the share, keeps as many as its
+entry's bound holds). Where they cost more, it drops
 whole calls' variants, the calls that do the least work first (FLOPs, or bytes moved weighed
 as FLOPs), as few as the budget allows: those calls run in microseconds, launch-bound, where
 a tuned schedule gains least. Calls whose default kernel runs only a few work-groups go last:
@@ -20,13 +23,14 @@ No TVM here: it reads and cuts plain `GpuProgram`s.
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from litekiln.artifact.compiled import PartitionArtifact
+from litekiln.artifact.compiled import CompiledModel, PartitionArtifact
 from litekiln.artifact.program import FUNCTION_MARKER, GpuProgram, Launch, Variant, buffer_bytes
-from litekiln.artifact.texts import packed_texts
+from litekiln.artifact.texts import compress, packed_texts
 
 #: The variants' compressed kernels may take this share of the model file's size...
 VARIANT_SHARE = 0.07
@@ -34,6 +38,16 @@ VARIANT_SHARE = 0.07
 #: calls (the synthetic zoo model `smoke`: 8.2 KB of variants for its four calls since its
 #: depthwise convolution has three options, 9.1 KB for `smoke_int8`'s four).
 VARIANT_FLOOR = 10 << 10
+
+#: The share of the model file the variants may fill the entry up to (issue 16 bounds a
+#: compiled fp32 entry at 15% of its model, PTX aside): a point under it, for the variants'
+#: own launch options in the plan and `_ENTRY_OVERHEAD`'s estimate.
+ENTRY_FILL = 0.14
+
+#: What an entry stores besides its plan, its OpenCL C and its packed constants: the signed
+#: entry manifest (deflated against its preset dictionary: 349 bytes for smoke's entry,
+#: `litekiln.cache.manifest`), rounded up.
+_ENTRY_OVERHEAD = 512
 
 #: OpenCL C from TVM compresses at least this much (selfie_segmentation's 1.07 M characters:
 #: 34x; dlight's and litekiln's schedules of one op print alike): a program whose variant
@@ -64,12 +78,47 @@ class _Group:
     starved: bool = False
 
 
-def trim_variants(
-    partitions: Sequence[PartitionArtifact], model_bytes: int
-) -> tuple[list[PartitionArtifact], int]:
-    """The partitions with their variants' bytes within the budget, and how many calls lost
-    their variants (0: the partitions as they were)."""
+def variant_budget(model_bytes: int, besides: int | None = None) -> int:
+    """The bytes the variants may take in the compressed source of a model of
+    ``model_bytes`` whose entry without them is ``besides`` bytes (`entry_bytes`; None: not
+    measured)."""
     budget = max(VARIANT_FLOOR, int(VARIANT_SHARE * model_bytes))
+    if besides is not None:
+        budget = max(budget, int(ENTRY_FILL * model_bytes) - besides)
+    return budget
+
+
+def entry_bytes(compiled: CompiledModel, kernels: int | None = None) -> int:
+    """What ``compiled``'s cache entry will take without PTX, as `litekiln.cache.models`
+    stores it: the plan and the OpenCL C compressed with their dictionaries (the OpenCL C
+    ``kernels`` bytes where the caller measured it), the constants no recipe rebuilds, and the
+    entry manifest (`_ENTRY_OVERHEAD`)."""
+    manifest, sources, _ = compiled.split_texts()
+    stored = compiled.stored_constants()
+    index = {n: [0, a.dtype.str, list(a.shape)] for n, a in stored.items()}
+    doc = {"compiled": manifest, "packed": index, "shared": {}}
+    plan = compress(json.dumps(doc, separators=(",", ":")).encode(), "plan")
+    if kernels is None:
+        kernels = len(packed_texts(sources))
+    return len(plan) + kernels + sum(a.nbytes for a in stored.values()) + _ENTRY_OVERHEAD
+
+
+def trim_variants(
+    partitions: Sequence[PartitionArtifact],
+    model_bytes: int,
+    unvaried: Callable[[list[PartitionArtifact]], CompiledModel] | None = None,
+) -> tuple[list[PartitionArtifact], int]:
+    """The partitions with their variants' bytes within the budget (`variant_budget`), and
+    how many calls lost their variants (0: the partitions as they were).
+
+    Args:
+        partitions: the compiled partitions, with their variants.
+        model_bytes: the model file's size.
+        unvaried: makes the compiled model of the given partitions (the ones without
+            variants): where the share would drop variants, its entry is measured, and the
+            variants may fill what it leaves under `ENTRY_FILL`. None: the share alone.
+    """
+    budget = variant_budget(model_bytes)
     programs = [p.program for p in partitions]
     variant_chars = sum(_variant_chars(p) for p in programs)
     if variant_chars <= budget * _SURE_RATIO:
@@ -79,8 +128,14 @@ def trim_variants(
     if len(bare) < len(cuts):
         return list(partitions), 0  # a source that cannot be cut: leave it whole
     base = len(packed_texts([b.source for b in bare]))
-    if len(packed_texts([p.source for p in programs])) - base <= budget:
+    full = len(packed_texts([p.source for p in programs])) - base
+    if full <= budget:
         return list(partitions), 0
+    if unvaried is not None:
+        without = [replace(a, program=b) for a, b in zip(partitions, bare, strict=True)]
+        budget = variant_budget(model_bytes, entry_bytes(unvaried(without), base))
+        if full <= budget:
+            return list(partitions), 0
     groups = sorted(_groups(programs), key=lambda g: (g.starved, g.work, g.partition, g.func))
 
     def dropping(n: int) -> tuple[list[GpuProgram], int]:

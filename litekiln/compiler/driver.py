@@ -65,7 +65,7 @@ def compile_model(
     partitions, constants, failed = run.compile_partitions(plan, fp16_plan)
     if failed:
         plan, partitions = run.demote(plan, partitions, failed)
-    partitions = run.trim_variants(partitions)
+    partitions = run.trim_variants(partitions, plan, constants, fp16_plan)
     return run.artifact(plan, partitions, constants, fp16_plan)
 
 
@@ -285,13 +285,23 @@ class _Compilation:
                     )
         return "code generation failed with every schedule (" + "; ".join(errors) + ")"
 
-    def trim_variants(self, partitions: list[PartitionArtifact]) -> list[PartitionArtifact]:
+    def trim_variants(
+        self,
+        partitions: list[PartitionArtifact],
+        plan: PartitionPlan,
+        constants: dict[str, np.ndarray],
+        fp16_plan: Fp16Plan | None,
+    ) -> list[PartitionArtifact]:
         """The partitions with their tuning variants within the cache budget
-        (`litekiln.compiler.budget`)."""
+        (`litekiln.compiler.budget`; what the entry takes without them is measured on the
+        compiled model without them, where the budget needs it)."""
         from litekiln.compiler.budget import trim_variants
 
+        def unvaried(without: list[PartitionArtifact]) -> CompiledModel:
+            return self.artifact(plan, without, constants, fp16_plan)
+
         t = time.perf_counter()
-        partitions, self.variants_trimmed = trim_variants(partitions, self.model.nbytes)
+        partitions, self.variants_trimmed = trim_variants(partitions, self.model.nbytes, unvaried)
         self.timings["variant_budget"] = time.perf_counter() - t
         return partitions
 
