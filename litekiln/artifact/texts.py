@@ -37,6 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from litekiln.errors import LitekilnError
+
 #: The header of a part compressed with a dictionary: the magic, the dictionary's identity
 #: (`TextDictionary.ident`), and how many leading bytes of its stream the part shares.
 _MAGIC = b"LKD1"
@@ -62,26 +64,42 @@ _DICTIONARY_DIR = Path(__file__).resolve().parent / "dictionaries"
 
 @dataclass(frozen=True)
 class TextDictionary:
-    """A shipped dictionary: what a reader needs (its compressed stream and the length of its
-    text) and what a writer needs (its text, decoded once per process)."""
+    """A shipped dictionary, as ``index.json`` lists it: a reader needs its identity and
+    length from the index, and its stream (read and checked the first time a part names it:
+    a warm start reads the plan's only); a writer its text (decoded once per process)."""
 
     name: str
-    #: The dictionary compressed alone, raw, with `_PRIMED`.
-    stream: bytes
+    file: Path
+    #: sha256 of the file (the dictionary compressed alone, raw, with `_PRIMED`).
+    sha256: str
     #: The length of its text.
     size: int
 
-    @functools.cached_property
+    @property
     def ident(self) -> bytes:
         """Its identity in a part's header: the first 8 bytes of its stream's sha256."""
-        return hashlib.sha256(self.stream).digest()[:8]
+        return bytes.fromhex(self.sha256[:16])
+
+    @functools.cached_property
+    def stream(self) -> bytes:
+        """The dictionary compressed alone.
+
+        Raises:
+            LitekilnError: the file is not the one the index names (a damaged install).
+        """
+        data = self.file.read_bytes()
+        if hashlib.sha256(data).hexdigest() != self.sha256:
+            raise LitekilnError(
+                f"litekiln's text dictionary {self.file} is damaged: reinstall litekiln"
+            )
+        return data
 
     @functools.cached_property
     def text(self) -> bytes:
         """The dictionary itself."""
         text = lzma.decompress(self.stream, format=lzma.FORMAT_RAW, filters=_PRIMED)
         if len(text) != self.size:
-            raise ValueError(f"text dictionary {self.name!r} is damaged")
+            raise LitekilnError(f"litekiln's text dictionary {self.file} is damaged: reinstall")
         return text
 
 
@@ -92,13 +110,10 @@ def dictionaries() -> dict[str, TextDictionary]:
     index_file = _DICTIONARY_DIR / "index.json"
     if not index_file.is_file():
         return {}
-    out = {}
-    for name, info in json.loads(index_file.read_text()).items():
-        stream = (_DICTIONARY_DIR / info["file"]).read_bytes()
-        if hashlib.sha256(stream).hexdigest() != info["sha256"]:
-            raise RuntimeError(f"litekiln's text dictionary {info['file']} is damaged: reinstall")
-        out[name] = TextDictionary(name, stream, int(info["size"]))
-    return out
+    return {
+        name: TextDictionary(name, _DICTIONARY_DIR / i["file"], str(i["sha256"]), int(i["size"]))
+        for name, i in json.loads(index_file.read_text()).items()
+    }
 
 
 def _by_ident(ident: bytes) -> TextDictionary:
