@@ -363,6 +363,50 @@ def test_calls_too_small_to_matter_get_no_variants() -> None:
     assert any("pool" in f for f in small) and any("matmul" in f for f in small), small
 
 
+def test_calls_too_small_to_matter_are_not_scheduled_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The variants of a PrimFunc none of whose calls is worth tuning are not scheduled at
+    all (they would be dropped after): smoke's pool, product and softmax go to no rule, its
+    convolutions do, and the program is the one made when every function's variants are
+    scheduled and the small ones dropped."""
+    from litekiln.artifact.compiled import CompileOptions
+    from litekiln.compiler import codegen
+    from litekiln.compiler.codegen import _TUNE_MIN_BYTES, _TUNE_MIN_FLOPS
+    from litekiln.compiler.driver import compile_model
+    from litekiln.model import load_model
+    from litekiln.zoo import zoo_dir
+
+    model = load_model(zoo_dir() / "smoke.tflite")
+    options = CompileOptions(schedules="fast")
+    scheduled: list[str] = []
+    real = codegen._schedule_variants
+
+    def spy(fused, lowered, used, *args, **kwargs):  # type: ignore[no-untyped-def]
+        scheduled.extend(used)
+        return real(fused, lowered, used, *args, **kwargs)
+
+    monkeypatch.setattr(codegen, "_schedule_variants", spy)
+    monkeypatch.setenv("LITEKILN_COMPILE_JOBS", "1")  # (the spy sees every task)
+    lean = compile_model(model, options, warn=False).partitions[0].program
+    assert any("conv2d" in f for f in scheduled), scheduled
+    small = {
+        la.func
+        for la in lean.launches
+        if la.flops < _TUNE_MIN_FLOPS and lean.launch_bytes(la) < _TUNE_MIN_BYTES
+    }
+    assert {"avg_pool2d", "softmax"} <= small, small
+    assert not small & set(scheduled), (small, scheduled)
+
+    monkeypatch.setattr(
+        codegen, "_worth_tuning_funcs", lambda planner, *_: {c.func for c in planner.calls}
+    )
+    scheduled.clear()
+    full = compile_model(model, options, warn=False).partitions[0].program
+    assert small <= set(scheduled)
+    assert full.to_json() == lean.to_json() and full.source == lean.source
+
+
 def test_variant_options_round_trip_without_repeated_fields() -> None:
     """An option's PrimFunc name and arguments are not written again where they are the
     default launch's; reading the program back gives the same launches."""

@@ -1056,8 +1056,10 @@ def _device_code(
     funcs = _lower_used(lowered, used, target, repair)
     flops = _func_flops(fused, lowered, used)
     if variant_rules and fused is not None:
+        # (only where a call does work enough for its options to be kept: `_worth_tuning`)
+        tunable = _worth_tuning_funcs(planner, funcs, flops)
         state = _VariantState(fused, lowered, planner, variant_rules, target, flops)
-        _add_schedule_variants(funcs, state, used, jobs)
+        _add_schedule_variants(funcs, state, [n for n in used if n in tunable], jobs)
     t_codegen = time.perf_counter()
     launches, variants = _LaunchReader(planner, funcs, flops).read()
     variants = [v for v in variants if _worth_tuning(v, launches, planner.tensors)]
@@ -1107,9 +1109,27 @@ def _worth_tuning(v: Variant, launches: Sequence[Launch], tensors: Sequence[Any]
     """Whether call ``v``'s default launches do work enough for its options to be timed:
     ``_TUNE_MIN_FLOPS`` floating-point operations or ``_TUNE_MIN_BYTES`` of distinct
     buffers."""
-    own = launches[v.start : v.stop]
+    return _does_work(launches[v.start : v.stop], tensors)
+
+
+def _does_work(own: Sequence[Launch], tensors: Sequence[Any]) -> bool:
     nbytes = buffer_bytes(own, lambda t: int(tensors[t].nbytes))
     return sum(la.flops for la in own) >= _TUNE_MIN_FLOPS or nbytes >= _TUNE_MIN_BYTES
+
+
+def _worth_tuning_funcs(
+    planner: _MainPlanner, funcs: _LoweredFuncs, flops: dict[str, int]
+) -> set[str]:
+    """The PrimFuncs with a call whose default launches are `_worth_tuning`: the variants of
+    the others would be dropped after they were scheduled and lowered (an unrolled GRU's 73
+    step functions: 17 of its 28 s of compile went to variants of which 2 were kept), so
+    they are not made."""
+    reader = _LaunchReader(planner, funcs, flops)  # (``funcs`` has no variants yet)
+    out: set[str] = set()
+    for call in planner.calls:
+        if call.func not in out and _does_work(reader.call_launches(call), planner.tensors):
+            out.add(call.func)
+    return out
 
 
 def _default_ptx(
@@ -1329,15 +1349,16 @@ class _LaunchReader:
         variants: list[Variant] = []
         for ci, call in enumerate(self.planner.calls):
             start = len(launches)
-            launches.extend(self._launches(call, call.func))
+            launches.extend(self.call_launches(call))
             options = self._options(ci, call, self._signature(launches[start:]))
             if options:
                 variants.append(Variant(start, len(launches), tuple(options), call.func))
         return launches, variants
 
-    def _launches(self, call: _Call, func_name: str) -> list[Launch]:
+    def call_launches(self, call: _Call) -> list[Launch]:
+        """The default launches of ``call``, with its PrimFunc's FLOPs shared out."""
         launches = _call_launches(
-            call, func_name, self.planner, self.funcs.host_funcs, self.kernel_params
+            call, call.func, self.planner, self.funcs.host_funcs, self.kernel_params
         )
         return _share_flops(launches, self.flops.get(call.func, 0), self._kernel_weight)
 
