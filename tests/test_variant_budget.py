@@ -216,3 +216,38 @@ def test_variants_fill_what_the_entry_leaves_under_its_bound(
     _, by_share = budget.trim_variants(compiled.partitions, smaller)
     _, by_fill = budget.trim_variants(compiled.partitions, smaller, unvaried)
     assert 0 < by_fill <= by_share
+
+
+def test_the_weights_are_traced_once_where_the_budget_measures_the_entry(
+    smoke_path_module: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the share would drop variants, the compiler measures the entry without them on
+    a compiled model of its own; the weights' recipes of both are traced once (they do not
+    depend on the variants), and the stored model's are what a compile without that
+    measurement traces."""
+    from litekiln.compiler import weights
+
+    model = load_tflite(smoke_path_module)
+    real = weights.trace_weights
+    calls: list[int] = []
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(weights, "trace_weights", counted)
+    plain = compile_model(model, CompileOptions(), warn=False)  # (within the floor: no measure)
+    assert len(calls) == 1
+    monkeypatch.setattr(budget, "VARIANT_FLOOR", 0)  # smoke's variants are over 7% of it
+    measured: list[int] = []
+    real_entry = budget.entry_bytes
+
+    def entry(*args, **kwargs):  # type: ignore[no-untyped-def]
+        measured.append(1)
+        return real_entry(*args, **kwargs)
+
+    monkeypatch.setattr(budget, "entry_bytes", entry)
+    calls.clear()
+    trimmed = compile_model(model, CompileOptions(), warn=False)
+    assert measured and len(calls) == 1
+    assert trimmed.weights == plain.weights and trimmed.weights_digest == plain.weights_digest

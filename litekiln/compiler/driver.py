@@ -100,6 +100,9 @@ class _Compilation:
         self.merged: list[Any] = []
         #: Of them, the stacked weights of sibling convolutions (`Lowering.sibling_weights`).
         self.siblings: list[Any] = []
+        #: The weights' recipes and digest (`_weights`), made once: the variants' budget
+        #: measures an artifact without variants before the one stored.
+        self._traced: tuple[dict[str, Any], Any, str] | None = None
 
     def partition(self) -> PartitionPlan:
         """Split the model into GPU partitions and CPU ops (and say so, when warning)."""
@@ -314,14 +317,7 @@ class _Compilation:
     ) -> CompiledModel:
         """The compiled model: execution plan, programs, constants (with the recipes that
         rebuild the model's weights among them), versions and stats."""
-        from litekiln.artifact.weights import weights_digest
-        from litekiln.compiler.weights import trace_weights
-
-        t = time.perf_counter()
-        recipes = trace_weights(self.model.main, constants, self.merged)
-        sources = (t for r in recipes.values() for t in r.tensors)
-        digest = weights_digest(self.model.main, sources)
-        self.timings["weights"] = time.perf_counter() - t
+        recipes, digest = self._weights(constants)
         siblings = set(self.siblings)
         self.timings["total"] = time.perf_counter() - self.t0
         steps = [("gpu", s.partition) if s.kind == "gpu" else ("cpu", s.op) for s in plan.steps]
@@ -357,6 +353,21 @@ class _Compilation:
             weights_digest=digest,
             model_bytes=self.model.nbytes,
         )
+
+    def _weights(self, constants: dict[str, np.ndarray]) -> tuple[Any, str]:
+        """The recipes that rebuild the model's weights among ``constants``, and their
+        digest: traced once per set of constants (they do not depend on the variants)."""
+        from litekiln.artifact.weights import weights_digest
+        from litekiln.compiler.weights import trace_weights
+
+        if self._traced is None or self._traced[0] is not constants:
+            t = time.perf_counter()
+            recipes = trace_weights(self.model.main, constants, self.merged)
+            sources = (t for r in recipes.values() for t in r.tensors)
+            digest = weights_digest(self.model.main, sources)
+            self.timings["weights"] = time.perf_counter() - t
+            self._traced = (constants, recipes, digest)
+        return self._traced[1], self._traced[2]
 
     def _add_time(self, phase: str, seconds: float) -> None:
         self.timings[phase] = self.timings.get(phase, 0.0) + seconds
