@@ -231,10 +231,11 @@ class _Compilation:
         self, p: Partition, mod: Any, lower_opts: LowerOptions, label: str
     ) -> CompileResult | str:
         """`_generate`, except that a module with fused layer norms (compiler/layer_norm.py),
-        fused attentions (compiler/attention.py) or folded convolutions
+        fused attentions (compiler/attention.py), recurrent steps (compiler/gated_step.py)
+        or folded convolutions
         (`lowering.conv_folded`) whose code generation fails with the options' schedules is
         lowered again op by op (with a warning saying why) before the fallback schedules."""
-        from litekiln.compiler import attention
+        from litekiln.compiler import attention, gated_step
         from litekiln.compiler.codegen import compile_relax_full
         from litekiln.compiler.layer_norm import PRIMFUNC_NAME
         from litekiln.compiler.lowering import FOLDED_CONV_NAMES
@@ -242,7 +243,12 @@ class _Compilation:
         fused = any(
             name in gv.name_hint
             for gv in mod.get_global_vars()
-            for name in (PRIMFUNC_NAME, attention.PRIMFUNC_NAME, *FOLDED_CONV_NAMES)
+            for name in (
+                PRIMFUNC_NAME,
+                attention.PRIMFUNC_NAME,
+                gated_step.PRIMFUNC_NAME,
+                *FOLDED_CONV_NAMES,
+            )  # fmt: skip
         )
         if not fused:
             return self._generate(mod, label)

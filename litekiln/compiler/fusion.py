@@ -148,8 +148,8 @@ class _Fuser:
             func = self.mod[value.op]
             primitive = func.attrs is not None and func.attrs.get("Primitive")
             return func if isinstance(func, relax.Function) and primitive else None
-        if self._call_tir(value) is None:
-            return None
+        if self._call_tir(value) is None or not isinstance(value.ty, relax.TensorType):
+            return None  # (a call of several outputs, `compiler.gated_step`'s: merged with none)
         return self._wrap(value)
 
     def _wrap(self, call: relax.Call) -> relax.Function:

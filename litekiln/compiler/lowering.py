@@ -23,6 +23,7 @@ from tvm import relax
 
 from litekiln.artifact.weights import MergedTensor
 from litekiln.compiler.attention import find_attentions
+from litekiln.compiler.gated_step import GatedStep, find_gated_steps
 from litekiln.compiler.layer_norm import find_layer_norms
 from litekiln.compiler.partition import Partition
 from litekiln.compiler.sibling_merge import SiblingMerge
@@ -75,6 +76,9 @@ class LowerOptions:
     # Each attention (BATCH_MATMUL, SOFTMAX, BATCH_MATMUL) lowered as one call
     # (compiler/attention.py): one kernel, the scores and probabilities never in memory.
     fuse_attention: bool = True
+    # Each unrolled recurrent step (its recurrent product, gates and state update) lowered
+    # as one call (compiler/gated_step.py): one kernel a step where op by op it is two.
+    fuse_gates: bool = True
     # Parallel convolutions of one map summed by a tree of ADDs (re-parameterisable blocks:
     # MobileOne, RepVGG) computed as one convolution of summed weights
     # (compiler/branch_merge.py).
@@ -90,6 +94,7 @@ class LowerOptions:
             fuse_layer_norms=False,
             fuse_scales=False,
             fuse_attention=False,
+            fuse_gates=False,
             merge_branches=False,
             merge_siblings=False,
         )
@@ -100,6 +105,7 @@ class LowerOptions:
             self.fuse_layer_norms
             or self.fuse_scales
             or self.fuse_attention
+            or self.fuse_gates
             or self.merge_branches
             or self.merge_siblings
         )
@@ -250,6 +256,10 @@ class Lowering:
         self.merged_weights: list[MergedTensor] = []
         self.in_branch_merge: set[int] = set()
         taken = normed | {i for a in attns for i in a.ops}
+        steps = find_gated_steps(graph, part, taken) if options.fuse_gates else []
+        self.gated_steps = {s.last: s for s in steps}  # last op -> the recurrent step
+        self.in_gated_step = {i for s in steps for i in s.ops if i != s.last}
+        taken |= {i for s in steps for i in s.ops}
         if options.merge_branches and not self.emulate_half:
             self._add_branch_merges(taken)
         #: Sibling convolutions merged (`sibling_merge`): first sibling -> the merge and the
@@ -729,6 +739,11 @@ class Lowering:
                         continue  # taken by its convolutions (max pools)
                     if i in self.in_layer_norm or i in self.in_attention:
                         continue  # emitted with the layer norm's (attention's) last op
+                    if i in self.in_gated_step:
+                        continue  # emitted with the recurrent step's last op
+                    if i in self.gated_steps:
+                        self._emit_gated_step(self.gated_steps[i])
+                        continue
                     if i in self.in_branch_merge or i in self.in_sibling_merge:
                         continue  # computed by a merged convolution (its root ADD, first sibling)
                     if i in self.sibling_merges:
@@ -767,6 +782,18 @@ class Lowering:
             elif gv_.name_hint.startswith(BROADCAST_BARRIER):
                 mod[gv_] = f.with_attr("op_pattern", 2)  # injective: see _binary
         return mod
+
+    def _emit_gated_step(self, step: GatedStep) -> None:
+        """A recurrent step as one call (`compiler.gated_step`): each tensor it hands on."""
+
+        def out_dtype(t: int) -> str:
+            return "float16" if self.storage == "float16" and self.half_stored(t) else ACC_DTYPE
+
+        for t, y in step.emit(self.bb, self.stored, out_dtype).items():
+            tensor = self.graph.tensors[t]
+            if tuple(int(d) for d in y.ty.shape) != tensor.shape:
+                y = self.bb.emit(relax.op.reshape(y, tensor.shape))
+            self.env[t] = y
 
     def _emit_siblings(self, m: SiblingMerge, conv: Op) -> None:
         """A group of sibling convolutions: the merged one, then each sibling's output as a

@@ -1919,6 +1919,94 @@ class SerialAttention(_GuardedRule):
         return sch
 
 
+def _gated_step_blocks(sch: s_tir.Schedule) -> tuple[Any, Any] | None:
+    """The gates' sums of a recurrent step (`compiler.gated_step.BLOCKS`) and the loop over
+    its units (fused) under which the outputs' blocks (TE makes one per output) are
+    computed; else None."""
+    from litekiln.compiler.gated_step import BLOCKS
+
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    names = [sch.get(b).name_hint for b in blocks]
+    if names[:1] != [BLOCKS[0]] or not all(n.startswith(BLOCKS[1]) for n in names[1:]):
+        return None
+    nest = sch.get_loops(blocks[1])
+    for block in blocks[2:]:  # (TE puts a compute's outputs under one loop nest)
+        other = sch.get_loops(block)
+        if len(other) != len(nest) or not all(
+            sch.get_sref(a).same_as(sch.get_sref(b)) for a, b in zip(other, nest, strict=True)
+        ):
+            return None
+    return blocks[0], (sch.fuse(*nest) if len(nest) > 1 else nest[0])
+
+
+class GatedStepLanes(_GuardedRule):
+    """A recurrent step as one kernel on GPUs (`compiler.gated_step`): a work-group per
+    ``units`` units, ``lanes`` threads per unit.
+
+    Each unit's gates are summed by its lanes (lane ``l`` takes terms ``l, l + lanes, ...``
+    of the recurrent product for every gate: a warp reads consecutive weights of a row), the
+    sums meet across the lanes and stay in registers, and the unit's outputs (the new state,
+    the new output) are computed from them: no local memory for the gates, no second launch.
+
+    Args:
+        units: Units per work-group (``threadIdx.y``).
+        lanes: Threads per unit (a power of two, at most 32: one warp).
+    """
+
+    def __init__(self, units: int = 1, lanes: int = 32) -> None:
+        self.units = units
+        self.lanes = lanes
+
+    def _apply(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+        if self.units * self.lanes > int(max_threads_per_block(target)):
+            return None
+        sch = s_tir.Schedule(func)
+        found = _gated_step_blocks(sch)
+        if found is None:
+            return None
+        sums, j = found
+        units, terms = _static_extent(sch, j), _static_extent(sch, sch.get_loops(sums)[-1])
+        if units is None or terms is None or units % self.units or terms % self.lanes:
+            return None  # (no predicate around the lanes' cross-thread sums)
+        bx, ty = sch.split(j, factors=[None, self.units])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(ty, "threadIdx.y")
+        # The sums in registers: the cross-thread reduction hands every lane of the unit its
+        # gates, and every lane computes the unit's outputs (the same values).
+        sch.set_scope(sums, 0, "local")
+        sch.compute_at(sums, ty, preserve_unit_loops=True)
+        k = sch.get_loops(sums)[-1]
+        ko, lane = sch.split(k, factors=[None, self.lanes])
+        sch.reorder(lane, ko)
+        sch.bind(lane, "threadIdx.x")
+        sch.unroll(ko)  # (the lane's loads in flight together)
+        return sch
+
+
+class SerialGatedStep(_GuardedRule):
+    """A recurrent step as one kernel on CPU OpenCL: one work-item per unit, its gates summed
+    serially in registers (no barrier, no local memory)."""
+
+    def _apply(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+        sch = s_tir.Schedule(func)
+        found = _gated_step_blocks(sch)
+        if found is None:
+            return None
+        sums, j = found
+        units = _static_extent(sch, j)
+        if units is None:
+            return None
+        threads = min(_threads_per_group(units, target), units)
+        while units % threads:
+            threads -= 1
+        bx, tx = sch.split(j, factors=[None, threads])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        sch.set_scope(sums, 0, "local")
+        sch.compute_at(sums, tx, preserve_unit_loops=False)
+        return sch
+
+
 _has_if_then_else = tvm.get_global_func("s_tir.schedule.HasIfThenElse")
 
 
@@ -2057,6 +2145,8 @@ def fast_rules(
             cfg[key] = value
     # (attention: only the fused attention's function, compiler/attention.py)
     rules: list[GPUScheduleRule] = [SerialAttention() if profile == "cpu" else FusedAttention()]
+    # (a recurrent step: only `compiler.gated_step`'s function)
+    rules.append(SerialGatedStep() if profile == "cpu" else GatedStepLanes())
     if cfg.get("window_reduction"):
         rules.append(WindowReduction())
     # (a one-row product with its operand's norm: `NormedRowReduction`, one work-item per
@@ -2367,6 +2457,9 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
         NormedRowReduction(lanes=128),
         # Attentions (`FusedAttention`, 4 query rows of 32 lanes per group): 1, 2 and 8 rows
         # (more groups, or the keys and values read by fewer), 8 rows of 16 lanes.
+        GatedStepLanes(units=2),
+        GatedStepLanes(units=4),
+        GatedStepLanes(units=2, lanes=16),
         FusedAttention(rows=1),
         FusedAttention(rows=2),
         FusedAttention(rows=8),

@@ -1,0 +1,493 @@
+"""A recurrent step as one kernel: the recurrent product, its gates and the new state.
+
+An unrolled recurrent step (a Keras LSTM or GRU layer's WHILE loop, `litekiln.ops.unroll`; a
+sequence LSTM, `litekiln.ops.unroll_lstm`) is a FULLY_CONNECTED of the previous output by the
+recurrent weights (``[1, K]`` by ``[N, K]``), terms added at the product's full width (a bias,
+the step's row of the batched input product: a GATHER of one row), the sum cut into gates of
+one width ``m`` (SPLIT, STRIDED_SLICE), and elementwise ops of the gates and of the previous
+state (LOGISTIC, TANH, MUL, ADD, SUB) that make the step's new state and output. Op by op
+(with `compiler.fusion`'s merges) that is two kernels a step: the product, then the state
+update. The update of a unit reads all its gates, which are columns ``m`` apart in the
+product's output: no epilogue of one output element, so no product kernel takes it.
+
+:func:`find_gated_steps` recognises that chain (each intermediate read inside it alone, the
+elementwise ops' other operands computed before the product or constant, float32) and
+:meth:`GatedStep.emit` writes it as one ``call_te``: a block ``gate_sums`` of the gates'
+products, ``[parts, m]``, and one block ``gated_out`` that writes every tensor the step hands
+on (the new state, the new output) from a unit's gates. The schedules make it one kernel
+(`schedules.GatedStepLanes` on GPUs: a work-group per few units, a warp's lanes sharing each
+unit's sums, which stay in registers; `schedules.SerialGatedStep` on CPU OpenCL: a work-item
+per unit). A step's row of the batched input product is read through the GATHER's index
+tensor, not at a constant row, so that every step of a layer is the same function: one
+kernel of the program, compiled and built once.
+
+The elementwise ops are computed in float32 as their emitters compute them (TVM's sigmoid and
+tanh, `emit_math`), and each output is rounded once to its storage (half under fp16).
+Anything else stays op by op: quantized or non-float tensors, fused activations, a gate or
+intermediate read outside the chain, a state computed after the product.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from tvm import relax, te, tirx
+
+from litekiln.compiler.partition import Partition
+from litekiln.model.ir import Subgraph
+from litekiln.ops.base import is_quantized
+from litekiln.reference import gather_inputs, run_op
+
+#: Name of the step's PrimFunc.
+PRIMFUNC_NAME = "gated_step"
+#: Its blocks, in order (the schedule rules find them by name).
+BLOCKS = ("gate_sums", "gated_out")
+#: The elementwise ops a step's gates go through (none with a fused activation).
+ELEMENTWISE = frozenset({"LOGISTIC", "TANH", "MUL", "ADD", "SUB"})
+#: Ops that cut the product's sum into gates.
+SLICERS = frozenset({"SPLIT", "SPLIT_V", "STRIDED_SLICE", "SLICE"})
+#: Most outputs of one step (an LSTM hands on two: the cell state and the output).
+MAX_OUTPUTS = 4
+#: Most terms of the recurrent product (each lane of the GPU schedule sums K / lanes of them
+#: for every gate) and most units (the gates' width).
+MAX_TERMS = 4096
+
+# A reference to a value of a unit ``j`` of the step:
+#   ("gate", p)                      the product's part p, with the terms at full width
+#   ("row", table, index, offset)    table[index[0], offset + j] (a gathered row's slice)
+#   ("narrow", t)                    tensor t's element j (m elements)
+#   ("scalar", value)                a constant
+#   ("node", k)                      the k-th elementwise op's result
+Ref = tuple[Any, ...]
+
+
+@dataclass
+class Node:
+    """An elementwise op of the step: its name and operands."""
+
+    name: str
+    args: list[Ref]
+    out: int  # the tensor it writes
+
+
+@dataclass
+class GatedStep:
+    """One recurrent step of a partition.
+
+    Attributes:
+        operand: the product's ``[1, K]`` operand (the previous output).
+        weights: the recurrent weights ``[N, K]`` (a constant).
+        bias: the FULLY_CONNECTED's bias ``[N]``, or -1.
+        width: the gates' width ``m``; ``N / m`` parts.
+        wide: terms added to the product at full width: ``("tensor", t)`` (``N`` elements) or
+            ``("row", table, index)`` (a row of ``table`` picked by a one-element index).
+        nodes: the elementwise ops, in order.
+        outputs: (tensor, node) of each tensor the step hands on.
+        ops: every op of the chain (emitted as one call, at ``last``).
+        last: the chain's last op in the partition's order.
+        n, k: the product's outputs ``N`` and terms ``K``.
+    """
+
+    operand: int
+    weights: int
+    bias: int
+    width: int
+    wide: list[tuple[Any, ...]]
+    nodes: list[Node]
+    outputs: list[tuple[int, int]]
+    ops: set[int]
+    last: int
+    n: int = 0
+    k: int = 0
+
+    def emit(
+        self,
+        bb: relax.BlockBuilder,
+        stored: Callable[[int], Any],
+        out_dtype: Callable[[int], str],
+    ) -> dict[int, Any]:
+        """The step as one ``call_te``: each output tensor's value (shape ``[1, m]``).
+
+        Args:
+            bb: the block builder of the partition's function.
+            stored: a tensor's Relax value as stored (half under native fp16; int32 indices).
+            out_dtype: the storage dtype of an output tensor.
+        """
+        tensors = self._inputs()
+        slot = {t: n for n, t in enumerate(tensors)}
+        m, n_parts, k_terms = self.width, self.n // self.width, self.k
+        dtypes = [out_dtype(t) for t, _ in self.outputs]
+
+        def compute(*args: te.Tensor) -> list[te.Tensor]:
+            def at(t: int, flat: Any) -> Any:
+                x = args[slot[t]]
+                idx = [0] * (len(x.shape) - 1) + [flat]
+                return x(*idx).astype("float32") if x.dtype != "int32" else x(*idx)
+
+            r = te.reduce_axis((0, k_terms), name="k")
+            w = args[slot[self.weights]]
+            sums = te.compute(
+                (n_parts, m),
+                lambda p, j: te.sum(
+                    at(self.operand, r) * w[p * m + j, r].astype("float32"), axis=r
+                ),
+                name=BLOCKS[0],
+            )
+
+            def wide_term(term: tuple[Any, ...], col: Any) -> Any:
+                if term[0] == "tensor":
+                    return at(term[1], col)
+                table, index = args[slot[term[1]]], args[slot[term[2]]]
+                row = index(*([0] * len(index.shape))).astype("int32")
+                return table(row, col).astype("float32")
+
+            def value(ref: Ref, j: Any, memo: dict[int, Any]) -> Any:
+                kind = ref[0]
+                if kind == "gate":
+                    p = ref[1]
+                    v = sums[p, j]
+                    col = p * m + j
+                    if self.bias >= 0:
+                        v = v + at(self.bias, col)
+                    for term in self.wide:
+                        v = v + wide_term(term, col)
+                    return v
+                if kind == "row":
+                    return wide_term(("row", ref[1], ref[2]), ref[3] + j)
+                if kind == "narrow":
+                    return at(ref[1], j)
+                if kind == "scalar":
+                    return tirx.const(ref[1], "float32")
+                k = ref[1]
+                if k not in memo:
+                    node = self.nodes[k]
+                    xs = [value(a, j, memo) for a in node.args]
+                    memo[k] = _ELEMENTWISE_TE[node.name](*xs)
+                return memo[k]
+
+            def outs(_i: Any, j: Any) -> list[Any]:
+                memo: dict[int, Any] = {}
+                return [
+                    value(("node", k), j, memo).astype(dt)
+                    for (_, k), dt in zip(self.outputs, dtypes, strict=True)
+                ]
+
+            res = te.compute((1, m), outs, name=BLOCKS[1])
+            return list(res) if isinstance(res, (list, tuple)) else [res]
+
+        call = bb.emit_te(compute, *[stored(t) for t in tensors], primfunc_name_hint=PRIMFUNC_NAME)
+        if len(self.outputs) == 1:
+            return {self.outputs[0][0]: call}
+        return {t: bb.emit(relax.TupleGetItem(call, n)) for n, (t, _) in enumerate(self.outputs)}
+
+    def _inputs(self) -> list[int]:
+        """The call's tensors, in order: operand, weights, bias, then every other input."""
+        order = [self.operand, self.weights] + ([self.bias] if self.bias >= 0 else [])
+        for term in self.wide:
+            order += list(term[1:])
+        for node in self.nodes:
+            for a in node.args:
+                if a[0] == "row":
+                    order += [a[1], a[2]]
+                elif a[0] == "narrow":
+                    order.append(a[1])
+        seen: list[int] = []
+        for t in order:
+            if t not in seen:
+                seen.append(t)
+        return seen
+
+
+_ELEMENTWISE_TE: dict[str, Callable[..., Any]] = {
+    "LOGISTIC": tirx.sigmoid,
+    "TANH": tirx.tanh,
+    "MUL": lambda a, b: a * b,
+    "ADD": lambda a, b: a + b,
+    "SUB": lambda a, b: a - b,
+}
+
+
+def find_gated_steps(graph: Subgraph, part: Partition, taken: set[int]) -> list[GatedStep]:
+    """Every recurrent step of ``part`` (see the module docstring) whose ops are not in
+    ``taken`` (another fusion's)."""
+    pos = {i: n for n, i in enumerate(part.ops)}
+    readers: dict[int, list[int]] = {}
+    for i in part.ops:
+        for t in graph.ops[i].inputs:
+            if t >= 0:
+                readers.setdefault(t, []).append(i)
+    keep = set(part.outputs)
+    found: list[GatedStep] = []
+    used = set(taken)
+    for i in part.ops:
+        if graph.ops[i].name != "FULLY_CONNECTED" or i in used:
+            continue
+        step = _Tracer(graph, part, pos, readers, keep).trace(i)
+        if step is not None and not step.ops & used:
+            found.append(step)
+            used |= step.ops
+    return found
+
+
+class _Tracer:
+    def __init__(
+        self,
+        graph: Subgraph,
+        part: Partition,
+        pos: dict[int, int],
+        readers: dict[int, list[int]],
+        keep: set[int],
+    ) -> None:
+        self.graph, self.part, self.pos, self.readers, self.keep = graph, part, pos, readers, keep
+        self.producer = {t: i for i in part.ops for t in graph.ops[i].outputs if t >= 0}
+
+    def _float(self, t: int) -> bool:
+        x = self.graph.tensors[t]
+        return x.dtype.name == "float32" and not is_quantized(x)
+
+    def _size(self, t: int) -> int:
+        return int(np.prod(self.graph.tensors[t].shape, dtype=np.int64))
+
+    def _flat(self, t: int, n: int) -> bool:
+        """Whether tensor ``t`` holds ``n`` elements along its last axis (leading unit axes)."""
+        shape = tuple(int(d) for d in self.graph.tensors[t].shape)
+        return bool(shape) and shape[-1] == n and all(d == 1 for d in shape[:-1])
+
+    def _const(self, t: int) -> bool:
+        return self.graph.tensors[t].data is not None
+
+    def trace(self, fc: int) -> GatedStep | None:
+        g = self.graph
+        op = g.ops[fc]
+        if len(op.inputs) < 2 or int(op.options.get("fused_activation_function", 0) or 0):
+            return None
+        a, w = op.inputs[0], op.inputs[1]
+        bias = op.inputs[2] if len(op.inputs) > 2 else -1
+        wt = g.tensors[w]
+        if not self._const(w) or len(wt.shape) != 2 or not self._float(w) or not self._float(a):
+            return None
+        n, k = (int(d) for d in wt.shape)
+        if not (self._flat(a, k) and 2 <= k <= MAX_TERMS) or len(op.outputs) != 1:
+            return None
+        if bias >= 0 and not (self._const(bias) and self._float(bias) and self._size(bias) == n):
+            return None
+        members = {fc}
+        cur = op.outputs[0]
+        wide: list[tuple[Any, ...]] = []
+        while True:  # the full-width chain: reshapes, terms added
+            if not self._float(cur) or self._size(cur) != n or cur in self.keep:
+                return None
+            rs = self.readers.get(cur, [])
+            if len(rs) != 1:
+                break
+            nxt = g.ops[rs[0]]
+            if nxt.name == "RESHAPE" and nxt.inputs[0] == cur:
+                members.add(rs[0])
+                cur = nxt.outputs[0]
+                continue
+            if nxt.name != "ADD" or int(nxt.options.get("fused_activation_function", 0) or 0):
+                break
+            other = nxt.inputs[1] if nxt.inputs[0] == cur else nxt.inputs[0]
+            if other == cur or not self._float(other) or not self._flat(other, n):
+                return None
+            term = self._row(other, n)
+            if term is not None:
+                members.add(self.producer[other])
+                wide.append(term)
+            elif self._before(other, fc):
+                wide.append(("tensor", other))
+            else:
+                return None
+            members.add(rs[0])
+            cur = nxt.outputs[0]
+        known: dict[int, Ref] = {}
+        m = self._slices(cur, n, members, known, gate=True)
+        if m is None or n % m or m > MAX_TERMS:
+            return None
+        nodes: list[Node] = []
+        rows: set[int] = set()  # gathers of rows whose slices the nodes read
+        for i in self.part.ops[self.pos[fc] + 1 :]:
+            op_i = g.ops[i]
+            if i in members:
+                continue
+            reads = [t for t in op_i.inputs if t in known]
+            if not reads:
+                continue
+            args = self._node_args(op_i, fc, m, known, members, rows) if self._eligible(
+                op_i, m
+            ) else None  # fmt: skip
+            if args is None:
+                break  # (a reader of the step's values that is not elementwise: the next step)
+            known[op_i.outputs[0]] = ("node", len(nodes))
+            nodes.append(Node(op_i.name, args, op_i.outputs[0]))
+            members.add(i)
+        for gather in rows:  # each gathered row's slices read by the step's nodes alone
+            for t in g.ops[gather].outputs:
+                for s in self.readers.get(t, []):
+                    if s not in members:
+                        return None
+                    for u in g.ops[s].outputs:
+                        if u in self.keep or any(r not in members for r in self.readers.get(u, [])):
+                            return None
+        # The gates are read by the nodes alone.
+        for t, ref in known.items():
+            if ref[0] == "gate" and (
+                t in self.keep or any(r not in members for r in self.readers.get(t, []))
+            ):
+                return None
+        last = max(members, key=self.pos.__getitem__)
+        outputs = []
+        for node_k, node in enumerate(nodes):
+            outside = [r for r in self.readers.get(node.out, []) if r not in members]
+            if node.out in self.keep or outside:
+                if any(self.pos[r] < self.pos[last] for r in outside):
+                    return None
+                outputs.append((node.out, node_k))
+        if not outputs or len(outputs) > MAX_OUTPUTS:
+            return None
+        return GatedStep(a, w, bias, m, wide, nodes, outputs, members, last, n=n, k=k)
+
+    def _before(self, t: int, fc: int) -> bool:
+        """Whether ``t`` is ready before op ``fc``: a constant, a partition input or the
+        output of an earlier op."""
+        if self._const(t):
+            return True
+        p = self.producer.get(t)
+        return p is None or self.pos[p] < self.pos[fc]
+
+    def _row(self, t: int, n: int) -> tuple[Any, ...] | None:
+        """``("row", table, index)`` where ``t`` (``n`` elements) is a GATHER of one row read
+        once (a term at full width); else None."""
+        if t not in self.producer or len(self.readers.get(t, [])) != 1:
+            return None
+        return self._row_of(t)
+
+    def _slices(
+        self, t: int, n: int, members: set[int], known: dict[int, Ref], *, gate: bool,
+        row: tuple[Any, ...] | None = None,
+    ) -> int | None:  # fmt: skip
+        """Every reader of ``t`` (``n`` elements) cuts it into contiguous slices of one width
+        at multiples of it: their outputs become ``known`` (gates, or slices of ``row``), the
+        slicers ``members``; the width, or None."""
+        width = None
+        found: dict[int, Ref] = {}
+        slicers = []
+        for s in self.readers.get(t, []):
+            op = self.graph.ops[s]
+            if op.name not in SLICERS:
+                return None
+            data = 1 if op.name == "SPLIT" else 0
+            if op.inputs[data] != t or any(
+                x != t and not self._const(x) for x in op.inputs if x >= 0
+            ):
+                return None
+            probe = np.arange(n, dtype=np.float32).reshape(self.graph.tensors[t].shape)
+            try:
+                res = run_op(op, self.graph, gather_inputs(op, self.graph, {t: probe}))
+            except Exception:  # (a slice the reference refuses: not ours to judge)
+                return None
+            for u, r in zip(op.outputs, res, strict=True):
+                flat = np.asarray(r).reshape(-1)
+                if flat.size == 0 or not self._float(u) or not self._flat(u, flat.size):
+                    return None
+                first = int(flat[0])
+                if width is None:
+                    width = flat.size
+                if (
+                    flat.size != width
+                    or first % width
+                    or not np.array_equal(flat, np.arange(first, first + width, dtype=np.float32))
+                ):
+                    return None
+                found[u] = ("gate", first // width) if gate else (*(row or ()), first)
+            slicers.append(s)
+        if width is None:
+            return None
+        members.update(slicers)
+        known.update(found)
+        return width
+
+    def _eligible(self, op: Any, m: int) -> bool:
+        return (
+            op.name in ELEMENTWISE
+            and not int(op.options.get("fused_activation_function", 0) or 0)
+            and len(op.outputs) == 1
+            and self._float(op.outputs[0])
+            and self._flat(op.outputs[0], m)
+        )
+
+    def _node_args(
+        self, op: Any, fc: int, m: int, known: dict[int, Ref], members: set[int], rows: set[int]
+    ) -> list[Ref] | None:
+        """The op's operands as references, or None where one is out of reach."""
+        args: list[Ref] = []
+        arity = 1 if op.name in ("LOGISTIC", "TANH") else 2
+        if len(op.inputs) != arity:
+            return None
+        for t in op.inputs:
+            if t in known:
+                args.append(known[t])
+                continue
+            if not self._float(t):
+                return None
+            if self._const(t) and self._size(t) == 1:
+                data = np.asarray(self.graph.tensors[t].data)
+                args.append(("scalar", float(data.reshape(-1)[0])))
+                continue
+            if not self._flat(t, m):
+                return None
+            ref = self._row_slice(t, m, known, members, rows)
+            if ref is not None:
+                args.append(ref)
+            elif self._before(t, fc):
+                args.append(("narrow", t))
+            else:
+                return None
+        return args
+
+    def _row_slice(
+        self, t: int, m: int, known: dict[int, Ref], members: set[int], rows: set[int]
+    ) -> Ref | None:
+        """A slice of a gathered row (`_row`): the GATHER and its slicers join the step."""
+        s = self.producer.get(t)
+        if s is None or self.graph.ops[s].name not in SLICERS:
+            return None
+        op = self.graph.ops[s]
+        data = op.inputs[1 if op.name == "SPLIT" else 0]
+        gather = self.producer.get(data)
+        if gather is None:
+            return None
+        row = self._row_of(data)
+        if row is None:
+            return None
+        trial_members: set[int] = set()
+        trial: dict[int, Ref] = {}
+        width = self._slices(data, self._size(data), trial_members, trial, gate=False, row=row)
+        if width != m or t not in trial:
+            return None
+        members.update(trial_members | {gather})
+        known.update(trial)
+        rows.add(gather)
+        return trial[t]
+
+    def _row_of(self, t: int) -> tuple[Any, ...] | None:
+        """``("row", table, index)`` of a GATHER output ``t`` read by slicers."""
+        p = self.producer[t]
+        op = self.graph.ops[p]
+        if op.name != "GATHER" or t in self.keep:
+            return None
+        if int(op.options.get("axis", 0) or 0) != 0 or int(op.options.get("batch_dims", 0) or 0):
+            return None
+        table, index = op.inputs[0], op.inputs[1]
+        tt, it = self.graph.tensors[table], self.graph.tensors[index]
+        n = self._size(t)
+        if len(tt.shape) != 2 or int(tt.shape[1]) != n or not self._float(table):
+            return None
+        if it.data is None or it.dtype.name != "int32" or it.size != 1:
+            return None
+        if not 0 <= int(np.asarray(it.data).reshape(-1)[0]) < int(tt.shape[0]):
+            return None
+        return ("row", table, index)
