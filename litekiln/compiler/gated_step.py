@@ -78,8 +78,9 @@ class GatedStep:
     """One recurrent step of a partition.
 
     Attributes:
-        operand: the product's ``[1, K]`` operand (the previous output).
-        weights: the recurrent weights ``[N, K]`` (a constant).
+        operand: the product's ``[1, K]`` operand (the previous output); -1: no product (a
+            first step, its product of the initial state folded into a constant term).
+        weights: the recurrent weights ``[N, K]`` (a constant), or -1.
         bias: the FULLY_CONNECTED's bias ``[N]``, or -1.
         width: the gates' width ``m``; ``N / m`` parts.
         wide: terms added to the product at full width: ``("tensor", t)`` (``N`` elements) or
@@ -127,15 +128,17 @@ class GatedStep:
                 idx = [0] * (len(x.shape) - 1) + [flat]
                 return x(*idx).astype("float32") if x.dtype != "int32" else x(*idx)
 
-            r = te.reduce_axis((0, k_terms), name="k")
-            w = args[slot[self.weights]]
-            sums = te.compute(
-                (n_parts, m),
-                lambda p, j: te.sum(
-                    at(self.operand, r) * w[p * m + j, r].astype("float32"), axis=r
-                ),
-                name=BLOCKS[0],
-            )
+            sums = None
+            if self.weights >= 0:
+                r = te.reduce_axis((0, k_terms), name="k")
+                w = args[slot[self.weights]]
+                sums = te.compute(
+                    (n_parts, m),
+                    lambda p, j: te.sum(
+                        at(self.operand, r) * w[p * m + j, r].astype("float32"), axis=r
+                    ),
+                    name=BLOCKS[0],
+                )
 
             def wide_term(term: tuple[Any, ...], col: Any) -> Any:
                 if term[0] == "tensor":
@@ -147,13 +150,15 @@ class GatedStep:
             def value(ref: Ref, j: Any, memo: dict[int, Any]) -> Any:
                 kind = ref[0]
                 if kind == "gate":
-                    p = ref[1]
-                    v = sums[p, j]
-                    col = p * m + j
+                    col = ref[1] * m + j
+                    terms = [wide_term(term, col) for term in self.wide]
                     if self.bias >= 0:
-                        v = v + at(self.bias, col)
-                    for term in self.wide:
-                        v = v + wide_term(term, col)
+                        terms.insert(0, at(self.bias, col))
+                    if sums is not None:
+                        terms.insert(0, sums[ref[1], j])
+                    v = terms[0]
+                    for term_value in terms[1:]:
+                        v = v + term_value
                     return v
                 if kind == "row":
                     return wide_term(("row", ref[1], ref[2]), ref[3] + j)
@@ -185,7 +190,7 @@ class GatedStep:
 
     def _inputs(self) -> list[int]:
         """The call's tensors, in order: operand, weights, bias, then every other input."""
-        order = [self.operand, self.weights] + ([self.bias] if self.bias >= 0 else [])
+        order = [t for t in (self.operand, self.weights, self.bias) if t >= 0]
         for term in self.wide:
             order += list(term[1:])
         for node in self.nodes:
@@ -223,7 +228,7 @@ def find_gated_steps(graph: Subgraph, part: Partition, taken: set[int]) -> list[
     found: list[GatedStep] = []
     used = set(taken)
     for i in part.ops:
-        if graph.ops[i].name != "FULLY_CONNECTED" or i in used:
+        if graph.ops[i].name not in ("FULLY_CONNECTED", "ADD") or i in used:
             continue
         step = _Tracer(graph, part, pos, readers, keep).trace(i)
         if step is not None and not step.ops & used:
@@ -260,23 +265,39 @@ class _Tracer:
         return self.graph.tensors[t].data is not None
 
     def trace(self, fc: int) -> GatedStep | None:
+        """The step that starts at op ``fc``: a FULLY_CONNECTED (the recurrent product), or
+        an ADD of two terms at full width (a first step, whose product of the initial state
+        was folded into a constant); else None."""
         g = self.graph
         op = g.ops[fc]
-        if len(op.inputs) < 2 or int(op.options.get("fused_activation_function", 0) or 0):
+        if len(op.outputs) != 1 or int(op.options.get("fused_activation_function", 0) or 0):
             return None
-        a, w = op.inputs[0], op.inputs[1]
-        bias = op.inputs[2] if len(op.inputs) > 2 else -1
-        wt = g.tensors[w]
-        if not self._const(w) or len(wt.shape) != 2 or not self._float(w) or not self._float(a):
-            return None
-        n, k = (int(d) for d in wt.shape)
-        if not (self._flat(a, k) and 2 <= k <= MAX_TERMS) or len(op.outputs) != 1:
-            return None
-        if bias >= 0 and not (self._const(bias) and self._float(bias) and self._size(bias) == n):
-            return None
-        members = {fc}
-        cur = op.outputs[0]
         wide: list[tuple[Any, ...]] = []
+        members = {fc}
+        if op.name == "ADD":
+            a = w = bias = -1
+            n, k = self._size(op.outputs[0]), 0
+            for t in op.inputs:
+                term = self._term(t, n, fc, members)
+                if term is None:
+                    return None
+                wide.append(term)
+        else:
+            if len(op.inputs) < 2:
+                return None
+            a, w = op.inputs[0], op.inputs[1]
+            bias = op.inputs[2] if len(op.inputs) > 2 else -1
+            wt = g.tensors[w]
+            if not (self._const(w) and len(wt.shape) == 2 and self._float(w) and self._float(a)):
+                return None
+            n, k = (int(d) for d in wt.shape)
+            if not (self._flat(a, k) and 2 <= k <= MAX_TERMS):
+                return None
+            if bias >= 0 and not (
+                self._const(bias) and self._float(bias) and self._size(bias) == n
+            ):
+                return None
+        cur = op.outputs[0]
         while True:  # the full-width chain: reshapes, terms added
             if not self._float(cur) or self._size(cur) != n or cur in self.keep:
                 return None
@@ -291,16 +312,10 @@ class _Tracer:
             if nxt.name != "ADD" or int(nxt.options.get("fused_activation_function", 0) or 0):
                 break
             other = nxt.inputs[1] if nxt.inputs[0] == cur else nxt.inputs[0]
-            if other == cur or not self._float(other) or not self._flat(other, n):
+            term = None if other == cur else self._term(other, n, fc, members)
+            if term is None:
                 return None
-            term = self._row(other, n)
-            if term is not None:
-                members.add(self.producer[other])
-                wide.append(term)
-            elif self._before(other, fc):
-                wide.append(("tensor", other))
-            else:
-                return None
+            wide.append(term)
             members.add(rs[0])
             cur = nxt.outputs[0]
         known: dict[int, Ref] = {}
@@ -349,6 +364,17 @@ class _Tracer:
         if not outputs or len(outputs) > MAX_OUTPUTS:
             return None
         return GatedStep(a, w, bias, m, wide, nodes, outputs, members, last, n=n, k=k)
+
+    def _term(self, t: int, n: int, fc: int, members: set[int]) -> tuple[Any, ...] | None:
+        """A term added at full width: a gathered row (`_row`: its GATHER joins ``members``)
+        or a tensor ready before op ``fc``; else None."""
+        if not self._float(t) or not self._flat(t, n):
+            return None
+        term = self._row(t, n)
+        if term is not None:
+            members.add(self.producer[t])
+            return term
+        return ("tensor", t) if self._before(t, fc) else None
 
     def _before(self, t: int, fc: int) -> bool:
         """Whether ``t`` is ready before op ``fc``: a constant, a partition input or the

@@ -1919,7 +1919,7 @@ class SerialAttention(_GuardedRule):
         return sch
 
 
-def _gated_step_blocks(sch: s_tir.Schedule) -> tuple[Any, Any] | None:
+def _gated_step_blocks(sch: s_tir.Schedule) -> tuple[Any | None, Any] | None:
     """The gates' sums of a recurrent step (`compiler.gated_step.BLOCKS`) and the loop over
     its units (fused) under which the outputs' blocks (TE makes one per output) are
     computed; else None."""
@@ -1927,16 +1927,17 @@ def _gated_step_blocks(sch: s_tir.Schedule) -> tuple[Any, Any] | None:
 
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     names = [sch.get(b).name_hint for b in blocks]
-    if names[:1] != [BLOCKS[0]] or not all(n.startswith(BLOCKS[1]) for n in names[1:]):
+    sums = blocks.pop(0) if names[0] == BLOCKS[0] else None  # (none: a first step's update)
+    if not blocks or not all(sch.get(b).name_hint.startswith(BLOCKS[1]) for b in blocks):
         return None
-    nest = sch.get_loops(blocks[1])
-    for block in blocks[2:]:  # (TE puts a compute's outputs under one loop nest)
+    nest = sch.get_loops(blocks[0])
+    for block in blocks[1:]:  # (TE puts a compute's outputs under one loop nest)
         other = sch.get_loops(block)
         if len(other) != len(nest) or not all(
             sch.get_sref(a).same_as(sch.get_sref(b)) for a, b in zip(other, nest, strict=True)
         ):
             return None
-    return blocks[0], (sch.fuse(*nest) if len(nest) > 1 else nest[0])
+    return sums, (sch.fuse(*nest) if len(nest) > 1 else nest[0])
 
 
 class GatedStepLanes(_GuardedRule):
@@ -1950,7 +1951,8 @@ class GatedStepLanes(_GuardedRule):
 
     Args:
         units: Units per work-group (``threadIdx.y``).
-        lanes: Threads per unit (a power of two, at most 32: one warp).
+        lanes: Threads per unit (a power of two, at most 32: one warp); halved until they
+            divide the product's terms.
     """
 
     def __init__(self, units: int = 1, lanes: int = 32) -> None:
@@ -1965,9 +1967,19 @@ class GatedStepLanes(_GuardedRule):
         if found is None:
             return None
         sums, j = found
-        units, terms = _static_extent(sch, j), _static_extent(sch, sch.get_loops(sums)[-1])
-        if units is None or terms is None or units % self.units or terms % self.lanes:
-            return None  # (no predicate around the lanes' cross-thread sums)
+        units = _static_extent(sch, j)
+        if sums is None and units is not None:  # (no product: a thread per unit)
+            threads = min(_threads_per_group(units, target), units)
+            bx, tx = sch.split(j, factors=[None, threads])
+            sch.bind(bx, "blockIdx.x")
+            sch.bind(tx, "threadIdx.x")
+            return sch
+        terms = _static_extent(sch, sch.get_loops(sums)[-1])
+        if units is None or terms is None or units % self.units:
+            return None
+        lanes = self.lanes
+        while terms % lanes:  # (no predicate around the lanes' cross-thread sums)
+            lanes //= 2
         bx, ty = sch.split(j, factors=[None, self.units])
         sch.bind(bx, "blockIdx.x")
         sch.bind(ty, "threadIdx.y")
@@ -1976,10 +1988,11 @@ class GatedStepLanes(_GuardedRule):
         sch.set_scope(sums, 0, "local")
         sch.compute_at(sums, ty, preserve_unit_loops=True)
         k = sch.get_loops(sums)[-1]
-        ko, lane = sch.split(k, factors=[None, self.lanes])
-        sch.reorder(lane, ko)
-        sch.bind(lane, "threadIdx.x")
-        sch.unroll(ko)  # (the lane's loads in flight together)
+        if lanes > 1:
+            k, lane = sch.split(k, factors=[None, lanes])
+            sch.reorder(lane, k)
+            sch.bind(lane, "threadIdx.x")
+        sch.unroll(k)  # (the lane's loads in flight together)
         return sch
 
 
@@ -2002,8 +2015,9 @@ class SerialGatedStep(_GuardedRule):
         bx, tx = sch.split(j, factors=[None, threads])
         sch.bind(bx, "blockIdx.x")
         sch.bind(tx, "threadIdx.x")
-        sch.set_scope(sums, 0, "local")
-        sch.compute_at(sums, tx, preserve_unit_loops=False)
+        if sums is not None:
+            sch.set_scope(sums, 0, "local")
+            sch.compute_at(sums, tx, preserve_unit_loops=False)
         return sch
 
 
