@@ -222,3 +222,25 @@ def test_keras_steps_take_one_kernel_each_and_match_litert(
     assert len(fused) <= len(op_by_op) - (steps - layers), (fused, op_by_op)
     it = litekiln.Interpreter(model_content=model, use_cache=False, schedules="fast")
     close_to_litert(_run(it, _feeds(model)), _litert(model), f"{name} (gated steps)")
+
+
+@pytest.mark.opencl
+@pytest.mark.parametrize("name", ["lstm", "gru"])
+def test_every_option_of_a_step_matches_numpy(name: str, tmp_path: Any) -> None:
+    """The tuning's options of a step (`schedules.GatedStepLanes`, `GatedStepShared` with
+    other shapes), each computing the cell: timed on any device however small the step
+    (its function runs once per time step)."""
+    import litekiln
+
+    build, ref = CELLS[name]
+    built = build_model([Case(name, build)])
+    path = tmp_path / "cell.tflite"
+    path.write_bytes(built.model)
+    it = litekiln.Interpreter(model_path=path, cache_dir=tmp_path, schedules="fast", tune=False)
+    it.allocate_tensors()
+    ex = it._backend.executors[0]  # noqa: SLF001 - the test drives the executor's options
+    (variant,) = ex.program.variants
+    assert variant.func.startswith("gated_step") and len(variant.options) >= 3
+    for c in range(len(variant.options) + 1):
+        ex.select([c])
+        _assert_close(it.run(list(built.feeds)), ref(built.feeds), 1e-5)

@@ -61,6 +61,7 @@ from litekiln.artifact.program import (
 from litekiln.compiler import ptx
 from litekiln.compiler.dispatch import GROUP, SCALAR_BYTES, dispatch_kernels, private_bytes
 from litekiln.compiler.fusion import POOL_PREFIXES, fuse_matmul_neighbours
+from litekiln.compiler.gated_step import PRIMFUNC_NAME as GATED_STEP
 from litekiln.compiler.minify import MinifyError, minify_opencl, strip_ptx
 from litekiln.compiler.schedules import RULE_REFUSALS
 
@@ -1108,11 +1109,14 @@ _TUNE_MIN_BYTES = 1 << 18
 def _worth_tuning(v: Variant, launches: Sequence[Launch], tensors: Sequence[Any]) -> bool:
     """Whether call ``v``'s default launches do work enough for its options to be timed:
     ``_TUNE_MIN_FLOPS`` floating-point operations or ``_TUNE_MIN_BYTES`` of distinct
-    buffers."""
+    buffers, or a recurrent step's (`compiler.gated_step`: one function a step)."""
     return _does_work(launches[v.start : v.stop], tensors)
 
 
 def _does_work(own: Sequence[Launch], tensors: Sequence[Any]) -> bool:
+    if any(la.func.startswith(GATED_STEP) for la in own):
+        # (a recurrent step's function is called once per time step, its options one text)
+        return True
     nbytes = buffer_bytes(own, lambda t: int(tensors[t].nbytes))
     return sum(la.flops for la in own) >= _TUNE_MIN_FLOPS or nbytes >= _TUNE_MIN_BYTES
 

@@ -1996,6 +1996,60 @@ class GatedStepLanes(_GuardedRule):
         return sch
 
 
+class GatedStepShared(_GuardedRule):
+    """A recurrent step as one kernel on GPUs, every gate of a unit summed at once: a
+    work-group per ``units`` units, ``lanes`` threads per gate of each.
+
+    `GatedStepLanes` walks a unit's gates in turn, each sum's loads then its cross-thread
+    reduction, so a step waits on memory once per gate. Here the gates of the group's units
+    are rows of ``threadIdx.y`` (``parts x units`` of them): one round of loads, one
+    cross-thread reduction for all of them, the sums in local memory, then a thread per unit
+    computes its outputs from them.
+
+    Args:
+        units: Units per work-group.
+        lanes: Threads per gate (a power of two, at most 32); halved until they divide the
+            product's terms.
+    """
+
+    def __init__(self, units: int = 1, lanes: int = 32) -> None:
+        self.units = units
+        self.lanes = lanes
+
+    def _apply(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+        sch = s_tir.Schedule(func)
+        found = _gated_step_blocks(sch)
+        if found is None or found[0] is None:
+            return None
+        sums, j = found
+        parts, units = _static_extent(sch, sch.get_loops(sums)[0]), _static_extent(sch, j)
+        terms = _static_extent(sch, sch.get_loops(sums)[-1])
+        if parts is None or units is None or terms is None or units % self.units:
+            return None
+        lanes = self.lanes
+        while terms % lanes:
+            lanes //= 2
+        rows = parts * self.units
+        if rows * lanes > int(max_threads_per_block(target)):
+            return None
+        bx, ty = sch.split(j, factors=[None, self.units])
+        sch.bind(bx, "blockIdx.x")
+        sch.set_scope(sums, 0, "shared")
+        sch.compute_at(sums, bx, preserve_unit_loops=True)
+        p, unit, k = sch.get_loops(sums)[-3:]
+        row = sch.fuse(p, unit)
+        sch.bind(row, "threadIdx.y")
+        if lanes > 1:
+            k, lane = sch.split(k, factors=[None, lanes])
+            sch.reorder(lane, k)
+            sch.bind(lane, "threadIdx.x")
+        sch.unroll(k)
+        # The outputs: a thread per unit among the group's rows (the others idle).
+        _, ty = sch.split(ty, factors=[None, rows])
+        sch.bind(ty, "threadIdx.y")
+        return sch
+
+
 class SerialGatedStep(_GuardedRule):
     """A recurrent step as one kernel on CPU OpenCL: one work-item per unit, its gates summed
     serially in registers (no barrier, no local memory)."""
@@ -2160,7 +2214,7 @@ def fast_rules(
     # (attention: only the fused attention's function, compiler/attention.py)
     rules: list[GPUScheduleRule] = [SerialAttention() if profile == "cpu" else FusedAttention()]
     # (a recurrent step: only `compiler.gated_step`'s function)
-    rules.append(SerialGatedStep() if profile == "cpu" else GatedStepLanes())
+    rules.append(SerialGatedStep() if profile == "cpu" else GatedStepShared())
     if cfg.get("window_reduction"):
         rules.append(WindowReduction())
     # (a one-row product with its operand's norm: `NormedRowReduction`, one work-item per
@@ -2471,9 +2525,11 @@ def variant_rules(profile: str = "gpu") -> list[GPUScheduleRule]:
         NormedRowReduction(lanes=128),
         # Attentions (`FusedAttention`, 4 query rows of 32 lanes per group): 1, 2 and 8 rows
         # (more groups, or the keys and values read by fewer), 8 rows of 16 lanes.
-        GatedStepLanes(units=2),
-        GatedStepLanes(units=4),
-        GatedStepLanes(units=2, lanes=16),
+        GatedStepLanes(),
+        GatedStepLanes(units=4, lanes=8),
+        GatedStepShared(units=2, lanes=16),
+        GatedStepShared(units=4, lanes=8),
+        GatedStepShared(units=8, lanes=4),
         FusedAttention(rows=1),
         FusedAttention(rows=2),
         FusedAttention(rows=8),
