@@ -43,8 +43,11 @@ from litekiln.reference import gather_inputs, run_op
 
 #: Name of the step's PrimFunc.
 PRIMFUNC_NAME = "gated_step"
-#: Its blocks, in order (the schedule rules find them by name).
+#: Its blocks (the schedule rules find them by name): the gates' products and the outputs
+#: (one block each, under one loop nest).
 BLOCKS = ("gate_sums", "gated_out")
+#: Name prefix of the blocks that read the outputs' other operands (one per operand).
+LEAF = "gated_in"
 #: The elementwise ops a step's gates go through (none with a fused activation).
 ELEMENTWISE = frozenset({"LOGISTIC", "TANH", "MUL", "ADD", "SUB"})
 #: Ops that cut the product's sum into gates.
@@ -144,26 +147,50 @@ class GatedStep:
                 if term[0] == "tensor":
                     return at(term[1], col)
                 table, index = args[slot[term[1]]], args[slot[term[2]]]
+                rows = int(table.shape[0])
                 row = index(*([0] * len(index.shape))).astype("int32")
+                row = tirx.max(tirx.min(row, rows - 1), 0)  # (a valid row: int32 indices)
                 return table(row, col).astype("float32")
 
-            def value(ref: Ref, j: Any, memo: dict[int, Any]) -> Any:
-                kind = ref[0]
-                if kind == "gate":
+            def leaf(ref: Ref, j: Any) -> Any:
+                """A value the outputs read from memory: a gate's terms, a row's slice, a
+                tensor's element."""
+                if ref[0] == "terms":
                     col = ref[1] * m + j
                     terms = [wide_term(term, col) for term in self.wide]
                     if self.bias >= 0:
                         terms.insert(0, at(self.bias, col))
-                    if sums is not None:
-                        terms.insert(0, sums[ref[1], j])
                     v = terms[0]
                     for term_value in terms[1:]:
                         v = v + term_value
                     return v
-                if kind == "row":
+                if ref[0] == "row":
                     return wide_term(("row", ref[1], ref[2]), ref[3] + j)
-                if kind == "narrow":
-                    return at(ref[1], j)
+                return at(ref[1], j)
+
+            # Every such value is read first (a block each, `LEAF` prefix): the schedules
+            # compute them in registers at the start of the kernel, so that their loads are
+            # in flight with the products' (read after the sums, a unit's thread waited on
+            # them in turn: the step's index, then its row of the input product).
+            leaves: dict[Ref, te.Tensor] = {}
+            gate_refs = (
+                [("terms", p) for p in range(n_parts)] if self.wide or self.bias >= 0 else []
+            )
+            for ref in gate_refs + [a for nd in self.nodes for a in nd.args]:
+                if ref[0] in ("terms", "row", "narrow") and ref not in leaves:
+                    leaves[ref] = te.compute((m,), _bound(leaf, ref), name=f"{LEAF}{len(leaves)}")
+
+            def value(ref: Ref, j: Any, memo: dict[int, Any]) -> Any:
+                kind = ref[0]
+                if kind == "gate":
+                    terms = ("terms", ref[1])
+                    v = sums[ref[1], j] if sums is not None else None
+                    if terms in leaves:
+                        v = leaves[terms][j] if v is None else v + leaves[terms][j]
+                    assert v is not None  # (no product: the terms the step began with)
+                    return v
+                if kind in ("row", "narrow"):
+                    return leaves[ref][j]
                 if kind == "scalar":
                     return tirx.const(ref[1], "float32")
                 k = ref[1]
@@ -204,6 +231,11 @@ class GatedStep:
             if t not in seen:
                 seen.append(t)
         return seen
+
+
+def _bound(leaf: Callable[[Ref, Any], Any], ref: Ref) -> Callable[[Any], Any]:
+    """``leaf`` of ``ref`` as a function of the unit alone (TE takes no default arguments)."""
+    return lambda j: leaf(ref, j)
 
 
 _ELEMENTWISE_TE: dict[str, Callable[..., Any]] = {

@@ -1919,25 +1919,48 @@ class SerialAttention(_GuardedRule):
         return sch
 
 
-def _gated_step_blocks(sch: s_tir.Schedule) -> tuple[Any | None, Any] | None:
-    """The gates' sums of a recurrent step (`compiler.gated_step.BLOCKS`) and the loop over
-    its units (fused) under which the outputs' blocks (TE makes one per output) are
+def _gated_step_blocks(sch: s_tir.Schedule) -> tuple[Any | None, list[Any], Any] | None:
+    """The blocks of a recurrent step (`compiler.gated_step`): the gates' sums (None for a
+    first step without a product), the blocks that read the outputs' other operands, and the
+    loop over the units (fused) under which the outputs' blocks (TE makes one per output) are
     computed; else None."""
-    from litekiln.compiler.gated_step import BLOCKS
+    from litekiln.compiler.gated_step import BLOCKS, LEAF
 
-    blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    names = [sch.get(b).name_hint for b in blocks]
-    sums = blocks.pop(0) if names[0] == BLOCKS[0] else None  # (none: a first step's update)
-    if not blocks or not all(sch.get(b).name_hint.startswith(BLOCKS[1]) for b in blocks):
+    sums, leaves, outs = None, [], []
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        name = sch.get(block).name_hint
+        if name == BLOCKS[0]:
+            sums = block
+        elif name.startswith(LEAF):
+            leaves.append(block)
+        elif name.startswith(BLOCKS[1]):
+            outs.append(block)
+        else:
+            return None
+    if not outs:
         return None
-    nest = sch.get_loops(blocks[0])
-    for block in blocks[1:]:  # (TE puts a compute's outputs under one loop nest)
+    nest = sch.get_loops(outs[0])
+    for block in outs[1:]:  # (TE puts a compute's outputs under one loop nest)
         other = sch.get_loops(block)
         if len(other) != len(nest) or not all(
             sch.get_sref(a).same_as(sch.get_sref(b)) for a, b in zip(other, nest, strict=True)
         ):
             return None
-    return sums, (sch.fuse(*nest) if len(nest) > 1 else nest[0])
+    return sums, leaves, (sch.fuse(*nest) if len(nest) > 1 else nest[0])
+
+
+def _leaves_first(sch: s_tir.Schedule, leaves: list[Any], loop: Any, rows: int = 0) -> None:
+    """The outputs' other operands read under ``loop`` before the sums are placed there (so,
+    first: their loads in flight with the products'): into registers, or with ``rows`` into
+    local memory by the group's first rows of ``threadIdx.y`` (a thread's private array
+    indexed by its thread id would live in slow memory)."""
+    for leaf in leaves:
+        sch.set_scope(leaf, 0, "shared" if rows else "local")
+        sch.compute_at(leaf, loop, preserve_unit_loops=True)
+        if rows:
+            inner = sch.get_loops(leaf)[-1]
+            _, ty = sch.split(inner, factors=[None, rows])
+            sch.bind(ty, "threadIdx.y")
 
 
 class GatedStepLanes(_GuardedRule):
@@ -1966,13 +1989,14 @@ class GatedStepLanes(_GuardedRule):
         found = _gated_step_blocks(sch)
         if found is None:
             return None
-        sums, j = found
+        sums, leaves, j = found
         units = _static_extent(sch, j)
         if sums is None and units is not None:  # (no product: a thread per unit)
             threads = min(_threads_per_group(units, target), units)
             bx, tx = sch.split(j, factors=[None, threads])
             sch.bind(bx, "blockIdx.x")
             sch.bind(tx, "threadIdx.x")
+            _leaves_first(sch, leaves, tx)
             return sch
         terms = _static_extent(sch, sch.get_loops(sums)[-1])
         if units is None or terms is None or units % self.units:
@@ -1985,6 +2009,7 @@ class GatedStepLanes(_GuardedRule):
         sch.bind(ty, "threadIdx.y")
         # The sums in registers: the cross-thread reduction hands every lane of the unit its
         # gates, and every lane computes the unit's outputs (the same values).
+        _leaves_first(sch, leaves, ty)
         sch.set_scope(sums, 0, "local")
         sch.compute_at(sums, ty, preserve_unit_loops=True)
         k = sch.get_loops(sums)[-1]
@@ -2021,7 +2046,7 @@ class GatedStepShared(_GuardedRule):
         found = _gated_step_blocks(sch)
         if found is None or found[0] is None:
             return None
-        sums, j = found
+        sums, leaves, j = found
         parts, units = _static_extent(sch, sch.get_loops(sums)[0]), _static_extent(sch, j)
         terms = _static_extent(sch, sch.get_loops(sums)[-1])
         if parts is None or units is None or terms is None or units % self.units:
@@ -2034,6 +2059,7 @@ class GatedStepShared(_GuardedRule):
             return None
         bx, ty = sch.split(j, factors=[None, self.units])
         sch.bind(bx, "blockIdx.x")
+        _leaves_first(sch, leaves, bx, rows)
         sch.set_scope(sums, 0, "shared")
         sch.compute_at(sums, bx, preserve_unit_loops=True)
         p, unit, k = sch.get_loops(sums)[-3:]
@@ -2059,7 +2085,7 @@ class SerialGatedStep(_GuardedRule):
         found = _gated_step_blocks(sch)
         if found is None:
             return None
-        sums, j = found
+        sums, leaves, j = found
         units = _static_extent(sch, j)
         if units is None:
             return None
@@ -2069,6 +2095,7 @@ class SerialGatedStep(_GuardedRule):
         bx, tx = sch.split(j, factors=[None, threads])
         sch.bind(bx, "blockIdx.x")
         sch.bind(tx, "threadIdx.x")
+        _leaves_first(sch, leaves, tx)
         if sums is not None:
             sch.set_scope(sums, 0, "local")
             sch.compute_at(sums, tx, preserve_unit_loops=False)
