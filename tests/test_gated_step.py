@@ -57,19 +57,28 @@ LSTM = _Weights(1, 4)
 GRU = _Weights(2, 3)
 
 
-def lstm_cell(*, row: bool = False, gate_out: str = "") -> Callable[[G], list[TensorRef]]:
+def _row(g: G, table: TensorRef, r: int, n: int, how: str) -> TensorRef:
+    """Row ``r`` of ``table`` [ROWS, n] as [1, n]: a GATHER at a constant index (Keras'
+    unrolled loops), or a STRIDED_SLICE and a RESHAPE (litert-torch's)."""
+    if how == "gather":
+        return g.op("GATHER", [table, g.ints([r])], [1, n], {"axis": 0})
+    s = g.op("STRIDED_SLICE", [table, g.ints([r, 0]), g.ints([r + 1, n]), g.ints([1, 1])],
+             [1, n], {"begin_mask": 0, "end_mask": 0, "shrink_axis_mask": 0})  # fmt: skip
+    return g.op("RESHAPE", [s, g.ints([1, n])], [1, n])
+
+
+def lstm_cell(*, row: str = "", gate_out: str = "") -> Callable[[G], list[TensorRef]]:
     """An LSTM cell (inputs: h [1, K], c [1, M], and with ``row`` a table [ROWS, 4M] whose
-    row 1 is added to the gates); outputs c', h', and with ``gate_out`` the input gate as
-    the product gives it (``"raw"``) or after its LOGISTIC (``"activated"``)."""
+    row 1 is added to the gates, read as `_row` reads it); outputs c', h', and with
+    ``gate_out`` the input gate as the product gives it (``"raw"``) or after its LOGISTIC
+    (``"activated"``)."""
 
     def build(g: G) -> list[TensorRef]:
         h, c = g.x([1, K]), g.x([1, M])
         n = 4 * M
         s = g.op("FULLY_CONNECTED", [h, g.w(LSTM.w), g.w(LSTM.b)], [1, n], NONE)
         if row:
-            table = g.x([ROWS, n])
-            r = g.op("GATHER", [table, g.ints([1])], [1, n], {"axis": 0})
-            s = g.op("ADD", [r, s], [1, n], NONE)
+            s = g.op("ADD", [_row(g, g.x([ROWS, n]), 1, n, row), s], [1, n], NONE)
         raw, f, cand, o = _split(g, s, 4, M)
         i = g.op("LOGISTIC", [raw], [1, M])
         f = g.op("LOGISTIC", [f], [1, M])
@@ -83,7 +92,7 @@ def lstm_cell(*, row: bool = False, gate_out: str = "") -> Callable[[G], list[Te
     return build
 
 
-def lstm_ref(feeds: Sequence[np.ndarray], *, row: bool = False, gate_out: str = "") -> list:
+def lstm_ref(feeds: Sequence[np.ndarray], *, row: str = "", gate_out: str = "") -> list:
     h, c = (np.asarray(x, np.float64) for x in feeds[:2])
     s = h @ LSTM.w.T.astype(np.float64) + LSTM.b
     if row:
@@ -96,16 +105,28 @@ def lstm_ref(feeds: Sequence[np.ndarray], *, row: bool = False, gate_out: str = 
     return [c2, h2]
 
 
-def gru_cell(g: G) -> TensorRef:
-    """A GRU cell as Keras writes it (reset after the product): inputs h [1, M] (the product's
-    operand, K = M here), a table [ROWS, 3M] whose row 2 holds the input's terms; output h'."""
-    h = g.x([1, K])
-    state = g.x([1, M])  # (the previous output as the update reads it)
-    n = 3 * M
-    s = g.op("FULLY_CONNECTED", [h, g.w(GRU.w), g.w(GRU.b)], [1, n], NONE)
-    table = g.x([ROWS, n])
-    xz, xr, xh = _split(g, g.op("GATHER", [table, g.ints([2])], [1, n], {"axis": 0}), 3, M)
-    hz, hr, hh = (_slice(g, s, p, M) for p in range(3))
+def gru_cell(row: str) -> Callable[[G], TensorRef]:
+    """A GRU cell as Keras writes it (reset after the product): inputs h [1, K] (the
+    product's operand), the previous output [1, M], a table [ROWS, 3M] whose row 2 (read as
+    `_row` reads it) holds the input's terms, cut by a SPLIT (``gather``) or STRIDED_SLICEs
+    (``slice``, litert-torch's form); output h'."""
+
+    def build(g: G) -> TensorRef:
+        h = g.x([1, K])
+        state = g.x([1, M])  # (the previous output as the update reads it)
+        n = 3 * M
+        s = g.op("FULLY_CONNECTED", [h, g.w(GRU.w), g.w(GRU.b)], [1, n], NONE)
+        r = _row(g, g.x([ROWS, n]), 2, n, row)
+        xs = _split(g, r, 3, M) if row == "gather" else [_slice(g, r, p, M) for p in range(3)]
+        return _gru_update(g, xs, [_slice(g, s, p, M) for p in range(3)], state)
+
+    return build
+
+
+def _gru_update(
+    g: G, xs: Sequence[TensorRef], hs: Sequence[TensorRef], state: TensorRef
+) -> TensorRef:
+    (xz, xr, xh), (hz, hr, hh) = xs, hs
     z = g.op("LOGISTIC", [g.op("ADD", [xz, hz], [1, M], NONE)], [1, M])
     r = g.op("LOGISTIC", [g.op("ADD", [xr, hr], [1, M], NONE)], [1, M])
     cand = g.op("TANH", [g.op("ADD", [xh, g.op("MUL", [r, hh], [1, M], NONE)], [1, M], NONE)],
@@ -127,8 +148,10 @@ def gru_ref(feeds: Sequence[np.ndarray]) -> list:
 
 CELLS: dict[str, tuple[Callable[[G], Any], Callable[[Sequence[np.ndarray]], list]]] = {
     "lstm": (lstm_cell(), lstm_ref),
-    "lstm_row": (lstm_cell(row=True), lambda f: lstm_ref(f, row=True)),
-    "gru": (gru_cell, gru_ref),
+    "lstm_row": (lstm_cell(row="gather"), lambda f: lstm_ref(f, row="gather")),
+    "lstm_row_slice": (lstm_cell(row="slice"), lambda f: lstm_ref(f, row="slice")),
+    "gru": (gru_cell("gather"), gru_ref),
+    "gru_slice": (gru_cell("slice"), gru_ref),
 }
 
 

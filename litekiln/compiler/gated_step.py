@@ -52,6 +52,9 @@ LEAF = "gated_in"
 ELEMENTWISE = frozenset({"LOGISTIC", "TANH", "MUL", "ADD", "SUB"})
 #: Ops that cut the product's sum into gates.
 SLICERS = frozenset({"SPLIT", "SPLIT_V", "STRIDED_SLICE", "SLICE"})
+#: Data-movement ops an operand of the step's elementwise ops may be read through
+#: (`_Tracer._copy_leaf`).
+COPIES = SLICERS | {"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "GATHER"}
 #: Most outputs of one step (an LSTM hands on two: the cell state and the output).
 MAX_OUTPUTS = 4
 #: Most terms of the recurrent product (each lane of the GPU schedule sums K / lanes of them
@@ -62,6 +65,7 @@ MAX_TERMS = 4096
 #   ("gate", p)                      the product's part p, with the terms at full width
 #   ("row", table, index, offset)    table[index[0], offset + j] (a gathered row's slice)
 #   ("narrow", t)                    tensor t's element j (m elements)
+#   ("flat", t, offset)              tensor t's element offset + j, counted row-major
 #   ("scalar", value)                a constant
 #   ("node", k)                      the k-th elementwise op's result
 Ref = tuple[Any, ...]
@@ -86,8 +90,9 @@ class GatedStep:
         weights: the recurrent weights ``[N, K]`` (a constant), or -1.
         bias: the FULLY_CONNECTED's bias ``[N]``, or -1.
         width: the gates' width ``m``; ``N / m`` parts.
-        wide: terms added to the product at full width: ``("tensor", t)`` (``N`` elements) or
-            ``("row", table, index)`` (a row of ``table`` picked by a one-element index).
+        wide: terms added to the product at full width: ``("tensor", t)`` (``N`` elements),
+            ``("row", table, index)`` (a row of ``table`` picked by a one-element index) or
+            ``("flat", t, offset)`` (elements ``offset ..`` of ``t``, `_Tracer._copy_leaf`).
         nodes: the elementwise ops, in order.
         outputs: (tensor, node) of each tensor the step hands on.
         ops: every op of the chain (emitted as one call, at ``last``).
@@ -146,6 +151,9 @@ class GatedStep:
             def wide_term(term: tuple[Any, ...], col: Any) -> Any:
                 if term[0] == "tensor":
                     return at(term[1], col)
+                if term[0] == "flat":
+                    x = args[slot[term[1]]]
+                    return x(*_unravel(term[2] + col, [int(d) for d in x.shape])).astype("float32")
                 table, index = args[slot[term[1]]], args[slot[term[2]]]
                 rows = int(table.shape[0])
                 row = index(*([0] * len(index.shape))).astype("int32")
@@ -166,6 +174,9 @@ class GatedStep:
                     return v
                 if ref[0] == "row":
                     return wide_term(("row", ref[1], ref[2]), ref[3] + j)
+                if ref[0] == "flat":
+                    x = args[slot[ref[1]]]
+                    return x(*_unravel(ref[2] + j, [int(d) for d in x.shape])).astype("float32")
                 return at(ref[1], j)
 
             # Every such value is read first (a block each, `LEAF` prefix): the schedules
@@ -177,7 +188,7 @@ class GatedStep:
                 [("terms", p) for p in range(n_parts)] if self.wide or self.bias >= 0 else []
             )
             for ref in gate_refs + [a for nd in self.nodes for a in nd.args]:
-                if ref[0] in ("terms", "row", "narrow") and ref not in leaves:
+                if ref[0] in ("terms", "row", "narrow", "flat") and ref not in leaves:
                     leaves[ref] = te.compute((m,), _bound(leaf, ref), name=f"{LEAF}{len(leaves)}")
 
             def value(ref: Ref, j: Any, memo: dict[int, Any]) -> Any:
@@ -189,7 +200,7 @@ class GatedStep:
                         v = leaves[terms][j] if v is None else v + leaves[terms][j]
                     assert v is not None  # (no product: the terms the step began with)
                     return v
-                if kind in ("row", "narrow"):
+                if kind in ("row", "narrow", "flat"):
                     return leaves[ref][j]
                 if kind == "scalar":
                     return tirx.const(ref[1], "float32")
@@ -219,18 +230,28 @@ class GatedStep:
         """The call's tensors, in order: operand, weights, bias, then every other input."""
         order = [t for t in (self.operand, self.weights, self.bias) if t >= 0]
         for term in self.wide:
-            order += list(term[1:])
+            order += list(term[1:3] if term[0] == "row" else term[1:2])
         for node in self.nodes:
             for a in node.args:
                 if a[0] == "row":
                     order += [a[1], a[2]]
-                elif a[0] == "narrow":
+                elif a[0] in ("narrow", "flat"):
                     order.append(a[1])
         seen: list[int] = []
         for t in order:
             if t not in seen:
                 seen.append(t)
         return seen
+
+
+def _unravel(flat: Any, shape: list[int]) -> list[Any]:
+    """The index of element ``flat`` of a row-major tensor of ``shape``."""
+    idx = []
+    for k, d in enumerate(shape):
+        stride = int(np.prod(shape[k + 1 :], dtype=np.int64))
+        i = tirx.floordiv(flat, stride) if stride > 1 else flat
+        idx.append(tirx.floormod(i, d) if k else i)
+    return idx
 
 
 def _bound(leaf: Callable[[Ref, Any], Any], ref: Ref) -> Callable[[Any], Any]:
@@ -280,6 +301,8 @@ class _Tracer:
     ) -> None:
         self.graph, self.part, self.pos, self.readers, self.keep = graph, part, pos, readers, keep
         self.producer = {t: i for i in part.ops for t in graph.ops[i].outputs if t >= 0}
+        #: Data-movement ops the step's operands were traced through (`_copy_leaf`).
+        self.copies: set[int] = set()
 
     def _float(self, t: int) -> bool:
         x = self.graph.tensors[t]
@@ -371,6 +394,7 @@ class _Tracer:
             known[op_i.outputs[0]] = ("node", len(nodes))
             nodes.append(Node(op_i.name, args, op_i.outputs[0]))
             members.add(i)
+        self.absorb_copies(members)
         for gather in rows:  # each gathered row's slices read by the step's nodes alone
             for t in g.ops[gather].outputs:
                 for s in self.readers.get(t, []):
@@ -406,7 +430,7 @@ class _Tracer:
         if term is not None:
             members.add(self.producer[t])
             return term
-        return ("tensor", t) if self._before(t, fc) else None
+        return self._copy_leaf(t, n, fc) or (("tensor", t) if self._before(t, fc) else None)
 
     def _before(self, t: int, fc: int) -> bool:
         """Whether ``t`` is ready before op ``fc``: a constant, a partition input or the
@@ -497,7 +521,7 @@ class _Tracer:
                 continue
             if not self._flat(t, m):
                 return None
-            ref = self._row_slice(t, m, known, members, rows)
+            ref = self._row_slice(t, m, known, members, rows) or self._copy_leaf(t, m, fc)
             if ref is not None:
                 args.append(ref)
             elif self._before(t, fc):
@@ -505,6 +529,62 @@ class _Tracer:
             else:
                 return None
         return args
+
+    def _copy_leaf(self, t: int, m: int, fc: int) -> Ref | None:
+        """``("flat", source, offset)`` where ``t`` (``m`` elements) is elements ``offset ..
+        offset + m`` of ``source``, a tensor ready before op ``fc``, through data-movement
+        ops alone (slices, reshapes, a gather at constant positions: litert-torch's step
+        reads its row of the batched input product so, then cuts it into the gates' parts);
+        the ops join the step where the step alone reads them (`_absorb_copies`). None
+        otherwise."""
+        chain = []
+        cur = t
+        while True:
+            p = self.producer.get(cur)
+            if p is None or self.graph.ops[p].name not in COPIES:
+                break
+            op = self.graph.ops[p]
+            data = op.inputs[1 if op.name == "SPLIT" else 0]
+            if any(x != data and x >= 0 and not self._const(x) for x in op.inputs):
+                break
+            if not self._float(data):
+                break
+            chain.append(p)
+            cur = data
+        if not chain or not self._before(cur, fc) or self._size(cur) >= 1 << 24:
+            return None
+        shape = self.graph.tensors[cur].shape
+        values = {cur: np.arange(self._size(cur), dtype=np.float32).reshape(shape)}
+        for p in reversed(chain):
+            op = self.graph.ops[p]
+            try:
+                res = run_op(op, self.graph, gather_inputs(op, self.graph, values))
+            except Exception:  # (not ours to judge: the op stays a kernel of its own)
+                return None
+            values.update({u: r for u, r in zip(op.outputs, res, strict=True) if u >= 0})
+        flat = np.asarray(values[t]).reshape(-1)
+        first = int(flat[0])
+        if flat.size != m or not np.array_equal(
+            flat, np.arange(first, first + m, dtype=flat.dtype)
+        ):
+            return None
+        self.copies.update(chain)
+        return ("flat", cur, first)
+
+    def absorb_copies(self, members: set[int]) -> None:
+        """The data-movement ops of `_copy_leaf` whose outputs only the step reads join it
+        (the others stay, for their other readers)."""
+        grew = True
+        while grew:
+            grew = False
+            for p in self.copies - members:
+                outs = [u for u in self.graph.ops[p].outputs if u >= 0]
+                if all(
+                    u not in self.keep and all(r in members for r in self.readers.get(u, []))
+                    for u in outs
+                ):
+                    members.add(p)
+                    grew = True
 
     def _row_slice(
         self, t: int, m: int, known: dict[int, Ref], members: set[int], rows: set[int]

@@ -1936,7 +1936,7 @@ def _gated_step_blocks(sch: s_tir.Schedule) -> tuple[Any | None, list[Any], Any]
         elif name.startswith(BLOCKS[1]):
             outs.append(block)
         else:
-            return None
+            sch.compute_inline(block)  # (a copy FuseOps put in: raises where it cannot)
     if not outs:
         return None
     nest = sch.get_loops(outs[0])

@@ -216,6 +216,22 @@ class BiLSTM(nn.Module):
         return self.out(self.rnn(x)[0])
 
 
+class RecurrentMix(nn.Module):
+    """nn.GRU of two layers, then nn.LSTM with a projection (proj_size), over [1, 24, 12]:
+    the last output and the final states through a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.gru = nn.GRU(12, 32, num_layers=2, batch_first=True)
+        self.lstm = nn.LSTM(32, 20, batch_first=True, proj_size=8)
+        self.out = nn.Linear(8 + 20, 4)
+
+    def forward(self, x):
+        h, _ = self.gru(x)
+        y, (hn, cn) = self.lstm(h)
+        return self.out(torch.cat([y[:, -1], cn[0]], -1))
+
+
 class Tabular(nn.Module):
     """A tabular MLP: BatchNorm1d, and activations beyond ReLU (Mish, SELU, ELU, Softplus,
     Hardsigmoid, SiLU); two heads."""
@@ -310,6 +326,7 @@ CUSTOM = {
     "stn": (STN, lambda: torch.randn(1, 1, 28, 28)),
     "softargmax": (SoftArgmax, lambda: torch.randn(1, 3, 64, 64)),
     "bilstm": (BiLSTM, lambda: torch.randn(1, 20, 16)),
+    "recurrent_mix": (RecurrentMix, lambda: torch.randn(1, 24, 12)),
     "tabular": (Tabular, lambda: torch.randn(1, 24)),
     "masked_attention": (
         MaskedAttention,

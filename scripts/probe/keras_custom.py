@@ -195,6 +195,26 @@ def simple_rnn(keras: Any) -> Any:
     return keras.Model(x0, L.Dense(2)(x))
 
 
+def gru_classic(keras: Any) -> Any:
+    """A sequence [20, 10] -> GRU with the reset gate before the product (reset_after=False,
+    sequences) -> GRU going backwards -> Dense."""
+    L = keras.layers
+    x0 = keras.Input((20, 10), batch_size=1, name="seq")
+    x = L.GRU(32, reset_after=False, return_sequences=True)(x0)
+    x = L.GRU(16, go_backwards=True)(x)
+    return keras.Model(x0, L.Dense(3)(x))
+
+
+def lstm_options(keras: Any) -> Any:
+    """A sequence [16, 8] -> LSTM with ReLU activations and no bias (sequences) ->
+    Bidirectional LSTM merged by sum -> Dense."""
+    L = keras.layers
+    x0 = keras.Input((16, 8), batch_size=1, name="seq")
+    x = L.LSTM(24, activation="relu", use_bias=False, return_sequences=True)(x0)
+    x = L.Bidirectional(L.LSTM(12), merge_mode="sum")(x)
+    return keras.Model(x0, L.Dense(2)(x))
+
+
 BUILDERS: dict[str, Callable[[Any], Any]] = {
     f.__name__: f
     for f in (
@@ -210,5 +230,7 @@ BUILDERS: dict[str, Callable[[Any], Any]] = {
         nms_detector,
         onehot_positions,
         simple_rnn,
+        gru_classic,
+        lstm_options,
     )
 }
