@@ -182,6 +182,46 @@ def test_a_cell_under_fp16_is_one_kernel_within_fp16_error() -> None:
     _assert_close(got, lstm_ref(built.feeds), 1e-2)
 
 
+HEAD = np.random.default_rng(3).uniform(-0.5, 0.5, (2, M)).astype(np.float32)
+
+
+def _cell_then_heads(g: G) -> list[TensorRef]:
+    """The LSTM cell, each output then read by a FULLY_CONNECTED: c' and h' are stored
+    inside the partition."""
+    c2, h2 = lstm_cell()(g)
+    return [g.op("FULLY_CONNECTED", [x, g.w(HEAD), -1], [1, 2], NONE) for x in (c2, h2)]
+
+
+@pytest.mark.opencl
+def test_under_emulated_half_the_step_rounds_what_it_stores(tmp_path: Any) -> None:
+    """Emulated half (devices without half arithmetic): the step rounds each output it
+    stores in half to an fp16 value in its own kernel (no rounding kernel after it), and the
+    model equals numpy's cell with c' and h' so rounded."""
+    import litekiln
+    from litekiln.artifact.compiled import CompileOptions
+    from litekiln.compiler.driver import compile_model
+    from litekiln.model import load_model
+
+    built = build_model([Case("lstm", _cell_then_heads)])
+    options = CompileOptions(schedules="fast", precision="fp16", half="emulated", tuning=False)
+    compiled = compile_model(load_model(built.model), options, warn=False)
+    (program,) = [p.program for p in compiled.partitions]
+    funcs = [la.func for la in program.launches]
+    assert funcs[0] == "gated_step" and not any("round" in f for f in funcs), funcs
+    assert "-8192" in program.source  # (the mantissa's rounding mask, in the step's kernel)
+    it = litekiln.Interpreter(
+        model_content=built.model, precision="fp16", half="emulated", cache_dir=tmp_path,
+        fp16_budget=None,
+    )  # fmt: skip
+    got = it.run(list(built.feeds))
+    head = HEAD.astype(np.float16).astype(np.float64)
+    want = [
+        np.asarray(v, np.float32).astype(np.float16).astype(np.float64) @ head.T
+        for v in lstm_ref(built.feeds)
+    ]
+    _assert_close(got, want, 2e-3)
+
+
 @pytest.mark.opencl
 def test_a_gate_read_elsewhere_keeps_the_cell_op_by_op() -> None:
     built = build_model([Case("lstm", lstm_cell(gate_out="raw"))])

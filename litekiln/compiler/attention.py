@@ -259,11 +259,7 @@ class Attention:
 def find_attentions(graph: Subgraph, part: Partition) -> list[Attention]:
     """Every attention chain of ``part`` (see the module docstring)."""
     ops = set(part.ops)
-    readers: dict[int, list[int]] = {}
-    for i in part.ops:
-        for t in graph.ops[i].inputs:
-            if t >= 0:
-                readers.setdefault(t, []).append(i)
+    readers = part.readers(graph)
     keep = set(part.outputs)
     found: list[Attention] = []
     taken: set[int] = set()

@@ -117,6 +117,7 @@ class GatedStep:
         bb: relax.BlockBuilder,
         stored: Callable[[int], Any],
         out_dtype: Callable[[int], str],
+        rounding: Callable[[int], Callable[[Any], Any] | None],
     ) -> dict[int, Any]:
         """The step as one ``call_te``: each output tensor's value (shape ``[1, m]``).
 
@@ -124,11 +125,14 @@ class GatedStep:
             bb: the block builder of the partition's function.
             stored: a tensor's Relax value as stored (half under native fp16; int32 indices).
             out_dtype: the storage dtype of an output tensor.
+            rounding: what an output's float32 value goes through before it is stored (fp16
+                values under emulated half), or None.
         """
         tensors = self._inputs()
         slot = {t: n for n, t in enumerate(tensors)}
         m, n_parts, k_terms = self.width, self.n // self.width, self.k
         dtypes = [out_dtype(t) for t, _ in self.outputs]
+        rounds = [rounding(t) for t, _ in self.outputs]
 
         def compute(*args: te.Tensor) -> list[te.Tensor]:
             def at(t: int, flat: Any) -> Any:
@@ -213,10 +217,11 @@ class GatedStep:
 
             def outs(_i: Any, j: Any) -> list[Any]:
                 memo: dict[int, Any] = {}
-                return [
-                    value(("node", k), j, memo).astype(dt)
-                    for (_, k), dt in zip(self.outputs, dtypes, strict=True)
-                ]
+                out = []
+                for (_, k), dt, rnd in zip(self.outputs, dtypes, rounds, strict=True):
+                    v = value(("node", k), j, memo)
+                    out.append((rnd(v) if rnd is not None else v).astype(dt))
+                return out
 
             res = te.compute((1, m), outs, name=BLOCKS[1])
             return list(res) if isinstance(res, (list, tuple)) else [res]
@@ -242,6 +247,18 @@ class GatedStep:
             if t not in seen:
                 seen.append(t)
         return seen
+
+
+def _first_of_run(positions: np.ndarray | None) -> int | None:
+    """The first of ``positions`` where they are consecutive (a contiguous slice), else
+    None."""
+    if positions is None:
+        return None
+    flat = np.asarray(positions).reshape(-1)
+    if flat.size == 0:
+        return None
+    first = int(flat[0])
+    return first if np.array_equal(flat, np.arange(first, first + flat.size)) else None
 
 
 def _unravel(flat: Any, shape: list[int]) -> list[Any]:
@@ -272,11 +289,7 @@ def find_gated_steps(graph: Subgraph, part: Partition, taken: set[int]) -> list[
     """Every recurrent step of ``part`` (see the module docstring) whose ops are not in
     ``taken`` (another fusion's)."""
     pos = {i: n for n, i in enumerate(part.ops)}
-    readers: dict[int, list[int]] = {}
-    for i in part.ops:
-        for t in graph.ops[i].inputs:
-            if t >= 0:
-                readers.setdefault(t, []).append(i)
+    readers = part.readers(graph)
     keep = set(part.outputs)
     found: list[GatedStep] = []
     used = set(taken)
@@ -374,7 +387,7 @@ class _Tracer:
             members.add(rs[0])
             cur = nxt.outputs[0]
         known: dict[int, Ref] = {}
-        m = self._slices(cur, n, members, known, gate=True)
+        m = self._slices(cur, members, known, gate=True)
         if m is None or n % m or m > MAX_TERMS:
             return None
         nodes: list[Node] = []
@@ -448,10 +461,10 @@ class _Tracer:
         return self._row_of(t)
 
     def _slices(
-        self, t: int, n: int, members: set[int], known: dict[int, Ref], *, gate: bool,
+        self, t: int, members: set[int], known: dict[int, Ref], *, gate: bool,
         row: tuple[Any, ...] | None = None,
     ) -> int | None:  # fmt: skip
-        """Every reader of ``t`` (``n`` elements) cuts it into contiguous slices of one width
+        """Every reader of ``t`` cuts it into contiguous slices of one width
         at multiples of it: their outputs become ``known`` (gates, or slices of ``row``), the
         slicers ``members``; the width, or None."""
         width = None
@@ -466,23 +479,17 @@ class _Tracer:
                 x != t and not self._const(x) for x in op.inputs if x >= 0
             ):
                 return None
-            probe = np.arange(n, dtype=np.float32).reshape(self.graph.tensors[t].shape)
-            try:
-                res = run_op(op, self.graph, gather_inputs(op, self.graph, {t: probe}))
-            except Exception:  # (a slice the reference refuses: not ours to judge)
+            positions = self._ramp(t, [s])
+            if positions is None:
                 return None
-            for u, r in zip(op.outputs, res, strict=True):
-                flat = np.asarray(r).reshape(-1)
-                if flat.size == 0 or not self._float(u) or not self._flat(u, flat.size):
+            for u in op.outputs:
+                first = _first_of_run(positions.get(u))
+                size = self._size(u)
+                if first is None or not self._float(u) or not self._flat(u, size):
                     return None
-                first = int(flat[0])
                 if width is None:
-                    width = flat.size
-                if (
-                    flat.size != width
-                    or first % width
-                    or not np.array_equal(flat, np.arange(first, first + width, dtype=np.float32))
-                ):
+                    width = size
+                if size != width or first % width:
                     return None
                 found[u] = ("gate", first // width) if gate else (*(row or ()), first)
             slicers.append(s)
@@ -551,25 +558,31 @@ class _Tracer:
                 break
             chain.append(p)
             cur = data
-        if not chain or not self._before(cur, fc) or self._size(cur) >= 1 << 24:
+        if not chain or not self._before(cur, fc):
             return None
-        shape = self.graph.tensors[cur].shape
-        values = {cur: np.arange(self._size(cur), dtype=np.float32).reshape(shape)}
-        for p in reversed(chain):
+        positions = self._ramp(cur, chain[::-1])
+        first = _first_of_run(positions.get(t) if positions else None)
+        if first is None or self._size(t) != m:
+            return None
+        self.copies.update(chain)
+        return ("flat", cur, first)
+
+    def _ramp(self, source: int, ops: list[int]) -> dict[int, np.ndarray] | None:
+        """Where the elements of each output of data-movement ``ops`` (run in order, their
+        other operands constant) come from in ``source``: the ops' own references run on
+        ``source``'s positions (float32, exact below 2**24). None where one refuses."""
+        if self._size(source) >= 1 << 24:
+            return None
+        shape = self.graph.tensors[source].shape
+        values = {source: np.arange(self._size(source), dtype=np.float32).reshape(shape)}
+        for p in ops:
             op = self.graph.ops[p]
             try:
                 res = run_op(op, self.graph, gather_inputs(op, self.graph, values))
             except Exception:  # (not ours to judge: the op stays a kernel of its own)
                 return None
             values.update({u: r for u, r in zip(op.outputs, res, strict=True) if u >= 0})
-        flat = np.asarray(values[t]).reshape(-1)
-        first = int(flat[0])
-        if flat.size != m or not np.array_equal(
-            flat, np.arange(first, first + m, dtype=flat.dtype)
-        ):
-            return None
-        self.copies.update(chain)
-        return ("flat", cur, first)
+        return values
 
     def absorb_copies(self, members: set[int]) -> None:
         """The data-movement ops of `_copy_leaf` whose outputs only the step reads join it
@@ -603,7 +616,7 @@ class _Tracer:
             return None
         trial_members: set[int] = set()
         trial: dict[int, Ref] = {}
-        width = self._slices(data, self._size(data), trial_members, trial, gate=False, row=row)
+        width = self._slices(data, trial_members, trial, gate=False, row=row)
         if width != m or t not in trial:
             return None
         members.update(trial_members | {gather})

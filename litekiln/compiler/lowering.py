@@ -663,6 +663,11 @@ class Lowering:
         native fp16, rounded float32 under emulated): not a boundary or guarded tensor."""
         return self.fp16 and t not in self.float_storage and not int_valued(self.graph.tensors[t])
 
+    def storage_dtype(self, t: int) -> str:
+        """The dtype op result ``t`` is stored in: half where native fp16 stores it, else
+        float32."""
+        return "float16" if self.storage == "float16" and self.half_stored(t) else ACC_DTYPE
+
     def const_array(self, data: np.ndarray, dtype: str) -> Expr:
         """A Relax constant; floats rounded to fp16 first under either fp16 mode."""
         if data.dtype.kind == "f":
@@ -760,11 +765,7 @@ class Lowering:
                                 expr = self._fake_quant(expr, tensor)
                         elif self.emulate_half and self.half_stored(t):
                             expr = self._round_to_half(expr)
-                        want = (
-                            "float16"
-                            if self.storage == "float16" and self.half_stored(t)
-                            else ACC_DTYPE
-                        )
+                        want = self.storage_dtype(t)
                         if dtype_of(expr) in ("float16", "float32") and dtype_of(expr) != want:
                             expr = self.bb.emit(relax.op.astype(expr, want))
                         # No `v2 = v1` alias bindings: FuseOps treats them as opaque nodes
@@ -784,12 +785,14 @@ class Lowering:
         return mod
 
     def _emit_gated_step(self, step: GatedStep) -> None:
-        """A recurrent step as one call (`compiler.gated_step`): each tensor it hands on."""
+        """A recurrent step as one call (`compiler.gated_step`): each tensor it hands on, in
+        its storage dtype (rounded to fp16 values in the kernel where emulated half stores
+        it)."""
 
-        def out_dtype(t: int) -> str:
-            return "float16" if self.storage == "float16" and self.half_stored(t) else ACC_DTYPE
+        def rounding(t: int) -> Callable[[Any], Any] | None:
+            return half_rounded if self.emulate_half and self.half_stored(t) else None
 
-        for t, y in step.emit(self.bb, self.stored, out_dtype).items():
+        for t, y in step.emit(self.bb, self.stored, self.storage_dtype, rounding).items():
             tensor = self.graph.tensors[t]
             if tuple(int(d) for d in y.ty.shape) != tensor.shape:
                 y = self.bb.emit(relax.op.reshape(y, tensor.shape))
@@ -801,7 +804,7 @@ class Lowering:
         out = conv.outputs[0]
         (y,) = EMITTERS[conv.name](Ctx(self, conv))
         y = self._fix_shape(conv, y, self.graph.tensors[out])
-        want = "float16" if self.storage == "float16" and self.half_stored(out) else ACC_DTYPE
+        want = self.storage_dtype(out)
         if dtype_of(y) != want:
             y = relax.op.astype(y, want)
         y = self.env[out] = y if isinstance(y, relax.Var) else self.bb.emit(y)
@@ -861,21 +864,10 @@ class Lowering:
         fp16's range saturate at +-65504 (fp16 subnormals keep float32 precision). The kernel
         is marked opaque so that FuseOps does not inline its producer twice per element.
         """
-        from tvm import te, tirx
+        from tvm import te
 
         def fn(x: Any) -> Any:
-            def elem(*idx: Any) -> Any:
-                v = tirx.max(
-                    tirx.min(x(*idx), tirx.const(65504.0, "float32")),
-                    tirx.const(-65504.0, "float32"),
-                )
-                b = tirx.reinterpret("int32", v)
-                r = (
-                    b + tirx.const(0x0FFF, "int32") + ((b >> 13) & tirx.const(1, "int32"))
-                ) & tirx.const(~0x1FFF, "int32")
-                return tirx.reinterpret("float32", r)
-
-            return te.compute(x.shape, elem, name="round_half")
+            return te.compute(x.shape, lambda *idx: half_rounded(x(*idx)), name="round_half")
 
         x = self.bb.emit(expr) if not isinstance(expr, relax.Var) else expr
         return self.bb.call_te(fn, x, primfunc_name_hint="round_to_half")
@@ -971,6 +963,19 @@ class Lowering:
 
 
 # -- helpers ----------------------------------------------------------------------------------
+
+
+def half_rounded(v: Any) -> Any:
+    """Float32 TIR value ``v`` rounded to the nearest fp16 value (ties to even) with integer
+    ops, saturated at +-65504 (`Lowering._round_to_half`)."""
+    from tvm import tirx
+
+    v = tirx.max(tirx.min(v, tirx.const(65504.0, "float32")), tirx.const(-65504.0, "float32"))
+    b = tirx.reinterpret("int32", v)
+    r = (b + tirx.const(0x0FFF, "int32") + ((b >> 13) & tirx.const(1, "int32"))) & tirx.const(
+        ~0x1FFF, "int32"
+    )
+    return tirx.reinterpret("float32", r)
 
 
 def int_valued(tensor: Tensor) -> bool:

@@ -46,6 +46,16 @@ class Partition:
     outputs: list[int] = field(default_factory=list)
     constants: list[int] = field(default_factory=list)
 
+    def readers(self, graph: Subgraph) -> dict[int, list[int]]:
+        """Tensor -> the ops of this partition that read it, in the partition's order (an op
+        that reads a tensor twice listed once)."""
+        out: dict[int, list[int]] = {}
+        for i in self.ops:
+            for t in dict.fromkeys(graph.ops[i].inputs):
+                if t >= 0:
+                    out.setdefault(t, []).append(i)
+        return out
+
 
 @dataclass
 class Step:

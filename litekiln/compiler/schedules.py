@@ -2001,9 +2001,8 @@ class GatedStepLanes(_GuardedRule):
         terms = _static_extent(sch, sch.get_loops(sums)[-1])
         if units is None or terms is None or units % self.units:
             return None
-        lanes = self.lanes
-        while terms % lanes:  # (no predicate around the lanes' cross-thread sums)
-            lanes //= 2
+        # (no predicate around the lanes' cross-thread sums)
+        lanes = _largest_divisor(terms, [self.lanes >> k for k in range(self.lanes.bit_length())])
         bx, ty = sch.split(j, factors=[None, self.units])
         sch.bind(bx, "blockIdx.x")
         sch.bind(ty, "threadIdx.y")
@@ -2051,9 +2050,7 @@ class GatedStepShared(_GuardedRule):
         terms = _static_extent(sch, sch.get_loops(sums)[-1])
         if parts is None or units is None or terms is None or units % self.units:
             return None
-        lanes = self.lanes
-        while terms % lanes:
-            lanes //= 2
+        lanes = _largest_divisor(terms, [self.lanes >> k for k in range(self.lanes.bit_length())])
         rows = parts * self.units
         if rows * lanes > int(max_threads_per_block(target)):
             return None
