@@ -136,6 +136,37 @@ def _gru_update(
     return g.op("ADD", [keep, g.op("MUL", [one_minus, cand], [1, M], NONE)], [1, M], NONE)
 
 
+GRU_H = np.random.default_rng(4).uniform(-0.5, 0.5, (M, M)).astype(np.float32)
+
+
+def gru_reset_before(g: G) -> TensorRef:
+    """A GRU cell with the reset gate before the candidate's product (Keras'
+    ``reset_after=False``): h [1, M]; a table [ROWS, 3M] whose row 2 (a GATHER, then a SPLIT)
+    holds the input's terms; z and r from one product, the candidate from a second product
+    of r * h; output h'."""
+    h = g.x([1, M])
+    n = 3 * M
+    s = g.op("FULLY_CONNECTED", [h, g.w(GRU.w[: 2 * M, :M].copy()), -1], [1, 2 * M], NONE)
+    xz, xr, xh = _split(g, g.op("GATHER", [g.x([ROWS, n]), g.ints([2])], [1, n], {"axis": 0}), 3, M)
+    z = g.op("LOGISTIC", [g.op("ADD", [xz, _slice(g, s, 0, M)], [1, M], NONE)], [1, M])
+    r = g.op("LOGISTIC", [g.op("ADD", [xr, _slice(g, s, 1, M)], [1, M], NONE)], [1, M])
+    rh = g.op("MUL", [r, h], [1, M], NONE)
+    hh = g.op("FULLY_CONNECTED", [rh, g.w(GRU_H), -1], [1, M], NONE)
+    cand = g.op("TANH", [g.op("ADD", [xh, hh], [1, M], NONE)], [1, M])
+    keep = g.op("MUL", [z, h], [1, M], NONE)
+    one_minus = g.op("SUB", [g.w(np.ones([1], np.float32)), z], [1, M], NONE)
+    return g.op("ADD", [keep, g.op("MUL", [one_minus, cand], [1, M], NONE)], [1, M], NONE)
+
+
+def gru_reset_before_ref(feeds: Sequence[np.ndarray]) -> list:
+    h, table = (np.asarray(x, np.float64) for x in feeds[:2])
+    s = h @ GRU.w[: 2 * M, :M].T.astype(np.float64)
+    xz, xr, xh = (table[2:3, p * M : (p + 1) * M] for p in range(3))
+    z, r = _sig(xz + s[:, :M]), _sig(xr + s[:, M:])
+    cand = np.tanh(xh + (r * h) @ GRU_H.T.astype(np.float64))
+    return [z * h + (1 - z) * cand]
+
+
 def gru_ref(feeds: Sequence[np.ndarray]) -> list:
     h, state, table = (np.asarray(x, np.float64) for x in feeds[:3])
     s = h @ GRU.w.T.astype(np.float64) + GRU.b
@@ -153,6 +184,8 @@ CELLS: dict[str, tuple[Callable[[G], Any], Callable[[Sequence[np.ndarray]], list
     "gru": (gru_cell("gather"), gru_ref),
     "gru_slice": (gru_cell("slice"), gru_ref),
 }
+#: Cells of two products.
+TWO_STEPS = {"gru_reset_before": (gru_reset_before, gru_reset_before_ref)}
 
 
 def _assert_close(got: Sequence[np.ndarray], want: Sequence[np.ndarray], tol: float) -> None:
@@ -170,6 +203,21 @@ def test_a_cell_is_one_kernel_and_matches_numpy(name: str, schedules: str) -> No
     build, ref = CELLS[name]
     built = build_model([Case(name, build)])
     assert launched_kernels(built.model, schedules) == ["gated_step"]
+    got = run_uncached(built.model, built.feeds, schedules)
+    _assert_close(got, ref(built.feeds), 1e-5)
+
+
+@pytest.mark.opencl
+@pytest.mark.parametrize("schedules", ["fast", "fast-cpu"])
+def test_a_row_shared_by_two_steps_is_read_by_each(schedules: str) -> None:
+    """A GRU with the reset gate before the candidate's product: the first product's gates
+    are a step (z and r * h out), the candidate's product an ordinary one with the update
+    as its epilogue, which reads the gathered row's third part: two kernels, the GATHER and
+    the SPLIT none of their own (the step once refused the row it shares)."""
+    build, ref = TWO_STEPS["gru_reset_before"]
+    built = build_model([Case("gru_rb", build)])
+    kernels = launched_kernels(built.model, schedules)
+    assert len(kernels) == 2 and kernels[0] == "gated_step", kernels
     got = run_uncached(built.model, built.feeds, schedules)
     _assert_close(got, ref(built.feeds), 1e-5)
 

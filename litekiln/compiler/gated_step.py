@@ -408,14 +408,20 @@ class _Tracer:
             nodes.append(Node(op_i.name, args, op_i.outputs[0]))
             members.add(i)
         self.absorb_copies(members)
-        for gather in rows:  # each gathered row's slices read by the step's nodes alone
-            for t in g.ops[gather].outputs:
-                for s in self.readers.get(t, []):
-                    if s not in members:
-                        return None
-                    for u in g.ops[s].outputs:
-                        if u in self.keep or any(r not in members for r in self.readers.get(u, [])):
-                            return None
+        for gather in rows:
+            # The step reads its row from the table; the GATHER and its slicers stay ops of
+            # their own where another op reads a slice (a GRU whose candidate's product,
+            # another step, adds the row's third part).
+            slicers = [s for t in g.ops[gather].outputs for s in self.readers.get(t, [])]
+            if any(
+                s not in members
+                or any(
+                    u in self.keep or any(r not in members for r in self.readers.get(u, []))
+                    for u in g.ops[s].outputs
+                )
+                for s in slicers
+            ):
+                members.difference_update([gather, *slicers])
         # The gates are read by the nodes alone.
         for t, ref in known.items():
             if ref[0] == "gate" and (
