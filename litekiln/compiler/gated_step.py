@@ -314,7 +314,8 @@ class _Tracer:
     ) -> None:
         self.graph, self.part, self.pos, self.readers, self.keep = graph, part, pos, readers, keep
         self.producer = {t: i for i in part.ops for t in graph.ops[i].outputs if t >= 0}
-        #: Data-movement ops the step's operands were traced through (`_copy_leaf`).
+        #: Data-movement ops the step's operands were read through (`_copy_leaf`,
+        #: `_row_slice`).
         self.copies: set[int] = set()
 
     def _float(self, t: int) -> bool:
@@ -391,7 +392,6 @@ class _Tracer:
         if m is None or n % m or m > MAX_TERMS:
             return None
         nodes: list[Node] = []
-        rows: set[int] = set()  # gathers of rows whose slices the nodes read
         for i in self.part.ops[self.pos[fc] + 1 :]:
             op_i = g.ops[i]
             if i in members:
@@ -399,7 +399,7 @@ class _Tracer:
             reads = [t for t in op_i.inputs if t in known]
             if not reads:
                 continue
-            args = self._node_args(op_i, fc, m, known, members, rows) if self._eligible(
+            args = self._node_args(op_i, fc, m, known) if self._eligible(
                 op_i, m
             ) else None  # fmt: skip
             if args is None:
@@ -408,20 +408,6 @@ class _Tracer:
             nodes.append(Node(op_i.name, args, op_i.outputs[0]))
             members.add(i)
         self.absorb_copies(members)
-        for gather in rows:
-            # The step reads its row from the table; the GATHER and its slicers stay ops of
-            # their own where another op reads a slice (a GRU whose candidate's product,
-            # another step, adds the row's third part).
-            slicers = [s for t in g.ops[gather].outputs for s in self.readers.get(t, [])]
-            if any(
-                s not in members
-                or any(
-                    u in self.keep or any(r not in members for r in self.readers.get(u, []))
-                    for u in g.ops[s].outputs
-                )
-                for s in slicers
-            ):
-                members.difference_update([gather, *slicers])
         # The gates are read by the nodes alone.
         for t, ref in known.items():
             if ref[0] == "gate" and (
@@ -514,9 +500,7 @@ class _Tracer:
             and self._flat(op.outputs[0], m)
         )
 
-    def _node_args(
-        self, op: Any, fc: int, m: int, known: dict[int, Ref], members: set[int], rows: set[int]
-    ) -> list[Ref] | None:
+    def _node_args(self, op: Any, fc: int, m: int, known: dict[int, Ref]) -> list[Ref] | None:
         """The op's operands as references, or None where one is out of reach."""
         args: list[Ref] = []
         arity = 1 if op.name in ("LOGISTIC", "TANH") else 2
@@ -534,7 +518,7 @@ class _Tracer:
                 continue
             if not self._flat(t, m):
                 return None
-            ref = self._row_slice(t, m, known, members, rows) or self._copy_leaf(t, m, fc)
+            ref = self._row_slice(t, m, known) or self._copy_leaf(t, m, fc)
             if ref is not None:
                 args.append(ref)
             elif self._before(t, fc):
@@ -591,8 +575,9 @@ class _Tracer:
         return values
 
     def absorb_copies(self, members: set[int]) -> None:
-        """The data-movement ops of `_copy_leaf` whose outputs only the step reads join it
-        (the others stay, for their other readers)."""
+        """The data-movement ops the step's operands were read through (`_copy_leaf`,
+        `_row_slice`) whose outputs only the step reads join it (the others stay, for their
+        other readers)."""
         grew = True
         while grew:
             grew = False
@@ -605,10 +590,10 @@ class _Tracer:
                     members.add(p)
                     grew = True
 
-    def _row_slice(
-        self, t: int, m: int, known: dict[int, Ref], members: set[int], rows: set[int]
-    ) -> Ref | None:
-        """A slice of a gathered row (`_row`): the GATHER and its slicers join the step."""
+    def _row_slice(self, t: int, m: int, known: dict[int, Ref]) -> Ref | None:
+        """A slice of a gathered row (`_row`), read from the table: the GATHER and its
+        slicers join the step where only it reads them (`absorb_copies`: a GRU with the
+        reset gate before the candidate's product adds the row's third part there)."""
         s = self.producer.get(t)
         if s is None or self.graph.ops[s].name not in SLICERS:
             return None
@@ -625,9 +610,8 @@ class _Tracer:
         width = self._slices(data, trial_members, trial, gate=False, row=row)
         if width != m or t not in trial:
             return None
-        members.update(trial_members | {gather})
+        self.copies.update(trial_members | {gather})  # (they join where only it reads them)
         known.update(trial)
-        rows.add(gather)
         return trial[t]
 
     def _row_of(self, t: int) -> tuple[Any, ...] | None:
