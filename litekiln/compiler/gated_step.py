@@ -431,7 +431,7 @@ class _Tracer:
         or a tensor ready before op ``fc``; else None."""
         if not self._float(t) or not self._flat(t, n):
             return None
-        term = self._row(t, n)
+        term = self._row(t)
         if term is not None:
             members.add(self.producer[t])
             return term
@@ -445,9 +445,9 @@ class _Tracer:
         p = self.producer.get(t)
         return p is None or self.pos[p] < self.pos[fc]
 
-    def _row(self, t: int, n: int) -> tuple[Any, ...] | None:
-        """``("row", table, index)`` where ``t`` (``n`` elements) is a GATHER of one row read
-        once (a term at full width); else None."""
+    def _row(self, t: int) -> tuple[Any, ...] | None:
+        """``("row", table, index)`` where ``t`` is a GATHER of one row read once (a term at
+        full width); else None."""
         if t not in self.producer or len(self.readers.get(t, [])) != 1:
             return None
         return self._row_of(t)
@@ -615,7 +615,8 @@ class _Tracer:
         return trial[t]
 
     def _row_of(self, t: int) -> tuple[Any, ...] | None:
-        """``("row", table, index)`` of a GATHER output ``t`` read by slicers."""
+        """``("row", table, index)`` where GATHER output ``t`` is one row of a 2-D float table
+        picked by a constant index in range; else None."""
         p = self.producer[t]
         op = self.graph.ops[p]
         if op.name != "GATHER" or t in self.keep:
