@@ -851,11 +851,78 @@ def test_topk_v2_reference(x, k, quant) -> None:
     )
 
 
+def _cumsum(shape, axis, dtype="float32", **options):
+    def build(g):
+        low, high = (-50, 50) if dtype == "int32" else (None, None)
+        return g.op(
+            "CUMSUM", [g.x(shape, dtype, low=low, high=high), g.ints([axis])], shape, options
+        )
+
+    return build
+
+
+#: CUMSUM on the GPU path (the extended table): each output sums the terms it covers.
+CUMSUMS = Batch(
+    "cumsum",
+    [
+        Case("cumsum_axis1", _cumsum([1, 20, 16], 1)),  # litert-torch's torch.cumsum (pc_sequence)
+        Case("cumsum_last", _cumsum([3, 4, 37], -1)),
+        Case("cumsum_exclusive", _cumsum([2, 9, 5], 1, exclusive=True)),
+        Case("cumsum_reverse", _cumsum([2, 9, 5], 1, reverse=True)),
+        Case("cumsum_reverse_exclusive", _cumsum([6, 7], 0, exclusive=True, reverse=True)),
+        Case("cumsum_one_term", _cumsum([4, 1, 3], 1)),
+        Case("cumsum_long", _cumsum([2, 300], 1)),
+        Case("cumsum_int32", _cumsum([1, 64], 1, "int32")),
+        Case(
+            "cumsum_int32_reverse_exclusive",
+            _cumsum([5, 6], 0, "int32", reverse=True, exclusive=True),
+        ),
+    ],
+    op_table="extended",
+)
+
+
+@opencl
+@pytest.mark.parametrize("case", CUMSUMS.ids())
+def test_cumsum_gpu(case: str) -> None:
+    CUMSUMS.check(case)
+
+
+def test_cumsum_gpu_support() -> None:
+    """The GPU form takes a constant axis of at most `CUMSUM_GPU_TERMS` float32 or int32 terms;
+    an axis computed at run time, a longer one or int64 data stay on the CPU, saying why."""
+    from tflite_builder import ModelBuilder
+
+    from litekiln.ops.base import lookup
+    from litekiln.ops.reduce import CUMSUM_GPU_TERMS
+
+    def support(shape, dtype="float32", axis_const=True):
+        b = ModelBuilder()
+        x = b.input("x", shape, dtype)
+        axis = (
+            b.const("axis", np.array([1], np.int32), "int32")
+            if axis_const
+            else b.input("axis", [1], "int32")
+        )
+        y = b.tensor("y", shape, dtype)
+        b.op("CUMSUM", [x, axis], outputs=[y])
+        b.output(y)
+        g = load_model(b.build()).main
+        return lookup(g.ops[0]).gpu_support(g.ops[0], g)
+
+    assert support([1, 20, 16]) is None
+    assert support([1, 20], "int32") is None
+    assert "run time" in support([1, 20], axis_const=False)
+    assert "int64" in support([1, 20], "int64")
+    long = support([1, CUMSUM_GPU_TERMS + 1])
+    assert f"{CUMSUM_GPU_TERMS + 1} terms" in long and f"at most {CUMSUM_GPU_TERMS}" in long
+
+
 @pytest.mark.parametrize("exclusive", [False, True])
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize(("dtype", "axis"), [("float32", 1), ("float32", -1), ("int32", 0)])
 def test_cumsum_reference(exclusive: bool, reverse: bool, dtype: str, axis: int) -> None:
-    """CUMSUM (CPU; litert-torch's torch.cumsum): the reference gives LiteRT's sums."""
+    """CUMSUM (litert-torch's torch.cumsum): the reference gives LiteRT's sums."""
     x = np.random.default_rng(2).uniform(-3, 3, (3, 4, 5)).astype(dtype)
     check_op(
         "CUMSUM",

@@ -311,6 +311,36 @@ for _name, _fn, _combine in [
     EMITTERS[_name] = _reduce(_fn, _combine, mean=_name == "MEAN")
 
 
+@emitter("CUMSUM")
+def _cumsum(ctx: Ctx) -> list[Expr]:
+    """cumsum.cc: running sums along a constant axis (``exclusive``: each leaves its own term
+    out; ``reverse``: from the axis' end). Each output sums every term of the axis it covers,
+    the others read as 0: a reduction the schedules split like any other (an axis of n costs
+    n * n additions; `litekiln.ops.reduce.CUMSUM_GPU_TERMS` bounds n)."""
+    x = _arg(ctx, 0)
+    shape = _shape(x)
+    axis = int(ctx.const(1).reshape(-1)[0]) % len(shape)  # (validated: within the rank)
+    exclusive = bool(ctx.options.get("exclusive", False))
+    reverse = bool(ctx.options.get("reverse", False))
+
+    def fn(a: te.Tensor) -> te.Tensor:
+        k = te.reduce_axis((0, shape[axis]), name="k")
+        zero = tirx.const(0, a.dtype)
+
+        def element(*idx: Scalar) -> Scalar:
+            j = idx[axis]
+            if reverse:
+                covered = k > j if exclusive else k >= j
+            else:
+                covered = k < j if exclusive else k <= j
+            term = a[tuple(k if d == axis else i for d, i in enumerate(idx))]
+            return te.sum(tirx.if_then_else(covered, term, zero), axis=k)
+
+        return te.compute(shape, element, name="cumsum")
+
+    return [ctx.emit(ctx.bb.call_te(fn, x, primfunc_name_hint="cumsum"))]
+
+
 @emitter("SOFTMAX")
 def _softmax(ctx: Ctx) -> list[Expr]:
     # LiteRT: exp(beta (x - max x)) / sum, the same as softmax(beta x).

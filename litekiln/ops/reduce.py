@@ -432,14 +432,45 @@ class TopKV2(OpDef):
         return [values, order.astype(ctx.output_tensor(1).dtype)]
 
 
+#: Most terms along the axis a GPU CUMSUM sums: its kernel adds, for each output, every term of
+#: the axis that the output covers (n * n terms for an axis of n; TVM's GPU scan, which would
+#: not, gives wrong sums on PoCL: tests/test_codegen.py).
+CUMSUM_GPU_TERMS = 8192
+
+
 @register
 class Cumsum(OpDef):
-    """Running sums along one axis (CPU only: TVM's GPU scan gives wrong sums on PoCL,
-    tests/test_codegen.py)."""
+    """Running sums along one axis. The GPU form (float32 or int32 data, a constant axis) sums
+    for each output the terms it covers; LiteRT's GPU delegate runs it too (the extended
+    table)."""
 
     name = "CUMSUM"
     versions = (1, 1)
     num_inputs = (2, 2)
+    gpu_extended = True
+    int32_data = True  # (positions from a mask: int32 sums stay int32)
+
+    @classmethod
+    def integer_operands(cls, op: Op) -> set[int]:
+        return set(op.inputs[1:2])
+
+    @classmethod
+    def gpu_support(cls, op: Op, graph: Subgraph, *, allow_quantized: bool = True) -> str | None:
+        """The axis must be constant (an axis computed at run time is refused by the base, as
+        an integer operand), and at most `CUMSUM_GPU_TERMS` long."""
+        reason = super().gpu_support(op, graph, allow_quantized=allow_quantized)
+        if reason:
+            return reason
+        x = graph.tensors[op.inputs[0]]
+        axis = int(np.asarray(graph.tensors[op.inputs[1]].data).reshape(-1)[0]) % max(
+            len(x.shape), 1
+        )
+        if x.shape and x.shape[axis] > CUMSUM_GPU_TERMS:
+            return (
+                f"an axis of {x.shape[axis]} terms; the GPU form sums at most "
+                f"{CUMSUM_GPU_TERMS} (each output adds every term it covers)"
+            )
+        return None
 
     @classmethod
     def validate(cls, c: Check) -> None:
