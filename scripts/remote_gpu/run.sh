@@ -8,6 +8,10 @@
 #                 shipped and warm mean here, and how the cold figure is assembled)
 #   3. latency    litekiln bench: litekiln vs LiteRT CPU (XNNPACK, all cores) and LiteRT GPU
 #                 (WebGPU over Vulkan), with per-kernel profile and launch overhead
+#   (graphtrace, on request: STEPS=graphtrace) each kernel's device time and gaps in the graph
+#                 (scripts/remote_gpu/graph_trace.py, torch.profiler's CUPTI trace)
+#   (floorprobe, on request) a tiny model's floor: bare CUDA graphs' round trips, the same
+#                 network as a torch CUDA graph, litekiln, LiteRT CPU (floor_probe.py)
 #   (torchpeer, on request: STEPS=torchpeer) litekiln bench --peer torch: the PyTorch twins of
 #                 the kit's corpus models (prepare.sh) in eager mode, with a CUDA graph and
 #                 through torch.compile, on the machine's own torch (docs/remote-gpu.md)
@@ -253,6 +257,16 @@ ptxbisect() {  # kernels of the shipped PTX that compute otherwise than OpenCL's
     --out "$OUT/ptx_bisect.json" ${PTX_ALT:+--alt "$PTX_ALT"} "${PATHS[@]}"
 }
 
+graphtrace() {  # each kernel's own device time and the gaps between them, inside the CUDA graph
+  timeout "$T_LATENCY" "$PY" scripts/remote_gpu/graph_trace.py "${PATHS[@]}" --cache-dir "$CACHE" \
+    --runs "${TRACE_RUNS:-30}" --out "$OUT/graph_trace.json" | cut -c1-400
+}
+
+floorprobe() {  # a tiny model's floor: bare CUDA graphs, torch's graph, litekiln, LiteRT CPU
+  timeout "$T_LATENCY" "$PY" scripts/remote_gpu/floor_probe.py "${PATHS[@]}" --cache-dir "$CACHE" \
+    --runs "${FLOOR_RUNS:-2000}" --out "$OUT/floor_probe.json"
+}
+
 torchpeer() {  # litekiln against each model's PyTorch twin (eager, CUDA graph, torch.compile)
   timeout "$T_TORCH" "$PY" -m litekiln.cli bench --cache-dir "$CACHE" --runs "$RUNS" --peer torch \
     ${NO_LITERT_GPU:+--skip-litert-gpu} ${TORCH_MODES:+--torch-modes "$TORCH_MODES"} ${PROFILE:+--profile} --out "$OUT/torch_peer.json" "${PATHS[@]}"
@@ -279,5 +293,7 @@ step zerocopy zerocopy
 step statecarry statecarry
 step ptxbisect ptxbisect
 step torchpeer torchpeer
+step graphtrace graphtrace
+step floorprobe floorprobe
 echo "== results in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 exit $status
