@@ -652,7 +652,8 @@ def test_executor_hand_written_program_offsets_and_scalars(cl_env: Any) -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="TVM's GPU scan (DispatchSortScan) kernels give wrong sums on PoCL; not a TFLite GPU op",
+    reason="TVM's GPU scan (DispatchSortScan) kernels give wrong sums on PoCL; litekiln's "
+    "CUMSUM does not use them (compiler/emit_math.py sums each output's terms)",
 )
 def test_cumsum_multi_kernel_host_loop(cl_env: Any) -> None:
     """Library scan: symbolic-shape host code with loops, a workspace and 3 kernels.
