@@ -39,14 +39,10 @@ import numpy as np
 
 
 def _median_us(fn: Callable[[], object], runs: int, warmup: int = 200) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return round(statistics.median(times) * 1e6, 2)
+    """Median wall time of ``fn`` in us (`litekiln bench`'s timer)."""
+    from litekiln.peers.timing import time_runs
+
+    return round(time_runs(fn, runs, warmup)["median_ms"] * 1e3, 2)
 
 
 def bare_graphs(runs: int) -> dict[str, Any]:

@@ -9,7 +9,7 @@ inference it takes the kernels in start order and reports, per launch position, 
 duration on the device and the median gap since the previous kernel ended (negative where
 branches overlap); per model, the graph's kernel span (first start to last end), the sum of
 kernel durations and the sum of gaps, the copies' device time per run, and without the
-profiler the median ``set_tensor`` + ``invoke`` + ``get_tensor`` (``invoke_us``) and the graph's
+profiler the median ``invoke`` + ``get_tensor`` (``invoke_us``; inputs set once) and the graph's
 device time on CUDA events (``graph_device_us``, as ``litekiln bench`` reports it). The event
 timers of ``bench --profile`` count each launch's own overhead (6-8 us a tiny kernel on
 NVIDIA's OpenCL); these are the kernels' own times inside the replayed graph.
@@ -62,6 +62,7 @@ def trace_model(path: str, cache_dir: str, runs: int) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
     from litekiln.interpreter import Interpreter
+    from litekiln.peers.timing import time_runs
 
     name = os.path.basename(path).rsplit(".", 1)[0]
     torch.zeros(1, device="cuda")  # the primary context, shared with litekiln's runtime
@@ -88,13 +89,9 @@ def trace_model(path: str, cache_dir: str, runs: int) -> dict[str, Any]:
     row: dict[str, Any] = {"model": name, "executors": executors, "launches": len(names)}
     # End-to-end without the profiler: invoke (inputs staged, graph, outputs read) and the
     # graph alone on CUDA events, as `litekiln bench` times them.
-    times = []
-    for _ in range(300):
-        t = time.perf_counter()
-        interp.invoke()
-        interp.get_tensor(interp.get_output_details()[0]["index"])
-        times.append(time.perf_counter() - t)
-    row["invoke_us"] = round(statistics.median(times) * 1e6, 2)
+    out = interp.get_output_details()[0]["index"]
+    timed = time_runs(lambda: (interp.invoke(), interp.get_tensor(out)), 300, 20)
+    row["invoke_us"] = round(timed["median_ms"] * 1e3, 2)
     graph = [ex.graph_time() for ex in sess.executors if hasattr(ex, "graph_time")]
     row["graph_device_us"] = round(sum(graph) * 1e6, 2)
     copies = [dur for _, dur, cat, _ in events if cat == "gpu_memcpy"]
