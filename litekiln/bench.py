@@ -42,6 +42,7 @@ explain a peer that fails (e.g. no GPU adapter).
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import json
 import os
@@ -791,7 +792,10 @@ def _host_breakdown(
 def _kernel_profile(sess: Any, reps: int = 10) -> dict[str, Any] | None:
     """Median device time of each launch, from OpenCL profiling events (CUDA events on the
     graph path), with the bytes of its buffer arguments and its FLOPs (the compiler's
-    count), and the rates they make (GB/s, GFLOP/s)."""
+    count), and the rates they make (GB/s, GFLOP/s). On the CUDA graph path, where torch
+    with CUDA imports, also each launch's own time inside the replayed graph (``graph_ms``,
+    CUPTI: `litekiln.peers.kernel_trace`; the events count each launch's overhead too) and
+    the rates and floors by it."""
     executors = getattr(sess, "executors", None)
     if not executors:
         return None
@@ -799,6 +803,8 @@ def _kernel_profile(sess: Any, reps: int = 10) -> dict[str, Any] | None:
     names: list[tuple[int, int, Any, int]] = []
     options: list[str] = []
     timed: list[list[float] | None] = []
+    in_graph: list[float | None] = []
+    why_not: set[str] = set()
     for pi, ex in enumerate(executors):
         ex.profile()  # warm the profiling queue
         runs = [ex.profile() for _ in range(reps)]
@@ -807,6 +813,14 @@ def _kernel_profile(sess: Any, reps: int = 10) -> dict[str, Any] | None:
             per.append([r[li] for r in runs])
         options += _chosen_options(ex.program, list(ex.choices))
         timed += _timed_options(ex.program, list(ex.choices), getattr(ex, "tuning_ms", []))
+        traced: list[float] | str = "not a CUDA graph"
+        if hasattr(ex, "graph_time"):
+            from litekiln.peers.kernel_trace import trace_graph
+
+            traced = trace_graph(functools.partial(ex.run, wait=True), ex.num_launches)
+            if isinstance(traced, str):
+                why_not.add(traced)
+        in_graph += traced if isinstance(traced, list) else [None] * ex.num_launches
     rows: list[dict[str, Any]] = [
         {
             "partition": pi,
@@ -824,17 +838,19 @@ def _kernel_profile(sess: Any, reps: int = 10) -> dict[str, Any] | None:
             "local_size": list(launch.local_size),
             # the tuning's median per option (default first), where it ran in this process
             **({"tuning_ms": [round(t, 5) for t in tuned]} if tuned else {}),
+            **(_graph_rates(nbytes, launch.flops, g) if g is not None else {}),
         }
-        for (pi, li, launch, nbytes), ts, option, tuned in zip(
-            names, per, options, timed, strict=True
+        for (pi, li, launch, nbytes), ts, option, tuned, g in zip(
+            names, per, options, timed, in_graph, strict=True
         )
     ]
+    graphed = all(g is not None for g in in_graph)
     by_kernel: dict[str, dict[str, float]] = {}
     for r in rows:
-        k = by_kernel.setdefault(r["kernel"], {"ms": 0.0, "bytes": 0, "flops": 0})
-        for f in ("ms", "bytes", "flops"):
-            k[f] += r[f]
-    return {
+        k = by_kernel.setdefault(r["kernel"], {"ms": 0.0, "bytes": 0, "flops": 0, "graph_ms": 0.0})
+        for f in ("ms", "bytes", "flops", "graph_ms"):
+            k[f] += r.get(f, 0.0)
+    out: dict[str, Any] = {
         "kernel_sum_ms": round(sum(r["ms"] for r in rows), 4),
         "launches": rows,
         "top": [
@@ -844,9 +860,31 @@ def _kernel_profile(sess: Any, reps: int = 10) -> dict[str, Any] | None:
                 "bytes": int(k["bytes"]),
                 "flops": int(k["flops"]),
                 **_rates(int(k["bytes"]), int(k["flops"]), k["ms"] * 1e-3),
+                **(
+                    _graph_rates(int(k["bytes"]), int(k["flops"]), k["graph_ms"] * 1e-3)
+                    if graphed
+                    else {}
+                ),
             }
-            for name, k in sorted(by_kernel.items(), key=lambda kv: -kv[1]["ms"])[:15]
+            for name, k in sorted(
+                by_kernel.items(), key=lambda kv: -kv[1]["graph_ms" if graphed else "ms"]
+            )[:15]
         ],
+    }
+    if graphed:
+        out["graph_kernel_sum_ms"] = round(sum(r["graph_ms"] for r in rows), 4)
+    elif why_not - {"not a CUDA graph"}:
+        out["graph_ms_error"] = "; ".join(sorted(why_not))
+    return out
+
+
+def _graph_rates(nbytes: int, flops: int, seconds: float) -> dict[str, float | None]:
+    """A launch's (or kernel's) time inside the graph and the rates it makes."""
+    rates = _rates(nbytes, flops, seconds)
+    return {
+        "graph_ms": round(seconds * 1e3, 5),
+        "graph_gbps": rates["gbps"],
+        "graph_gflops": rates["gflops"],
     }
 
 
@@ -955,6 +993,12 @@ def _roofline(
         "latency_over_floor": _ratio(latency_ms, floor_ms) if floor_ms > 0 else None,
         "kernel_floor_ms": _sig(kernels_ms),
         "kernels_over_floor": _ratio(prof["kernel_sum_ms"], kernels_ms) if kernels_ms else None,
+        # (by the kernels' own times inside the graph, where traced)
+        **(
+            {"graph_kernels_over_floor": _ratio(prof["graph_kernel_sum_ms"], kernels_ms)}
+            if kernels_ms and "graph_kernel_sum_ms" in prof
+            else {}
+        ),
         "launch_floor_ms": _sig(floor["launches_s"] * 1e3),
         "launches": len(work),
         "bytes": sum(w.nbytes for w in work),
@@ -1385,12 +1429,30 @@ def _print_profile(rec: dict[str, Any]) -> None:
         "in all "
         f"(litekiln end-to-end {rec['litekiln_ms']:.3f} ms)"
     )
-    print(f"    {'ms':>9s} {'GB/s':>8s} {'GFLOP/s':>8s} {'x floor':>8s}  kernel")
+    graphed = "graph_kernel_sum_ms" in p
+    if graphed:
+        # the rates and the distance from the floor by each kernel's own time in the graph
+        print(
+            f"  inside the CUDA graph (CUPTI): {p['graph_kernel_sum_ms']:.3f} ms of kernels; "
+            "the events' times count each launch's overhead too"
+        )
+        print(
+            f"    {'events ms':>9s} {'graph ms':>9s} {'GB/s':>8s} {'GFLOP/s':>8s} "
+            f"{'x floor':>8s}  kernel"
+        )
+    else:
+        if p.get("graph_ms_error"):
+            print(f"  kernels' own times in the graph: n/a ({p['graph_ms_error'][:160]})")
+        print(f"    {'ms':>9s} {'GB/s':>8s} {'GFLOP/s':>8s} {'x floor':>8s}  kernel")
     for t in p["top"][:10]:
         floor = t.get("floor_ms")
-        over = _ratio(t["ms"], floor) if floor else None
+        ms = t["graph_ms"] if graphed else t["ms"]
+        over = _ratio(ms, floor) if floor else None
+        g = "graph_" if graphed else ""
         print(
-            f"    {t['ms']:9.4f} {_fmt(t.get('gbps'), '8.3g')} {_fmt(t.get('gflops'), '8.3g')} "
+            f"    {t['ms']:9.4f} "
+            + (f"{t['graph_ms']:9.4f} " if graphed else "")
+            + f"{_fmt(t.get(g + 'gbps'), '8.3g')} {_fmt(t.get(g + 'gflops'), '8.3g')} "
             f"{_fmt(over, '8.3g')}  {t['kernel']}"
         )
     _print_roofline(rec)
@@ -1417,7 +1479,13 @@ def _print_roofline(rec: dict[str, Any]) -> None:
         f"  floor {r['floor_ms']:.4g} ms = kernels {r['kernel_floor_ms']:.4g} + "
         f"{r['launches']} launches {r['launch_floor_ms']:.4g}; litekiln "
         f"{r['latency_ms']:.4g} ms = {_fmt(r['latency_over_floor'], '.3g')}x the floor "
-        f"(kernels {_fmt(r['kernels_over_floor'], '.3g')}x theirs)"
+        f"(kernels {_fmt(r['kernels_over_floor'], '.3g')}x theirs"
+        + (
+            f"; inside the graph {_fmt(r['graph_kernels_over_floor'], '.3g')}x"
+            if "graph_kernels_over_floor" in r
+            else ""
+        )
+        + ")"
     )
 
 

@@ -1055,3 +1055,50 @@ def test_a_gpu_record_holds_only_for_the_same_gpu_drivers_and_opencl_setup(
             with pytest.raises(device_mod.CudaStartMiss, match=message):
                 device_mod.cuda_start(choice, rec)
             (vendors / "intel.icd").unlink(missing_ok=True)
+
+
+def test_bench_profile_takes_each_kernels_own_time_in_the_graph(fake, monkeypatch, capsys):
+    """`bench --profile` on the CUDA graph path: each launch's time inside the replayed graph
+    (`litekiln.peers.kernel_trace.trace_graph`, CUPTI on the GPU machine; given here) beside
+    the events' time, with the rates and the kernels' sum it makes; where the trace cannot be
+    made, the profile says why and keeps the events' figures alone."""
+    import types
+
+    from litekiln import bench
+    from litekiln.peers import kernel_trace
+
+    prog = _axpb_program()
+    b = np.zeros((10, 100), np.float32)
+    ex = cuda.CudaGraphExecutor(prog, {"b": b}, _PTX.encode() + b"\0", cuda.CudaDevice(0))
+    sess = types.SimpleNamespace(executors=[ex])
+    replays = []
+
+    def traced(replay, launches):
+        before = fake.graph_launches
+        replay()
+        replays.append((fake.graph_launches - before, launches))
+        return [2e-6, 1e-6]  # seconds, per launch
+
+    monkeypatch.setattr(kernel_trace, "trace_graph", traced)
+    prof = bench._kernel_profile(sess, reps=2)
+    assert replays == [(1, 2)]  # the graph itself was replayed, with its two launches
+    axpb, plus_one = prof["launches"]
+    assert (axpb["graph_ms"], plus_one["graph_ms"]) == (0.002, 0.001)
+    assert axpb["graph_gbps"] == pytest.approx(axpb["bytes"] / 2e-6 / 1e9, rel=1e-3)
+    assert plus_one["graph_gbps"] == pytest.approx(plus_one["bytes"] / 1e-6 / 1e9, rel=1e-3)
+    assert prof["graph_kernel_sum_ms"] == 0.003
+    assert [t["kernel"] for t in prof["top"]] == ["axpb", "plus_one"]  # by time in the graph
+    assert prof["top"][0]["graph_ms"] == 0.002
+    bench._print_profile({"profile": prof, "litekiln_ms": 0.01})
+    out = capsys.readouterr().out
+    assert "inside the CUDA graph (CUPTI): 0.003 ms" in out and "graph ms" in out
+
+    monkeypatch.setattr(
+        kernel_trace, "trace_graph", lambda replay, launches: "torch sees no CUDA device"
+    )
+    prof = bench._kernel_profile(sess, reps=2)
+    assert prof["graph_ms_error"] == "torch sees no CUDA device"
+    assert "graph_kernel_sum_ms" not in prof
+    assert all("graph_ms" not in r for r in prof["launches"])
+    bench._print_profile({"profile": prof, "litekiln_ms": 0.01})
+    assert "n/a (torch sees no CUDA device)" in capsys.readouterr().out
