@@ -29,46 +29,21 @@ import tempfile
 import time
 from typing import Any
 
-import numpy as np
-
-
-def _inputs(interp: Any, rng: np.random.Generator) -> None:
-    for d in interp.get_input_details():
-        shape, dtype = tuple(int(s) for s in d["shape"]), np.dtype(d["dtype"])
-        if dtype.kind == "f":
-            a = rng.uniform(-1, 1, shape).astype(dtype)
-        elif dtype == np.bool_:
-            a = rng.integers(0, 2, shape).astype(dtype)
-        else:
-            info = np.iinfo(dtype)
-            a = rng.integers(max(info.min, -100), min(info.max, 100), shape).astype(dtype)
-        interp.set_tensor(d["index"], a)
-
-
-def _events(trace: str, cats: tuple[str, ...]) -> list[tuple[float, float, str, str]]:
-    """(start us, duration us, category, name) of the trace's events of ``cats``, by start."""
-    with open(trace) as f:
-        events = json.load(f).get("traceEvents", [])
-    out = [
-        (float(e["ts"]), float(e["dur"]), str(e.get("cat")), str(e.get("name", "")))
-        for e in events
-        if e.get("cat") in cats and "dur" in e
-    ]
-    return sorted(out)
-
 
 def trace_model(path: str, cache_dir: str, runs: int) -> dict[str, Any]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from litekiln.interpreter import Interpreter
+    from litekiln.peers.kernel_trace import kernel_records
     from litekiln.peers.timing import time_runs
 
     name = os.path.basename(path).rsplit(".", 1)[0]
     torch.zeros(1, device="cuda")  # the primary context, shared with litekiln's runtime
     interp = Interpreter(model_path=path, cache_dir=cache_dir, cpu_first=False)
     interp.allocate_tensors()
-    _inputs(interp, np.random.default_rng(0))
+    for d, x in zip(interp.get_input_details(), interp.random_inputs(0), strict=True):
+        interp.set_tensor(d["index"], x)
     sess = interp._backend  # noqa: SLF001 - a probe
     executors = [type(ex).__name__ for ex in sess.executors]
     names: list[str] = []
@@ -82,19 +57,25 @@ def trace_model(path: str, cache_dir: str, runs: int) -> dict[str, Any]:
             interp.invoke()
         torch.cuda.synchronize()
     with tempfile.TemporaryDirectory() as tmp:
-        trace = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(trace)
-        events = _events(trace, ("kernel", "gpu_memcpy"))
-    kernels = [(ts, dur, name) for ts, dur, cat, name in events if cat == "kernel"]
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            trace = json.load(f)
+    kernels = kernel_records(trace)
     row: dict[str, Any] = {"model": name, "executors": executors, "launches": len(names)}
     # End-to-end without the profiler: invoke (inputs staged, graph, outputs read) and the
     # graph alone on CUDA events, as `litekiln bench` times them.
     out = interp.get_output_details()[0]["index"]
-    timed = time_runs(lambda: (interp.invoke(), interp.get_tensor(out)), 300, 20)
+
+    def one() -> None:
+        interp.invoke()
+        interp.get_tensor(out)
+
+    timed = time_runs(one, 300, 20)
     row["invoke_us"] = round(timed["median_ms"] * 1e3, 2)
     graph = [ex.graph_time() for ex in sess.executors if hasattr(ex, "graph_time")]
     row["graph_device_us"] = round(sum(graph) * 1e6, 2)
-    copies = [dur for _, dur, cat, _ in events if cat == "gpu_memcpy"]
+    copies = [float(e["dur"]) for e in trace.get("traceEvents", []) if e.get("cat") == "gpu_memcpy"]
     row["copies_us_per_run"] = round(sum(copies) / max(1, runs), 2)
     n = len(names)
     if not n or len(kernels) < n:
@@ -111,14 +92,14 @@ def trace_model(path: str, cache_dir: str, runs: int) -> dict[str, Any]:
         chunk = kernels[r * n : (r + 1) * n]
         end = chunk[0][0]
         gsum = 0.0
-        for i, (ts, dur, _) in enumerate(chunk):
+        for i, (ts, dur) in enumerate(chunk):
             durs[i].append(dur)
             if i:
                 gaps[i].append(ts - end)
                 gsum += ts - end
             end = max(end, ts + dur)
-        spans.append(max(ts + d for ts, d, _ in chunk) - chunk[0][0])
-        sums.append(sum(d for _, d, _ in chunk))
+        spans.append(max(ts + d for ts, d in chunk) - chunk[0][0])
+        sums.append(sum(d for _, d in chunk))
         gap_sums.append(gsum)
     med = statistics.median
     row["span_us"] = round(med(spans), 2)
