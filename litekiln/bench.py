@@ -844,7 +844,7 @@ def _kernel_profile(sess: Any, reps: int = 10) -> dict[str, Any] | None:
             names, per, options, timed, in_graph, strict=True
         )
     ]
-    graphed = all(g is not None for g in in_graph)
+    graphed = bool(in_graph) and all(g is not None for g in in_graph)
     by_kernel: dict[str, dict[str, float]] = {}
     for r in rows:
         k = by_kernel.setdefault(r["kernel"], {"ms": 0.0, "bytes": 0, "flops": 0, "graph_ms": 0.0})
