@@ -54,3 +54,52 @@ def test_trace_graph_without_a_cuda_torch_says_why() -> None:
         pass
     assert isinstance(got, str) and ("torch" in got)
     assert calls == []
+
+
+def test_trace_graph_replays_under_the_profiler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a CUDA torch (a stand-in here: its profiler writes the kernels the replays ran),
+    the graph is replayed once untraced, then ``reps`` times traced, and each launch gets the
+    median of its durations."""
+    import json
+    import sys
+    import types
+
+    replays: list[bool] = []
+    tracing = [False]
+
+    class Profile:
+        def __init__(self, activities: list[object]) -> None:
+            pass
+
+        def __enter__(self) -> Profile:
+            tracing[0] = True
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            tracing[0] = False
+
+        def export_chrome_trace(self, path: str) -> None:
+            n = sum(replays)  # traced replays: two kernels each, 3 us and 1 us + replay index
+            events = [
+                {"cat": "kernel", "ts": 100.0 * r + 10 * k, "dur": [3.0, 1.0 + r][k]}
+                for r in range(n)
+                for k in range(2)
+            ]
+            with open(path, "w") as f:
+                json.dump({"traceEvents": events}, f)
+
+    torch = types.ModuleType("torch")
+    torch.cuda = types.SimpleNamespace(is_available=lambda: True, synchronize=lambda: None)
+    profiler = types.ModuleType("torch.profiler")
+    profiler.ProfilerActivity = types.SimpleNamespace(CUDA="cuda")
+    profiler.profile = Profile
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch.profiler", profiler)
+
+    got = kernel_trace.trace_graph(lambda: replays.append(tracing[0]), 2, reps=5)
+    assert replays == [False] + [True] * 5
+    assert got == pytest.approx([3e-6, 3e-6])  # median of 1..5 + 1 us is 3 us
+    # records that do not make whole replays of the launches (10 kernels, 3 launches a replay)
+    assert kernel_trace.trace_graph(lambda: None, 3, reps=5) == (
+        "10 kernel records for replays of 3 launches"
+    )

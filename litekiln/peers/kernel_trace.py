@@ -50,11 +50,9 @@ def per_launch(records: Sequence[tuple[float, float]], launches: int) -> list[fl
     ]
 
 
-def trace_graph(
-    replay: Callable[[], None], launches: int, reps: int = REPLAYS
-) -> list[float] | str:
-    """Each launch's median device time inside the graph ``replay`` launches and waits for,
-    in seconds (launch order as the device started them), or why it cannot be traced here."""
+def chrome_trace(replay: Callable[[], None], reps: int = REPLAYS) -> dict[str, Any] | str:
+    """The CUDA activity of ``reps`` calls of ``replay`` (after one untraced) as
+    ``torch.profiler``'s Chrome trace (kernels, copies), or why it cannot be traced here."""
     try:
         import torch
         from torch.profiler import ProfilerActivity, profile
@@ -73,7 +71,18 @@ def trace_graph(
             path = os.path.join(tmp, "trace.json")
             prof.export_chrome_trace(path)
             with open(path) as f:
-                trace = json.load(f)
+                trace: dict[str, Any] = json.load(f)
+        return trace
     except Exception as exc:  # noqa: BLE001 - a profiler that fails: say why, time nothing
         return f"torch.profiler failed: {type(exc).__name__}: {exc}"[:300]
+
+
+def trace_graph(
+    replay: Callable[[], None], launches: int, reps: int = REPLAYS
+) -> list[float] | str:
+    """Each launch's median device time inside the graph ``replay`` launches and waits for,
+    in seconds (launch order as the device started them), or why it cannot be traced here."""
+    trace = chrome_trace(replay, reps)
+    if isinstance(trace, str):
+        return trace
     return per_launch(kernel_records(trace), launches)

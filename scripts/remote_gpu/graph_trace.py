@@ -25,17 +25,15 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from typing import Any
 
 
 def trace_model(path: str, cache_dir: str, runs: int) -> dict[str, Any]:
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     from litekiln.interpreter import Interpreter
-    from litekiln.peers.kernel_trace import kernel_records
+    from litekiln.peers.kernel_trace import chrome_trace, kernel_records
     from litekiln.peers.timing import time_runs
 
     name = os.path.basename(path).rsplit(".", 1)[0]
@@ -51,16 +49,9 @@ def trace_model(path: str, cache_dir: str, runs: int) -> dict[str, Any]:
         names += ex.launch_names() if hasattr(ex, "launch_names") else []
     for _ in range(50):
         interp.invoke()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(runs):
-            interp.invoke()
-        torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            trace = json.load(f)
+    trace = chrome_trace(interp.invoke, runs)
+    if isinstance(trace, str):
+        return {"model": name, "error": trace}
     kernels = kernel_records(trace)
     row: dict[str, Any] = {"model": name, "executors": executors, "launches": len(names)}
     # End-to-end without the profiler: invoke (inputs staged, graph, outputs read) and the
