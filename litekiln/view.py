@@ -526,11 +526,14 @@ def _profile_of(
             f"{source}: the record of {model.name!r} has no kernel profile "
             "(run `litekiln bench --profile --out FILE`)"
         )
+    # Each kernel's own time inside the CUDA graph where the bench traced it (`graph_ms`);
+    # else the events around each launch, which count the launch's overhead too.
+    key = "graph_ms" if all("graph_ms" in la for la in launches) else "ms"
     parts: dict[int, dict[str, Any]] = {}
     for la in launches:
         p = parts.setdefault(int(la["partition"]), {"ms": 0.0, "kernels": []})
-        p["ms"] += float(la["ms"])
-        p["kernels"].append([int(la["launch"]), str(la["kernel"]), float(la["ms"])])
+        p["ms"] += float(la[key])
+        p["kernels"].append([int(la["launch"]), str(la["kernel"]), float(la[key])])
     for p in parts.values():
         p["ms"] = round(p["ms"], 5)
     measured = (len(parts), rec.get("gpu_ops"), rec.get("cpu_ops"))
@@ -548,6 +551,7 @@ def _profile_of(
         "inference_ms": rec.get("litekiln_ms"),
         "graph_device_ms": rec.get("graph_device_ms"),
         "kernel_sum_ms": round(sum(p["ms"] for p in parts.values()), 4),
+        "in_graph": key == "graph_ms",
         "partitions": {str(i): parts[i] for i in sorted(parts)},
         "matched": not note,
         "note": note,
@@ -784,7 +788,11 @@ def _profile_html(prof: dict[str, Any] | None) -> str:
         )
     head = (
         f"<p>{_e(prof['device'])}: {prof['kernel_sum_ms']:.3f} ms of kernel time, the sum of "
-        "each launch's median, each timed on its own by OpenCL profiling events"
+        + (
+            "each launch's median inside the replayed CUDA graph (CUPTI)"
+            if prof.get("in_graph")
+            else "each launch's median, each timed on its own by OpenCL profiling events"
+        )
     )
     whole = [
         f"{prof[k]} ms {what}"

@@ -205,6 +205,23 @@ def test_profile_times_join_their_partitions(split: tuple[Model, dict[str, Any]]
     assert 'class="warning"' not in page
 
 
+def test_profile_takes_the_kernels_own_times_in_the_graph(
+    split: tuple[Model, dict[str, Any]],
+) -> None:
+    """A bench that traced the CUDA graph (`graph_ms` on every launch): the view shows the
+    kernels' own times there, not the events' (which count each launch's overhead)."""
+    model, info = split
+    prof = _fake_profile(model, info)
+    for la in prof["models"][0]["profile"]["launches"]:
+        la["graph_ms"] = 0.002
+    page = render_view(model, info, profile=prof)
+    assert page.count("0.006 ms, 3 kernels") == 3
+    assert "0.018 ms of kernel time, the sum of each launch's median inside the replayed" in page
+    prof["models"][0]["profile"]["launches"][0].pop("graph_ms")  # not every launch traced
+    page = render_view(model, info, profile=prof)
+    assert "0.090 ms of kernel time" in page and "OpenCL profiling events" in page
+
+
 def test_a_profile_of_another_placement_is_listed_not_matched(
     split: tuple[Model, dict[str, Any]],
 ) -> None:
