@@ -126,6 +126,13 @@ def _divisor_sign(name):
     return build
 
 
+def _atan2_axes(g: G):
+    # Every quadrant and both axes, zeros included: atan2(0, -1) = pi, atan2(0, 0) = 0.
+    y = [[1.0, -1.0, 0.0, 0.0, 1.0, -1.0], [0.0, 0.0, 2.0, -2.0, -1e-3, 1e-3]]
+    x = [[0.0, 0.0, 1.0, -1.0, -1.0, -1.0], [1.0, -1.0, 0.0, 0.0, 0.0, 0.0]]
+    return g.op("ATAN2", [_exact(g, y), g.w(np.asarray(x, np.float32))], [2, 6])
+
+
 BINARY = Batch(
     "math_binary",
     [
@@ -153,6 +160,11 @@ BINARY = Batch(
         ),
         Case("floor_mod_exact", _floor_div_exact("FLOOR_MOD")),
         Case("floor_mod_signs", _divisor_sign("FLOOR_MOD")),
+        Case(
+            "atan2",
+            _binary("ATAN2", [2, 3, 4], [2, 3, 4], low=-3.0, high=3.0, low_b=-3.0, high_b=3.0),
+        ),
+        Case("atan2_axes", _atan2_axes),
     ],
     op_table="extended",
 )

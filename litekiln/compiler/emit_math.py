@@ -194,6 +194,9 @@ def _wrong_sign(r: Scalar, b: Scalar) -> Scalar:
 _BINARY: dict[str, Callable[[Scalar, Scalar], Scalar]] = {
     "SQUARED_DIFFERENCE": lambda a, b: (a - b) * (a - b),
     "POW": lambda a, b: tirx.pow(a, b),
+    # OpenCL's own atan2 (the quadrant from both signs): TVM writes tir.atan2 as C's atan2f,
+    # which OpenCL C does not have
+    "ATAN2": lambda y, x: tirx.call_pure_extern("float32", "atan2", y, x),
     "FLOOR_DIV": _floor_div,
     "FLOOR_MOD": _floor_mod,
     "LOGICAL_OR": lambda a, b: tirx.max(a, b),

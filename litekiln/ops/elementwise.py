@@ -247,9 +247,10 @@ class SquaredDifference(BinaryOp):
 @register
 class Atan2(BinaryOp):
     """``atan2(y, x)`` elementwise (atan2.cc: float32 or float64 inputs of one shape; no
-    broadcasting)."""
+    broadcasting). LiteRT's GPU delegate runs it too (the extended table)."""
 
     name = "ATAN2"
+    gpu_extended = True
     fn = staticmethod(np.arctan2)
     dtypes = frozenset({"float32", "float64"})
 

@@ -319,6 +319,46 @@ class Sequence(nn.Module):
 
 
 #: Hand-written modules: (class, sample input).
+class OddMath(nn.Module):
+    """Elementwise and row math few models use: a running product (as exp of a cumsum of
+    logs), atan2, fmod and remainder, L2 normalisation, logsumexp, variance, a signed power,
+    PReLU, replicate padding."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(24, 24)
+        self.prelu = nn.PReLU(16)  # (over dim 1: the 16 rows)
+
+    def forward(self, x):  # [1, 16, 24]
+        y = self.fc(x)
+        a = torch.exp(torch.cumsum(F.logsigmoid(y), dim=-1))  # (aten.cumprod: no lowering)
+        b = torch.atan2(y, x + 0.5)
+        c = torch.fmod(y, 0.7) + torch.remainder(y, 0.5)
+        d = F.normalize(y, dim=-1)
+        e = torch.logsumexp(y, dim=-1, keepdim=True) + y.var(dim=-1, keepdim=True, unbiased=False)
+        f = torch.where(y > 0, y.abs().pow(1.5), -y.abs().sqrt())
+        g = F.pad(self.prelu(y).unsqueeze(0), (1, 1, 2, 2), mode="replicate")[0, :, 2:-2, 1:-1]
+        return a + b + c + d + e + f + g
+
+
+class OddIndex(nn.Module):
+    """Indexing by computed positions: the top rows' order and a gather by it, the row maxima's
+    positions and values, a gather of columns at them, a one-hot of the positions."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+
+    def forward(self, x):  # [1, 8, 32]
+        y = self.fc(x)
+        _, order = torch.topk(y, 8)  # (argsort: the converter's sort wants int32 comparators)
+        ranked = torch.gather(y, -1, order)
+        pos = y.argmax(-1)  # [1, 8]
+        picked = torch.gather(x, -1, pos.unsqueeze(-1))  # [1, 8, 1]
+        onehot = (pos.unsqueeze(-1) == torch.arange(32)).float()  # (F.one_hot asserts: no lowering)
+        return ranked[..., :4] * picked + y.amax(-1, keepdim=True), onehot * y
+
+
 CUSTOM = {
     "stylenet": (StyleNet, lambda: torch.randn(1, 3, 96, 96)),
     "espcn": (ESPCN, lambda: torch.rand(1, 1, 48, 48)),
@@ -335,6 +375,8 @@ CUSTOM = {
     "topk": (TopK, lambda: torch.randn(1, 500, 16)),
     "odd_pools": (OddPools, lambda: torch.randn(1, 3, 10, 10)),
     "sequence": (Sequence, lambda: torch.randn(1, 20, 16)),
+    "odd_math": (OddMath, lambda: torch.randn(1, 16, 24)),
+    "odd_index": (OddIndex, lambda: torch.randn(1, 8, 32)),
 }
 
 
