@@ -339,9 +339,28 @@ _REDUCTIONS = [
     ("all", [3, 1, 0, 2], False),
 ]
 
+
+def _arg(name, shape, axis, ties=False):
+    """ARG_MAX/ARG_MIN to int32 positions; ``ties``: values rounded to a few levels, so that
+    rows hold their extreme more than once (the first position wins)."""
+
+    def build(g):
+        x = g.x(shape, low=-2.0, high=2.0)
+        if ties:
+            x = g.op("ROUND", [x], shape)
+        out = [d for i, d in enumerate(shape) if i != axis % len(shape)]
+        return g.op(name, [x, g.ints([axis])], out, {"output_type": 2}, dtype="int32")
+
+    return build
+
+
 REDUCE = Batch(
     "math_reduce",
     [
+        Case("argmax_last", _arg("ARG_MAX", [2, 5, 7], -1)),
+        Case("argmax_middle_ties", _arg("ARG_MAX", [3, 9, 4], 1, ties=True)),
+        Case("argmin_first_ties", _arg("ARG_MIN", [6, 5], 0, ties=True)),
+        Case("argmax_classes", _arg("ARG_MAX", [1, 8, 8, 21], 3)),
         *(
             Case(f"{name.lower()}_{rid}", _reduce(name, [2, 3, 4, 5], axes, keep))
             for name in ("SUM", "REDUCE_MAX", "REDUCE_MIN")

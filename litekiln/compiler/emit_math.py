@@ -344,6 +344,34 @@ def _cumsum(ctx: Ctx) -> list[Expr]:
     return [ctx.emit(ctx.bb.call_te(fn, x, primfunc_name_hint="cumsum"))]
 
 
+@emitter("ARG_MAX", "ARG_MIN")
+def _arg_extreme(ctx: Ctx) -> list[Expr]:
+    """arg_min_max.cc: the first position of the largest (smallest) value along a constant
+    axis, as int32. Two plain reductions: the extreme, then the least position holding it
+    (the others read as the axis' length), where a reduction over (value, position) pairs
+    gave a kernel PoCL's compiler rejects."""
+    x = _arg(ctx, 0)
+    shape = _shape(x)
+    axis = int(ctx.const(1).reshape(-1)[0]) % len(shape)
+    n = shape[axis]
+    extreme = relax.op.max if ctx.op.name == "ARG_MAX" else relax.op.min
+    best = ctx.emit(extreme(x, axis=[axis], keepdims=True))
+
+    def fn(a: te.Tensor, b: te.Tensor) -> te.Tensor:
+        k = te.reduce_axis((0, n), name="k")
+
+        def element(*idx: Scalar) -> Scalar:
+            at = (*idx[:axis], k, *idx[axis:])
+            first = (*idx[:axis], 0, *idx[axis:])
+            hit = tirx.if_then_else(a[at] == b[first], k.astype("int32"), tirx.const(n, "int32"))
+            return te.min(hit, axis=k)
+
+        return te.compute(shape[:axis] + shape[axis + 1 :], element, name="arg_extreme")
+
+    name = ctx.op.name.lower()
+    return [ctx.emit(ctx.bb.call_te(fn, x, best, primfunc_name_hint=name))]
+
+
 @emitter("SOFTMAX")
 def _softmax(ctx: Ctx) -> list[Expr]:
     # LiteRT: exp(beta (x - max x)) / sum, the same as softmax(beta x).

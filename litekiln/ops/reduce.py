@@ -334,10 +334,17 @@ class LogSoftmax(OpDef):
 
 
 class _Arg(OpDef):
+    """The position of the largest (smallest) value along one axis, the first on ties. The GPU
+    form (LiteRT's GPU delegate runs ARG_MAX and ARG_MIN too: the extended table) takes a
+    constant axis and gives int32 positions; an int64 output stays on the CPU."""
+
     # np.argmax / np.argmin: an array, or a numpy scalar for a 1-D input.
     fn: ClassVar[Callable[..., np.ndarray | np.generic]]
     versions = (1, 3)
     num_inputs = (2, 2)
+    gpu_extended = True
+    gpu_quant_max_version = 3  # (8-bit inputs through the float view: their order is kept)
+    int32_data = True  # (the int32 positions; int32 inputs compared as they are)
 
     @classmethod
     def integer_operands(cls, op: Op) -> set[int]:
