@@ -340,13 +340,17 @@ _REDUCTIONS = [
 ]
 
 
-def _arg(name, shape, axis, ties=False):
+def _arg(name, shape, axis, ties=False, dtype="float32"):
     """ARG_MAX/ARG_MIN to int32 positions; ``ties``: values rounded to a few levels, so that
-    rows hold their extreme more than once (the first position wins)."""
+    rows hold their extreme more than once (the first position wins); int32 data drawn from
+    [-3, 3) has them too."""
 
     def build(g):
-        x = g.x(shape, low=-2.0, high=2.0)
-        if ties:
+        if dtype == "int32":
+            x = g.x(shape, "int32", low=-3, high=3)
+        else:
+            x = g.x(shape, low=-2.0, high=2.0)
+        if ties and dtype != "int32":
             x = g.op("ROUND", [x], shape)
         out = [d for i, d in enumerate(shape) if i != axis % len(shape)]
         return g.op(name, [x, g.ints([axis])], out, {"output_type": 2}, dtype="int32")
@@ -361,6 +365,7 @@ REDUCE = Batch(
         Case("argmax_middle_ties", _arg("ARG_MAX", [3, 9, 4], 1, ties=True)),
         Case("argmin_first_ties", _arg("ARG_MIN", [6, 5], 0, ties=True)),
         Case("argmax_classes", _arg("ARG_MAX", [1, 8, 8, 21], 3)),
+        Case("argmin_int32", _arg("ARG_MIN", [4, 6], 1, dtype="int32")),
         *(
             Case(f"{name.lower()}_{rid}", _reduce(name, [2, 3, 4, 5], axes, keep))
             for name in ("SUM", "REDUCE_MAX", "REDUCE_MIN")
