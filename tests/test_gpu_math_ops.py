@@ -340,6 +340,12 @@ _REDUCTIONS = [
 ]
 
 
+def _arg_int8(g: G):
+    # int8 data through the float view (v2): the order, ties too, is the integers' order
+    x = g.x([3, 10], "int8", quant=Quant(0.05, -4), low=-6, high=6)
+    return g.op("ARG_MAX", [x, g.ints([1])], [3], {"output_type": 2}, version=2, dtype="int32")
+
+
 def _arg(name, shape, axis, ties=False, dtype="float32"):
     """ARG_MAX/ARG_MIN to int32 positions; ``ties``: values rounded to a few levels, so that
     rows hold their extreme more than once (the first position wins); int32 data drawn from
@@ -366,6 +372,7 @@ REDUCE = Batch(
         Case("argmin_first_ties", _arg("ARG_MIN", [6, 5], 0, ties=True)),
         Case("argmax_classes", _arg("ARG_MAX", [1, 8, 8, 21], 3)),
         Case("argmin_int32", _arg("ARG_MIN", [4, 6], 1, dtype="int32")),
+        Case("argmax_int8", _arg_int8),
         *(
             Case(f"{name.lower()}_{rid}", _reduce(name, [2, 3, 4, 5], axes, keep))
             for name in ("SUM", "REDUCE_MAX", "REDUCE_MIN")

@@ -314,6 +314,12 @@ for _name, _fn, _combine in [
     EMITTERS[_name] = _reduce(_fn, _combine, mean=_name == "MEAN")
 
 
+def _const_axis(ctx: Ctx, rank: int) -> int:
+    """Operand 1, one constant axis, within ``rank`` (validated at load; negative from the
+    end)."""
+    return int(ctx.const(1).reshape(-1)[0]) % rank
+
+
 @emitter("CUMSUM")
 def _cumsum(ctx: Ctx) -> list[Expr]:
     """cumsum.cc: running sums along a constant axis (``exclusive``: each leaves its own term
@@ -322,7 +328,7 @@ def _cumsum(ctx: Ctx) -> list[Expr]:
     n * n additions; `litekiln.ops.reduce.CUMSUM_GPU_TERMS` bounds n)."""
     x = _arg(ctx, 0)
     shape = _shape(x)
-    axis = int(ctx.const(1).reshape(-1)[0]) % len(shape)  # (validated: within the rank)
+    axis = _const_axis(ctx, len(shape))
     exclusive = bool(ctx.options.get("exclusive", False))
     reverse = bool(ctx.options.get("reverse", False))
 
@@ -352,7 +358,7 @@ def _arg_extreme(ctx: Ctx) -> list[Expr]:
     gave a kernel PoCL's compiler rejects."""
     x = _arg(ctx, 0)
     shape = _shape(x)
-    axis = int(ctx.const(1).reshape(-1)[0]) % len(shape)
+    axis = _const_axis(ctx, len(shape))
     n = shape[axis]
     extreme = relax.op.max if ctx.op.name == "ARG_MAX" else relax.op.min
     best = ctx.emit(extreme(x, axis=[axis], keepdims=True))

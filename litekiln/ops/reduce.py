@@ -469,10 +469,8 @@ class Cumsum(OpDef):
         if reason:
             return reason
         x = graph.tensors[op.inputs[0]]
-        axis = int(np.asarray(graph.tensors[op.inputs[1]].data).reshape(-1)[0]) % max(
-            len(x.shape), 1
-        )
-        if x.shape and x.shape[axis] > CUMSUM_GPU_TERMS:
+        axis = int(np.asarray(graph.tensors[op.inputs[1]].data).reshape(-1)[0]) % len(x.shape)
+        if x.shape[axis] > CUMSUM_GPU_TERMS:  # (validated: rank 1 and up, the axis within)
             return (
                 f"an axis of {x.shape[axis]} terms; the GPU form sums at most "
                 f"{CUMSUM_GPU_TERMS} (each output adds every term it covers)"
