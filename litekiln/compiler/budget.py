@@ -7,16 +7,25 @@ variants, 129 variant kernels) took 21.6 KB of its 39.0 KB fp32 entry, 15.6% of 
 where issue 16 allows 15%. On larger models they are a small share of the file.
 
 `trim_variants` keeps the variants' share of the entry (their kernels' bytes in the
-compressed source, measured exactly as the cache will store it) within `VARIANT_SHARE` of the
-model file's size, or `VARIANT_FLOOR` bytes where that is more, or what the entry without them
-leaves under `ENTRY_FILL` of the model file where that is more still (`variant_budget`: a
-model of a few hundred KB, whose variants would take it over the share, keeps as many as its
-entry's bound holds). Where they cost more, it drops
-whole calls' variants, the calls that do the least work first (FLOPs, or bytes moved weighed
-as FLOPs), as few as the budget allows: those calls run in microseconds, launch-bound, where
-a tuned schedule gains least. Calls whose default kernel runs only a few work-groups go last:
-however little their work, their default leaves the device idle and a variant can fill it.
-What it dropped is counted in the compiled model's stats (``variants_trimmed``).
+compressed source, measured exactly as the cache will store it) within what the entry without
+them leaves under `ENTRY_FILL` of the model file (`variant_budget`), so that variants never
+take an entry over issue 16's bound. That entry is measured where it can matter: on every
+model under `_MEASURE_BELOW` bytes, and on larger ones where the variants would cost more than
+`VARIANT_SHARE` of the file (an entry without variants is a few percent of a large model's
+file: within the share, the variants cannot take it over the bound). Where the variants cost
+more, it drops whole calls' variants, the calls that do the least work first (FLOPs, or bytes
+moved weighed as FLOPs), as few as the budget allows: those calls run in microseconds,
+launch-bound, where a tuned schedule gains least. Calls whose default kernel runs only a few
+work-groups go last: however little their work, their default leaves the device idle and a
+variant can fill it (the compiler starts most such calls with an option that fills it already:
+`litekiln.compiler.defaults`). What it dropped is counted in the compiled model's stats
+(``variants_trimmed``).
+
+Until the thirty-ninth session a small model kept 10 KB of variants whatever its size (a
+floor): smoke's entry was 36.6% of its file, and without the floor its strided convolution
+lost a quarter of the model's speed on the H200 (its default ran 8 work-groups). That default
+now starts as its option of 16 wider groups (`litekiln.compiler.defaults`), and the floor is
+gone.
 
 No TVM here: it reads and cuts plain `GpuProgram`s.
 """
@@ -24,25 +33,26 @@ No TVM here: it reads and cuts plain `GpuProgram`s.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from litekiln.artifact.compiled import CompiledModel, PartitionArtifact
-from litekiln.artifact.program import FUNCTION_MARKER, GpuProgram, Launch, Variant, buffer_bytes
+from litekiln.artifact.program import FUNCTION_MARKER, GpuProgram, Variant, buffer_bytes
 from litekiln.artifact.texts import compress, packed_texts
+from litekiln.compiler.defaults import work_groups
 
-#: The variants' compressed kernels may take this share of the model file's size...
+#: The variants' compressed kernels may take this share of the model file's size without the
+#: entry being measured: a large model's entry without them is a few percent of its file.
 VARIANT_SHARE = 0.07
-#: ... or this many bytes, where that is more: a small model keeps the tuning of its few
-#: calls (the synthetic zoo model `smoke`: 8.2 KB of variants for its four calls since its
-#: depthwise convolution has three options, 9.1 KB for `smoke_int8`'s four).
-VARIANT_FLOOR = 10 << 10
 
 #: The share of the model file the variants may fill the entry up to (issue 16 bounds a
 #: compiled fp32 entry at 15% of its model, PTX aside): a point under it, for the variants'
 #: own launch options in the plan and `_ENTRY_OVERHEAD`'s estimate.
 ENTRY_FILL = 0.14
+
+#: Models smaller than this always have their entry without variants measured: there the
+#: entry's own plan and kernels can be most of the bound (smoke's, 10.6% of its 31 KB file).
+_MEASURE_BELOW = 1 << 20
 
 #: What an entry stores besides its plan, its OpenCL C and its packed constants: the signed
 #: entry manifest (deflated against its preset dictionary: 349 bytes for smoke's entry,
@@ -81,11 +91,10 @@ class _Group:
 def variant_budget(model_bytes: int, besides: int | None = None) -> int:
     """The bytes the variants may take in the compressed source of a model of
     ``model_bytes`` whose entry without them is ``besides`` bytes (`entry_bytes`; None: not
-    measured)."""
-    budget = max(VARIANT_FLOOR, int(VARIANT_SHARE * model_bytes))
-    if besides is not None:
-        budget = max(budget, int(ENTRY_FILL * model_bytes) - besides)
-    return budget
+    measured, the share)."""
+    if besides is None:
+        return int(VARIANT_SHARE * model_bytes)
+    return max(0, int(ENTRY_FILL * model_bytes) - besides)
 
 
 def entry_bytes(compiled: CompiledModel, kernels: int | None = None) -> int:
@@ -115,13 +124,15 @@ def trim_variants(
         partitions: the compiled partitions, with their variants.
         model_bytes: the model file's size.
         unvaried: makes the compiled model of the given partitions (the ones without
-            variants): where the share would drop variants, its entry is measured, and the
-            variants may fill what it leaves under `ENTRY_FILL`. None: the share alone.
+            variants): on a model under `_MEASURE_BELOW` bytes, or where the share would
+            drop variants, its entry is measured, and the variants may fill what it leaves
+            under `ENTRY_FILL`. None: the share alone.
     """
     budget = variant_budget(model_bytes)
     programs = [p.program for p in partitions]
     variant_chars = sum(_variant_chars(p) for p in programs)
-    if variant_chars <= budget * _SURE_RATIO:
+    measure = unvaried is not None and model_bytes < _MEASURE_BELOW
+    if variant_chars == 0 or (not measure and variant_chars <= budget * _SURE_RATIO):
         return list(partitions), 0
     cuts = [p.with_variants([]) for p in programs]
     bare = [b for b in cuts if b is not None]
@@ -129,7 +140,7 @@ def trim_variants(
         return list(partitions), 0  # a source that cannot be cut: leave it whole
     base = len(packed_texts([b.source for b in bare]))
     full = len(packed_texts([p.source for p in programs])) - base
-    if full <= budget:
+    if not measure and full <= budget:
         return list(partitions), 0
     if unvaried is not None:
         without = [replace(a, program=b) for a, b in zip(partitions, bare, strict=True)]
@@ -170,7 +181,7 @@ def _groups(programs: Sequence[GpuProgram]) -> list[_Group]:
             nbytes = buffer_bytes(own, lambda t, p=p: p.tensor(t).nbytes)  # type: ignore[misc]
             work = max(flops, _FLOPS_PER_BYTE * nbytes)
             kernels = {la.kernel for o in v.options for la in o}
-            starved = any(_work_groups(la) < _FEW_GROUPS for la in own)
+            starved = any(work_groups(la) < _FEW_GROUPS for la in own)
             g = out.get((k, v.func))
             if g is None:
                 out[(k, v.func)] = _Group(k, v.func, work, kernels, starved)
@@ -179,13 +190,6 @@ def _groups(programs: Sequence[GpuProgram]) -> list[_Group]:
                 g.kernels |= kernels
                 g.starved |= starved
     return list(out.values())
-
-
-def _work_groups(launch: Launch) -> int:
-    """How many work-groups ``launch`` runs."""
-    return math.prod(
-        g // max(loc, 1) for g, loc in zip(launch.global_size, launch.local_size, strict=True)
-    )
 
 
 def _without(program: GpuProgram, k: int, dropped: set[tuple[int, str]]) -> GpuProgram:

@@ -59,6 +59,7 @@ from litekiln.artifact.program import (
     kernels_only,
 )
 from litekiln.compiler import ptx
+from litekiln.compiler.defaults import fill_starved_defaults
 from litekiln.compiler.dispatch import GROUP, SCALAR_BYTES, dispatch_kernels, private_bytes
 from litekiln.compiler.fusion import POOL_PREFIXES, fuse_matmul_neighbours
 from litekiln.compiler.gated_step import PRIMFUNC_NAME as GATED_STEP
@@ -1056,6 +1057,7 @@ def _device_code(
         return _DeviceCode("", [], [], now, now)
     funcs = _lower_used(lowered, used, target, repair)
     flops = _func_flops(fused, lowered, used)
+    state: _VariantState | None = None
     if variant_rules and fused is not None:
         # (only where a call does work enough for its options to be kept: `_worth_tuning`)
         tunable = _worth_tuning_funcs(planner, funcs, flops)
@@ -1064,6 +1066,8 @@ def _device_code(
     t_codegen = time.perf_counter()
     launches, variants = _LaunchReader(planner, funcs, flops).read()
     variants = [v for v in variants if _worth_tuning(v, launches, planner.tensors)]
+    # A default of a few work-groups starts as the option that fills the device.
+    launches, variants, promoted = fill_starved_defaults(launches, variants)
     # Variants no option kept (equal to the default) need not be built.
     prune = bool(funcs.variants_of)
     source, short, variants = _finish_kernels(
@@ -1071,7 +1075,10 @@ def _device_code(
     )
     code = _DeviceCode(source, short, variants, funcs.t_tir, t_codegen)
     if ptx_wanted:
-        code.ptx, code.ptx_note = _default_ptx(funcs.device_mods, launches, short)
+        device_mods = funcs.device_mods
+        if promoted and state is not None:
+            device_mods = _with_variant_kernels(device_mods, funcs, state, promoted)
+        code.ptx, code.ptx_note = _default_ptx(device_mods, launches, short)
     else:
         code.ptx_note = "no: kernels run through dispatchers (fast-cpu)"
     if minify:
@@ -1135,6 +1142,34 @@ def _worth_tuning_funcs(
         if call.func not in out and _does_work(reader.call_launches(call), planner.tensors):
             out.add(call.func)
     return out
+
+
+def _with_variant_kernels(
+    device_mods: list[Any], funcs: _LoweredFuncs, state: _VariantState, kernels: Sequence[str]
+) -> list[Any]:
+    """``device_mods`` with the device functions of the variant ``kernels`` that became
+    defaults (`fill_starved_defaults`) added, for the defaults' PTX: the variants were lowered
+    in worker processes, which return OpenCL C only, so their functions are scheduled and
+    lowered again here. Where that fails, the modules as they were (the PTX is then not made,
+    and says which kernel it lacks)."""
+    wanted: dict[str, set[str]] = {}
+    for name, vnames in funcs.variants_of.items():
+        for vname in vnames:
+            if any(k.startswith(vname + "_kernel") for k in kernels):
+                wanted.setdefault(name, set()).add(vname)
+    base = [m for m in device_mods if len(m.functions)]
+    if len(base) != 1 or not wanted:
+        return device_mods
+    added: dict[Any, Any] = dict(base[0].functions)
+    try:
+        for name, vnames in wanted.items():
+            alt = _schedule_variants(state.fused, state.lowered, [name], state.rules, state.target)
+            alt = {gv: f for gv, f in alt.items() if gv.name_hint in vnames}
+            for mod in _lower_tir(tvm.IRModule(alt), state.target)[4]:
+                added.update(mod.functions)
+    except Exception:  # noqa: BLE001 - PTX is an extra: never fail a compile for it
+        return device_mods
+    return [tvm.IRModule(added)]
 
 
 def _default_ptx(
