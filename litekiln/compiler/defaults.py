@@ -13,9 +13,11 @@ corpus models, each option timed by the runtime's tuning; the options' work-grou
 the same compiler's programs): of the 63 calls whose default runs fewer than 64 work-groups,
 the default took 2.7x the best option on the geometric mean (up to 16.5x); the option whose
 work-group count is nearest 512 took 0.43x the default (0.41-0.45x in each half of that
-range), and was slower than the default on none (at most 0.99x). Among calls of 64 groups or
-more the same choice was slower than the default on 12 of 129 (up to 5.97x): those keep
-theirs. So `fill_starved_defaults` swaps, for each call whose default is one launch of fewer
+range), and was slower than the default on none (at most 1.00x). Among calls of 64 groups or
+more the same choice would be slower than the default on 17 of 129 (up to 1.61x; 0.81x on
+the geometric mean): those keep theirs. (The tuning times each option between two events,
+the launch's own overhead of a few microseconds included: inside a CUDA graph the kernels'
+ratios are larger still.) So `fill_starved_defaults` swaps, for each call whose default is one launch of fewer
 than `STARVED_GROUPS` work-groups, the default with its one-launch option nearest
 `TARGET_GROUPS` work-groups (on the log scale; the most work-items on a tie) among those
 that run more groups than the default. The old default becomes that option: the tuning still
