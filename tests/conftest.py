@@ -192,6 +192,18 @@ def _isolated_cache(
         monkeypatch.setenv("LITEKILN_CACHE_DIR", str(d))
 
 
+@pytest.fixture(scope="module")
+def keep_variants() -> Iterator[None]:
+    """Compiles in the module keep every tuning variant: the tests of the tuning's mechanics
+    run on small models, whose entries' bound (`litekiln.compiler.budget`, issue 16's 15% of
+    the model file) keeps none of their variants."""
+    from litekiln.compiler import budget
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(budget, "ENTRY_FILL", 10.0)
+        yield
+
+
 def zoo_model(name: str) -> Path:
     """A zoo model's path, skipping the test if the zoo does not hold it."""
     from litekiln.zoo import ZooModelMissing, zoo_path

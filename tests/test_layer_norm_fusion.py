@@ -36,6 +36,13 @@ from litekiln.check import relative_error
 from litekiln.model import load_model
 
 NONE = {"fused_activation_function": "NONE"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _variants_kept(keep_variants: None) -> None:
+    """(the small models' variants, past their entries' bound: `keep_variants`)"""
+
+
 EPS = 1e-5
 #: case id -> (gamma, beta) of the cases with affine terms (set when the case is built)
 AFFINE: dict[str, tuple[np.ndarray, np.ndarray]] = {}

@@ -11,6 +11,13 @@ import pytest
 pytest.importorskip("tvm")
 
 from litekiln.compiler import parallel  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _variants_kept(keep_variants: None) -> None:
+    """(the small models' variants, past their entries' bound: `keep_variants`)"""
+
+
 from litekiln.compiler.parallel import ParallelWarning, compile_jobs, fork_map  # noqa: E402
 
 
