@@ -19,7 +19,9 @@ of a kit run.sh has unpacked (its cache and models):
 and, with ``--staging``, the driver alone on a block of the largest input's size: the host
 copy into pinned memory, the copy to the device, and both in a row, for ordinary pinned
 memory and for write-combined pinned memory (``CU_MEMHOSTALLOC_WRITECOMBINED``: not cached by
-the CPU, not snooped by the device's reads).
+the CPU, not snooped by the device's reads); the copy to the device alone after the input's
+lines were pushed out of the CPU's caches; and the copy straight from the (pageable) numpy
+array, which the driver stages itself.
 
 Usage (GPU machine, after run.sh unpacked the kit, its environment as run.sh sets it)::
 
@@ -135,12 +137,28 @@ def staging(nbytes: int, runs: int) -> dict[str, Any]:
             np.copyto(a, src)
             to_device()
 
+        evict_a = np.ones(16 << 20, np.float32)
+        evict_b = np.empty_like(evict_a)
+        dma_after_evict: list[float] = []
+        for _ in range(max(20, runs // 10)):
+            np.copyto(arr, src)
+            np.copyto(evict_b, evict_a)  # 64 MB through the caches: the input's lines leave
+            t = time.perf_counter()
+            to_device()
+            dma_after_evict.append(time.perf_counter() - t)
         out[label] = {
             "host_copy": _median_us(lambda a=arr: np.copyto(a, src), runs),
             "to_device": _median_us(to_device, runs),
             "both": _median_us(both, runs),
+            "to_device_after_evict": round(statistics.median(dma_after_evict) * 1e6, 2),
         }
         drv.cuMemFreeHost(host)
+
+    def pageable() -> None:  # the driver stages the numpy array itself
+        drv.cuMemcpyHtoDAsync(dptr.value, src.ctypes.data, nbytes, dev.stream)
+        drv.cuStreamSynchronize(dev.stream)
+
+    out["pageable_to_device"] = _median_us(pageable, runs)
     drv.cuMemFree(dptr.value)
     return out
 
