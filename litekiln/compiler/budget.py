@@ -51,7 +51,7 @@ VARIANT_SHARE = 0.07
 ENTRY_FILL = 0.14
 
 #: Models smaller than this always have their entry without variants measured: there the
-#: entry's own plan and kernels can be most of the bound (smoke's, 10.6% of its 31 KB file).
+#: entry's own plan and kernels can be most of the bound (smoke's, 7.8% of its 31 KB file).
 _MEASURE_BELOW = 1 << 20
 
 #: What an entry stores besides its plan, its OpenCL C and its packed constants: the signed
