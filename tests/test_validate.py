@@ -709,3 +709,26 @@ def test_run_errors_are_litekiln_errors() -> None:
 
     with pytest.raises(ModelError, match="cannot execute|channels"):
         run_graph(model.main, {model.main.inputs[0]: np.zeros([1, 6, 6, 3], F32)})
+
+
+def test_ieee_results_of_the_reference_raise_no_numpy_warnings() -> None:
+    """LOG of zeros and a CAST of its -inf to int32 (MPNet's relative position buckets, at
+    load and on the CPU): the values are IEEE's (LiteRT's too), and numpy's "divide by zero"
+    and "invalid value" warnings do not reach the user."""
+    import warnings
+
+    x = np.array([[0.0, 1.0, -1.0]], np.float32)
+    log = single_op_model("LOG", [TensorSpec([1, 3])])
+    cast = single_op_model("CAST", [TensorSpec([1, 3])], out_dtype="int32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the test
+        interp = Interpreter(model_content=log, device="reference")
+        (y,) = interp.run([x])
+        assert y[0, 0] == -np.inf and y[0, 1] == 0.0 and np.isnan(y[0, 2])
+        interp = Interpreter(model_content=cast, device="reference")
+        (z,) = interp.run([np.full((1, 3), -np.inf, np.float32)])
+        assert z.dtype == np.int32
+    # (with the warnings as errors, the same numpy calls do fail: the test can see them)
+    with warnings.catch_warnings(), pytest.raises(RuntimeWarning):
+        warnings.simplefilter("error")
+        np.log(x)

@@ -919,7 +919,8 @@ def run_op(op: Op, graph: Subgraph, inputs: list[np.ndarray | None]) -> list[np.
             is_quantized(graph.tensors[t]) for t in [*op.inputs, *op.outputs] if t >= 0
         ):
             # Integer (or hybrid) semantics where the op defines them; else the float view.
-            results = cls.reference_quantized(ctx, inputs)
+            with np.errstate(all="ignore"):  # (IEEE results: below)
+                results = cls.reference_quantized(ctx, inputs)
         raw = cls.quant_aware or results is not None
         # Shapes, axes, sizes: integers whatever quantization a file gives them.
         integers = cls.integer_operands(op)
@@ -934,7 +935,11 @@ def run_op(op: Op, graph: Subgraph, inputs: list[np.ndarray | None]) -> list[np.
                     for x, t in zip(inputs, op.inputs, strict=True)
                 ]
             )
-            results = cls.reference(ctx, values)
+            # An infinity or a NaN is what LiteRT's kernels give too: numpy's warnings about
+            # them are noise to a user (MPNet's relative position buckets take the log of a
+            # zero distance, then select the other branch).
+            with np.errstate(all="ignore"):
+                results = cls.reference(ctx, values)
     except (ModelError, UnsupportedOpError):
         raise
     except MemoryError:
