@@ -1162,9 +1162,9 @@ def _with_variant_kernels(
         return device_mods
     added: dict[Any, Any] = dict(base[0].functions)
     try:
-        for name, vnames in wanted.items():
+        for name, chosen in wanted.items():
             alt = _schedule_variants(state.fused, state.lowered, [name], state.rules, state.target)
-            alt = {gv: f for gv, f in alt.items() if gv.name_hint in vnames}
+            alt = {gv: f for gv, f in alt.items() if gv.name_hint in chosen}
             for mod in _lower_tir(tvm.IRModule(alt), state.target)[4]:
                 added.update(mod.functions)
     except Exception:  # noqa: BLE001 - PTX is an extra: never fail a compile for it

@@ -17,10 +17,10 @@ range), and was slower than the default on none (at most 1.00x). Among calls of 
 more the same choice would be slower than the default on 17 of 129 (up to 1.61x; 0.81x on
 the geometric mean): those keep theirs. (The tuning times each option between two events,
 the launch's own overhead of a few microseconds included: inside a CUDA graph the kernels'
-ratios are larger still.) So `fill_starved_defaults` swaps, for each call whose default is one launch of fewer
-than `STARVED_GROUPS` work-groups, the default with its one-launch option nearest
-`TARGET_GROUPS` work-groups (on the log scale; the most work-items on a tie) among those
-that run more groups than the default. The old default becomes that option: the tuning still
+ratios are larger still.) So `fill_starved_defaults` swaps, for each call whose default is
+one launch of fewer than `STARVED_GROUPS` work-groups, the default with its one-launch
+option nearest `TARGET_GROUPS` work-groups (on the log scale; the most work-items on a tie)
+among those that run more groups than the default. The old default becomes that option: the tuning still
 times it, so a device where it wins keeps it.
 
 No TVM here: it reorders plain `Launch`es and `Variant`s.
