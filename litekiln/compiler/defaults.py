@@ -20,8 +20,8 @@ the launch's own overhead of a few microseconds included: inside a CUDA graph th
 ratios are larger still.) So `fill_starved_defaults` swaps, for each call whose default is
 one launch of fewer than `STARVED_GROUPS` work-groups, the default with its one-launch
 option nearest `TARGET_GROUPS` work-groups (on the log scale; the most work-items on a tie)
-among those that run more groups than the default. The old default becomes that option: the tuning still
-times it, so a device where it wins keeps it.
+among those that run more groups than the default. The old default becomes that option: the
+tuning still times it, so a device where it wins keeps it.
 
 No TVM here: it reorders plain `Launch`es and `Variant`s.
 """
