@@ -46,14 +46,10 @@ sys.path.insert(0, str(REPO))
 
 
 def _median_us(fn: Any, runs: int) -> float:
-    for _ in range(20):
-        fn()
-    ts = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return round(statistics.median(ts) * 1e6, 2)
+    """The median of ``runs`` timed calls after 20 untimed ones, in us (the bench's timer)."""
+    from litekiln.peers.timing import time_runs
+
+    return round(time_runs(fn, runs, warmup=20)["median_ms"] * 1e3, 2)
 
 
 def split(kit: Path, name: str, runs: int) -> dict[str, Any]:
