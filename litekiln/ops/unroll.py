@@ -41,6 +41,7 @@ from litekiln.ops.base import validate_model
 from litekiln.ops.control import callees, decomposition, unroll_plan
 from litekiln.ops.conv3d_as_2d import conv3d_as_2d, conv3d_by_depth
 from litekiln.ops.fold import fold_op
+from litekiln.ops.pad_pool import pad_pool_as_mean
 from litekiln.ops.rnn import expand_rnn, expand_svdf
 from litekiln.ops.sdpa import SDPA, expand_sdpa
 from litekiln.ops.spectral import rfft_as_products
@@ -54,8 +55,9 @@ def check_and_rewrite(model: Model) -> None:
     unrolled or (any other op) folded if its inputs are known, in op order, so that each op
     is checked against the constants and the unrolled steps before it. A float
     UNIDIRECTIONAL_SEQUENCE_LSTM is expanded into its steps the same way
-    (:mod:`litekiln.ops.unroll_lstm`), and a CONV_3D with a window of one along an axis
-    becomes a CONV_2D (:mod:`litekiln.ops.conv3d_as_2d`). Once a loop is
+    (:mod:`litekiln.ops.unroll_lstm`), a CONV_3D with a window of one along an axis
+    becomes a CONV_2D (:mod:`litekiln.ops.conv3d_as_2d`), and a zero PAD that one
+    whole-map average pool reads becomes a MEAN (:mod:`litekiln.ops.pad_pool`). Once a loop is
     unrolled, the ops after it are also simplified (:func:`simplify_op`) before they fold,
     and the ops nothing reads any more are dropped at the end."""
     unrolled = False
@@ -69,6 +71,8 @@ def check_and_rewrite(model: Model) -> None:
             return  # (its steps are checked next)
         if op.name == "CONV_3D" and (conv3d_as_2d(op, graph) or conv3d_by_depth(op, graph)):
             return  # (the CONV_2D and the ops around it are checked next)
+        if op.name in ("PAD", "PADV2") and pad_pool_as_mean(op, graph):
+            return  # (the MEAN and the MUL that replace it and its pool are checked next)
         if op.name == "RFFT2D" and rfft_as_products(op, graph):
             return  # (the products and the ops around them are checked next)
         if op.name in ("RNN", "UNIDIRECTIONAL_SEQUENCE_RNN") and expand_rnn(op, graph):
