@@ -1,4 +1,4 @@
-"""A zero PAD that one whole-map AVERAGE_POOL_2D reads: a MEAN at load, scaled.
+"""A zero PAD that one whole-map AVERAGE_POOL_2D reads: a SUM at load, scaled.
 
 PyTorch's ``nn.AvgPool2d(k, ceil_mode=True)`` with a window larger than its input (Hugging
 Face's EfficientNet pools its 7x7 map with ``AvgPool2d(1280, ceil_mode=True)``) is written by
@@ -7,13 +7,15 @@ that one window: a 1x1280x1280x1280 float tensor, 8.4 GB, for a 7x7x1280 map. Li
 allocates it and runs; litekiln's loader bounds a tensor at 2 GiB and refused the model.
 
 The pair's value is the map's sum over the window's area (the zeros add nothing, and a VALID
-window counts every cell it covers): the mean over the map times (H * W) / (KH * KW). The
-loader (:func:`litekiln.ops.unroll.check_and_rewrite`, as the PAD is checked) replaces it:
+window counts every cell it covers). The loader (:func:`litekiln.ops.unroll.check_and_rewrite`,
+as the PAD is checked) replaces it:
 
     x [N, H, W, C] --PAD (zeros)--> [N, KH, KW, C] --AVERAGE_POOL_2D (KH x KW, VALID)--> y
-    x [N, H, W, C] --MEAN (axes 1, 2, kept)--> [N, 1, 1, C] --MUL (H * W / (KH * KW))--> y
+    x [N, H, W, C] --SUM (axes 1, 2, kept)--> [N, 1, 1, C] --MUL (1 / (KH * KW))--> y
 
-(the PAD's output tensor becomes the MEAN's, of its new shape; the pool is gone). Only for
+(the PAD's output tensor becomes the SUM's, of its new shape; the pool is gone). A sum, not a
+mean scaled by the map's share of the window: a model resized later (`litekiln.resize`
+re-plans the rewritten graph) keeps the value for any map the window covers. Only for
 float data, a PAD of constant zeros (PADV2's constant value 0) on the height and width alone,
 read by that pool alone, whose window is the whole padded map with no fused activation.
 """
@@ -32,7 +34,7 @@ log = logging.getLogger("litekiln")
 
 
 def pad_pool_as_mean(op: Op, graph: Subgraph) -> bool:
-    """Replace the PAD ``op`` and the whole-map average pool that alone reads it by a MEAN
+    """Replace the PAD ``op`` and the whole-map average pool that alone reads it by a SUM
     and a MUL (module docstring); whether it did."""
     pool = _whole_map_pool(op, graph)
     if pool is None:
@@ -40,15 +42,15 @@ def pad_pool_as_mean(op: Op, graph: Subgraph) -> bool:
     x, padded, y = graph.tensors[op.inputs[0]], graph.tensors[op.outputs[0]], pool.outputs[0]
     n, h, w, c = x.shape
     fh, fw = padded.shape[1], padded.shape[2]
-    padded.shape = padded.shape_signature = (n, 1, 1, c)  # the PAD's output is the mean now
+    padded.shape = padded.shape_signature = (n, 1, 1, c)  # the PAD's output is the sum now
     b = OpBuilder(graph, padded.name)
-    axes = b.const("mean_axes", [1, 2], np.int32)
-    b.op("MEAN", [x.index, axes], [padded.index], keep_dims=True)
-    scale = b.const("window_share", np.float32(h * w / (fh * fw)))
+    axes = b.const("sum_axes", [1, 2], np.int32)
+    b.op("SUM", [x.index, axes], [padded.index], keep_dims=True)
+    scale = b.const("window_area", np.float32(1.0 / (fh * fw)))
     b.op("MUL", [padded.index, scale], [y], fused_activation_function=0)
     graph.replace_op(pool, [])  # (after ``op``: the ops up to ``op`` keep their places)
     b.replace(op)
-    log.info("%s and the average pool of its %dx%d map: a MEAN of the %dx%d input, scaled",
+    log.info("%s and the average pool of its %dx%d map: a SUM of the %dx%d input, scaled",
              op.describe(), fh, fw, h, w)  # fmt: skip
     return True
 

@@ -57,7 +57,7 @@ def check_and_rewrite(model: Model) -> None:
     UNIDIRECTIONAL_SEQUENCE_LSTM is expanded into its steps the same way
     (:mod:`litekiln.ops.unroll_lstm`), a CONV_3D with a window of one along an axis
     becomes a CONV_2D (:mod:`litekiln.ops.conv3d_as_2d`), and a zero PAD that one
-    whole-map average pool reads becomes a MEAN (:mod:`litekiln.ops.pad_pool`). Once a loop is
+    whole-map average pool reads becomes a SUM (:mod:`litekiln.ops.pad_pool`). Once a loop is
     unrolled, the ops after it are also simplified (:func:`simplify_op`) before they fold,
     and the ops nothing reads any more are dropped at the end."""
     unrolled = False
@@ -72,7 +72,7 @@ def check_and_rewrite(model: Model) -> None:
         if op.name == "CONV_3D" and (conv3d_as_2d(op, graph) or conv3d_by_depth(op, graph)):
             return  # (the CONV_2D and the ops around it are checked next)
         if op.name in ("PAD", "PADV2") and pad_pool_as_mean(op, graph):
-            return  # (the MEAN and the MUL that replace it and its pool are checked next)
+            return  # (the SUM and the MUL that replace it and its pool are checked next)
         if op.name == "RFFT2D" and rfft_as_products(op, graph):
             return  # (the products and the ops around them are checked next)
         if op.name in ("RNN", "UNIDIRECTIONAL_SEQUENCE_RNN") and expand_rnn(op, graph):
