@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import lzma
 import os
 import re
 import sys
@@ -25,7 +26,12 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-SOURCES = ("results/torch_peer/h200_*.json", "results/h200/session*/torch_peer.json")
+#: (older runs no document names are kept xz-compressed: results/README.md)
+SOURCES = (
+    "results/torch_peer/h200_*.json",
+    "results/torch_peer/h200_*.json.xz",
+    "results/h200/session*/torch_peer.json",
+)
 
 
 def run_key(path: str) -> tuple[int, str] | None:
@@ -40,12 +46,13 @@ def runs() -> list[tuple[tuple[int, str], str, dict[str, Any]]]:
     for pattern in SOURCES:
         for path in glob.glob(str(REPO / pattern)):
             key = run_key(path)
-            if key is None or path.endswith("_build.json"):
+            if key is None or path.endswith(("_build.json", "_build.json.xz")):
                 continue
             try:
-                with open(path, encoding="utf-8") as f:
+                opener = lzma.open if path.endswith(".xz") else open
+                with opener(path, "rt", encoding="utf-8") as f:
                     doc = json.load(f)
-            except (OSError, json.JSONDecodeError):
+            except (OSError, lzma.LZMAError, json.JSONDecodeError):
                 continue
             if "H200" not in str(doc.get("device", "")):
                 continue
