@@ -35,9 +35,8 @@ from litekiln.check import relative_error
 #: case id -> (adj_x, adj_y, adj_v, beta) (set when the case is built)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _variants_kept(keep_variants: None) -> None:
-    """(the small models' variants, past their entries' bound: `keep_variants`)"""
+# (the small models' variants, past their entries' bound: `keep_variants`)
+pytestmark = pytest.mark.usefixtures("keep_variants")
 
 
 FORMS: dict[str, tuple[bool, bool, bool, float]] = {}

@@ -24,9 +24,8 @@ from tflite_builder import TensorRef
 NONE = {"fused_activation_function": "NONE"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _variants_kept(keep_variants: None) -> None:
-    """(the small models' variants, past their entries' bound: `keep_variants`)"""
+# (the small models' variants, past their entries' bound: `keep_variants`)
+pytestmark = pytest.mark.usefixtures("keep_variants")
 
 
 K, M, ROWS = 24, 16, 3  # terms of the recurrent product, units, rows of the batched product

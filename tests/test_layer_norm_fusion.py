@@ -38,9 +38,8 @@ from litekiln.model import load_model
 NONE = {"fused_activation_function": "NONE"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _variants_kept(keep_variants: None) -> None:
-    """(the small models' variants, past their entries' bound: `keep_variants`)"""
+# (the small models' variants, past their entries' bound: `keep_variants`)
+pytestmark = pytest.mark.usefixtures("keep_variants")
 
 
 EPS = 1e-5

@@ -12,10 +12,8 @@ pytest.importorskip("tvm")
 
 from litekiln.compiler import parallel  # noqa: E402
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _variants_kept(keep_variants: None) -> None:
-    """(the small models' variants, past their entries' bound: `keep_variants`)"""
+# (the small models' variants, past their entries' bound: `keep_variants`)
+pytestmark = pytest.mark.usefixtures("keep_variants")
 
 
 from litekiln.compiler.parallel import ParallelWarning, compile_jobs, fork_map  # noqa: E402

@@ -23,10 +23,8 @@ from litekiln.artifact.compiled import CompileOptions  # noqa: E402
 from litekiln.compiler.driver import compile_model  # noqa: E402
 from litekiln.model import load_model  # noqa: E402
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _variants_kept(keep_variants: None) -> None:
-    """(the small models' variants, past their entries' bound: `keep_variants`)"""
+# (the small models' variants, past their entries' bound: `keep_variants`)
+pytestmark = pytest.mark.usefixtures("keep_variants")
 
 
 from tests.tflite_builder import ModelBuilder  # noqa: E402

@@ -22,12 +22,8 @@ import litekiln  # noqa: E402
 from litekiln.artifact.program import GpuProgram  # noqa: E402
 from litekiln.runtime.executor import PartitionExecutor  # noqa: E402
 
-pytestmark = pytest.mark.opencl
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _variants_kept(keep_variants: None) -> None:
-    """(the small models' variants, past their entries' bound: `keep_variants`)"""
+# (the small models' variants, past their entries' bound: `keep_variants`)
+pytestmark = [pytest.mark.opencl, pytest.mark.usefixtures("keep_variants")]
 
 
 TOL = 1e-4  # the GPU path's float32 bound (litekiln.check), relative to max(1, max|ref|)

@@ -73,7 +73,7 @@ def _whole_map_pool(op: Op, graph: Subgraph) -> Op | None:
         return None
     if out in graph.outputs:
         return None
-    readers = [o for o in graph.ops if out in o.inputs and not o.folded]
+    readers = graph.readers().get(out, [])
     if len(readers) != 1 or readers[0].name != "AVERAGE_POOL_2D" or readers[0].index < op.index:
         return None
     pool, padded = readers[0], graph.tensors[out]
