@@ -956,7 +956,7 @@ class Lowering:
         (one value, or one per channel along its quantized axis)."""
         q = tensor.quantization
         assert q is not None
-        shape = q.broadcast_shape(len(tensor.shape))
+        shape = q.broadcast_shape(len(tensor.shape)) if q.per_channel else ()
         scale = relax.const(q.scale.reshape(shape).astype(np.float32), ACC_DTYPE)
         zp = relax.const(q.zero_point.reshape(shape).astype(np.float32), ACC_DTYPE)
         return scale, zp
