@@ -88,6 +88,16 @@ def _moves(g):
     return [start, part, strided, looked]
 
 
+def _shifted_ids(g):
+    """BART's decoder ids (transformers' shift_tokens_right): the ids padded on the left with
+    the start token, the last one sliced off; ids past float32's exact integers stay exact."""
+    ids = g.x([1, 6], "int32", low=16_777_000, high=16_777_300)
+    padded = g.op("PAD", [ids, g.ints([[0, 0], [1, 0]])], [1, 7])
+    shifted = g.op("SLICE", [padded, g.ints([0, 0]), g.ints([1, 6])], [1, 6])
+    started = g.op("PADV2", [ids, g.ints([[0, 0], [1, 0]]), g.ints(16_777_217)], [1, 7])
+    return [shifted, started]
+
+
 def _computed_index(g):
     """A float table read at a computed position (GATHER_ND, as a rope table)."""
     pos = g.x([1], "int32", low=0, high=5)
@@ -112,6 +122,7 @@ CASES = Batch(
         Case("casts", _casts),
         Case("select", _select),
         Case("moves", _moves),
+        Case("shifted_ids", _shifted_ids),
         Case("computed_index", _computed_index),
         Case("rope_angles", _rope_angles),
     ],

@@ -420,6 +420,8 @@ class Concatenation(_Movement):
 class Pad(_Movement):
     name = "PAD"
     gpu = True
+    # int32 data moves as int32 (BART's decoder ids: the token ids shifted right by a PAD)
+    int32_data = True
     # Documented table: v1, v2 (int8). v3-v6 add types (int16, bool, float8) and rank 5 (v4):
     # the GPU path pads every rank the kernel takes, quantized tensors through the float view.
     gpu_quant_max_version = 2
