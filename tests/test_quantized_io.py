@@ -55,6 +55,20 @@ def test_the_kernels_take_and_return_integers_and_the_reshape_is_no_kernel() -> 
 
 
 @pytest.mark.opencl
+def test_an_output_is_rounded_once() -> None:
+    """The softmax's output is returned as its integers and read by no op: its kernel
+    quantizes the softmax's value once (no simulator before the output's quantization: the
+    same integers, `Lowering._quantized_by_output`; tests/test_gpu_ops.py checks them against
+    LiteRT)."""
+    it = litekiln.Interpreter(model_content=_model(), use_cache=False)
+    it.allocate_tensors()
+    program = it._backend.compiled.partitions[0].program  # type: ignore[union-attr]
+    last = program.launches[-1].kernel
+    (body,) = [k for k in program.source.split("// Function: ") if k.startswith(last + "\n")]
+    assert body.count("rint(") == 1, body
+
+
+@pytest.mark.opencl
 def test_device_dequantization_is_the_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
     """The program that takes and returns integers gives bit-identical outputs to the
     program of an older compiler, which takes and returns floats that the session

@@ -761,7 +761,9 @@ class Lowering:
                         tensor = self.graph.tensors[t]
                         expr = self._fix_shape(op, expr, tensor)
                         if self.options.quant_simulation and is_quantized(tensor):
-                            if not self._keeps_grid(op, tensor):
+                            if not (
+                                self._keeps_grid(op, tensor) or self._quantized_by_output(t)
+                            ):
                                 expr = self._fake_quant(expr, tensor)
                         elif self.emulate_half and self.half_stored(t):
                             expr = self._round_to_half(expr)
@@ -907,6 +909,18 @@ class Lowering:
             elif x.dtype.kind == "f":
                 return False  # a float operand's values are not on the grid
         return same > 0
+
+    def _quantized_by_output(self, t: int) -> bool:
+        """Whether quantized ``t`` needs no simulator after its op because the program
+        returns it as its integers (`_output`) and no op of the partition reads it: the
+        output's quantization of the raw value gives the simulated value's integers
+        (round(((q - z) * s) / s) is q - z, `_keeps_grid`), one rounding instead of two."""
+        tensor = self.graph.tensors[t]
+        return (
+            t in self.part.outputs
+            and tensor.dtype.name in INTEGER_IO_DTYPES
+            and not self.readers.get(t)
+        )
 
     def _output(self, t: int) -> Expr:
         """Partition output ``t`` as the program returns it: a quantized tensor of

@@ -1422,6 +1422,8 @@ _GEMM_MIN_ROWS = 16
 #: Most terms per row that `SerialRows` sums in one work-item (MobileNet's 1001 classes,
 #: three passes, take a few microseconds on one CPU core).
 _ROW_TERMS = 16384
+#: ... and on a GPU (`PROFILES`): a work-item's serial row.
+GPU_ROW_TERMS = 32
 
 
 def _static_dom(info: Any) -> list[int] | None:
@@ -1473,8 +1475,16 @@ class SerialRows(_GuardedRule):
 
     Applies to functions whose blocks (after inlining) are reductions with the same leading
     spatial axes and trailing reduction axes, then one injective block over the same axes;
-    rows of more than `_ROW_TERMS` terms are declined.
+    rows of more than ``max_terms`` terms are declined.
+
+    On a GPU (``max_terms`` `GPU_ROW_TERMS`) it takes short rows only: a classifier's softmax
+    over 10 classes was a group of 256 threads meeting at 17 barriers (smoke's took 1.86 us
+    in the H200's CUDA graph, 1.31 us so; smoke_int8's 1.82 and 1.41:
+    results/h200/session40-rows-ab); a row of 1000 classes stays with dlight's threads.
     """
+
+    def __init__(self, max_terms: int = _ROW_TERMS) -> None:
+        self.max_terms = max_terms
 
     def _apply(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
         sch = s_tir.Schedule(func)
@@ -1484,7 +1494,7 @@ class SerialRows(_GuardedRule):
         reductions, last, n_s, dom = found
         infos = [*reductions, last]
         r_ext = dom[n_s:]
-        if math.prod(r_ext) > _ROW_TERMS:
+        if math.prod(r_ext) > self.max_terms:
             return None
         rows = math.prod(dom[:n_s])
 
@@ -2187,6 +2197,9 @@ PROFILES: dict[str, dict[str, int | bool]] = {
         "shared_matmul": True,
         # products of a few outputs: `FewOutputsReduction` (`_FEW_OUTPUTS`)
         "few_outputs": True,
+        # softmax-like rows of a few terms: `SerialRows` (one work-item a row)
+        "serial_rows": True,
+        "serial_row_terms": GPU_ROW_TERMS,
     },
     # CPU OpenCL (PoCL): serial reductions everywhere (long ones over few outputs too) with
     # the largest tiles, but one pixel per work-item under a kernel window; vectorised
@@ -2269,7 +2282,7 @@ def fast_rules(
     if cfg["injective"]:
         rules.append(Injective())
     if cfg.get("serial_rows"):
-        rules.append(SerialRows())
+        rules.append(SerialRows(max_terms=int(cfg.get("serial_row_terms", _ROW_TERMS))))
     if cfg.get("shared_matmul"):
         # patch embeddings (64 taps and more; the matrix products, the same two rules, are
         # taken before `SerialReduction` above): long reductions split across work-groups,
