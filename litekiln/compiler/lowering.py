@@ -761,9 +761,7 @@ class Lowering:
                         tensor = self.graph.tensors[t]
                         expr = self._fix_shape(op, expr, tensor)
                         if self.options.quant_simulation and is_quantized(tensor):
-                            if not (
-                                self._keeps_grid(op, tensor) or self._quantized_by_output(t)
-                            ):
+                            if not (self._keeps_grid(op, tensor) or self._quantized_by_output(t)):
                                 expr = self._fake_quant(expr, tensor)
                         elif self.emulate_half and self.half_stored(t):
                             expr = self._round_to_half(expr)
