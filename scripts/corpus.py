@@ -503,7 +503,7 @@ def is_built(model: CorpusModel, folder: Path, record: dict[str, Any] | None) ->
 def build_keras(model: CorpusModel) -> tuple[bytes, dict[str, Any]]:
     """A Keras application with seeded random weights, converted by the TFLite converter
     (float32, no optimizations; or full-integer int8, `_keras`; scripts/probe also asks for
-    ``dynamic``, int8 weights, and ``fp16``, fp16 weights)."""
+    ``dynamic``, int8 weights, ``fp16``, fp16 weights, and ``int16x8``, int16 activations)."""
     mz = _make_zoo()
     tf = mz._tf()
     import keras
@@ -518,7 +518,7 @@ def build_keras(model: CorpusModel) -> tuple[bytes, dict[str, Any]]:
         else:
             app = getattr(keras.applications, model.constructor)
             net = app(weights=None, input_shape=model.input_shape[1:], **model.kwargs)
-            if model.quantize in ("int8", "dynamic"):  # (8-bit: well-conditioned, `_keras`)
+            if model.quantize in ("int8", "int16x8", "dynamic"):  # (well-conditioned, `_keras`)
                 mz._init_weights(net, SEED)
             else:
                 _calibrate_batch_norms(keras, net, model.input_shape)
@@ -528,8 +528,9 @@ def build_keras(model: CorpusModel) -> tuple[bytes, dict[str, Any]]:
         # converter keeps them as resource variables and leaves batch norm unfolded.
         frozen = convert_variables_to_constants_v2(serve.get_concrete_function())
         converter = tf.lite.TFLiteConverter.from_concrete_functions([frozen], tf.Module())
-        if model.quantize == "int8":
-            mz.full_integer(converter, model.input_shape, SEED)
+        if model.quantize in ("int8", "int16x8"):  # (16x8: scripts/probe)
+            activations = "int16" if model.quantize == "int16x8" else "int8"
+            mz.full_integer(converter, model.input_shape, SEED, activations)
         elif model.quantize in ("dynamic", "fp16"):  # (scripts/probe: weights only)
             converter.optimizations = [tf.lite.Optimize.DEFAULT]
             if model.quantize == "fp16":

@@ -919,10 +919,14 @@ def convert(built: Built, quantize: str = "float", seed: int = _SEED) -> bytes:
 INT8_CALIBRATION_INPUTS = 8
 
 
-def full_integer(converter: Any, input_shape: Sequence[int], seed: int) -> None:
+def full_integer(
+    converter: Any, input_shape: Sequence[int], seed: int, activations: str = "int8"
+) -> None:
     """Set a TFLite converter to full-integer int8 (post-training quantization, int8 inputs
     and outputs), calibrated on `INT8_CALIBRATION_INPUTS` seeded uniform [-1, 1] inputs of
-    ``input_shape`` (the same on every CPU). The corpus' int8 recipes use it too."""
+    ``input_shape`` (the same on every CPU). The corpus' int8 recipes use it too.
+    ``activations="int16"``: the 16x8 scheme instead (int16 activations, inputs and outputs,
+    int8 weights; scripts/probe)."""
     import numpy as np
 
     tf = _tf()
@@ -934,6 +938,11 @@ def full_integer(converter: Any, input_shape: Sequence[int], seed: int) -> None:
 
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
     converter.representative_dataset = representative
+    if activations == "int16":
+        ops = tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8
+        converter.target_spec.supported_ops = [ops]
+        converter.inference_input_type = converter.inference_output_type = tf.int16
+        return
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
     converter.inference_input_type = tf.int8
     converter.inference_output_type = tf.int8

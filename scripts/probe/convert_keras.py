@@ -5,7 +5,8 @@ as the corpus builds its Keras models (scripts/corpus.py `build_keras`), in one 
 ``quantize`` modes: ``float``, ``int8`` (full integer), ``dynamic`` (int8 weights) or
 ``fp16`` (fp16 weights). ``"lib": "keras_custom"`` lines name a model of
 scripts/probe/keras_custom.py instead (several inputs and outputs, token ids, recurrent
-layers), converted the same way (``int8``: single float input only; ``dynamic``, ``fp16``).
+layers), converted the same way (``int8``, and ``int16x8``: int16 activations with int8
+weights, single float input only; ``dynamic``, ``fp16``).
 Runs in the project's virtualenv (tensorflow-cpu):
 
     .venv/bin/python scripts/probe/convert_keras.py OUT_DIR '<one line of models.jsonl>'
@@ -51,16 +52,17 @@ def build_custom(name: str, quantize: str) -> tuple[bytes, dict[str, Any]]:
         fn = tf.function(serve, input_signature=specs)
         frozen = convert_variables_to_constants_v2(fn.get_concrete_function())
         converter = tf.lite.TFLiteConverter.from_concrete_functions([frozen], tf.Module())
-        if quantize == "int8":
+        if quantize in ("int8", "int16x8"):
             (shape,) = [tuple(x.shape) for x in net.inputs]
-            mz.full_integer(converter, shape, corpus.SEED)
+            activations = "int16" if quantize == "int16x8" else "int8"
+            mz.full_integer(converter, shape, corpus.SEED, activations)
         elif quantize in ("dynamic", "fp16"):  # int8 or fp16 weights, float activations
             converter.optimizations = [tf.lite.Optimize.DEFAULT]
             if quantize == "fp16":
                 converter.target_spec.supported_types = [tf.float16]
         elif quantize != "float":
             raise ValueError(
-                f"keras_custom models convert float, int8, dynamic or fp16, not {quantize}"
+                f"keras_custom models convert float, int8, int16x8, dynamic or fp16, not {quantize}"
             )
         data = bytes(converter.convert())
     return data, {"parameters": int(net.count_params())}
